@@ -1,0 +1,625 @@
+"""HostMesh, ProcMesh, ActorMesh and ValueMesh: named, sliceable views over remote things.
+
+Every mesh is a ``Shape`` (pure geometry, see ``hpcmesh.shapes``) over shared
+state; slicing makes a new view of the same state, so a message sent to a
+slice reaches exactly those members. Creation is asynchronous: a mesh is
+returned at once and calls made before it is ready are sent when it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import uuid
+from typing import Any, Callable, Iterator
+
+from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
+from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
+from ..runtime.context import Rendezvous
+from ..runtime.errors import SupervisionError
+from ..runtime.future import Future, gather
+from ..runtime.node import MSG_CALL, Node, NodeRef, current_node
+from ..shapes import Extent, MeshTrait, Point, Shape
+from ..transport import serialization
+from .endpoint import ENDPOINT_ATTR, check_endpoint_names
+
+_mesh_counter = itertools.count()
+
+
+def _node() -> Node:
+    node = current_node()
+    if node is None:
+        node = client_runtime().node
+    return node
+
+
+def _label(point: Point) -> str:
+    return ",".join(f"{k}={v}" for k, v in point.items()) or "0"
+
+
+def _chain(ready: Future, fn: Callable[[], Future]) -> Future:
+    """A Future of ``fn()``'s Future, started once ``ready`` succeeds."""
+    out = Future()
+
+    def go(f: Future) -> None:
+        if f.exception() is not None:
+            out.set_exception(f.exception())
+            return
+        try:
+            inner = fn()
+        except BaseException as e:  # noqa: BLE001
+            out.set_exception(e)
+            return
+        inner.add_done_callback(lambda g: out.set_exception(g.exception())
+                                if g.exception() is not None else out.set_result(g._value))
+    ready.add_done_callback(go)
+    return out
+
+
+def _run_on_loop(node: Node, coro) -> Future:
+    """Run a coroutine on the node's loop; a Future of its result."""
+    out = Future()
+
+    def done(cf) -> None:
+        exc = cf.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(cf.result())
+    asyncio.run_coroutine_threadsafe(coro, node.loop).add_done_callback(done)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# ValueMesh
+# ---------------------------------------------------------------------------------------
+class ValueMesh(MeshTrait):
+    """Results of ``call()``: one value per member, same extent as the mesh called."""
+
+    def __init__(self, shape: Shape, values: list):
+        self._shape = shape
+        self._values = values
+
+    def _new_with_shape(self, shape: Shape) -> "ValueMesh":
+        return ValueMesh(shape, self._values)
+
+    def __iter__(self) -> Iterator[tuple[Point, Any]]:
+        for rank, g in enumerate(self._shape.ranks()):
+            yield Point(rank, self._shape.extent), self._values[g]
+
+    def values(self) -> list:
+        return [self._values[g] for g in self._shape.ranks()]
+
+    def items(self):
+        return list(iter(self))
+
+    def __getitem__(self, key) -> Any:
+        if isinstance(key, int):
+            if not 0 <= key < self._shape.nelem:
+                raise IndexError(f"rank {key} out of range for a ValueMesh of {self._shape.nelem}")
+            return self._values[self._shape.ranks()[key]]
+        return self._values[self._shape.global_index(key)]
+
+    def item(self, **coords: int) -> Any:
+        view = self.slice(**coords) if coords else self
+        if view._shape.nelem != 1 or len(view._shape.extent):
+            raise ValueError(f"item() needs a coordinate for every dimension of "
+                             f"{dict(self.extent)}; got {coords}")
+        return view._values[view._shape.ranks()[0]]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ValueMesh) and self.extent == other.extent and \
+            self.values() == other.values()
+
+    def __repr__(self) -> str:
+        return f"ValueMesh({dict(self.extent)}, {self.values()!r})"
+
+    def __reduce__(self):
+        return ValueMesh, (Shape.from_extent(self._shape.extent), self.values())
+
+
+# ---------------------------------------------------------------------------------------
+# HostMesh
+# ---------------------------------------------------------------------------------------
+class HostRef:
+    """A host agent: where to send spawn requests for this host."""
+    __slots__ = ("agent", "hostname", "secret")
+
+    def __init__(self, agent: NodeRef, hostname: str, secret: bytes | None = None):
+        self.agent = agent
+        self.hostname = hostname
+        self.secret = secret
+
+    def __repr__(self) -> str:
+        return f"HostRef({self.hostname})"
+
+
+class HostMesh(MeshTrait):
+    """Hosts that run an hpcmesh host agent."""
+
+    def __init__(self, hosts: list[HostRef], shape: Shape, name: str = "hosts"):
+        self._hosts = hosts
+        self._shape = shape
+        self.name = name
+
+    def _new_with_shape(self, shape: Shape) -> "HostMesh":
+        return HostMesh(self._hosts, shape, self.name)
+
+    @property
+    def hostnames(self) -> list[str]:
+        return [self._hosts[g].hostname for g in self._shape.ranks()]
+
+    def spawn_procs(self, per_host: dict[str, int] | None = None,
+                    bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] |
+                    None = None, name: str | None = None, *,
+                    forward_logs: bool = True) -> "ProcMesh":
+        """Start processes on every host of this mesh; per-host dims are appended."""
+        per_host = dict(per_host or {})
+        for k, v in per_host.items():
+            if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"per_host must map dimension names to positive ints; got "
+                                 f"{k!r}: {v!r}")
+            if k in self._shape.extent:
+                raise ValueError(f"per_host dimension {k!r} is already a dimension of the host "
+                                 f"mesh {dict(self.extent)}; pick another name")
+        rt = client_runtime()
+        node = rt.node
+        extent = Extent({**dict(self._shape.extent), **per_host})
+        mesh_name = name or f"procs{next(_mesh_counter)}"
+        uid = uuid.uuid4().hex[:8]
+        per = Extent(per_host).nelem
+        host_ranks = self._shape.ranks()
+        records: list[ProcRecord] = []
+        by_host: dict[int, list] = {}
+        for i in range(extent.nelem):
+            point = Point(i, extent)
+            cmd = bootstrap_command(point) if callable(bootstrap_command) and not isinstance(
+                bootstrap_command, BootstrapCommand) else bootstrap_command
+            if cmd is None:
+                cmd = default_bootstrap_cmd()
+            if not isinstance(cmd, BootstrapCommand):
+                raise TypeError(f"bootstrap_command must be a BootstrapCommand or a callable "
+                                f"returning one; for {_label(point)} got {type(cmd).__name__}")
+            host = self._hosts[host_ranks[i // per]]
+            rec = ProcRecord(f"{mesh_name}-{uid}-{i}", mesh_name, point, host.agent,
+                             _label(point), forward_logs=forward_logs)
+            rec.host = host.hostname
+            records.append(rec)
+            rt.procs[rec.name] = rec
+            by_host.setdefault(i // per, []).append((rec.name, cmd, _label(point)))
+        spawn_calls = []
+        for hi, reqs in by_host.items():
+            host = self._hosts[host_ranks[hi]]
+            f = node.rpc(host.agent, "spawn_procs", reqs, node.ref, rt.events, rt.secret.hex(),
+                         rt.lease_grace, f"{mesh_name}-{uid}")
+            spawn_calls.append((f, [r for r in records if r.agent == host.agent]))
+
+        def on_spawned(f: Future, recs: list[ProcRecord]) -> None:
+            if f.exception() is not None:
+                for r in recs:
+                    r.ready.set_exception(f.exception())
+                return
+            info = {n: (pid, paths) for n, pid, paths in f._value}
+            for r in recs:
+                if r.name in info:
+                    r.pid, r.log_paths = info[r.name]
+        for f, recs in spawn_calls:
+            f.add_done_callback(lambda fut, recs=recs: on_spawned(fut, recs))
+        state = _ProcMeshState(mesh_name, records, gather([r.ready for r in records]), self)
+        return ProcMesh(state, Shape.from_extent(extent))
+
+    def __repr__(self) -> str:
+        return f"HostMesh({dict(self.extent)}, hosts={self.hostnames})"
+
+
+def this_host() -> HostMesh:
+    """The local host as a HostMesh with no dimensions."""
+    rt = client_runtime()
+    import socket
+    ref = HostRef(rt.local_agent(), socket.gethostname())
+    return HostMesh([ref], Shape.from_extent(Extent({})), "this_host")
+
+
+def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes | None = None,
+                      timeout: float = 30.0, ca: Any = None) -> HostMesh:
+    """Connect to running host agents (``hpcmesh worker --listen ADDR``); a HostMesh over them."""
+    if ca not in (None, "trust_all_connections"):
+        raise NotImplementedError("TLS (ca=) is not implemented yet; hpcmesh authenticates every "
+                                  "connection with the job secret (HMAC)")
+    if isinstance(workers, str):
+        workers = [workers]
+    rt = client_runtime()
+    node = rt.node
+    hosts = []
+
+    async def connect_all():
+        async def one(addr: str):
+            conn = await node.connect(addr, timeout=timeout, secret=secret)
+            info = conn.info.get("peer_info", {})
+            if info.get("role") != "agent":
+                raise ConnectionError(f"{addr} is a {info.get('role')!r} node, not a host agent")
+            return HostRef(NodeRef(conn.info["peer_id"], (addr,)), info.get("host", addr), secret)
+        return await asyncio.gather(*(one(a) for a in workers))
+    hosts = node.run_sync(connect_all(), timeout + 5)
+    return HostMesh(list(hosts), Shape.from_extent(Extent({name: len(hosts)})), name)
+
+
+# ---------------------------------------------------------------------------------------
+# ProcMesh
+# ---------------------------------------------------------------------------------------
+class _ProcMeshState:
+    def __init__(self, name: str, records: list[ProcRecord], ready: Future, hosts: HostMesh):
+        self.name = name
+        self.records = records
+        self.ready = ready
+        self.hosts = hosts
+        self.stopped = False
+
+
+class ProcMesh(MeshTrait):
+    """Processes started on a HostMesh; spawn actors on them."""
+
+    def __init__(self, state: _ProcMeshState, shape: Shape):
+        self._state = state
+        self._shape = shape
+
+    def _new_with_shape(self, shape: Shape) -> "ProcMesh":
+        return ProcMesh(self._state, shape)
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    @property
+    def initialized(self) -> Future:
+        """Resolves once every process has connected back."""
+        return self._state.ready.then(lambda _: self)
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [self._state.records[g].pid for g in self._shape.ranks()]
+
+    @property
+    def log_paths(self) -> list[dict]:
+        return [self._state.records[g].log_paths for g in self._shape.ranks()]
+
+    def spawn(self, name: str, actor_class: type, *args, **kwargs) -> "ActorMesh":
+        """Place one ``actor_class(*args, **kwargs)`` on every process of this view."""
+        if self._state.stopped:
+            raise RuntimeError(f"proc mesh {self.name!r} has been stopped; spawn new processes")
+        if not isinstance(actor_class, type):
+            raise TypeError(f"spawn() needs an actor class, got {type(actor_class).__name__}")
+        check_endpoint_names(actor_class)
+        endpoints = {n for n in dir(actor_class)
+                     if getattr(getattr(actor_class, n, None), ENDPOINT_ATTR, None) is not None}
+        cls_blob = serialization.dumps_by_value(actor_class)
+        node = _node()
+        actor_id = uuid.uuid4().hex
+        recs = [self._state.records[g] for g in self._shape.ranks()]
+        extent = self._shape.extent
+        rt = existing_client_runtime()
+        supervisor = rt.events if rt is not None else None
+        state = _ActorMeshState(actor_id, name, actor_class.__name__, endpoints,
+                                [r.name for r in recs], recs)
+
+        def start() -> Future:
+            nodes = [r.node for r in recs]
+            first = recs[0]
+            host = (first.node.addresses[-1].removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+                    if first.node.addresses else "127.0.0.1")
+
+            def spawn_all(port_f: Future) -> Future:
+                rdv = Rendezvous(host, port_f._value, actor_id) if port_f.exception() is None \
+                    else None
+                calls = [node.rpc(n, "spawn_actor", actor_id, name, cls_blob, args, kwargs,
+                                  Point(i, extent), rdv, supervisor)
+                         for i, n in enumerate(nodes)]
+                return gather(calls).then(lambda _: nodes)
+            return _chain_any(node.rpc(nodes[0], "reserve_port", host), spawn_all)
+
+        ready = _chain(self._state.ready, start)
+
+        def on_ready(f: Future) -> None:
+            if f.exception() is None:
+                state.nodes = f._value
+        ready.add_done_callback(on_ready)
+        state.ready = ready
+        return ActorMesh(state, Shape.from_extent(extent))
+
+    def stop(self) -> Future:
+        """Stop the processes cleanly (actors' ``__cleanup__`` runs), force-kill after a grace."""
+        st = self._state
+        recs = [st.records[g] for g in self._shape.ranks()]
+        node = _node()
+        for r in recs:
+            r.stopping = True
+        if self._shape.nelem == len(st.records):
+            st.stopped = True
+
+        async def stop_all(grace: float = 5.0):
+            async def ask(r: ProcRecord):
+                if r.node is None:
+                    return
+                try:
+                    await asyncio.wait_for(_as_asyncio(node.rpc(r.node, "stop")), grace)
+                except Exception:  # noqa: BLE001 - it may be dead already; the agent kills it
+                    pass
+            await asyncio.gather(*(ask(r) for r in recs))
+            agents: dict[str, tuple] = {}
+            for r in recs:
+                agents.setdefault(r.agent.node_id, (r.agent, []))[1].append(r.name)
+            results = await asyncio.gather(*(_as_asyncio(node.rpc(a, "stop_procs", names, grace))
+                                             for a, names in agents.values()),
+                                           return_exceptions=True)
+            codes = {}
+            for res in results:
+                if isinstance(res, dict):
+                    codes.update(res)
+            return codes
+        return _run_on_loop(node, stop_all())
+
+    def __repr__(self) -> str:
+        return f"ProcMesh({self.name!r}, {dict(self.extent)})"
+
+
+def _chain_any(first: Future, fn: Callable[[Future], Future]) -> Future:
+    """Like _chain, but ``fn`` also runs (and sees the failure) when ``first`` fails."""
+    out = Future()
+
+    def go(f: Future) -> None:
+        try:
+            inner = fn(f)
+        except BaseException as e:  # noqa: BLE001
+            out.set_exception(e)
+            return
+        inner.add_done_callback(lambda g: out.set_exception(g.exception())
+                                if g.exception() is not None else out.set_result(g._value))
+    first.add_done_callback(go)
+    return out
+
+
+async def _as_asyncio(f: Future):
+    return await f
+
+
+# ---------------------------------------------------------------------------------------
+# ActorMesh
+# ---------------------------------------------------------------------------------------
+class _ActorMeshState:
+    def __init__(self, actor_id: str, name: str, class_name: str, endpoints: set,
+                 proc_names: list[str], records: list | None):
+        self.actor_id = actor_id
+        self.name = name
+        self.class_name = class_name
+        self.endpoints = endpoints
+        self.proc_names = proc_names
+        self.records = records      # controller only
+        self.nodes: list[NodeRef] | None = None
+        self.ready: Future | None = None
+        self.rr = itertools.count()
+        self.lock = threading.Lock()
+
+
+class ActorMesh(MeshTrait):
+    """One actor per process; attribute access gives an endpoint to call."""
+
+    def __init__(self, state: _ActorMeshState, shape: Shape):
+        self._state = state
+        self._shape = shape
+
+    def _new_with_shape(self, shape: Shape) -> "ActorMesh":
+        return ActorMesh(self._state, shape)
+
+    @property
+    def name(self) -> str:
+        return self._state.name
+
+    @property
+    def initialized(self) -> Future:
+        return self._state.ready.then(lambda _: self)
+
+    def __getattr__(self, item: str) -> "Endpoint":
+        if item.startswith("__") or item in ("_state", "_shape"):
+            raise AttributeError(item)
+        st = self._state
+        if item not in st.endpoints:
+            raise AttributeError(
+                f"{st.class_name} has no endpoint {item!r}; endpoints: "
+                f"{', '.join(sorted(st.endpoints)) or '(none)'}")
+        return Endpoint(self, item)
+
+    def __reduce__(self):
+        st = self._state
+        if st.nodes is None:
+            raise RuntimeError(f"actor mesh {st.name!r} is not initialized yet; "
+                               f"`await mesh.initialized` before passing it to another actor")
+        return _rebuild_actor_mesh, (st.actor_id, st.name, st.class_name, sorted(st.endpoints),
+                                     st.proc_names, st.nodes, self._shape)
+
+    def __repr__(self) -> str:
+        return f"ActorMesh({self.name!r}, {self._state.class_name}, {dict(self.extent)})"
+
+    # -- sending ---------------------------------------------------------------------
+    def _send(self, g: int, point: Point, endpoint: str, args: tuple, kwargs: dict,
+              reply: bool) -> Future | None:
+        st = self._state
+        node = _node()
+        target = st.nodes[g]
+        if reply:
+            fut, port = node.reply_future(target.node_id)
+        else:
+            fut, port = None, None
+        msg = (MSG_CALL, st.actor_id, endpoint, args, kwargs, port, point)
+        try:
+            node.send(target, msg, f"arguments of {st.class_name}.{endpoint}")
+        except serialization.SerializationError:
+            if port is not None:
+                node.close_port(port)
+            raise
+        except (SupervisionError, ConnectionError) as e:
+            if port is not None:
+                node.close_port(port)
+                fut.set_exception(e)
+            else:
+                raise
+        return fut
+
+    def _when_ready(self, fn: Callable[[], Future]) -> Future:
+        st = self._state
+        if st.nodes is not None:
+            return fn()
+        return _chain(st.ready, fn)
+
+
+def _rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes, shape):
+    st = _ActorMeshState(actor_id, name, class_name, set(endpoints), proc_names, None)
+    st.nodes = list(nodes)
+    st.ready = Future()
+    st.ready.set_result(st.nodes)
+    return ActorMesh(st, shape)
+
+
+class Endpoint:
+    """``mesh.method``: the ways to call one endpoint on a mesh."""
+    __slots__ = ("_mesh", "_name")
+
+    def __init__(self, mesh: ActorMesh, name: str):
+        self._mesh = mesh
+        self._name = name
+
+    def _members(self):
+        shape = self._mesh._shape
+        ext = shape.extent
+        return [(g, Point(i, ext)) for i, g in enumerate(shape.ranks())]
+
+    def call_one(self, *args, **kwargs) -> Future:
+        """Call the single member of this mesh; a Future of its value."""
+        mesh = self._mesh
+        shape = mesh._shape
+        if shape.nelem != 1:
+            raise ValueError(
+                f"call_one() needs a mesh of exactly one actor, but {mesh.name!r} has extent "
+                f"{dict(shape.extent)} ({shape.nelem} actors); use call() or slice it first, "
+                f"e.g. mesh.slice(**{{dim: 0 for dim in mesh.extent}})")
+        g = shape.ranks()[0]
+        point = Point(0, shape.extent)
+        return mesh._when_ready(lambda: mesh._send(g, point, self._name, args, kwargs, True))
+
+    def call(self, *args, **kwargs) -> Future:
+        """Call every member; a Future of a ValueMesh with this mesh's extent."""
+        mesh = self._mesh
+        members = self._members()
+        result_shape = Shape.from_extent(mesh._shape.extent)
+
+        def go() -> Future:
+            futs = [mesh._send(g, p, self._name, args, kwargs, True) for g, p in members]
+            return gather(futs).then(lambda vals: ValueMesh(result_shape, vals))
+        return mesh._when_ready(go)
+
+    def broadcast(self, *args, **kwargs) -> None:
+        """Send to every member without waiting; failures are reported through supervision."""
+        mesh = self._mesh
+        members = self._members()
+
+        def go() -> Future:
+            for g, p in members:
+                mesh._send(g, p, self._name, args, kwargs, False)
+            done = Future()
+            done.set_result(None)
+            return done
+        f = mesh._when_ready(go)
+        if f.done() and f.exception() is not None:
+            raise f.exception()
+
+    def choose(self, *args, **kwargs) -> Future:
+        """Call one member, picked round-robin among those with the least work in flight."""
+        mesh = self._mesh
+        members = self._members()
+        st = mesh._state
+
+        def go() -> Future:
+            node = _node()
+            start = next(st.rr)
+            best = None
+            for k in range(len(members)):
+                g, p = members[(start + k) % len(members)]
+                peer = node._peers.get(st.nodes[g].node_id)
+                load = len(peer.inflight) if peer is not None else 0
+                if best is None or load < best[0]:
+                    best = (load, g, p)
+                    if load == 0:
+                        break
+            return mesh._send(best[1], best[2], self._name, args, kwargs, True)
+        return mesh._when_ready(go)
+
+    def stream(self, *args, **kwargs) -> "ResultStream":
+        """Call every member; iterate the values (sync or async) in arrival order."""
+        mesh = self._mesh
+        members = self._members()
+        stream = ResultStream(len(members))
+
+        def go() -> Future:
+            for g, p in members:
+                try:
+                    f = mesh._send(g, p, self._name, args, kwargs, True)
+                except BaseException as e:  # noqa: BLE001
+                    stream._push_error(e)
+                    continue
+                f.add_done_callback(stream._on_done)
+            out = Future()
+            out.set_result(None)
+            return out
+        f = mesh._when_ready(go)
+        f.add_done_callback(lambda fut: fut.exception() is not None and
+                            [stream._push_error(fut.exception()) for _ in members])
+        return stream
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"call an endpoint through call_one(), call(), broadcast(), choose() or "
+                        f"stream(): e.g. mesh.{self._name}.call(...)")
+
+
+class ResultStream:
+    """Values of a ``stream()`` call in the order they arrive."""
+
+    def __init__(self, n: int):
+        self._n = n
+        self._items: list = []
+        self._cond = threading.Condition()
+
+    def _on_done(self, f: Future) -> None:
+        with self._cond:
+            self._items.append(f)
+            self._cond.notify_all()
+        for w in list(getattr(self, "_waiters", ())):
+            w()
+
+    def _push_error(self, exc: BaseException) -> None:
+        f = Future()
+        f.set_exception(exc)
+        self._on_done(f)
+
+    def __iter__(self):
+        for i in range(self._n):
+            with self._cond:
+                while len(self._items) <= i:
+                    self._cond.wait()
+                f = self._items[i]
+            yield f.get()
+
+    def __aiter__(self):
+        return self._agen()
+
+    async def _agen(self):
+        loop = asyncio.get_running_loop()
+        for i in range(self._n):
+            while len(self._items) <= i:
+                ev = asyncio.Event()
+                self._waiters = getattr(self, "_waiters", [])
+                waker = (lambda ev=ev: loop.call_soon_threadsafe(ev.set))
+                self._waiters.append(waker)
+                if len(self._items) <= i:
+                    await ev.wait()
+                self._waiters.remove(waker)
+            yield await self._items[i]

@@ -1,0 +1,102 @@
+"""How a host agent starts a process: program, arguments and the exact environment rules.
+
+The environment on the target host is built in four steps (SPEC §4):
+(1) the agent's own environment if ``inherit_env`` else empty; (2) drop the
+variables whose value is ``None``; (3) set the rest; (4) add hpcmesh's own
+bootstrap variables, which the user cannot remove. Values are literal strings:
+nothing is expanded, and the controller's environment is never sent implicitly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Sequence
+
+#: Variables hpcmesh always sets on the process it starts.
+BOOTSTRAP_MODE_VAR = "HPCMESH_BOOTSTRAP_MODE"
+PROCESS_NAME_VAR = "HPCMESH_PROCESS_NAME"
+LOG_CHANNEL_VAR = "HPCMESH_LOG_CHANNEL"
+
+
+class BootstrapCommand:
+    """Program + args + env overrides used to start each process of a ProcMesh."""
+
+    __slots__ = ("program", "args", "_env", "inherit_env")
+
+    def __init__(self, program: str, args: Sequence[str] = (), env: Mapping | None = None,
+                 inherit_env: bool = True):
+        if not isinstance(program, str) or not program:
+            raise TypeError(f"BootstrapCommand program must be a non-empty string, got {program!r}")
+        if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+            raise TypeError("BootstrapCommand args must be a sequence of strings, "
+                            f"got {args!r}")
+        self.program = program
+        self.args = list(args)
+        self._env: dict[str, str | None] = _checked_env(env or {})
+        self.inherit_env = bool(inherit_env)
+
+    @property
+    def env(self) -> dict[str, str | None]:
+        """A copy: mutating it does not change the command."""
+        return dict(self._env)
+
+    @env.setter
+    def env(self, mapping: Mapping) -> None:
+        self._env = _checked_env(mapping)
+
+    def with_env(self, mapping: Mapping) -> "BootstrapCommand":
+        """A copy with ``mapping`` merged on top (``None`` deletes, ``""`` sets empty)."""
+        merged = dict(self._env)
+        merged.update(_checked_env(mapping))
+        return BootstrapCommand(self.program, self.args, merged, self.inherit_env)
+
+    def argv(self) -> list[str]:
+        return [self.program, *self.args]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BootstrapCommand) and (
+            self.program, self.args, self._env, self.inherit_env) == (
+            other.program, other.args, other._env, other.inherit_env)
+
+    def __repr__(self) -> str:
+        return (f"BootstrapCommand(program={self.program!r}, args={self.args!r}, "
+                f"env={self._env!r}, inherit_env={self.inherit_env})")
+
+    def __reduce__(self):
+        return BootstrapCommand, (self.program, self.args, self._env, self.inherit_env)
+
+
+def _checked_env(mapping: Mapping) -> dict[str, str | None]:
+    if not isinstance(mapping, Mapping):
+        raise TypeError(f"env must be a mapping of str to str or None, got {type(mapping).__name__}")
+    out: dict[str, str | None] = {}
+    for k, v in mapping.items():
+        if not isinstance(k, str) or not k or "=" in k:
+            raise ValueError(f"environment variable name {k!r} is not valid "
+                             f"(non-empty string without '=')")
+        if v is not None and not isinstance(v, str):
+            raise TypeError(f"environment value for {k} must be a string or None, "
+                            f"got {type(v).__name__} {v!r}")
+        out[k] = v
+    return out
+
+
+def default_bootstrap_cmd() -> BootstrapCommand:
+    """Start the hpcmesh process entry point with this interpreter."""
+    return BootstrapCommand(sys.executable, ["-m", "hpcmesh.runtime.proc"], {})
+
+
+def build_environment(cmd: BootstrapCommand, agent_env: Mapping[str, str],
+                      bootstrap_vars: Mapping[str, str]) -> dict[str, str]:
+    """Apply the four steps; ``bootstrap_vars`` are hpcmesh's own and always win."""
+    env: dict[str, str] = dict(agent_env) if cmd.inherit_env else {}
+    for k, v in cmd._env.items():
+        if v is None:
+            env.pop(k, None)
+    for k, v in cmd._env.items():
+        if v is not None:
+            env[k] = v
+    env.update(bootstrap_vars)
+    return env

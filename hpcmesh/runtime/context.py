@@ -1,0 +1,65 @@
+"""What code running inside an actor can ask about itself (``context()``)."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..shapes import Extent, Point
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """Where an actor mesh's members meet for torch.distributed (set by the controller)."""
+    addr: str
+    port: int
+    prefix: str
+
+
+@dataclass(eq=False)
+class ActorInstance:
+    """The running actor as seen from inside: its point in the mesh it was spawned in."""
+    rank: Point
+    actor_id: str = ""
+    mesh_name: str = ""
+    class_name: str = ""
+    proc_name: str = ""
+    rendezvous: Rendezvous | None = None
+    actor: Any = None                    # the user's object
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def extent(self) -> Extent:
+        return self.rank.extent
+
+
+@dataclass(frozen=True)
+class Context:
+    actor_instance: ActorInstance
+    message_rank: Point
+
+
+_current: contextvars.ContextVar[Context | None] = contextvars.ContextVar("hpcmesh_context",
+                                                                          default=None)
+_client_context: Context | None = None
+
+
+def context() -> Context:
+    """The current actor's context; on the controller, a context whose point has no dims."""
+    ctx = _current.get()
+    if ctx is not None:
+        return ctx
+    global _client_context
+    if _client_context is None:
+        p = Point(0, Extent({}))
+        _client_context = Context(ActorInstance(rank=p, mesh_name="client", class_name="Client"), p)
+    return _client_context
+
+
+def current_rank() -> Point:
+    return context().actor_instance.rank
+
+
+def current_size() -> dict[str, int]:
+    return dict(context().actor_instance.rank.extent)

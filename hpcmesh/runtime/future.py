@@ -1,0 +1,175 @@
+"""A Future usable both with ``await`` (any event loop) and ``.get()`` (any thread).
+
+Results are set on the runtime's event-loop thread. A synchronous waiter
+blocks on a pre-acquired lock that the setter releases (cheaper than a
+Condition or a thread handoff); an awaiting coroutine on another loop is woken
+with ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable
+
+_PENDING, _DONE = 0, 1
+_loop_thread_ids: dict[int, int] = {}   # id(loop) -> thread id running it (set by the runtime)
+_cb_lock = threading.Lock()               # guards callback lists against setter/adder races
+
+
+def register_loop_thread(loop: asyncio.AbstractEventLoop) -> None:
+    _loop_thread_ids[id(loop)] = threading.get_ident()
+
+
+class Future:
+    __slots__ = ("_state", "_value", "_exc", "_callbacks", "_forbid_sync_on", "__weakref__")
+
+    def __init__(self, forbid_sync_on: int | None = None):
+        self._state = _PENDING
+        self._value: Any = None
+        self._exc: BaseException | None = None
+        self._callbacks: list[Callable] | None = None
+        self._forbid_sync_on = forbid_sync_on
+
+    # -- producer side ----------------------------------------------------------
+    def set_result(self, value: Any) -> None:
+        if self._state:
+            return
+        self._value = value
+        self._state = _DONE
+        self._fire()
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._state:
+            return
+        self._exc = exc
+        self._state = _DONE
+        self._fire()
+
+    def _fire(self) -> None:
+        with _cb_lock:
+            cbs, self._callbacks = self._callbacks, None
+        if cbs:
+            for cb in cbs:
+                cb(self)
+
+    def add_done_callback(self, cb: Callable[["Future"], None]) -> None:
+        with _cb_lock:
+            if not self._state:
+                if self._callbacks is None:
+                    self._callbacks = [cb]
+                else:
+                    self._callbacks.append(cb)
+                return
+        cb(self)
+
+    # -- consumer side ----------------------------------------------------------
+    def done(self) -> bool:
+        return bool(self._state)
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.get(timeout)
+
+    def get(self, timeout: float | None = None) -> Any:
+        """Block until the value is there; raise the remote error if it failed."""
+        if not self._state:
+            if self._forbid_sync_on is not None and threading.get_ident() == self._forbid_sync_on:
+                raise RuntimeError(
+                    "Future.get() called on the hpcmesh event-loop thread would deadlock; "
+                    "use `await future` inside async endpoints")
+            lock = threading.Lock()
+            lock.acquire()
+            self.add_done_callback(lambda _f: lock.release())
+            if not lock.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError(f"no result within {timeout} s")
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def __await__(self):
+        if not self._state:
+            loop = asyncio.get_running_loop()
+            afut = loop.create_future()
+            owner_tid = _loop_thread_ids.get(id(loop))
+
+            def wake(f: "Future") -> None:
+                if threading.get_ident() == owner_tid:
+                    _transfer(f, afut)
+                else:
+                    loop.call_soon_threadsafe(_transfer, f, afut)
+
+            self.add_done_callback(wake)
+            yield from afut.__await__()
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def then(self, fn: Callable[[Any], Any]) -> "Future":
+        """A Future of fn(value), failing if this one fails."""
+        out = Future(self._forbid_sync_on)
+
+        def chain(f: Future) -> None:
+            if f._exc is not None:
+                out.set_exception(f._exc)
+                return
+            try:
+                out.set_result(fn(f._value))
+            except BaseException as e:  # noqa: BLE001
+                out.set_exception(e)
+        self.add_done_callback(chain)
+        return out
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._state else ("error" if self._exc else "done")
+        return f"<hpcmesh.Future {state}>"
+
+
+def _transfer(src: Future, dst: asyncio.Future) -> None:
+    if dst.done():
+        return
+    if src._exc is not None:
+        dst.set_exception(src._exc)
+    else:
+        dst.set_result(src._value)
+
+
+def completed(value: Any) -> Future:
+    f = Future()
+    f.set_result(value)
+    return f
+
+
+def failed(exc: BaseException) -> Future:
+    f = Future()
+    f.set_exception(exc)
+    return f
+
+
+def gather(futures: list[Future]) -> Future:
+    """A Future of the list of results; fails with the first failure."""
+    out = Future()
+    n = len(futures)
+    if n == 0:
+        out.set_result([])
+        return out
+    results: list = [None] * n
+    remaining = [n]
+
+    def make(i: int):
+        def done(f: Future) -> None:
+            if out._state:
+                return
+            if f._exc is not None:
+                out.set_exception(f._exc)
+                return
+            results[i] = f._value
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                out.set_result(results)
+        return done
+    for i, f in enumerate(futures):
+        f.add_done_callback(make(i))
+    return out

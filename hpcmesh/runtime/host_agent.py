@@ -1,0 +1,229 @@
+"""The host agent: starts processes on its host, watches them, forwards their output.
+
+Runs inside the controller for ``this_host()`` and as ``hpcmesh worker`` on
+remote hosts. Exits are observed through pidfds on the event loop (no reaper
+threads); output is read from pipes, written to per-process log files and
+forwarded to whoever asked for the process, one batch of lines per read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
+                        build_environment)
+from .errors import describe_exit
+from .node import MSG_DELIVER, Node, NodeRef, PortRef
+
+log = logging.getLogger("hpcmesh.agent")
+
+
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen
+    events: PortRef | None
+    pidfd: int = -1
+    logs: dict = field(default_factory=dict)      # stream -> open file
+    partial: dict = field(default_factory=dict)   # stream -> bytes not yet ending in newline
+    open_streams: int = 0
+    returncode: int | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class HostAgent:
+    """Spawns and supervises processes for one host."""
+
+    def __init__(self, node: Node, log_dir: str | None = None, advertise_host: str | None = None):
+        self.node = node
+        self.hostname = socket.gethostname()
+        self.advertise_host = advertise_host or "127.0.0.1"
+        self.log_dir = log_dir or os.path.join(os.environ.get("HPCMESH_LOG_DIR", ".hpcmesh/logs"))
+        self.procs: dict[str, _Proc] = {}
+        node.services.update({
+            "spawn_procs": self.spawn_procs,
+            "stop_procs": self.stop_procs,
+            "host_info": self.host_info,
+        })
+
+    def host_info(self) -> dict:
+        return {"hostname": self.hostname, "advertise_host": self.advertise_host,
+                "pid": os.getpid(), "procs": len(self.procs)}
+
+    # -- spawning -------------------------------------------------------------------
+    def spawn_procs(self, requests: list, controller: NodeRef, events: PortRef | None,
+                    secret_hex: str, lease_grace: float, log_subdir: str) -> list:
+        """Start processes. Each request is (name, BootstrapCommand, label); returns
+        [(name, pid, log_paths)]. A bad program fails the whole call with a clear error."""
+        out = []
+        started: list[_Proc] = []
+        log_dir = os.path.join(self.log_dir, log_subdir)
+        os.makedirs(log_dir, exist_ok=True)
+        try:
+            for name, cmd, label in requests:
+                if not isinstance(cmd, BootstrapCommand):
+                    raise TypeError(f"bootstrap command for {label} must be a BootstrapCommand, "
+                                    f"got {type(cmd).__name__}")
+                bootstrap_vars = {
+                    BOOTSTRAP_MODE_VAR: "proc",
+                    PROCESS_NAME_VAR: name,
+                    LOG_CHANNEL_VAR: "stdio",
+                    "HPCMESH_CONTROLLER": ",".join(controller.addresses),
+                    "HPCMESH_CONTROLLER_ID": controller.node_id,
+                    "HPCMESH_SECRET": secret_hex,
+                    "HPCMESH_ADVERTISE_HOST": self.advertise_host,
+                    "HPCMESH_LEASE_GRACE": str(lease_grace),
+                }
+                env = build_environment(cmd, os.environ, bootstrap_vars)
+                try:
+                    popen = subprocess.Popen(cmd.argv(), env=env, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             start_new_session=True, close_fds=True)
+                except FileNotFoundError as e:
+                    raise FileNotFoundError(
+                        f"bootstrap program {cmd.program!r} for {label} does not exist on host "
+                        f"{self.hostname} ({e.strerror})") from None
+                except PermissionError as e:
+                    raise PermissionError(
+                        f"bootstrap program {cmd.program!r} for {label} is not executable on host "
+                        f"{self.hostname} ({e.strerror})") from None
+                p = _Proc(name, popen, events)
+                self._watch(p, log_dir)
+                started.append(p)
+                out.append((name, popen.pid, {s: f.name for s, f in p.logs.items()}))
+        except BaseException:
+            for p in started:
+                self._kill(p, signal.SIGKILL)
+            raise
+        return out
+
+    def _watch(self, p: _Proc, log_dir: str) -> None:
+        loop = self.node.loop
+        self.procs[p.name] = p
+        for stream, pipe in (("stdout", p.popen.stdout), ("stderr", p.popen.stderr)):
+            fd = pipe.fileno()
+            os.set_blocking(fd, False)
+            p.logs[stream] = open(os.path.join(log_dir, f"{p.name}.{stream[3:]}"), "ab",
+                                  buffering=0)
+            p.open_streams += 1
+            loop.add_reader(fd, self._on_output, p, stream, pipe)
+        try:
+            p.pidfd = os.pidfd_open(p.popen.pid)
+            loop.add_reader(p.pidfd, self._on_exit, p)
+        except (AttributeError, OSError):
+            loop.create_task(self._poll_exit(p))
+
+    def _on_output(self, p: _Proc, stream: str, pipe) -> None:
+        try:
+            data = os.read(pipe.fileno(), 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.node.loop.remove_reader(pipe.fileno())
+            pipe.close()
+            rest = p.partial.pop(stream, b"")
+            if rest:
+                self._forward(p, stream, [rest])
+            p.logs[stream].close()
+            p.open_streams -= 1
+            if p.open_streams == 0 and p.returncode is not None:
+                self._report_exit(p)
+            return
+        p.logs[stream].write(data)
+        buf = p.partial.get(stream, b"") + data
+        *lines, tail = buf.split(b"\n")
+        p.partial[stream] = tail
+        if lines:
+            self._forward(p, stream, lines)
+
+    def _forward(self, p: _Proc, stream: str, lines: list[bytes]) -> None:
+        if p.events is None:
+            return
+        text = [ln.decode("utf-8", "replace") for ln in lines]
+        try:
+            self.node.send(p.events.node, (MSG_DELIVER, p.events.port_id,
+                                           ("log", p.name, stream, text)))
+        except Exception:  # noqa: BLE001 - the controller is gone; the file still has it
+            pass
+
+    def _on_exit(self, p: _Proc) -> None:
+        self.node.loop.remove_reader(p.pidfd)
+        os.close(p.pidfd)
+        p.pidfd = -1
+        p.returncode = p.popen.wait()
+        if p.open_streams == 0:
+            self._report_exit(p)
+        else:
+            # Give the pipes a moment to drain so the last lines come before the exit report.
+            self.node.loop.call_later(0.2, self._report_exit, p)
+
+    async def _poll_exit(self, p: _Proc) -> None:
+        while p.popen.poll() is None:
+            await asyncio.sleep(0.05)
+        p.returncode = p.popen.returncode
+        self._report_exit(p)
+
+    def _report_exit(self, p: _Proc) -> None:
+        if p.exited.is_set():
+            return
+        p.exited.set()
+        log.info("process %s (pid %d) ended: %s", p.name, p.popen.pid, describe_exit(p.returncode))
+        if p.events is not None:
+            try:
+                self.node.send(p.events.node, (MSG_DELIVER, p.events.port_id,
+                                               ("exit", p.name, p.popen.pid, p.returncode,
+                                                self.hostname)))
+            except Exception:  # noqa: BLE001
+                pass
+        self.procs.pop(p.name, None)
+
+    # -- stopping -------------------------------------------------------------------
+    async def stop_procs(self, names: list[str], grace: float = 5.0) -> dict:
+        """Wait up to ``grace`` for each process to exit, then SIGKILL; returns exit codes."""
+        procs = [self.procs[n] for n in names if n in self.procs]
+        deadline = time.monotonic() + grace
+        for p in procs:
+            if p.returncode is None:
+                self._kill(p, signal.SIGTERM) if grace <= 0 else None
+        for p in procs:
+            left = deadline - time.monotonic()
+            if p.returncode is None and left > 0:
+                try:
+                    await asyncio.wait_for(p.exited.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+            if p.returncode is None:
+                self._kill(p, signal.SIGKILL)
+                try:
+                    await asyncio.wait_for(p.exited.wait(), 5.0)
+                except asyncio.TimeoutError:
+                    log.error("process %s (pid %d) did not die after SIGKILL", p.name, p.popen.pid)
+        return {p.name: p.returncode for p in procs}
+
+    def _kill(self, p: _Proc, sig: int) -> None:
+        try:
+            os.killpg(p.popen.pid, sig)   # the process and anything it started in its session
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            try:
+                p.popen.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def kill_all(self) -> None:
+        """Synchronously SIGKILL every child (used at exit)."""
+        for p in list(self.procs.values()):
+            if p.popen.poll() is None:
+                self._kill(p, signal.SIGKILL)

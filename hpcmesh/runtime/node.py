@@ -1,0 +1,526 @@
+"""One runtime per process: listeners, connections to peers, routing and replies.
+
+Every hpcmesh process (controller, host agent, actor process) runs one
+``Node``. Nodes talk in small tuples (see ``MSG_*``); a reply is just a
+message to a *port* (an integer id on some node), so call replies, channels
+and supervision events share one mechanism.
+
+A node never blocks its loop: handlers run inline when they are short
+(actor endpoints decide for themselves) and dialing is async.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import tempfile
+import threading
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..transport import serialization
+from ..transport.connection import Connection, ConnectionClosed, Listener, dial
+from .errors import SupervisionError
+from .future import Future, register_loop_thread
+
+log = logging.getLogger("hpcmesh.runtime")
+
+MSG_HELLO = 0      # (HELLO, node_id, addresses, info)
+MSG_CALL = 1       # (CALL, actor_id, endpoint, args, kwargs, reply PortRef|None, message_point)
+MSG_DELIVER = 2    # (DELIVER, port_id, value)
+MSG_RPC = 3        # (RPC, service, args, reply PortRef|None)
+MSG_FAIL = 4       # (FAIL, port_id, exception)  -- reply carrying an error
+
+#: How long a caller waits for a precise exit report after a connection drops
+#: before failing pending work with a generic "connection lost".
+LOST_PEER_REPORT_WAIT = float(os.environ.get("HPCMESH_LOST_PEER_WAIT", "1.0"))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    """How to reach a node: its id and the addresses it advertises, best first."""
+    node_id: str
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PortRef:
+    """A mailbox on some node; sending to it delivers a value to the owner's callback."""
+    node: NodeRef
+    port_id: int
+
+
+@dataclass(slots=True)
+class _Peer:
+    ref: NodeRef | None
+    conn: Connection | None = None
+    dialing: asyncio.Future | None = None
+    lost: BaseException | None = None
+    inflight: set = field(default_factory=set)   # one-shot reply port ids awaiting this peer
+
+
+def runtime_dir() -> str:
+    d = os.path.join(tempfile.gettempdir(), f"hpcmesh-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    return d
+
+
+class Node:
+    """The per-process runtime. Create with ``Node.start_in_thread`` (controller) or
+    construct inside a running loop (workers)."""
+
+    def __init__(self, secret: bytes, loop: asyncio.AbstractEventLoop, *, role: str,
+                 name: str = "", info: dict | None = None):
+        self.secret = secret
+        self.loop = loop
+        self.role = role
+        self.name = name
+        self.node_id = uuid.uuid4().hex
+        self.info = {"role": role, "name": name, "pid": os.getpid(),
+                     "host": socket.gethostname(), **(info or {})}
+        self.loop_tid = threading.get_ident() if _running_loop() is loop else None
+        self._listeners: list[Listener] = []
+        self.addresses: tuple[str, ...] = ()
+        self._peers: dict[str, _Peer] = {}
+        self._ports: dict[int, tuple[Callable, bool]] = {}
+        self._port_ids = itertools.count(1)
+        self.services: dict[str, Callable] = {}
+        self.actors: dict[str, Any] = {}          # actor_id -> ActorInstance (worker side)
+        self.on_peer_hello: list[Callable] = []   # (node, peer_ref, info, conn)
+        self.on_peer_closed: list[Callable] = []  # (node, peer_id, exc)
+        self.closed = False
+        self._thread: threading.Thread | None = None
+
+    # -- construction ---------------------------------------------------------------
+    @classmethod
+    def start_in_thread(cls, secret: bytes, *, role: str, name: str = "",
+                        listen: list[str] = (), info: dict | None = None) -> "Node":
+        """Run a node's event loop on a daemon thread (the controller's runtime)."""
+        ready = threading.Event()
+        box: dict = {}
+
+        def main() -> None:
+            loop = _new_loop()
+            asyncio.set_event_loop(loop)
+            node = cls(secret, loop, role=role, name=name, info=info)
+            node.loop_tid = threading.get_ident()
+            register_loop_thread(loop)
+            try:
+                node.listen(list(listen))
+            except BaseException as e:  # noqa: BLE001
+                box["error"] = e
+                ready.set()
+                return
+            box["node"] = node
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.close()
+
+        t = threading.Thread(target=main, name=f"hpcmesh-{role}", daemon=True)
+        t.start()
+        ready.wait()
+        if "error" in box:
+            raise box["error"]
+        node = box["node"]
+        node._thread = t
+        return node
+
+    def listen(self, addresses: list[str]) -> None:
+        """Bind listeners; ``tcp://host:0`` picks an ephemeral port. Advertised in order."""
+        out = []
+        for a in addresses:
+            lst = Listener(self.loop, a, self.secret, self._on_accept)
+            self._listeners.append(lst)
+            out.append(str(lst.address))
+        self.addresses = tuple(out)
+
+    def unix_address(self) -> str:
+        return f"unix://{os.path.join(runtime_dir(), self.node_id[:16] + '.sock')}"
+
+    @property
+    def ref(self) -> NodeRef:
+        return NodeRef(self.node_id, self.addresses)
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self.loop_tid
+
+    def run_sync(self, coro, timeout: float | None = None):
+        """Run a coroutine on the node's loop from another thread and wait for it."""
+        if self.on_loop_thread():
+            raise RuntimeError("run_sync called on the runtime's own loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def call_soon(self, fn: Callable, *args) -> None:
+        if self.on_loop_thread():
+            self.loop.call_soon(fn, *args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    # -- ports -------------------------------------------------------------------------
+    def open_port(self, callback: Callable[[Any], None], once: bool = False) -> PortRef:
+        pid = next(self._port_ids)
+        self._ports[pid] = (callback, once)
+        return PortRef(self.ref, pid)
+
+    def close_port(self, port: PortRef | int) -> None:
+        self._ports.pop(port if isinstance(port, int) else port.port_id, None)
+
+    def reply_future(self, peer_id: str | None) -> tuple[Future, PortRef]:
+        """A one-shot port whose first delivery resolves a Future; fails if ``peer_id`` dies."""
+        fut = Future(self.loop_tid)
+        pid = next(self._port_ids)
+        peer = self._peers.get(peer_id) if peer_id else None
+
+        def deliver(value: Any, _pid=pid, _peer=peer) -> None:
+            if _peer is not None:
+                _peer.inflight.discard(_pid)
+            if isinstance(value, _Failure):
+                fut.set_exception(value.exc)
+            else:
+                fut.set_result(value)
+        self._ports[pid] = (deliver, True)
+        if peer is not None:
+            if peer.lost is not None and peer.conn is None:
+                self._ports.pop(pid, None)
+                fut.set_exception(peer.lost)
+            else:
+                peer.inflight.add(pid)
+        return fut, PortRef(NodeRef(self.node_id, self.addresses), pid)
+
+    def _deliver_local(self, port_id: int, value: Any) -> None:
+        entry = self._ports.get(port_id)
+        if entry is None:
+            return   # late reply for a port already closed: nothing is waiting
+        cb, once = entry
+        if once:
+            del self._ports[port_id]
+        cb(value)
+
+    # -- sending ---------------------------------------------------------------------
+    def peer(self, ref: NodeRef) -> _Peer:
+        p = self._peers.get(ref.node_id)
+        if p is None:
+            p = self._peers[ref.node_id] = _Peer(ref)
+        elif p.ref is None or (ref.addresses and not p.ref.addresses):
+            p.ref = ref
+        return p
+
+    def send(self, target: NodeRef, msg: tuple, what: str = "message") -> None:
+        """Send a message tuple to a node; thread-safe. Dials if needed (async)."""
+        if target.node_id == self.node_id:
+            self.call_soon(self._dispatch_local, msg)
+            return
+        p = self._peers.get(target.node_id) or self.peer(target)
+        conn = p.conn
+        meta, bufs = serialization.dumps(msg, what)
+        if conn is not None and not conn.closed:
+            conn.send_frame(meta, bufs)
+            return
+        if p.lost is not None:
+            raise p.lost
+        self.call_soon(self._send_after_dial, p, meta, bufs)
+
+    def _send_after_dial(self, p: _Peer, meta: bytes, bufs: list) -> None:
+        if p.conn is not None and not p.conn.closed:
+            p.conn.send_frame(meta, bufs)
+            return
+        if p.dialing is None:
+            p.dialing = self.loop.create_task(self._dial_peer(p))
+
+        def after(t: asyncio.Future) -> None:
+            if p.conn is not None and not p.conn.closed:
+                p.conn.send_frame(meta, bufs)
+        p.dialing.add_done_callback(after)
+
+    async def _dial_peer(self, p: _Peer) -> None:
+        errors = []
+        try:
+            for addr in (p.ref.addresses if p.ref else ()):
+                try:
+                    conn = await self.connect(addr, expect=p.ref.node_id)
+                except (OSError, asyncio.TimeoutError, ConnectionError, Exception) as e:  # noqa: BLE001
+                    errors.append(f"{addr}: {e or type(e).__name__}")
+                    continue
+                return
+            exc = SupervisionError(f"cannot reach node {p.ref.node_id[:8] if p.ref else '?'} "
+                                   f"at any of its addresses: {'; '.join(errors) or 'none known'}")
+            self._mark_lost(p, exc, immediate=True)
+        finally:
+            p.dialing = None
+
+    async def connect(self, address: str, expect: str | None = None,
+                      timeout: float = 10.0, secret: bytes | None = None) -> Connection:
+        """Dial an address, authenticate, exchange hellos; returns the connection.
+
+        ``secret`` overrides the node's own for this connection (a client
+        reattaching to a job started under another secret)."""
+        sock, leftover = await dial(self.loop, address, secret or self.secret, timeout)
+        waiter = self.loop.create_future()
+        conn = self._adopt(sock, address, leftover, hello_waiter=waiter)
+        self._send_hello(conn)
+        peer_id = await asyncio.wait_for(waiter, timeout)
+        if expect is not None and peer_id != expect:
+            conn.close()
+            raise ConnectionError(f"{address} is node {peer_id[:8]}, not the expected {expect[:8]}")
+        return conn
+
+    def _send_hello(self, conn: Connection) -> None:
+        meta, bufs = serialization.dumps((MSG_HELLO, self.node_id, self.addresses, self.info))
+        conn.send_frame(meta, bufs)
+
+    def _on_accept(self, sock, peer_name: str, leftover: bytes) -> None:
+        conn = self._adopt(sock, peer_name, leftover)
+        self._send_hello(conn)
+
+    def _adopt(self, sock, peer_name: str, leftover: bytes, hello_waiter=None) -> Connection:
+        conn = Connection(self.loop, sock, peer_name, self._on_frames, self._on_conn_closed,
+                          self.loop_tid, leftover)
+        conn.info["hello_waiter"] = hello_waiter
+        return conn
+
+    # -- receiving -------------------------------------------------------------------
+    def _on_frames(self, conn: Connection, frames: list) -> None:
+        for fr in frames:
+            try:
+                msg = serialization.loads(fr.meta, fr.buffers)
+            except Exception as e:  # noqa: BLE001
+                log.warning("closing connection from %s: undecodable message (%s: %s)",
+                            conn.peer, type(e).__name__, e)
+                conn.close(e)
+                return
+            if msg[0] == MSG_HELLO:
+                self._on_hello(conn, msg)
+                continue
+            try:
+                self._dispatch(msg, conn)
+            except Exception:  # noqa: BLE001 - a bad message must not kill the node
+                log.exception("error handling a message from %s", conn.peer)
+
+    def _on_hello(self, conn: Connection, msg: tuple) -> None:
+        _, peer_id, addresses, info = msg
+        ref = NodeRef(peer_id, tuple(addresses))
+        p = self.peer(ref)
+        if p.ref is None or not p.ref.addresses:
+            p.ref = ref
+        old = p.conn
+        p.conn = conn
+        p.lost = None
+        conn.info["peer_id"] = peer_id
+        conn.info["peer_info"] = info
+        if old is not None and old is not conn and not old.closed:
+            old.info["superseded"] = True
+        w = conn.info.pop("hello_waiter", None)
+        if w is not None and not w.done():
+            w.set_result(peer_id)
+        for cb in list(self.on_peer_hello):
+            cb(self, ref, info, conn)
+
+    def _dispatch_local(self, msg: tuple) -> None:
+        try:
+            self._dispatch(msg, None)
+        except Exception:  # noqa: BLE001
+            log.exception("error handling a local message")
+
+    def _dispatch(self, msg: tuple, conn: Connection | None) -> None:
+        kind = msg[0]
+        if kind == MSG_DELIVER:
+            self._deliver_local(msg[1], msg[2])
+        elif kind == MSG_CALL:
+            inst = self.actors.get(msg[1])
+            if inst is None:
+                self._reply_error(msg[5], LookupError(
+                    f"no actor {msg[1]} on this process ({self.name}); it was never spawned "
+                    f"here or has been stopped"))
+                return
+            inst.handle_call(msg)
+        elif kind == MSG_FAIL:
+            self._deliver_local(msg[1], _Failure(msg[2]))
+        elif kind == MSG_RPC:
+            self._handle_rpc(msg)
+        else:
+            log.warning("unknown message kind %r", kind)
+
+    def _handle_rpc(self, msg: tuple) -> None:
+        _, service, args, reply = msg
+        fn = self.services.get(service)
+        if fn is None:
+            self._reply_error(reply, LookupError(
+                f"node {self.name or self.role} has no service {service!r}; "
+                f"known: {', '.join(sorted(self.services))}"))
+            return
+        try:
+            result = fn(*args)
+        except Exception as e:  # noqa: BLE001
+            self._reply_error(reply, e)
+            return
+        if asyncio.iscoroutine(result):
+            task = self.loop.create_task(result)
+
+            def done(t: asyncio.Task) -> None:
+                if t.cancelled():
+                    self._reply_error(reply, RuntimeError(f"service {service} was cancelled"))
+                elif t.exception() is not None:
+                    self._reply_error(reply, t.exception())
+                else:
+                    self.reply(reply, t.result())
+            task.add_done_callback(done)
+        else:
+            self.reply(reply, result)
+
+    def reply(self, port: PortRef | None, value: Any) -> None:
+        if port is None:
+            return
+        try:
+            self.send(port.node, (MSG_DELIVER, port.port_id, value), "result")
+        except serialization.SerializationError as e:
+            self._reply_error(port, e)
+        except (ConnectionError, SupervisionError) as e:
+            log.debug("cannot deliver reply to %s: %s", port.node.node_id[:8], e)
+
+    def _reply_error(self, port: PortRef | None, exc: BaseException) -> None:
+        if port is None:
+            log.warning("unhandled error with nobody to tell: %s", exc)
+            return
+        try:
+            self.send(port.node, (MSG_FAIL, port.port_id, exc), "error")
+        except serialization.SerializationError:
+            self.send(port.node, (MSG_FAIL, port.port_id, RuntimeError(
+                f"{type(exc).__name__}: {exc}")), "error")
+        except (ConnectionError, SupervisionError) as e:
+            log.debug("cannot deliver error to %s: %s", port.node.node_id[:8], e)
+
+    def rpc(self, target: NodeRef, service: str, *args) -> Future:
+        """Call a service on another node (or this one); a Future of its result."""
+        fut, port = self.reply_future(target.node_id if target.node_id != self.node_id else None)
+        try:
+            self.send(target, (MSG_RPC, service, args, port), f"arguments of {service}")
+        except BaseException as e:  # noqa: BLE001
+            self.close_port(port)
+            fut.set_exception(e)
+        return fut
+
+    # -- supervision -----------------------------------------------------------------
+    def _on_conn_closed(self, conn: Connection, exc: BaseException | None) -> None:
+        w = conn.info.pop("hello_waiter", None)
+        if w is not None and not w.done():
+            w.set_exception(exc or ConnectionClosed(f"{conn.peer} closed during hello"))
+        peer_id = conn.info.get("peer_id")
+        if peer_id is None or conn.info.get("superseded"):
+            return
+        p = self._peers.get(peer_id)
+        if p is None or p.conn is not conn:
+            return
+        p.conn = None
+        reason = SupervisionError(f"connection to {conn.info.get('peer_info', {}).get('name') or peer_id[:8]} "
+                                  f"({conn.peer}) lost: {exc or 'closed'}")
+        for cb in list(self.on_peer_closed):
+            cb(self, peer_id, exc)
+        if p.inflight and not self.closed:
+            self.loop.call_later(LOST_PEER_REPORT_WAIT, self._mark_lost, p, reason, False)
+        elif p.lost is None:
+            p.lost = reason
+
+    def _mark_lost(self, p: _Peer, exc: BaseException, immediate: bool) -> None:
+        if p.conn is not None and not p.conn.closed:
+            return   # reconnected meanwhile
+        if p.lost is None or immediate:
+            p.lost = exc
+        ports, p.inflight = p.inflight, set()
+        for pid in ports:
+            self._deliver_local(pid, _Failure(p.lost))
+
+    def fail_peer(self, peer_id: str, exc: BaseException) -> None:
+        """Fail everything pending on a peer now (a precise exit report arrived)."""
+        p = self._peers.get(peer_id)
+        if p is None:
+            p = self._peers[peer_id] = _Peer(None)
+        p.lost = exc
+        if p.conn is not None:
+            conn, p.conn = p.conn, None
+            conn.info["superseded"] = True
+            conn.close()
+        ports, p.inflight = p.inflight, set()
+        for pid in ports:
+            self._deliver_local(pid, _Failure(exc))
+
+    def peer_connected(self, peer_id: str) -> bool:
+        p = self._peers.get(peer_id)
+        return p is not None and p.conn is not None and not p.conn.closed
+
+    # -- shutdown --------------------------------------------------------------------
+    def close(self) -> None:
+        """Close listeners and connections (call on the loop thread)."""
+        if self.closed:
+            return
+        self.closed = True
+        for lst in self._listeners:
+            lst.close()
+        for p in list(self._peers.values()):
+            if p.conn is not None:
+                p.conn.close()
+
+    def shutdown_thread(self, timeout: float = 5.0) -> None:
+        if self._thread is None:
+            return
+        def stop() -> None:
+            self.close()
+            self.loop.stop()
+        try:
+            self.loop.call_soon_threadsafe(stop)
+        except RuntimeError:
+            return
+        self._thread.join(timeout)
+
+
+class _Failure:
+    """Marks a delivered value as an error for one-shot reply ports."""
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def failure(exc: BaseException) -> _Failure:
+    return _Failure(exc)
+
+
+def format_exception(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _running_loop():
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed and not disabled (HPCMESH_UVLOOP=0), else asyncio's default."""
+    if os.environ.get("HPCMESH_UVLOOP", "1") != "0":
+        try:
+            import uvloop
+            return uvloop.new_event_loop()
+        except ImportError:
+            pass
+    return asyncio.new_event_loop()
+
+
+_current_node: Node | None = None
+
+
+def set_current_node(node: Node | None) -> None:
+    """The node that meshes in this process send through (the client's or the worker's)."""
+    global _current_node
+    _current_node = node
+
+
+def current_node() -> Node | None:
+    return _current_node

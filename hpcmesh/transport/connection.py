@@ -1,0 +1,306 @@
+"""The thin I/O shell around the framing and handshake state machines.
+
+A ``Connection`` owns one non-blocking socket and is driven by the event
+loop's readiness callbacks (``add_reader``/``add_writer``) rather than an
+asyncio transport: that lets us ``recv_into`` buffers the decoder chose and
+``sendmsg`` scatter lists of out-of-band buffers without joining them.
+
+Writes are thread-safe: a caller on another thread (a synchronous ``.get()``
+user) writes its frame directly under a lock, which saves a thread handoff;
+writes from the loop thread are batched once per loop pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from collections import deque
+from typing import Callable
+
+from .addresses import Address, parse_address
+from .framing import FrameDecoder, FrameError, encode_frame
+from .handshake import Handshake, HandshakeError
+
+log = logging.getLogger("hpcmesh.transport")
+
+_IOV_MAX = 512
+_MAX_BATCH = 128
+HANDSHAKE_TIMEOUT = 10.0
+
+
+class ConnectionClosed(ConnectionError):
+    """The peer went away (or sent garbage and was dropped)."""
+
+
+class Connection:
+    __slots__ = ("loop", "sock", "peer", "_decoder", "_on_frames", "_on_close", "_lock",
+                 "_out", "_flush_scheduled", "_writer_on", "_closed", "_loop_tid",
+                 "_pending_frames", "info", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, peer: str,
+                 on_frames: Callable, on_close: Callable, loop_tid: int,
+                 leftover: bytes = b"", max_frame: int | None = None):
+        self.loop = loop
+        self.sock = sock
+        self.peer = peer
+        self._decoder = FrameDecoder(max_frame=max_frame) if max_frame else FrameDecoder()
+        self._on_frames = on_frames
+        self._on_close = on_close
+        self._lock = threading.Lock()
+        self._out: deque = deque()
+        self._flush_scheduled = False
+        self._writer_on = False
+        self._closed = False
+        self._loop_tid = loop_tid
+        self._pending_frames = 0
+        self.info: dict = {}
+        if leftover:
+            try:
+                frames = self._decoder.feed(leftover)
+            except FrameError as e:
+                loop.call_soon(self.close, e)
+                frames = []
+            if frames:
+                loop.call_soon(on_frames, self, frames)
+        loop.add_reader(sock.fileno(), self._on_readable)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- reading ---------------------------------------------------------------
+    def _on_readable(self) -> None:
+        dec = self._decoder
+        recv_into = self.sock.recv_into
+        frames: list = []
+        try:
+            for _ in range(64):
+                view = dec.next_buffer()
+                n = recv_into(view)
+                if n == 0:
+                    if frames:
+                        self._on_frames(self, frames)
+                    self.close(ConnectionClosed(f"peer {self.peer} closed the connection"))
+                    return
+                frames.extend(dec.advance(n))
+                if n < view.nbytes:
+                    break
+        except (BlockingIOError, InterruptedError):
+            pass
+        except FrameError as e:
+            log.warning("dropping connection from %s: %s", self.peer, e)
+            self.close(e)
+            return
+        except OSError as e:
+            self.close(ConnectionClosed(f"connection to {self.peer} failed: {e}"))
+            return
+        if frames:
+            self._on_frames(self, frames)
+
+    # -- writing ---------------------------------------------------------------
+    def send_frame(self, meta: bytes, buffers: list = ()) -> None:
+        """Queue one frame; callable from any thread."""
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
+        parts = encode_frame(meta, buffers)
+        if threading.get_ident() == self._loop_tid:
+            with self._lock:
+                self._out.extend(parts)
+                self._pending_frames += 1
+                if self._writer_on:
+                    return
+                if self._pending_frames >= _MAX_BATCH:
+                    self._write_locked()
+                elif not self._flush_scheduled:
+                    self._flush_scheduled = True
+                    self.loop.call_soon(self._flush)
+            return
+        with self._lock:
+            if self._out or self._writer_on:
+                self._out.extend(parts)
+                if not self._flush_scheduled and not self._writer_on:
+                    self._flush_scheduled = True
+                    self.loop.call_soon_threadsafe(self._flush)
+                return
+            self._out.extend(parts)
+            self._write_locked(foreign=True)
+
+    def _flush(self) -> None:
+        with self._lock:
+            self._flush_scheduled = False
+            if not self._writer_on and not self._closed:
+                self._write_locked()
+
+    def _write_locked(self, foreign: bool = False) -> None:
+        out = self._out
+        self._pending_frames = 0
+        try:
+            while out:
+                batch = list(out) if len(out) <= _IOV_MAX else [out[i] for i in range(_IOV_MAX)]
+                sent = self.sock.sendmsg(batch)
+                while sent:
+                    head = out[0]
+                    size = len(head) if isinstance(head, bytes) else head.nbytes
+                    if sent >= size:
+                        out.popleft()
+                        sent -= size
+                    else:
+                        out[0] = memoryview(head)[sent:]
+                        sent = 0
+        except (BlockingIOError, InterruptedError):
+            if not self._writer_on:
+                self._writer_on = True
+                if foreign:
+                    self.loop.call_soon_threadsafe(self._add_writer)
+                else:
+                    self._add_writer()
+        except OSError as e:
+            out.clear()
+            if foreign:
+                self.loop.call_soon_threadsafe(self.close, ConnectionClosed(str(e)))
+            else:
+                self.loop.call_soon(self.close, ConnectionClosed(str(e)))
+
+    def _add_writer(self) -> None:
+        if not self._closed:
+            self.loop.add_writer(self.sock.fileno(), self._on_writable)
+
+    def _on_writable(self) -> None:
+        with self._lock:
+            self._writer_on = False
+            self.loop.remove_writer(self.sock.fileno())
+            self._write_locked()
+
+    # -- closing ---------------------------------------------------------------
+    def close(self, exc: BaseException | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.loop.remove_reader(self.sock.fileno())
+            self.loop.remove_writer(self.sock.fileno())
+        except (ValueError, OSError):
+            pass
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self._out.clear()
+        self._on_close(self, exc)
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setblocking(False)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: float) -> bytes:
+    async def go() -> bytes:
+        first = hs.initial()
+        if first:
+            await loop.sock_sendall(sock, first)
+        leftover = b""
+        while not hs.done:
+            data = await loop.sock_recv(sock, 4096)
+            if not data:
+                raise HandshakeError("peer closed the connection during the handshake")
+            reply, leftover = hs.receive(data)
+            if reply:
+                await loop.sock_sendall(sock, reply)
+        return leftover
+    return await asyncio.wait_for(go(), timeout)
+
+
+async def dial(loop, address: str | Address, secret: bytes, timeout: float = HANDSHAKE_TIMEOUT
+               ) -> tuple[socket.socket, bytes]:
+    """Connect and authenticate; returns the socket and any bytes read past the handshake."""
+    addr = parse_address(address) if isinstance(address, str) else address
+    if addr.scheme == "tcp" and addr.port == 0:
+        raise ValueError(f"cannot dial {addr}: port 0 is only meaningful when listening")
+    if addr.scheme == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        target: object = addr.path
+    else:
+        infos = await loop.getaddrinfo(addr.host, addr.port, type=socket.SOCK_STREAM)
+        if not infos:
+            raise OSError(f"cannot resolve {addr.host}")
+        family, _, _, _, target = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    _tune(sock)
+    try:
+        await asyncio.wait_for(loop.sock_connect(sock, target), timeout)
+        leftover = await _run_handshake(loop, sock, Handshake(secret, dialer=True), timeout)
+    except BaseException:
+        sock.close()
+        raise
+    return sock, leftover
+
+
+class Listener:
+    """Accepts connections, authenticates them, and hands them to ``on_accept``."""
+
+    def __init__(self, loop, address: str, secret: bytes, on_accept: Callable):
+        self.loop = loop
+        self._secret = secret
+        self._on_accept = on_accept
+        addr = parse_address(address)
+        if addr.scheme == "unix":
+            try:
+                os.unlink(addr.path)
+            except FileNotFoundError:
+                pass
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(addr.path)
+            os.chmod(addr.path, 0o600)
+            self.address = addr
+        else:
+            family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((addr.host, addr.port))
+            self.address = Address("tcp", host=addr.host, port=sock.getsockname()[1])
+        sock.listen(1024)
+        sock.setblocking(False)
+        self.sock = sock
+        loop.add_reader(sock.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        for _ in range(64):
+            try:
+                conn, peer = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                log.warning("accept failed on %s: %s", self.address, e)
+                return
+            _tune(conn)
+            self.loop.create_task(self._authenticate(conn, peer))
+
+    async def _authenticate(self, sock: socket.socket, peer) -> None:
+        name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or str(self.address))
+        try:
+            leftover = await _run_handshake(self.loop, sock, Handshake(self._secret, dialer=False),
+                                            HANDSHAKE_TIMEOUT)
+        except (HandshakeError, OSError, asyncio.TimeoutError) as e:
+            reason = str(e) or type(e).__name__
+            log.warning("dropped unauthenticated connection from %s on %s: %s", name,
+                        self.address, reason)
+            sock.close()
+            return
+        self._on_accept(sock, name, leftover)
+
+    def close(self) -> None:
+        try:
+            self.loop.remove_reader(self.sock.fileno())
+        except (ValueError, OSError):
+            pass
+        self.sock.close()
+        if self.address.scheme == "unix":
+            try:
+                os.unlink(self.address.path)
+            except OSError:
+                pass

@@ -1,0 +1,188 @@
+"""Frame encoding and decoding as a pure state machine (sans-I/O).
+
+A frame carries one pickled message plus the out-of-band buffers that pickle
+protocol 5 pulled out of it. Big buffers never get joined into one large
+bytes object: the encoder returns a list of buffers for ``sendmsg`` and the
+decoder asks the I/O layer to read each big buffer straight into its final
+home (``next_buffer`` / ``advance``), so a 64 MiB tensor is copied once by
+the kernel and never again in Python.
+
+Wire layout of one frame (network byte order)::
+
+    u32 meta_len | u16 nbufs | u64 buf_len * nbufs | meta bytes | buf 0 | buf 1 ...
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+_HEAD = struct.Struct("!IH")
+_BUFLEN = struct.Struct("!Q")
+
+#: Frames larger than this (meta plus buffers) close the connection.
+DEFAULT_MAX_FRAME = 8 * 1024**3
+#: Metadata (the pickle stream without its out-of-band buffers) limit.
+DEFAULT_MAX_META = 256 * 1024**2
+#: Buffers at least this large are read directly into their own bytearray.
+DIRECT_READ_THRESHOLD = 64 * 1024
+_MAX_BUFFERS = 65535
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a valid frame; the connection must close."""
+
+
+@dataclass(slots=True)
+class Frame:
+    meta: memoryview | bytes
+    buffers: list
+
+
+def encode_frame(meta: bytes, buffers: list = ()) -> list:
+    """Return the pieces to write for one frame (header, meta, buffers as-is)."""
+    if len(buffers) > _MAX_BUFFERS:
+        raise FrameError(f"too many out-of-band buffers: {len(buffers)} > {_MAX_BUFFERS}")
+    views = [b if isinstance(b, memoryview) else memoryview(b) for b in buffers]
+    head = _HEAD.pack(len(meta), len(views))
+    if views:
+        head += b"".join(_BUFLEN.pack(v.nbytes) for v in views)
+        return [head, meta, *(v.cast("B") if v.ndim != 1 or v.format != "B" else v for v in views)]
+    return [head, meta]
+
+
+class FrameDecoder:
+    """Incremental frame parser.
+
+    The I/O layer calls ``next_buffer()`` to get a writable view to read into,
+    then ``advance(n)`` with the number of bytes it put there; ``advance``
+    returns the frames completed by those bytes.
+    """
+
+    __slots__ = ("_buf", "_start", "_end", "_max_frame", "_max_meta",
+                 "_state", "_meta_len", "_lens", "_meta", "_bufs", "_target", "_filled")
+
+    _S_HEAD, _S_LENS, _S_META, _S_BUFS = range(4)
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, max_meta: int = DEFAULT_MAX_META,
+                 chunk: int = 256 * 1024):
+        self._buf = bytearray(chunk)
+        self._start = 0
+        self._end = 0
+        self._max_frame = max_frame
+        self._max_meta = max_meta
+        self._state = self._S_HEAD
+        self._meta_len = 0
+        self._lens: list[int] = []
+        self._meta = b""
+        self._bufs: list = []
+        self._target: bytearray | None = None   # direct-read destination
+        self._filled = 0
+
+    def next_buffer(self) -> memoryview:
+        if self._target is not None:
+            return memoryview(self._target)[self._filled:]
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif len(self._buf) - self._end < 4096:
+            # Compact: move the unread tail to the front, grow only if the tail fills it.
+            tail = self._end - self._start
+            if self._start == 0:
+                self._buf.extend(bytes(len(self._buf)))
+            else:
+                self._buf[:tail] = self._buf[self._start:self._end]
+                self._start, self._end = 0, tail
+        return memoryview(self._buf)[self._end:]
+
+    def advance(self, n: int) -> list[Frame]:
+        if self._target is not None:
+            self._filled += n
+            if self._filled < len(self._target):
+                return []
+            self._bufs.append(self._target)
+            self._target = None
+            frames: list[Frame] = []
+            if len(self._bufs) == len(self._lens):
+                frames.append(self._finish())
+            frames.extend(self._parse())
+            return frames
+        self._end += n
+        return self._parse()
+
+    def _avail(self) -> int:
+        return self._end - self._start
+
+    def _take(self, n: int) -> bytes:
+        data = bytes(self._buf[self._start:self._start + n])
+        self._start += n
+        return data
+
+    def _finish(self) -> Frame:
+        frame = Frame(self._meta, self._bufs)
+        self._state = self._S_HEAD
+        self._meta = b""
+        self._bufs = []
+        self._lens = []
+        return frame
+
+    def _parse(self) -> list[Frame]:
+        frames: list[Frame] = []
+        while True:
+            st = self._state
+            if st == self._S_HEAD:
+                if self._avail() < _HEAD.size:
+                    return frames
+                self._meta_len, nbufs = _HEAD.unpack_from(self._buf, self._start)
+                self._start += _HEAD.size
+                if self._meta_len > self._max_meta:
+                    raise FrameError(f"frame metadata of {self._meta_len} bytes exceeds the "
+                                     f"limit of {self._max_meta} bytes")
+                self._lens = [0] * nbufs
+                self._state = self._S_LENS if nbufs else self._S_META
+            elif st == self._S_LENS:
+                need = _BUFLEN.size * len(self._lens)
+                if self._avail() < need:
+                    return frames
+                self._lens = [v for (v,) in _BUFLEN.iter_unpack(self._buf[self._start:self._start + need])]
+                self._start += need
+                total = self._meta_len + sum(self._lens)
+                if total > self._max_frame:
+                    raise FrameError(f"frame of {total} bytes exceeds the limit of "
+                                     f"{self._max_frame} bytes")
+                self._state = self._S_META
+            elif st == self._S_META:
+                if self._avail() < self._meta_len:
+                    return frames
+                self._meta = self._take(self._meta_len)
+                if not self._lens:
+                    frames.append(self._finish())
+                    continue
+                self._state = self._S_BUFS
+            else:  # _S_BUFS
+                i = len(self._bufs)
+                size = self._lens[i]
+                avail = self._avail()
+                if size >= DIRECT_READ_THRESHOLD and avail < size:
+                    target = bytearray(size)
+                    target[:avail] = self._buf[self._start:self._end]
+                    self._start = self._end
+                    self._target, self._filled = target, avail
+                    return frames
+                if avail < size:
+                    return frames
+                self._bufs.append(bytearray(self._buf[self._start:self._start + size]))
+                self._start += size
+                if len(self._bufs) == len(self._lens):
+                    frames.append(self._finish())
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Convenience for tests and the handshake leftover: push bytes in."""
+        frames: list[Frame] = []
+        view = memoryview(data)
+        while view.nbytes:
+            dst = self.next_buffer()
+            n = min(dst.nbytes, view.nbytes)
+            dst[:n] = view[:n]
+            view = view[n:]
+            frames.extend(self.advance(n))
+        return frames

@@ -67,7 +67,8 @@ async def serve(listen: list[str], attach: list[str], secret: bytes, grace: floa
     register_loop_thread(loop)
     node = Node(secret, loop, role="agent", name=f"agent@{socket.gethostname()}",
                 info={"slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-                      "slurm_nodeid": os.environ.get("SLURM_NODEID")})
+                      "slurm_nodeid": os.environ.get("SLURM_NODEID"),
+                      "job_token": os.environ.get("HPCMESH_JOB_TOKEN")})
     node.listen(listen)
     set_current_node(node)
     agent = HostAgent(node, advertise_host=advertise_host)

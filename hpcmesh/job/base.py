@@ -1,0 +1,233 @@
+"""Jobs: a declarative spec of the host meshes a program needs, plus its live state.
+
+Follows ``monarch.job``: ``apply()`` makes the job exist (no-op if it does),
+``state()`` returns its HostMeshes, reusing a cached running job when it can
+serve the spec (``can_run``) so a restarted client reconnects instead of
+queueing again. The cache lives in ``.hpcmesh/<context>/state.pkl`` with
+``.hpcmesh/job_state.pkl`` a symlink to the active context's file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import uuid
+from abc import ABC, abstractmethod
+from typing import Any
+
+import cloudpickle
+
+DEFAULT_CACHE = ".hpcmesh/job_state.pkl"
+BATCH_MARKER = "HPCMESH_BATCH_JOB"
+
+
+class JobState:
+    """The HostMeshes of an applied job, one attribute per mesh name."""
+
+    def __init__(self, meshes: dict[str, Any]):
+        self._meshes = dict(meshes)
+
+    def __getattr__(self, name: str):
+        meshes = self.__dict__.get("_meshes", {})
+        if name in meshes:
+            return meshes[name]
+        raise AttributeError(f"this job has no mesh {name!r}; its meshes are: "
+                             f"{', '.join(sorted(meshes)) or '(none)'}")
+
+    def __dir__(self):
+        return sorted(self._meshes)
+
+    def names(self) -> list[str]:
+        return list(self._meshes)
+
+    def __repr__(self) -> str:
+        return f"JobState({', '.join(f'{k}={v!r}' for k, v in self._meshes.items())})"
+
+
+class JobTrait(ABC):
+    """Base of every job kind. Subclasses implement ``_create``, ``_state``, ``_kill``,
+    ``_is_active`` and ``_spec_key`` (what must match for a cached job to be reused)."""
+
+    def __init__(self):
+        self.apply_id: str | None = None
+        self._applied = False
+
+    # -- the public life cycle ----------------------------------------------------------
+    def apply(self, client_script: str | None = None) -> None:
+        """Create the job if it is not running; always gives it a fresh ``apply_id``."""
+        self.apply_id = uuid.uuid4().hex
+        if not self.active:
+            self._create(client_script)
+            self._applied = True
+        elif client_script is not None:
+            self._submit_client(client_script)
+
+    def state(self, cached_path: str | None = DEFAULT_CACHE) -> JobState:
+        """The job's HostMeshes: from the cached running job if it can serve this spec,
+        else after killing the stale one and applying this one."""
+        job: JobTrait = self
+        if cached_path is not None:
+            cached = _try_load(cached_path)
+            if cached is not None and cached is not self:
+                if cached.active and cached.can_run(self):
+                    job = cached
+                else:
+                    if cached.active:
+                        cached.kill()
+                    _remove_cache(cached_path)
+        if not job.active:
+            job.apply()
+        if cached_path is not None:
+            job.dump(cached_path)
+        meshes = job._state()
+        if job is not self:
+            self.__dict__.update({k: v for k, v in job.__dict__.items()})
+        return JobState(meshes)
+
+    def kill(self) -> None:
+        self._kill()
+
+    @property
+    def active(self) -> bool:
+        return self._applied and self._is_active()
+
+    def can_run(self, spec: "JobTrait") -> bool:
+        """Can this (running) job serve ``spec``? Same kind and same spec key."""
+        return type(spec) is type(self) and spec._spec_key() == self._spec_key()
+
+    # -- persistence -----------------------------------------------------------------
+    def dumps(self) -> bytes:
+        return cloudpickle.dumps(self)
+
+    def dump(self, path: str) -> None:
+        """Write with mode 0600, following a symlink at ``path`` and creating parent dirs."""
+        real = os.path.realpath(path)
+        os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
+        tmp = f"{real}.tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self.dumps())
+        os.replace(tmp, real)
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_live")}
+
+    # -- subclass hooks -------------------------------------------------------------
+    @abstractmethod
+    def _create(self, client_script: str | None) -> None: ...
+
+    @abstractmethod
+    def _state(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def _kill(self) -> None: ...
+
+    @abstractmethod
+    def _is_active(self) -> bool: ...
+
+    @abstractmethod
+    def _spec_key(self) -> Any: ...
+
+    def _submit_client(self, client_script: str) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot submit a client script into "
+                                  f"an already running job")
+
+
+def job_loads(data: bytes) -> JobTrait:
+    job = pickle.loads(data)
+    if not isinstance(job, JobTrait):
+        raise TypeError(f"the data holds a {type(job).__name__}, not an hpcmesh job")
+    return job
+
+
+def job_load(path: str) -> JobTrait:
+    with open(path, "rb") as f:
+        return job_loads(f.read())
+
+
+def _try_load(path: str) -> JobTrait | None:
+    try:
+        return job_load(path)
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # noqa: BLE001 - a stale or foreign cache must not block a new job
+        import logging
+        logging.getLogger("hpcmesh.job").warning("ignoring unreadable job cache %s: %s", path, e)
+        return None
+
+
+def _remove_cache(path: str) -> None:
+    """Remove the state file (the one a symlink at ``path`` points to); keep the link."""
+    try:
+        os.unlink(os.path.realpath(path))
+    except FileNotFoundError:
+        pass
+
+
+# -- contexts: which cached job is "current" -------------------------------------------------
+def _root() -> str:
+    return os.environ.get("HPCMESH_STATE_DIR", ".hpcmesh")
+
+
+def current_context() -> str:
+    return os.environ.get("HPCMESH_CONTEXT", "default")
+
+
+def context_state_path(context: str | None = None) -> str:
+    return os.path.join(_root(), context or current_context(), "state.pkl")
+
+
+def activate_context(context: str | None = None) -> str:
+    """Point ``.hpcmesh/job_state.pkl`` at the context's state file; returns the link path."""
+    target = context_state_path(context)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    link = os.path.join(_root(), "job_state.pkl")
+    rel = os.path.relpath(target, os.path.dirname(link))
+    if os.path.islink(link) and os.readlink(link) == rel:
+        return link
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(rel, link)
+    return link
+
+
+def set_current_job(spec_ref: str, context: str | None = None) -> None:
+    """Remember ``module.attr`` as the job spec of this context."""
+    _resolve(spec_ref)   # fail now, not later, if it does not resolve
+    path = os.path.join(_root(), context or current_context(), "current_job")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(spec_ref + "\n")
+    activate_context(context)
+
+
+def load_current_job(context: str | None = None) -> JobTrait:
+    path = os.path.join(_root(), context or current_context(), "current_job")
+    try:
+        with open(path) as f:
+            ref = f.read().strip()
+    except FileNotFoundError:
+        raise LookupError(f"no current job in context {context or current_context()!r}; run "
+                          f"`hpcmesh apply module.attr` first") from None
+    return _resolve(ref)
+
+
+def _resolve(spec_ref: str) -> JobTrait:
+    mod_name, _, attr = spec_ref.rpartition(".")
+    if not mod_name or not attr:
+        raise ValueError(f"job spec reference must look like 'module.attr', got {spec_ref!r}")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ImportError(f"cannot import module {mod_name!r} for job spec {spec_ref!r}: {e}") from e
+    try:
+        job = getattr(mod, attr)
+    except AttributeError:
+        raise AttributeError(f"module {mod_name!r} has no attribute {attr!r} (job spec "
+                             f"{spec_ref!r})") from None
+    if callable(job) and not isinstance(job, JobTrait):
+        job = job()
+    if not isinstance(job, JobTrait):
+        raise TypeError(f"{spec_ref} is a {type(job).__name__}, not an hpcmesh job")
+    return job

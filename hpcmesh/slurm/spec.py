@@ -1,0 +1,944 @@
+"""Declarative Slurm job specs: meshes of nodes, and how to load them with good errors.
+
+A :class:`JobSpec` names one or more meshes (``trainers: 4 nodes``, ...) and the
+Slurm resources each needs. It comes from YAML (:func:`load_job_spec`), a dict
+(:meth:`JobSpec.from_dict`, e.g. the ``job:`` section of a hosts file) or Monarch's
+``SlurmJob`` keywords (:meth:`JobSpec.from_monarch_kwargs`). Every mistake is reported
+before anything is submitted, as ``file:line: problem; allowed: ... (did you mean ...)``,
+because a bad key found after an hour in the queue is an hour lost.
+
+YAML forms accepted::
+
+    job_name: train            # optional
+    log_dir: .hpcmesh/logs     # optional
+    same_allocation: true      # several meshes share one sbatch job (node ranges)
+    defaults: {partition: gpu, time: "02:00:00"}   # applied to every mesh
+    meshes:
+      trainers: {nodes: 4, gpus_per_node: 8}
+      generators: 2            # an int is a node count
+
+or a flat single mesh (the keys of one mesh plus ``job_name``/``log_dir``), which
+becomes one mesh named ``hosts``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import keyword
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import yaml
+
+from .parsing import SlurmParseError, parse_slurm_duration
+
+__all__ = [
+    "SpecError",
+    "MeshSpec",
+    "JobSpec",
+    "load_job_spec",
+    "parse_job_spec",
+    "parse_yaml_with_lines",
+    "MESH_KEYS",
+    "JOB_KEYS",
+    "SHARED_ALLOCATION_KEYS",
+    "DEFAULT_SIGNAL",
+    "DEFAULT_LOG_DIR",
+    "DEFAULT_MESH_NAME",
+]
+
+DEFAULT_SIGNAL = "USR1@90"
+DEFAULT_LOG_DIR = ".hpcmesh/logs"
+DEFAULT_JOB_NAME = "hpcmesh"
+DEFAULT_MESH_NAME = "hosts"
+
+#: Keys of one mesh (and of ``defaults``), sorted as error messages list them.
+MESH_KEYS = (
+    "account", "constraint", "cpus_per_task", "env", "exclusive", "gpus_per_node", "mem",
+    "nodes", "ntasks_per_node", "partition", "python", "qos", "requeue", "sbatch_extra",
+    "setup", "signal", "time",
+)
+#: Top-level keys of a multi-mesh spec.
+JOB_KEYS = ("defaults", "job_name", "log_dir", "meshes", "same_allocation")
+# A mapping without "meshes" is one flat mesh; "meshes" is listed so a typo of it is suggested.
+_FLAT_KEYS = tuple(sorted(set(MESH_KEYS) | {"job_name", "log_dir", "meshes"}))
+#: Keys that describe the whole sbatch allocation, so meshes sharing one must agree on them.
+SHARED_ALLOCATION_KEYS = (
+    "partition", "account", "qos", "time", "constraint", "exclusive", "mem",
+    "gpus_per_node", "signal", "requeue", "sbatch_extra",
+)
+
+
+class SpecError(ValueError):
+    """A bad job spec. The message names file:line, the key or value, and what is allowed.
+
+    ``source``, ``line`` (1-based or None), ``key`` (dotted path) and ``allowed`` are
+    kept as attributes for tools such as ``hpcmesh render``.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
+                 key: str | None = None, allowed: Sequence[str] = (),
+                 suggest: str | None = None) -> None:
+        self.source, self.line, self.key = source, line, key
+        self.allowed = tuple(allowed)
+        self.problem = message
+        text = message
+        if self.allowed:
+            text += "; allowed: " + ", ".join(self.allowed)
+        if suggest is not None:
+            close = difflib.get_close_matches(suggest, self.allowed, n=1, cutoff=0.6)
+            if close:
+                text += f" (did you mean {close[0]!r}?)"
+        if source is not None:
+            text = f"{source}:{line}: {text}" if line is not None else f"{source}: {text}"
+        super().__init__(text)
+
+
+class _Invalid(Exception):
+    """A field validator's complaint; the caller adds where it happened."""
+
+
+# --------------------------------------------------------------------------
+# YAML with line numbers
+
+
+def parse_yaml_with_lines(text: str, source: str = "<string>") -> tuple[Any, dict[str, int], dict[str, str]]:
+    """Load YAML keeping, for each dotted path (``meshes.trainers.nodes``, ``setup[1]``),
+    its 1-based line and the raw text of plain scalars.
+
+    Raw text matters because YAML 1.1 reads ``time: 01:30:00`` as the number 5400 and
+    ``account: 0123`` as octal; string-typed keys use the text as written.
+    """
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            problem = exc.problem or str(exc)
+            if exc.context:
+                problem = f"{exc.context}, {problem}"
+            raise SpecError(f"invalid YAML: {problem}", source=source,
+                            line=mark.line + 1 if mark else None) from None
+        except yaml.YAMLError as exc:
+            raise SpecError(f"invalid YAML: {exc}", source=source) from None
+        if root is None:
+            return None, {}, {}
+        lines: dict[str, int] = {}
+        raw: dict[str, str] = {}
+        _index_node(root, "", lines, raw, source, set())
+        try:
+            data = loader.construct_document(root)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            raise SpecError(f"invalid YAML value: {exc.problem}", source=source,
+                            line=mark.line + 1 if mark else None) from None
+        return data, lines, raw
+    finally:
+        loader.dispose()
+
+
+def _index_node(node: yaml.Node, prefix: str, lines: dict[str, int], raw: dict[str, str],
+                source: str, seen: set[int]) -> None:
+    if id(node) in seen:  # aliases may form cycles
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.ScalarNode):
+        if node.style is None and prefix:  # plain (unquoted) scalars may be re-typed by YAML
+            raw[prefix] = node.value
+    elif isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for knode, vnode in node.value:
+            if not isinstance(knode, yaml.ScalarNode):
+                continue
+            key = knode.value
+            line = knode.start_mark.line + 1
+            path = f"{prefix}.{key}" if prefix else key
+            if key in first:
+                raise SpecError(f"duplicate key {path!r} (first given on line {first[key]})",
+                                source=source, line=line, key=path)
+            first[key] = line
+            lines.setdefault(path, line)
+            _index_node(vnode, path, lines, raw, source, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            path = f"{prefix}[{i}]"
+            lines.setdefault(path, item.start_mark.line + 1)
+            _index_node(item, path, lines, raw, source, seen)
+
+
+class _Ctx:
+    """Where values came from: source name, dotted-path lines, raw scalar text."""
+
+    def __init__(self, source: str, lines: Mapping[str, int] | None, raw: Mapping[str, str] | None,
+                 prefix: str = "") -> None:
+        self.source = source
+        self.lines = lines or {}
+        self.raw = raw or {}
+        self.prefix = prefix
+
+    def path(self, *parts: str | int) -> str:
+        out = self.prefix
+        for p in parts:
+            if isinstance(p, int):
+                out += f"[{p}]"
+            else:
+                out = f"{out}.{p}" if out else p
+        return out
+
+    def line(self, path: str) -> int | None:
+        key = path
+        while key:
+            if key in self.lines:
+                return self.lines[key]
+            cut = max(key.rfind("."), key.rfind("["))
+            key = key[:cut] if cut > 0 else ""
+        return None
+
+    def error(self, path: str, message: str, **kw: Any) -> SpecError:
+        return SpecError(message, source=self.source, line=self.line(path), key=path, **kw)
+
+    def text(self, path: str, value: Any) -> Any:
+        """The scalar as written, for keys whose values are strings."""
+        if isinstance(value, str) or value is None or isinstance(value, (list, dict)):
+            return value
+        return self.raw.get(path, value)
+
+
+# --------------------------------------------------------------------------
+# field validators (value -> normalized value, or _Invalid)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return type(value).__name__
+
+
+def _pos_int(name: str, *, minimum: int = 1, optional: bool = False) -> Callable[[Any], Any]:
+    what = "a positive integer" if minimum == 1 else "a non-negative integer"
+
+    def conv(value: Any) -> Any:
+        if value is None and optional:
+            return None
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value.strip())
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise _Invalid(f"{name} must be {what}{' or null' if optional else ''}, got {_show(value)}")
+        return value
+    return conv
+
+
+def _gpus(value: Any) -> int | None:
+    n = _pos_int("gpus_per_node", minimum=0, optional=True)(value)
+    return n or None  # 0 GPUs and "no GPU request" render the same
+
+
+def _bool(name: str) -> Callable[[Any], bool]:
+    def conv(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise _Invalid(f"{name} must be true or false, got {_show(value)}")
+        return value
+    return conv
+
+
+_WORD = re.compile(r"^\S+$")
+
+
+def _word(name: str, example: str) -> Callable[[Any], str | None]:
+    def conv(value: Any) -> str | None:
+        if value is None or value == "":
+            return None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str) or not _WORD.match(value):
+            raise _Invalid(f"{name} must be one word like {example!r} (no spaces), got {_show(value)}")
+        return value
+    return conv
+
+
+_MEM = re.compile(r"^(\d+)([KMGTkmgt]?)$")
+
+
+def _mem(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)
+    m = _MEM.match(value.strip()) if isinstance(value, str) else None
+    if not m:
+        raise _Invalid(f"mem must be a size like '64G', '500M' or '0' (all of the node's memory; "
+                       f"units K, M, G, T, default M), got {_show(value)}")
+    return m.group(1) + m.group(2).upper()
+
+
+def _time(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return str(value)  # minutes, as sbatch reads a bare number
+    ok = isinstance(value, str)
+    if ok and value.strip().upper() in ("UNLIMITED", "INFINITE"):
+        return value.strip().upper()
+    if ok:
+        try:
+            ok = parse_slurm_duration(value) is not None
+        except SlurmParseError:
+            ok = False
+    if not ok:
+        raise _Invalid("time must be minutes or 'HH:MM:SS', 'MM:SS', 'D-HH', 'D-HH:MM', "
+                       f"'D-HH:MM:SS' (quote it in YAML), got {_show(value)}")
+    return value.strip()
+
+
+_SIGNAL = re.compile(r"^(?:(?P<flags>[RB]{1,2}):)?(?:SIG)?(?P<sig>[A-Z0-9]+)(?:@(?P<secs>\d+))?$")
+_SIGNAL_NAMES = frozenset(
+    "HUP INT QUIT ILL TRAP ABRT BUS FPE KILL USR1 SEGV USR2 PIPE ALRM TERM CHLD CONT STOP "
+    "TSTP TTIN TTOU URG XCPU XFSZ VTALRM PROF WINCH IO PWR SYS".split())
+
+
+def _signal(value: Any) -> str | None:
+    if value is None or value is False or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    m = _SIGNAL.match(value.strip().upper()) if isinstance(value, str) else None
+    if m and not (m.group("sig").isdigit() or m.group("sig") in _SIGNAL_NAMES):
+        m = None
+    if not m:
+        raise _Invalid("signal must look like 'USR1@90' (signal, then seconds before the time "
+                       f"limit; optional 'B:' prefix) or null, got {_show(value)}")
+    return value.strip().upper()
+
+
+def _python(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or "\n" in value:
+        raise _Invalid(f"python must be the Python executable (a string like 'python3'), got {_show(value)}")
+    return value.strip()
+
+
+def _lines(name: str) -> Callable[[Any], list[str]]:
+    def conv(value: Any) -> list[str]:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [ln for ln in value.splitlines() if ln.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise _Invalid(f"{name} must be a list of shell lines, got {_show(value)}")
+        out = []
+        for i, item in enumerate(value):
+            if isinstance(item, (int, float)) and not isinstance(item, bool):
+                item = str(item)
+            if not isinstance(item, str):
+                raise _Invalid(f"{name}[{i}] must be a string (a shell line), got {_show(item)}")
+            out.append(item)
+        return out
+    return conv
+
+
+def _extra(value: Any) -> list[str]:
+    """sbatch options: ``['--reservation=foo', '--qos', 'high']`` -> one entry per option."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError as exc:
+            raise _Invalid(f"sbatch_extra: cannot split {value!r}: {exc}") from None
+    if not isinstance(value, (list, tuple)):
+        raise _Invalid(f"sbatch_extra must be a list of sbatch options like '--reservation=foo', "
+                       f"got {_show(value)}")
+    out: list[str] = []
+    for i, item in enumerate(value):
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            item = str(item)
+        if not isinstance(item, str) or "\n" in item or not item.strip():
+            raise _Invalid(f"sbatch_extra[{i}] must be an sbatch option (a one-line string), "
+                           f"got {_show(item)}")
+        item = item.strip()
+        if item.startswith("#SBATCH"):
+            item = item[len("#SBATCH"):].strip()
+        if item.startswith("-"):
+            out.append(item)
+        elif out and "=" not in out[-1] and " " not in out[-1]:
+            # A value after its option, as in argv: ["--qos", "high"].
+            sep = "=" if out[-1].startswith("--") else " "
+            out[-1] = f"{out[-1]}{sep}{item}"
+        else:
+            raise _Invalid(f"sbatch_extra[{i}] must be an sbatch option starting with '-' "
+                           f"(like '--reservation=foo'), got {item!r}")
+    return out
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _env(value: Any) -> dict[str, str | None]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise _Invalid(f"env must be a mapping of variable names to strings, got {_show(value)}")
+    out: dict[str, str | None] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not _ENV_NAME.match(k):
+            raise _Invalid(f"env: {_show(k)} is not a valid environment variable name")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = str(v)
+        if v is not None and not isinstance(v, str):
+            raise _Invalid(f"env value of {k} must be a string (quote it in YAML) or null to "
+                           f"unset it, got {_show(v)}")
+        out[k] = v
+    return out
+
+
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "nodes": _pos_int("nodes"),
+    "gpus_per_node": _gpus,
+    "ntasks_per_node": _pos_int("ntasks_per_node"),
+    "cpus_per_task": _pos_int("cpus_per_task", optional=True),
+    "mem": _mem,
+    "time": _time,
+    "partition": _word("partition", "gpu"),
+    "account": _word("account", "myproject"),
+    "qos": _word("qos", "normal"),
+    "constraint": _word("constraint", "a100&ib"),
+    "exclusive": _bool("exclusive"),
+    "sbatch_extra": _extra,
+    "setup": _lines("setup"),
+    "python": _python,
+    "env": _env,
+    "signal": _signal,
+    "requeue": _bool("requeue"),
+}
+# Keys whose values are strings: YAML's re-typing of plain scalars is undone for them.
+_TEXT_KEYS = {"mem", "time", "partition", "account", "qos", "constraint", "python", "signal"}
+
+# sbatch options that have their own key: given in sbatch_extra (Monarch's slurm_args
+# style) they are moved into that key, so meshes sharing an allocation are compared on them.
+_OPTION_KEYS = {
+    "--time": "time", "-t": "time",
+    "--partition": "partition", "-p": "partition",
+    "--account": "account", "-A": "account",
+    "--qos": "qos", "-q": "qos",
+    "--constraint": "constraint", "-C": "constraint",
+    "--mem": "mem",
+    "--gpus-per-node": "gpus_per_node",
+    "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task",
+    "--ntasks-per-node": "ntasks_per_node",
+    "--signal": "signal",
+    "--exclusive": "exclusive",
+    "--requeue": "requeue", "--no-requeue": "requeue",
+}
+# sbatch options the renderer owns; in sbatch_extra they would break the mesh layout.
+_OWNED_OPTIONS = {
+    "--nodes": "nodes", "-N": "nodes",
+    "--ntasks": "nodes and ntasks_per_node", "-n": "nodes and ntasks_per_node",
+    "--job-name": "job_name", "-J": "job_name",
+    "--output": "log_dir", "-o": "log_dir",
+    "--error": "log_dir", "-e": "log_dir",
+}
+_MEM_OPTIONS = ("--mem-per-cpu", "--mem-per-gpu")
+
+
+def _split_option(entry: str) -> tuple[str, str | None]:
+    if entry.startswith("--"):
+        m = re.match(r"^(--[^=\s]+)(?:[=\s]\s*(.*))?$", entry)
+        if m is None:
+            return entry, None
+        return m.group(1), (m.group(2).strip() if m.group(2) is not None else None)
+    name, rest = entry[:2], entry[2:].lstrip("= ").strip()
+    return name, rest or None
+
+
+# --------------------------------------------------------------------------
+# the spec dataclasses
+
+
+@dataclass
+class MeshSpec:
+    """Resources for one mesh of hosts; one host agent task per node unless ntasks_per_node says more.
+
+    ``time`` is a Slurm time string (``"02:00:00"``, ``"1-00:00:00"``) or minutes;
+    ``signal`` (default ``USR1@90``) asks Slurm to warn the job that many seconds
+    before its end, so actors can checkpoint; ``env`` values of None unset a variable.
+    """
+
+    name: str
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    ntasks_per_node: int = 1
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclusive: bool = False
+    sbatch_extra: list[str] = field(default_factory=list)
+    setup: list[str] = field(default_factory=list)
+    python: str = "python3"
+    env: dict[str, str | None] = field(default_factory=dict)
+    signal: str | None = DEFAULT_SIGNAL
+    requeue: bool = False
+
+    def __post_init__(self) -> None:
+        _check_mesh_name(self.name, lambda msg: SpecError(msg))
+        for key in MESH_KEYS:
+            try:
+                setattr(self, key, _CONVERTERS[key](getattr(self, key)))
+            except _Invalid as exc:
+                raise SpecError(f"mesh {self.name!r}: {exc}", key=key) from None
+        # Direct construction cannot tell "left at default" from "set to the default";
+        # the loaders pass what was written instead (_build_mesh).
+        explicit = {k for k in MESH_KEYS if getattr(self, k) != _field_default(k)}
+        values = {k: getattr(self, k) for k in MESH_KEYS}
+        try:
+            _lift_extras(values, explicit)
+        except _Located as exc:
+            raise SpecError(f"mesh {self.name!r}: {exc.message}", key="sbatch_extra") from None
+        for key, value in values.items():
+            setattr(self, key, value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _Located(Exception):
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index, self.message = index, message
+
+
+def _lift_extras(values: dict[str, Any], explicit: set[str]) -> None:
+    """Move sbatch_extra options that have their own key into that key (in place)."""
+    kept: list[str] = []
+    for i, entry in enumerate(values["sbatch_extra"]):
+        name, val = _split_option(entry)
+        if name in _OWNED_OPTIONS:
+            raise _Located(i, f"sbatch_extra {entry!r} is set by hpcmesh from "
+                              f"{_OWNED_OPTIONS[name]}; remove it")
+        if name in _MEM_OPTIONS and values["mem"] is not None:
+            raise _Located(i, f"sbatch_extra {entry!r} cannot be combined with mem "
+                              f"({values['mem']!r}): sbatch refuses both; keep one")
+        key = _OPTION_KEYS.get(name)
+        if key is None:
+            kept.append(entry)
+            continue
+        if key in ("exclusive", "requeue"):
+            if val is not None:  # --exclusive=user etc.: a different request, keep verbatim
+                if key in explicit and values[key]:
+                    raise _Located(i, f"sbatch_extra {entry!r} contradicts {key}: true")
+                kept.append(entry)
+                continue
+            new: Any = name != "--no-requeue"
+        else:
+            try:
+                new = _CONVERTERS[key](val)
+            except _Invalid:
+                new = None
+            if new is None:  # not in our form (typed GPUs "a100:4"...): keep verbatim
+                if values[key] is not None and values[key] != _field_default(key):
+                    raise _Located(i, f"sbatch_extra {entry!r} contradicts {key}: "
+                                      f"{_show(values[key])}; set only {key}")
+                kept.append(entry)
+                continue
+        if key in explicit and values[key] != new:
+            raise _Located(i, f"sbatch_extra {entry!r} contradicts {key}: {_show(values[key])}; "
+                              f"set only {key}")
+        values[key] = new
+    values["sbatch_extra"] = kept
+
+
+def _field_default(key: str) -> Any:
+    f = next(f for f in dataclasses.fields(MeshSpec) if f.name == key)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def _check_mesh_name(name: Any, fail: Callable[[str], SpecError]) -> None:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) \
+            or name.startswith("_"):
+        raise fail(f"mesh name {_show(name)} must be a Python identifier not starting with '_' "
+                   "(it becomes an attribute of the job state, e.g. state.trainers)")
+
+
+def _check_job_name(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not re.match(r"^[A-Za-z0-9_.+-]+$", value):
+        raise _Invalid(f"job_name must be one word of letters, digits and _.+- (it names the "
+                       f"log files), got {_show(value)}")
+    return value
+
+
+def _check_log_dir(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value) \
+            or "%" in value:
+        raise _Invalid(f"log_dir must be a directory path without spaces or '%', got {_show(value)}")
+    return value.rstrip("/") or "/"
+
+
+def _shared_mismatch(meshes: Mapping[str, MeshSpec]) -> tuple[str, str, str] | None:
+    """First (key, mesh_a, mesh_b) where meshes sharing one allocation disagree."""
+    specs = list(meshes.values())
+    for key in SHARED_ALLOCATION_KEYS:
+        for other in specs[1:]:
+            if getattr(other, key) != getattr(specs[0], key):
+                return key, specs[0].name, other.name
+    return None
+
+
+def _mismatch_message(meshes: Mapping[str, MeshSpec], key: str, a: str, b: str) -> str:
+    return (f"meshes {a!r} and {b!r} share one allocation (same_allocation: true) but differ in "
+            f"{key} ({_show(getattr(meshes[a], key))} vs {_show(getattr(meshes[b], key))}); "
+            "make them equal (e.g. under defaults) or set same_allocation: false")
+
+
+@dataclass
+class JobSpec:
+    """One or more meshes to start under Slurm.
+
+    With ``same_allocation`` (the default) all meshes live in one sbatch job, mesh
+    after mesh in allocation order (:meth:`node_ranges`); otherwise each mesh is its
+    own job. ``defaults`` is recorded for reference: :meth:`from_dict` and
+    :meth:`from_monarch_kwargs` have already applied it to every mesh.
+    """
+
+    job_name: str = DEFAULT_JOB_NAME
+    meshes: dict[str, MeshSpec] = field(default_factory=dict)
+    log_dir: str = DEFAULT_LOG_DIR
+    same_allocation: bool = True
+    defaults: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            self.job_name = _check_job_name(self.job_name)
+            self.log_dir = _check_log_dir(self.log_dir)
+            self.same_allocation = _bool("same_allocation")(self.same_allocation)
+        except _Invalid as exc:
+            raise SpecError(str(exc)) from None
+        if not self.meshes:
+            raise SpecError("a job spec needs at least one mesh (meshes: {name: nodes})")
+        for name, mesh in self.meshes.items():
+            if not isinstance(mesh, MeshSpec):
+                raise SpecError(f"meshes[{name!r}] must be a MeshSpec, got {type(mesh).__name__}")
+            if mesh.name != name:
+                raise SpecError(f"meshes[{name!r}] holds a MeshSpec named {mesh.name!r}; "
+                                "the key and the name must match")
+        if self.same_allocation and len(self.meshes) > 1:
+            bad = _shared_mismatch(self.meshes)
+            if bad:
+                raise SpecError(_mismatch_message(self.meshes, *bad), key=bad[0])
+
+    # -- layout helpers for the launcher
+
+    @property
+    def total_nodes(self) -> int:
+        return sum(m.nodes for m in self.meshes.values())
+
+    def allocation_groups(self) -> list[list[str]]:
+        """Mesh names per sbatch job: one group of all meshes, or one group per mesh."""
+        names = list(self.meshes)
+        return [names] if self.same_allocation else [[n] for n in names]
+
+    def node_ranges(self) -> dict[str, range]:
+        """Each mesh's node indexes within its allocation's node list (srun ``--relative``).
+
+        Index into the allocation's expanded nodelist (SLURM_JOB_NODELIST or squeue %N
+        expanded) to get the mesh's hosts.
+        """
+        out: dict[str, range] = {}
+        for group in self.allocation_groups():
+            start = 0
+            for name in group:
+                n = self.meshes[name].nodes
+                out[name] = range(start, start + n)
+                start += n
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data that :meth:`from_dict` reads back to an equal spec."""
+        return {
+            "job_name": self.job_name,
+            "log_dir": self.log_dir,
+            "same_allocation": self.same_allocation,
+            "meshes": {n: {k: v for k, v in m.to_dict().items() if k != "name"}
+                       for n, m in self.meshes.items()},
+        }
+
+    # -- constructors
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "<dict>", *,
+                  lines: Mapping[str, int] | None = None, raw: Mapping[str, str] | None = None,
+                  prefix: str = "", mesh_name: str = DEFAULT_MESH_NAME) -> "JobSpec":
+        """Validate plain data into a JobSpec.
+
+        ``lines`` maps dotted paths (``meshes.trainers.nodes``, ``setup[0]``; under
+        ``prefix`` such as ``job`` when the spec sits inside another file) to lines, as
+        :func:`parse_yaml_with_lines` and ``hpcmesh.config.HostsConfig.lines`` record
+        them, so errors read ``source:line: ...``. ``raw`` holds the scalars' text.
+        A mapping without ``meshes`` is one flat mesh named ``mesh_name``.
+        """
+        return _from_dict(d, _Ctx(source, lines, raw, prefix), mesh_name)
+
+    @classmethod
+    def from_monarch_kwargs(
+        cls,
+        meshes: Mapping[str, Any],
+        python_exe: str = "python",
+        slurm_args: Sequence[str] = (),
+        job_name: str = "monarch_job",
+        ntasks_per_node: int = 1,
+        time_limit: str | int | None = None,
+        partition: str | None = None,
+        log_dir: str | None = None,
+        exclusive: bool = True,
+        gpus_per_node: int | None = None,
+        cpus_per_task: int | None = None,
+        mem: str | None = None,
+        account: str | None = None,
+        qos: str | None = None,
+        *,
+        monarch_port: int | None = None,
+        job_start_timeout: int | None = None,
+        **extra: Any,
+    ) -> "JobSpec":
+        """Build a spec from ``monarch.job.SlurmJob``'s keywords, with its defaults.
+
+        ``meshes`` values may be node counts, dicts of mesh keys, or MeshSpecs (used as
+        they are). The job-wide keywords become ``defaults`` for dict/int meshes;
+        ``slurm_args`` become ``sbatch_extra`` (``--qos=x`` style options are moved to
+        their keys). ``monarch_port``/``job_start_timeout`` are accepted and ignored here:
+        they belong to the launcher, not the sbatch script.
+        """
+        del monarch_port, job_start_timeout
+        if extra:
+            allowed = sorted(set(_MONARCH_KWARGS) | {"monarch_port", "job_start_timeout"})
+            name = next(iter(extra))
+            close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"SlurmJob got an unexpected keyword argument {name!r}; allowed: "
+                            f"{', '.join(allowed)}{hint}")
+        if isinstance(slurm_args, str):
+            slurm_args = [slurm_args]
+        defaults: dict[str, Any] = {"python": python_exe, "ntasks_per_node": ntasks_per_node,
+                                    "exclusive": exclusive, "sbatch_extra": list(slurm_args)}
+        for key, value in (("time", time_limit), ("partition", partition),
+                           ("gpus_per_node", gpus_per_node), ("cpus_per_task", cpus_per_task),
+                           ("mem", mem), ("account", account), ("qos", qos)):
+            if value is not None:
+                defaults[key] = value
+        if not isinstance(meshes, Mapping):
+            raise SpecError(f"meshes must be a mapping of mesh name to node count, got {_show(meshes)}",
+                            source="SlurmJob(...)", key="meshes")
+        data: dict[str, Any] = {"job_name": job_name, "meshes": dict(meshes), "defaults": defaults}
+        if log_dir is not None:
+            data["log_dir"] = log_dir
+        return _from_dict(data, _Ctx("SlurmJob(...)", None, None), DEFAULT_MESH_NAME)
+
+
+_MONARCH_KWARGS = ("meshes", "python_exe", "slurm_args", "job_name", "ntasks_per_node",
+                   "time_limit", "partition", "log_dir", "exclusive", "gpus_per_node",
+                   "cpus_per_task", "mem", "account", "qos")
+
+
+# --------------------------------------------------------------------------
+# dict -> JobSpec with located errors
+
+
+def _check_keys(ctx: _Ctx, d: Mapping[str, Any], allowed: Sequence[str], where: str,
+                base: tuple[str | int, ...]) -> None:
+    for key in d:
+        if not isinstance(key, str):
+            raise ctx.error(ctx.path(*base), f"keys of {where} must be strings, got {_show(key)}")
+        if key not in allowed:
+            raise ctx.error(ctx.path(*base, key), f"unknown key {key!r} in {where}",
+                            allowed=allowed, suggest=key)
+
+
+def _convert(ctx: _Ctx, key: str, value: Any, path: str) -> Any:
+    if key == "signal" and value is False:
+        value = None  # `signal: false` turns the warning off; its text is not a signal name
+    elif key in _TEXT_KEYS:
+        value = ctx.text(path, value)
+    elif key == "env" and isinstance(value, Mapping):
+        value = {k: ctx.text(f"{path}.{k}", v) for k, v in value.items()}
+    elif key in ("setup", "sbatch_extra") and isinstance(value, list):
+        value = [ctx.text(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    try:
+        return _CONVERTERS[key](value)
+    except _Invalid as exc:
+        message = str(exc)
+        m = re.match(r"^\w+\[(\d+)\]", message)
+        at = f"{path}[{m.group(1)}]" if m and key in ("setup", "sbatch_extra") else path
+        raise ctx.error(at, message) from None
+
+
+def _from_dict(d: Any, ctx: _Ctx, mesh_name: str) -> JobSpec:
+    top = ctx.path() or "the job spec"
+    if d is None:
+        raise ctx.error(ctx.path(), f"empty job spec; expected a mapping with keys "
+                        f"{', '.join(JOB_KEYS)} (or one mesh's keys)")
+    if not isinstance(d, Mapping):
+        raise ctx.error(ctx.path(), f"{top} must be a mapping, got {_show(d)}")
+    flat = "meshes" not in d
+    where = f"{ctx.prefix}" if ctx.prefix else "the job spec"
+    if flat and "defaults" in d:
+        raise ctx.error(ctx.path("defaults"), "defaults applies to meshes, but there is no "
+                        "'meshes:'; add meshes or put the keys at the top level")
+    _check_keys(ctx, d, _FLAT_KEYS if flat else JOB_KEYS, where, ())
+
+    job: dict[str, Any] = {}
+    for key, conv in (("job_name", _check_job_name), ("log_dir", _check_log_dir),
+                      ("same_allocation", _bool("same_allocation"))):
+        if key in d and d[key] is not None:
+            value = ctx.text(ctx.path(key), d[key]) if key != "same_allocation" else d[key]
+            try:
+                job[key] = conv(value)
+            except _Invalid as exc:
+                raise ctx.error(ctx.path(key), str(exc)) from None
+
+    if flat:
+        defaults_src: Mapping[str, Any] = {}
+        mesh_items: list[tuple[str, Any, tuple[str, ...]]] = [
+            (mesh_name, {k: v for k, v in d.items() if k in MESH_KEYS}, ())]
+    else:
+        defaults_src = d.get("defaults") or {}
+        if not isinstance(defaults_src, Mapping):
+            raise ctx.error(ctx.path("defaults"), f"defaults must be a mapping of mesh keys, "
+                            f"got {_show(defaults_src)}", allowed=MESH_KEYS)
+        _check_keys(ctx, defaults_src, MESH_KEYS, "defaults", ("defaults",))
+        meshes_src = d["meshes"]
+        if not isinstance(meshes_src, Mapping) or not meshes_src:
+            raise ctx.error(ctx.path("meshes"), "meshes must be a non-empty mapping of mesh name "
+                            f"to node count or mesh keys, got {_show(meshes_src)}")
+        mesh_items = [(name, value, ("meshes", name)) for name, value in meshes_src.items()]
+
+    meshes: dict[str, MeshSpec] = {}
+    origins: dict[str, dict[str, str]] = {}
+    for name, value, base in mesh_items:
+        mpath = ctx.path(*base)
+        _check_mesh_name(name, lambda msg: ctx.error(mpath, msg))
+        if isinstance(value, MeshSpec):
+            if value.name != name:
+                value = dataclasses.replace(value, name=name)
+            meshes[name] = value
+            origins[name] = {}
+            continue
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = {"nodes": value}
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ctx.error(mpath, f"mesh {name!r} must be a node count or a mapping of mesh keys, "
+                            f"got {_show(value)}", allowed=MESH_KEYS)
+        if base:
+            _check_keys(ctx, value, MESH_KEYS, f"mesh {name!r}", base)
+        meshes[name], origins[name] = _build_mesh(ctx, name, value, base, defaults_src)
+
+    spec_kwargs = dict(job, meshes=meshes, defaults=dict(defaults_src))
+    if job.get("same_allocation", True) and len(meshes) > 1:
+        bad = _shared_mismatch(meshes)
+        if bad:
+            key, _, other = bad
+            at = origins[other].get(key) or ctx.path("meshes", other)
+            raise ctx.error(at, _mismatch_message(meshes, *bad))
+    try:
+        return JobSpec(**spec_kwargs)
+    except SpecError as exc:  # anything not caught with a location above
+        raise ctx.error(ctx.path(exc.key) if exc.key else ctx.path(), exc.problem) from None
+
+
+def _build_mesh(ctx: _Ctx, name: str, src: Mapping[str, Any], base: tuple[str, ...],
+                defaults: Mapping[str, Any]) -> tuple[MeshSpec, dict[str, str]]:
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    extra_paths: list[str] = []
+    for key in MESH_KEYS:
+        in_mesh, in_defaults = key in src, key in defaults
+        if key in ("setup", "sbatch_extra"):
+            merged: list[str] = []
+            for present, source_map, path in ((in_defaults, defaults, ctx.path("defaults", key)),
+                                              (in_mesh, src, ctx.path(*base, key))):
+                if present:
+                    items = _convert(ctx, key, source_map[key], path)
+                    merged.extend(items)
+                    if key == "sbatch_extra":
+                        extra_paths.extend(f"{path}[{i}]" for i in range(len(items)))
+                    origin[key] = path
+            if in_mesh or in_defaults:
+                values[key] = merged
+        elif key == "env":
+            merged_env: dict[str, str | None] = {}
+            if in_defaults:
+                merged_env.update(_convert(ctx, key, defaults[key], ctx.path("defaults", key)))
+                origin[key] = ctx.path("defaults", key)
+            if in_mesh:
+                merged_env.update(_convert(ctx, key, src[key], ctx.path(*base, key)))
+                origin[key] = ctx.path(*base, key)
+            if in_mesh or in_defaults:
+                values[key] = merged_env
+        elif in_mesh or in_defaults:
+            path = ctx.path(*base, key) if in_mesh else ctx.path("defaults", key)
+            values[key] = _convert(ctx, key, src[key] if in_mesh else defaults[key], path)
+            origin[key] = path
+    if "nodes" not in values:
+        raise ctx.error(ctx.path(*base), f"mesh {name!r} needs 'nodes' (a positive integer)")
+    explicit = set(values)
+    full = {k: values.get(k, _field_default(k)) for k in MESH_KEYS}
+    try:
+        _lift_extras(full, explicit)
+    except _Located as exc:
+        at = extra_paths[exc.index] if exc.index < len(extra_paths) else ctx.path(*base)
+        raise ctx.error(at, exc.message) from None
+    for key in MESH_KEYS:
+        if key not in origin and full[key] != _field_default(key):
+            origin[key] = origin.get("sbatch_extra", ctx.path(*base))
+    try:
+        return MeshSpec(name=name, **full), origin
+    except SpecError as exc:
+        raise ctx.error(origin.get(exc.key or "", ctx.path(*base)), exc.problem) from None
+
+
+# --------------------------------------------------------------------------
+# files
+
+
+def parse_job_spec(text: str, source: str = "<string>", *, mesh_name: str = DEFAULT_MESH_NAME) -> JobSpec:
+    """A JobSpec from YAML text; errors name ``source`` and the line."""
+    data, lines, raw = parse_yaml_with_lines(text, source)
+    return _from_dict(data, _Ctx(source, lines, raw), mesh_name)
+
+
+def load_job_spec(path: str | os.PathLike, *, mesh_name: str = DEFAULT_MESH_NAME) -> JobSpec:
+    """Read a YAML job spec file (see the module docstring for its forms)."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise SpecError("no such file", source=name) from None
+    except IsADirectoryError:
+        raise SpecError("is a directory, expected a YAML job spec", source=name) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"not UTF-8 text ({exc.reason})", source=name) from None
+    except OSError as exc:
+        raise SpecError(f"cannot read ({exc.strerror or exc})", source=name) from None
+    return parse_job_spec(text, name, mesh_name=mesh_name)

@@ -1,0 +1,554 @@
+"""hpcmesh.slurm.parsing on recorded/derived fixtures (tests/fixtures/slurm/README.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from hpcmesh.slurm.parsing import (
+    SACCT_FORMAT,
+    SLURM_STATES_ACTIVE,
+    SLURM_STATES_TERMINAL,
+    SQUEUE_FORMAT,
+    Allocation,
+    SlurmParseError,
+    clean_env_for_nested_srun,
+    command_for_sacct,
+    command_for_squeue,
+    compress_hostlist,
+    expand_hostlist,
+    normalize_state,
+    parse_exit_code,
+    parse_gpu_count,
+    parse_sacct,
+    parse_sbatch_parsable,
+    parse_slurm_duration,
+    parse_squeue,
+    parse_tasks_per_node,
+    sacct_unavailable,
+    squeue_job_unknown,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
+SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "fixtures" / "slurm"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def env_fixture(name: str) -> dict[str, str]:
+    env = {}
+    for line in fixture(name).splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    return env
+
+
+# --------------------------------------------------------------------------
+# hostlists, counts, durations
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("node[01-04,07],gpu-a[1-2]",
+     ["node01", "node02", "node03", "node04", "node07", "gpu-a1", "gpu-a2"]),
+    ("hnode1", ["hnode1"]),
+    ("tnode[1-2]", ["tnode1", "tnode2"]),
+    ("n[1-2]x[1-2]", ["n1x1", "n1x2", "n2x1", "n2x2"]),
+    ("b,a", ["b", "a"]),  # Slurm's order is kept: ranks follow it
+    ("node[009-011]", ["node009", "node010", "node011"]),
+    ("  node1  ", ["node1"]),
+    ("", []),
+])
+def test_expand_hostlist(text, expected):
+    assert expand_hostlist(text) == expected
+
+
+@pytest.mark.parametrize("text", ["node[1-", "node[3-1]", "x[a-b]", "node1 node2", "n]1["])
+def test_expand_hostlist_malformed_names_input_and_form(text):
+    with pytest.raises(SlurmParseError) as err:
+        expand_hostlist(text)
+    assert repr(text) in str(err.value)
+    assert "node[01-04,07],gpu-a[1-2]" in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_compress_hostlist_roundtrip():
+    names = ["node01", "node02", "node03", "node07", "gpu-a1", "gpu-a2"]
+    text = compress_hostlist(names)
+    assert text == "gpu-a[1-2],node[01-03,07]"
+    assert sorted(expand_hostlist(text)) == sorted(names)
+    assert compress_hostlist([]) == ""
+
+
+@pytest.mark.parametrize("bad", ["node 1", "a,b", "", "x[1]"])
+def test_compress_hostlist_rejects_non_names(bad):
+    with pytest.raises(SlurmParseError, match="plain host names"):
+        compress_hostlist([bad])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("2(x3),1", [2, 2, 2, 1]),
+    ("4", [4]),
+    ("1,2(x2)", [1, 2, 2]),
+    ("1(x2)", [1, 1]),
+    ("8(x2),4,16(x1)", [8, 8, 4, 16]),
+    (" 3 ", [3]),
+])
+def test_parse_tasks_per_node(text, expected):
+    assert parse_tasks_per_node(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "x", "2(x)", "2(x0)", "1,,2", "2x3", "2(3)", "-1"])
+def test_parse_tasks_per_node_errors(text):
+    with pytest.raises(SlurmParseError) as err:
+        parse_tasks_per_node(text)
+    assert repr(text) in str(err.value)
+    assert "2(x3),1" in str(err.value) or "repeat count" in str(err.value)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("2", 2), ("gpu:2", 2), ("a100:4", 4), ("gpu:a100:4", 4), ("a100:2,v100:1", 3),
+    ("gpu:a100:4(S:0-1)", 4), ("0", 0),
+])
+def test_parse_gpu_count(text, expected):
+    assert parse_gpu_count(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "gpu", "a100:x", "2:a100"])
+def test_parse_gpu_count_errors(text):
+    with pytest.raises(SlurmParseError, match="a100:4"):
+        parse_gpu_count(text)
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("0:00", 0), ("1:23", 83), ("1:02:03", 3723), ("1-02:03:04", 93784),
+    ("2-00:00:00", 172800), ("30", 1800), ("1-12", 129600), ("1-00:30", 88200),
+    ("00:10:05", 605), ("UNLIMITED", None), ("INVALID", None), ("Partition_Limit", None),
+    ("NOT_SET", None), ("", None), (None, None),
+])
+def test_parse_slurm_duration(text, seconds):
+    assert parse_slurm_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "1:2:3:4", "1-", "-5", "1.5"])
+def test_parse_slurm_duration_errors(text):
+    with pytest.raises(SlurmParseError, match="D-HH:MM:SS"):
+        parse_slurm_duration(text)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("0:0", (0, 0)), ("0:15", (0, 15)), ("1:0", (1, 0)), ("137", (137, None)),
+    ("", (None, None)), (None, (None, None)),
+])
+def test_parse_exit_code(text, expected):
+    assert parse_exit_code(text) == expected
+
+
+def test_parse_exit_code_error():
+    with pytest.raises(SlurmParseError, match="status:signal"):
+        parse_exit_code("ok")
+
+
+@pytest.mark.parametrize("text, state", [
+    ("CANCELLED by 0", "CANCELLED"), ("cancelled+", "CANCELLED"), ("PD", "PENDING"),
+    ("R", "RUNNING"), ("running", "RUNNING"), ("OUT_OF_MEMORY", "OUT_OF_MEMORY"),
+    ("CG", "COMPLETING"), ("TO", "TIMEOUT"),
+])
+def test_normalize_state(text, state):
+    assert normalize_state(text) == state
+
+
+def test_normalize_state_empty():
+    with pytest.raises(SlurmParseError, match="RUNNING"):
+        normalize_state("  ")
+
+
+def test_state_sets():
+    assert not SLURM_STATES_TERMINAL & SLURM_STATES_ACTIVE
+    assert {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
+            "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"} <= SLURM_STATES_TERMINAL
+    assert {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED",
+            "REQUEUED"} <= SLURM_STATES_ACTIVE
+
+
+def test_parse_sbatch_parsable():
+    assert parse_sbatch_parsable("1234\n") == ("1234", None)
+    assert parse_sbatch_parsable("1234;trixie\n") == ("1234", "trixie")
+    with pytest.raises(SlurmParseError, match="jobid"):
+        parse_sbatch_parsable("Submitted batch job\n")
+
+
+# --------------------------------------------------------------------------
+# SLURM_* -> Allocation
+
+
+def test_allocation_from_sbatch_env():
+    a = Allocation.from_env(env_fixture("env-sbatch.env"))
+    assert a is not None
+    assert a.job_id == "4242"
+    assert a.nodes == ["gpu-a01", "gpu-a02"] and a.num_nodes == 2
+    assert a.tasks_per_node == [1, 1]
+    assert a.gpus_per_node == 4
+    assert a.cpus_per_task == 8 and a.cpus_on_node == 8 and a.cpus_per_node == [8, 8]
+    assert a.mem_per_node == 65536 and a.mem_per_cpu is None
+    assert (a.partition, a.job_name, a.account, a.cluster) == ("gpu", "train", "myproject", "hpc")
+    assert (a.submit_host, a.submit_dir, a.node_name) == ("login1", "/home/alice/proj", "gpu-a01")
+    assert a.step_id is None and not a.in_step
+
+
+def test_allocation_from_salloc_env():
+    a = Allocation.from_env(env_fixture("env-salloc.env"))
+    assert a.nodes == ["node01", "node02", "node07"]
+    assert a.tasks_per_node == [2, 2, 1]
+    assert a.cpus_per_node == [4, 4, 2]
+    assert a.gpus_per_node == 2  # SLURM_GPUS_PER_NODE=a100:2
+    assert a.mem_per_cpu == 2000 and a.mem_per_node is None
+    assert a.cpus_on_node is None and a.cpus_per_task is None
+    assert not a.in_step
+
+
+def test_allocation_from_srun_step_env():
+    a = Allocation.from_env(env_fixture("env-srun-step.env"))
+    assert a.nodes == ["gpu-a01", "gpu-a02"]  # the job's nodes, not the step's
+    assert a.step_id == "3" and a.in_step
+    assert a.step_nodes == ["gpu-a02"]
+    assert a.tasks_per_node == [1]  # the step's layout
+    assert a.node_name == "gpu-a02"
+
+
+@pytest.mark.parametrize("env", [{}, {"PATH": "/usr/bin", "HOME": "/root"}, {"SLURM_JOB_ID": ""}])
+def test_allocation_none_outside_slurm(env):
+    assert Allocation.from_env(env) is None
+
+
+def test_allocation_legacy_names_and_nodelist_fallback():
+    a = Allocation.from_env({"SLURM_JOBID": "9", "SLURM_NODELIST": "n[1-3]", "SLURM_NNODES": "3"})
+    assert a.job_id == "9" and a.nodes == ["n1", "n2", "n3"]
+    assert a.tasks_per_node == [] and a.gpus_per_node is None
+
+
+def test_allocation_is_frozen():
+    a = Allocation.from_env({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.job_id = "10"
+
+
+def test_allocation_node_count_mismatch_names_both():
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_JOB_NUM_NODES": "3"}
+    with pytest.raises(SlurmParseError) as err:
+        Allocation.from_env(env)
+    msg = str(err.value)
+    assert "SLURM_JOB_NUM_NODES=3" in msg and "SLURM_JOB_NODELIST='node[01-02]'" in msg
+    assert "2 node(s)" in msg
+
+
+def test_allocation_nnodes_mismatch_names_both():
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[01-02]", "SLURM_NNODES": "4"}
+    with pytest.raises(SlurmParseError, match=r"SLURM_NNODES=4 .*SLURM_JOB_NODELIST"):
+        Allocation.from_env(env)
+
+
+def test_allocation_step_counts_checked_against_step_list():
+    env = env_fixture("env-srun-step.env")
+    env["SLURM_NNODES"] = "2"  # but SLURM_NODELIST (the step's) names one node
+    with pytest.raises(SlurmParseError, match=r"SLURM_NNODES=2 .*SLURM_NODELIST='gpu-a02'"):
+        Allocation.from_env(env)
+
+
+def test_allocation_errors_name_the_variable():
+    with pytest.raises(SlurmParseError, match="SLURM_JOB_NODELIST"):
+        Allocation.from_env({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-"})
+    with pytest.raises(SlurmParseError, match="neither SLURM_JOB_NODELIST nor SLURM_NODELIST"):
+        Allocation.from_env({"SLURM_JOB_ID": "9"})
+    with pytest.raises(SlurmParseError, match="SLURM_CPUS_PER_TASK='eight'"):
+        Allocation.from_env({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1",
+                             "SLURM_CPUS_PER_TASK": "eight"})
+    with pytest.raises(SlurmParseError, match="SLURM_TASKS_PER_NODE"):
+        Allocation.from_env({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1",
+                             "SLURM_TASKS_PER_NODE": "1(x"})
+    with pytest.raises(SlurmParseError, match="SLURM_GPUS_PER_NODE"):
+        Allocation.from_env({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1",
+                             "SLURM_GPUS_PER_NODE": "lots"})
+
+
+@pytest.mark.parametrize("extra, gpus", [
+    ({"SLURM_GPUS_PER_NODE": "gpu:2"}, 2),
+    ({"SLURM_GPUS_PER_NODE": "a100:4"}, 4),
+    ({"SLURM_GPUS_ON_NODE": "8", "SLURM_GPUS_PER_NODE": "a100:4"}, 8),
+    ({"SLURM_JOB_GPUS": "0,1,2"}, 3),
+    ({}, None),
+])
+def test_allocation_gpu_forms(extra, gpus):
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1", **extra}
+    assert Allocation.from_env(env).gpus_per_node == gpus
+
+
+@pytest.mark.parametrize("raw, step", [("4294967291", "batch"), ("4294967292", "extern"),
+                                       ("4294967290", "interactive"), ("0", "0")])
+def test_allocation_special_step_ids(raw, step):
+    a = Allocation.from_env({"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n1", "SLURM_STEP_ID": raw})
+    assert a.step_id == step
+    assert a.in_step == (step == "0")
+
+
+# --------------------------------------------------------------------------
+# environment hygiene for nested srun --overlap
+
+
+def test_clean_env_for_nested_srun_from_step():
+    env = env_fixture("env-srun-step.env")
+    before = dict(env)
+    out, args = clean_env_for_nested_srun(env, None)
+    assert env == before  # input untouched
+    assert args == ["--cpus-per-task=8"]
+    for gone in ("SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST", "SLURM_CPU_BIND_TYPE",
+                 "SLURM_CPU_BIND_VERBOSE", "SLURM_STEP_ID", "SLURM_STEPID",
+                 "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS",
+                 "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_LAUNCHER_PORT", "SLURM_STEP_GPUS",
+                 "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_TASK_PID",
+                 "SLURM_GTIDS", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_DISTRIBUTION",
+                 "SLURM_TRES_PER_TASK", "SLURM_SRUN_COMM_HOST", "SLURM_SRUN_COMM_PORT",
+                 "SLURM_LAUNCH_NODE_IPADDR", "SLURM_TASKS_PER_NODE", "SLURM_MEM_PER_CPU"):
+        assert gone not in out, gone
+    for kept in ("SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_MEM_PER_NODE",
+                 "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES", "PATH",
+                 "HOME", "SLURM_UMASK", "PMIX_MCA_gds", "SLURM_SUBMIT_HOST"):
+        assert out[kept] == env[kept], kept
+    # the step's node list/count are replaced by the allocation's
+    assert out["SLURM_NODELIST"] == "gpu-a[01-02]" and out["SLURM_NNODES"] == "2"
+    a = Allocation.from_env(out)
+    assert a.nodes == ["gpu-a01", "gpu-a02"] and not a.in_step
+
+
+def test_clean_env_for_nested_srun_from_batch():
+    env = env_fixture("env-sbatch.env")
+    out, args = clean_env_for_nested_srun(env, 4)
+    assert args == ["--cpus-per-task=4"]  # explicit value wins over SLURM_CPUS_PER_TASK
+    assert "SLURM_NTASKS" not in out and "SLURM_NTASKS_PER_NODE" not in out
+    assert out["SLURM_MEM_PER_NODE"] == "65536"
+
+
+@pytest.mark.parametrize("mem, kept", [
+    ({"SLURM_MEM_PER_NODE": "1", "SLURM_MEM_PER_CPU": "2", "SLURM_MEM_PER_GPU": "3"},
+     "SLURM_MEM_PER_NODE"),
+    ({"SLURM_MEM_PER_CPU": "2", "SLURM_MEM_PER_GPU": "3"}, "SLURM_MEM_PER_CPU"),
+    ({"SLURM_MEM_PER_GPU": "3"}, "SLURM_MEM_PER_GPU"),
+])
+def test_clean_env_keeps_at_most_one_mem_var(mem, kept):
+    out, _ = clean_env_for_nested_srun({"SLURM_JOB_ID": "1", **mem}, None)
+    assert [k for k in out if k.startswith("SLURM_MEM_PER_")] == [kept]
+
+
+def test_clean_env_cpu_count_sources():
+    assert clean_env_for_nested_srun({"SLURM_TRES_PER_TASK": "cpu:6,gres/gpu:1"}, None)[1] == \
+        ["--cpus-per-task=6"]
+    # no CPU count anywhere: do not let srun pin the agent (and all it forks) to one CPU
+    assert clean_env_for_nested_srun({"SLURM_JOB_ID": "1"}, None)[1] == ["--cpu-bind=none"]
+    with pytest.raises(ValueError, match="positive integer"):
+        clean_env_for_nested_srun({}, 0)
+    with pytest.raises(SlurmParseError, match="SLURM_CPUS_PER_TASK"):
+        clean_env_for_nested_srun({"SLURM_CPUS_PER_TASK": "x"}, None)
+
+
+def test_clean_env_drops_mpi_rank_identity_but_keeps_pmix_settings():
+    env = {"PMI_RANK": "0", "PMI_SIZE": "4", "PMI_FD": "5", "PMIX_RANK": "0",
+           "PMIX_NAMESPACE": "slurm.pmix.1.0", "PMIX_SERVER_URI41": "x", "PMIX_MCA_gds": "hash",
+           "SLURM_MEM_BIND": "local", "SLURM_GPUS_PER_TASK": "1", "SLURM_EXACT": "1"}
+    out, _ = clean_env_for_nested_srun(env, 1)
+    assert out == {"PMIX_MCA_gds": "hash"}
+
+
+# --------------------------------------------------------------------------
+# squeue
+
+
+def test_squeue_command():
+    assert command_for_squeue(["12", 13]) == [
+        "squeue", "--noheader", f"--format={SQUEUE_FORMAT}", "--states=all", "--jobs=12,13"]
+    assert command_for_squeue(7)[-1] == "--jobs=7"
+    for bad in ([], ["1,2"], [""], ["1 2"]):
+        with pytest.raises(ValueError):
+            command_for_squeue(bad)
+
+
+def test_parse_squeue_22_05():
+    recs = parse_squeue(fixture("squeue-22.05-from-json.txt"))
+    assert [(r.job_id, r.state, r.reason, r.nodes, r.name, r.num_nodes) for r in recs] == [
+        ("1", "RUNNING", "None", ["hnode1"], "long", 1),
+        ("2", "PENDING", "PartitionNodeLimit", [], "pend", 2),
+    ]
+    assert recs[0].time_limit == "UNLIMITED" and recs[0].time_limit_seconds is None
+    assert recs[0].partition == "debug" and recs[0].is_active and not recs[0].is_terminal
+
+
+def test_parse_squeue_24_11():
+    recs = parse_squeue(fixture("squeue-24.11-from-json.txt"))
+    assert [(r.job_id, r.state, r.nodes) for r in recs] == [
+        ("4", "RUNNING", ["tnode1"]), ("5", "RUNNING", ["tnode1", "tnode2"]), ("6", "PENDING", [])]
+    assert recs[2].reason == "Resources" and recs[2].num_nodes == 2
+
+
+def test_parse_squeue_23_11_handwritten_forms():
+    recs = {r.job_id: r for r in parse_squeue(fixture("squeue-23.11-handwritten.txt"))}
+    assert len(recs) == 10
+    r = recs["201"]
+    assert r.nodes == ["node01", "node02", "node03", "node04", "node07"] and r.num_nodes == 5
+    assert r.time_used_seconds == 93784 and r.time_limit_seconds == 172800
+    assert recs["204_3"].name == "array job" and recs["204_3"].nodes == ["gpu-a1", "gpu-a2"]
+    assert recs["204_[4-9]"].reason == "JobArrayTaskLimit"
+    assert recs["205"].state == "COMPLETING" and recs["205"].is_active
+    assert recs["207"].is_terminal and recs["208"].state == "TIMEOUT"
+    assert recs["209"].name == "a|b" and recs["209"].partition == "gpu"  # '|' inside a name
+    assert recs["203"].time_limit_seconds == 1800
+
+
+def test_parse_squeue_tolerates_header_and_blank_lines():
+    text = "JOBID|STATE|REASON|NODELIST|NAME|NODES|TIME|TIME_LIMIT|PARTITION\n\n" \
+           + fixture("squeue-24.11-from-json.txt") + "\n"
+    assert len(parse_squeue(text)) == 3
+    assert parse_squeue("") == []
+
+
+@pytest.mark.parametrize("line, match", [
+    ("1|RUNNING|None", r"line 1 .*expected 9 '\|'-separated fields"),
+    ("1|RUNNING|None|n[1-|x|1|0:00|1:00|debug", "line 1 .*hostlist"),
+    ("1|RUNNING|None|n1|x|one|0:00|1:00|debug", "node count 'one'"),
+    ("1||None|n1|x|1|0:00|1:00|debug", "empty job state"),
+])
+def test_parse_squeue_errors(line, match):
+    with pytest.raises(SlurmParseError, match=match):
+        parse_squeue(line)
+
+
+def test_squeue_job_unknown():
+    assert squeue_job_unknown("slurm_load_jobs error: Invalid job id specified\n")
+    assert not squeue_job_unknown("squeue: error: Unable to contact slurm controller")
+
+
+# --------------------------------------------------------------------------
+# sacct
+
+
+def test_sacct_commands():
+    assert command_for_sacct([5]) == ["sacct", "--parsable2", "--noheader",
+                                      f"--format={SACCT_FORMAT}", "--jobs=5"]
+    assert command_for_sacct("5", jobcomp=True)[:2] == ["sacct", "-c"]
+    assert "-X" in command_for_sacct("5", steps=False)
+
+
+def test_parse_sacct_from_json_fixtures():
+    recs = parse_sacct(fixture("sacct-22.05-from-json.txt"))
+    assert [(r.job_id, r.job, r.step, r.state, r.nodes) for r in recs] == [
+        ("1", "1", None, "RUNNING", ["hnode1"]),
+        ("1.batch", "1", "batch", "RUNNING", ["hnode1"]),
+        ("2", "2", None, "PENDING", []),  # "None assigned"
+    ]
+    recs = parse_sacct(fixture("sacct-24.11-from-json.txt"), include_steps=False)
+    assert [(r.job_id, r.state, r.nodes) for r in recs] == [
+        ("4", "RUNNING", ["tnode1"]), ("5", "RUNNING", ["tnode1", "tnode2"]), ("6", "PENDING", [])]
+
+
+def test_parse_sacct_handwritten_forms():
+    recs = {r.job_id: r for r in parse_sacct(fixture("sacct-23.11-handwritten.txt"))}
+    r = recs["102"]
+    assert (r.state, r.state_detail, r.exit_code, r.signal) == ("CANCELLED", "by 1000", 0, 0)
+    assert r.is_terminal and not r.is_step
+    b = recs["102.batch"]
+    assert (b.job, b.step, b.exit_code, b.signal) == ("102", "batch", 0, 15)
+    assert recs["101.0"].step == "0" and recs["101.0"].name == "python3"
+    assert recs["101.extern"].nodes == ["node01", "node02"]
+    assert recs["103"].exit_code == 1 and recs["103"].state == "FAILED"
+    assert recs["105"].state == "OUT_OF_MEMORY" and recs["105"].signal == 125
+    assert recs["106_3.batch"].job == "106_3"
+    assert recs["107"].elapsed_seconds == 87600 and recs["107"].state == "NODE_FAIL"
+    assert recs["108+1"].job == "108+1" and recs["108+1"].step is None
+    assert recs["109"].name == "a|b" and recs["109"].nodes == []
+    assert recs["110"].state == "RUNNING" and not recs["110"].is_terminal
+    jobs = parse_sacct(fixture("sacct-23.11-handwritten.txt"), include_steps=False)
+    assert all(not r.is_step for r in jobs) and len(jobs) == 11
+
+
+def test_parse_sacct_jobcomp_empty_exit_codes():
+    recs = parse_sacct(fixture("sacct-jobcomp-handwritten.txt"))
+    assert [(r.job_id, r.state, r.exit_code, r.signal) for r in recs] == [
+        ("301", "COMPLETED", None, None), ("302", "FAILED", None, None),
+        ("303", "CANCELLED", None, None)]
+
+
+def test_parse_sacct_tolerates_parsable_trailing_delimiter_and_header():
+    text = "JobID|State|ExitCode|NodeList|JobName|Elapsed|\n7|COMPLETED|0:0|n1|x|00:00:01|\n"
+    (r,) = parse_sacct(text)
+    assert (r.job_id, r.elapsed, r.name) == ("7", "00:00:01", "x")
+
+
+@pytest.mark.parametrize("line, match", [
+    ("7|COMPLETED|0:0", "expected 6"),
+    ("7|COMPLETED|zero|n1|x|00:00:01", "exit code 'zero'"),
+    ("|COMPLETED|0:0|n1|x|00:00:01", "empty JobID"),
+])
+def test_parse_sacct_errors(line, match):
+    with pytest.raises(SlurmParseError, match=match):
+        parse_sacct(line)
+
+
+def test_sacct_unavailable():
+    assert sacct_unavailable("sacct: error: Slurm accounting storage is disabled\n")
+    assert sacct_unavailable("sacct: error: Problem talking to the database: Connection refused")
+    assert not sacct_unavailable("sacct: error: Invalid field requested: \"Foo\"")
+
+
+# --------------------------------------------------------------------------
+# Why text: the recorded JSON of two releases differs in shape
+
+
+def _shared_json(name: str) -> dict:
+    path = SHARED / name
+    if not path.exists():
+        pytest.skip(f"{path} is not available")
+    return json.loads(path.read_text())
+
+
+def _number(v):
+    """22.05 prints plain numbers; 24.11 wraps them as {set, infinite, number}."""
+    return v["number"] if isinstance(v, dict) else v
+
+
+def test_json_schemas_differ_between_releases():
+    """We parse squeue/sacct text because one release's JSON schema breaks on the other."""
+    old = _shared_json("squeue-json-22.05.json")
+    new = _shared_json("squeue-json-24.11.json")
+    assert "Slurm" in old["meta"] and "slurm" not in old["meta"]
+    assert "slurm" in new["meta"] and "Slurm" not in new["meta"]
+    assert old["meta"]["Slurm"]["release"].startswith("22.05")
+    assert new["meta"]["slurm"]["release"].startswith("24.11")
+    assert isinstance(old["jobs"][0]["job_state"], str)
+    assert isinstance(new["jobs"][0]["job_state"], list)
+    assert isinstance(old["jobs"][0]["node_count"], int)
+    assert set(new["jobs"][0]["node_count"]) == {"set", "infinite", "number"}
+    assert isinstance(old["meta"]["Slurm"]["version"]["major"], int)
+    assert isinstance(new["meta"]["slurm"]["version"]["major"], str)
+
+
+@pytest.mark.parametrize("json_name, text_name", [
+    ("squeue-json-22.05.json", "squeue-22.05-from-json.txt"),
+    ("squeue-json-24.11.json", "squeue-24.11-from-json.txt"),
+])
+def test_text_fixtures_match_the_recorded_json(json_name, text_name):
+    data = _shared_json(json_name)
+    recs = {r.job_id: r for r in parse_squeue(fixture(text_name))}
+    assert len(recs) == len(data["jobs"])
+    for job in data["jobs"]:
+        state = job["job_state"]
+        state = state[0] if isinstance(state, list) else state
+        r = recs[str(job["job_id"])]
+        assert r.state == state
+        assert r.reason == job["state_reason"]
+        assert r.nodes == expand_hostlist(job["nodes"])
+        assert r.name == job["name"]
+        assert r.num_nodes == _number(job["node_count"])
+        assert r.partition == job["partition"]

@@ -1,0 +1,104 @@
+"""Shared helpers for the benchmark workers (stdlib only: peers' venvs import this too).
+
+Every worker script (``bench_floor.py``, ``bench_hpcmesh.py``, ``bench_monarch.py``,
+``bench_ray.py``) is run by ``run.py`` as a subprocess, possibly with another
+venv's python; it prints exactly one line ``BENCHJSON {...}`` on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+#: The small payload every latency workload sends and gets back (same bytes for all).
+SMALL = b"x" * 32
+#: Bulk payload size: 64 MiB.
+BULK_BYTES = 64 * 1024 * 1024
+#: How many calls the pipelined workload issues before waiting.
+PIPELINE_N = 10_000
+MARKER = "BENCHJSON "
+
+
+def config(quick: bool) -> dict:
+    """Iteration counts; the same for every system."""
+    if quick:
+        return dict(lat_iters=2000, warmup=200, gather_iters=300, pipe_reps=2, bulk_reps=2,
+                    bringup_reps=1)
+    return dict(lat_iters=5000, warmup=500, gather_iters=1000, pipe_reps=3, bulk_reps=4,
+                bringup_reps=3)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--part", default="all",
+                    help="all | bringup (one cold bring-up in this fresh process) | steady")
+    ap.add_argument("--profile", default="",
+                    help="(hpcmesh only) run one workload in a loop for a profiler: "
+                         "await | sync | pipelined | bulk_bytes | bulk_tensor")
+    ap.add_argument("--seconds", type=float, default=8.0, help="duration of --profile")
+    return ap.parse_args(argv)
+
+
+def lat_stats(samples_ns: list[int]) -> dict:
+    """Median / p99 / mean / min in microseconds."""
+    s = sorted(samples_ns)
+    n = len(s)
+    p99 = s[min(n - 1, int(round(0.99 * (n - 1))))]
+    return {"n": n, "med_us": statistics.median(s) / 1e3, "p99_us": p99 / 1e3,
+            "mean_us": statistics.fmean(s) / 1e3, "min_us": s[0] / 1e3}
+
+
+def mbps(payload_bytes: int, seconds: float) -> float:
+    """Round-trip throughput in MB/s (1 MB = 1e6 B), counting the payload both ways."""
+    return 2 * payload_bytes / seconds / 1e6
+
+
+def now() -> int:
+    return time.perf_counter_ns()
+
+
+class Report:
+    """Collects results and errors; prints the JSON line at the end."""
+
+    def __init__(self, system: str):
+        self.data = {"system": system, "python": platform.python_version(), "pid": os.getpid(),
+                     "versions": {}, "results": {}, "errors": {}, "notes": []}
+
+    def version(self, name: str, module) -> None:
+        self.data["versions"][name] = getattr(module, "__version__", "?")
+
+    def put(self, key: str, value) -> None:
+        self.data["results"][key] = value
+        print(f"  {self.data['system']}: {key} = {_short(value)}", file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        self.data["notes"].append(text)
+
+    def error(self, key: str, exc: BaseException) -> None:
+        self.data["errors"][key] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc(file=sys.stderr)
+
+    def run(self, key: str, fn, *args) -> None:
+        """Run one workload; an exception is recorded under ``key`` and the rest go on."""
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001
+            self.error(key, e)
+
+    def emit(self) -> None:
+        sys.stdout.write(MARKER + json.dumps(self.data) + "\n")
+        sys.stdout.flush()
+
+
+def _short(v) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x:.4g}" if isinstance(x, float) else f"{k}={x}"
+                         for k, x in v.items())
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,231 @@
+"""hpcmesh workloads (run with the main venv's python).
+
+--part bringup : one cold bring-up in this fresh process (first and second ProcMesh).
+--part steady  : latency, gather, pipelined and bulk workloads.
+--profile W    : run workload W in a loop for ``--seconds`` (for py-spy / cProfile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+
+T_IMPORT0 = time.perf_counter()
+import hpcmesh  # noqa: E402
+from hpcmesh.actor import Actor, endpoint, this_host  # noqa: E402
+T_IMPORT = time.perf_counter() - T_IMPORT0
+
+
+class Echo(Actor):
+    @endpoint
+    async def echo(self, x):
+        return x
+
+    @endpoint
+    async def ping(self) -> int:
+        return os.getpid()
+
+
+# ------------------------------------------------------------------------ bring-up
+def bringup(rep: C.Report) -> None:
+    rep.put("import_s", T_IMPORT)
+    meshes = []
+    for key in ("bringup_first_s", "bringup_second_s"):
+        t0 = time.perf_counter()
+        procs = this_host().spawn_procs(per_host={"gpus": 4})
+        mesh = procs.spawn("echo", Echo)
+        vals = mesh.ping.call().get(timeout=60)
+        dt = time.perf_counter() - t0
+        assert len(set(vals.values())) == 4
+        rep.put(key, dt)
+        meshes.append(procs)
+    for procs in meshes:
+        procs.stop().get(timeout=30)
+    rep.note("bring-up: this_host().spawn_procs(per_host={'gpus': 4}) -> spawn('echo', Echo) -> "
+             "ping.call().get(); first includes creating the client runtime; the first mesh "
+             "stays alive while the second is made")
+
+
+# ------------------------------------------------------------------------ steady state
+def lat_await(ep, cfg) -> dict:
+    async def go():
+        samples = []
+        x = C.SMALL
+        for i in range(cfg["warmup"] + cfg["lat_iters"]):
+            t0 = C.now()
+            r = await ep.call_one(x)
+            t1 = C.now()
+            if i >= cfg["warmup"]:
+                samples.append(t1 - t0)
+        assert r == x
+        return C.lat_stats(samples)
+    return asyncio.run(go())
+
+
+def lat_sync(ep, cfg) -> dict:
+    samples = []
+    x = C.SMALL
+    for i in range(cfg["warmup"] + cfg["lat_iters"]):
+        t0 = C.now()
+        r = ep.call_one(x).get()
+        t1 = C.now()
+        if i >= cfg["warmup"]:
+            samples.append(t1 - t0)
+    assert r == x
+    return C.lat_stats(samples)
+
+
+def gather(ep, n_expected: int, cfg) -> dict:
+    async def go():
+        samples = []
+        x = C.SMALL
+        warm = max(50, cfg["gather_iters"] // 10)
+        for i in range(warm + cfg["gather_iters"]):
+            t0 = C.now()
+            vm = await ep.call(x)
+            t1 = C.now()
+            if i >= warm:
+                samples.append(t1 - t0)
+        assert len(vm.values()) == n_expected
+        return C.lat_stats(samples)
+    return asyncio.run(go())
+
+
+def pipelined_sync(ep, n: int) -> float:
+    x = C.SMALL
+    t0 = time.perf_counter()
+    futs = [ep.call_one(x) for _ in range(n)]
+    for f in futs:
+        f.get()
+    return n / (time.perf_counter() - t0)
+
+
+def pipelined_async(ep, n: int) -> float:
+    async def go():
+        x = C.SMALL
+        t0 = time.perf_counter()
+        futs = [ep.call_one(x) for _ in range(n)]
+        for f in futs:
+            await f
+        return n / (time.perf_counter() - t0)
+    return asyncio.run(go())
+
+
+def bulk(ep, payload, reps: int) -> dict:
+    size = payload.nbytes if hasattr(payload, "nbytes") else len(payload)
+    out = ep.call_one(payload).get()          # warm-up (and a correctness check)
+    osize = out.nbytes if hasattr(out, "nbytes") else len(out)
+    assert osize == size and type(out) is type(payload), (type(out), osize)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = ep.call_one(payload).get()
+        times.append(time.perf_counter() - t0)
+    best, med = min(times), sorted(times)[len(times) // 2]
+    return {"MBps_med": C.mbps(size, med), "MBps_best": C.mbps(size, best), "s_med": med,
+            "reps": reps}
+
+
+def make_tensor():
+    import torch
+    return torch.rand(C.BULK_BYTES // 4, dtype=torch.float32)
+
+
+def steady(rep: C.Report, cfg: dict) -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 8})
+    mesh = procs.spawn("echo", Echo)
+    mesh.initialized.get(timeout=60)
+    one = mesh.slice(gpus=0)
+    ep = one.echo
+    for _ in range(cfg["warmup"]):
+        ep.call_one(C.SMALL).get()
+    rep.run("rt_await", lambda: rep.put("rt_await", lat_await(ep, cfg)))
+    rep.run("rt_sync", lambda: rep.put("rt_sync", lat_sync(ep, cfg)))
+    rep.run("gather4", lambda: rep.put("gather4", gather(mesh.slice(gpus=slice(0, 4)).echo, 4,
+                                                         cfg)))
+    rep.run("gather8", lambda: rep.put("gather8", gather(mesh.echo, 8, cfg)))
+
+    def pipe(fn, key):
+        fn(ep, 1000)   # warm-up
+        rates = [fn(ep, C.PIPELINE_N) for _ in range(cfg["pipe_reps"])]
+        rep.put(key, {"msgs_per_s_med": sorted(rates)[len(rates) // 2],
+                      "msgs_per_s_best": max(rates), "n": C.PIPELINE_N})
+    rep.run("pipelined_sync", pipe, pipelined_sync, "pipelined_sync")
+    rep.run("pipelined_async", pipe, pipelined_async, "pipelined_async")
+    payload = os.urandom(C.BULK_BYTES)
+    rep.run("bulk_bytes", lambda: rep.put("bulk_bytes", bulk(ep, payload, cfg["bulk_reps"])))
+    del payload
+    rep.run("bulk_tensor", lambda: rep.put("bulk_tensor",
+                                           bulk(ep, make_tensor(), cfg["bulk_reps"])))
+    procs.stop().get(timeout=30)
+
+
+# ------------------------------------------------------------------------ profiling mode
+def profile(workload: str, seconds: float) -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    ep = procs.spawn("echo", Echo).echo
+    ep.call_one(C.SMALL).get(timeout=60)
+    print(f"READY controller pid {os.getpid()} worker pids {procs.pids}", file=sys.stderr,
+          flush=True)
+    n = 0
+    t_end = time.perf_counter() + seconds
+    t0 = time.perf_counter()
+    if workload == "await":
+        async def go():
+            nonlocal n
+            while time.perf_counter() < t_end:
+                for _ in range(200):
+                    await ep.call_one(C.SMALL)
+                n += 200
+        asyncio.run(go())
+    elif workload == "sync":
+        while time.perf_counter() < t_end:
+            for _ in range(200):
+                ep.call_one(C.SMALL).get()
+            n += 200
+    elif workload == "pipelined":
+        while time.perf_counter() < t_end:
+            pipelined_sync(ep, C.PIPELINE_N)
+            n += C.PIPELINE_N
+    elif workload in ("bulk_bytes", "bulk_tensor"):
+        payload = os.urandom(C.BULK_BYTES) if workload == "bulk_bytes" else make_tensor()
+        while time.perf_counter() < t_end:
+            ep.call_one(payload).get()
+            n += 1
+    else:
+        raise SystemExit(f"unknown workload {workload}")
+    dt = time.perf_counter() - t0
+    print(f"PROFILE {workload}: {n} ops in {dt:.2f} s = {dt / n * 1e6:.1f} us/op", file=sys.stderr,
+          flush=True)
+    procs.stop().get(timeout=30)
+
+
+def main() -> None:
+    args = C.parse_args()
+    if args.profile:
+        profile(args.profile, args.seconds)
+        return
+    cfg = C.config(args.quick)
+    rep = C.Report("hpcmesh")
+    rep.version("hpcmesh", hpcmesh)
+    try:
+        import uvloop
+        rep.version("uvloop", uvloop)
+    except ImportError:
+        pass
+    if args.part in ("all", "bringup"):
+        rep.run("bringup", bringup, rep)
+    if args.part in ("all", "steady"):
+        rep.run("steady", steady, rep, cfg)
+    rep.emit()
+    # Exit normally: the runtime's atexit hook kills the processes the local agent started.
+    # (os._exit here would orphan them: see RESULTS.md, "lease bug".)
+
+
+if __name__ == "__main__":
+    main()

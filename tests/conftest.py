@@ -14,3 +14,46 @@ os.environ.setdefault("HPCMESH_LEASE_GRACE", "3")
 def slurm_cluster():
     from slurm_cluster import require_cluster
     require_cluster()
+
+
+# --- hpcmesh runtime tests: no worker process may outlive the test session -----------------
+def _hpcmesh_children():
+    """Live ``hpcmesh.runtime.proc`` children of this pytest process (pid, cmdline)."""
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) != me or fields[0] in ("Z", "X"):
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        if "hpcmesh.runtime.proc" in cmd:
+            found.append((int(entry), cmd))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leaked_hpcmesh_processes():
+    yield
+    if not os.path.isdir("/proc"):
+        return
+    import signal
+    import time
+    deadline = time.monotonic() + 5
+    left = _hpcmesh_children()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _hpcmesh_children()
+    if left:
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pytest.fail(f"tests left hpcmesh worker processes running (now killed): {left}")

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import os
+import sys
 import threading
 import uuid
 from typing import Any, Callable, Iterator
@@ -18,13 +21,18 @@ from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.context import Rendezvous
 from ..runtime.errors import SupervisionError
-from ..runtime.future import Future, gather
+from ..runtime.future import Future, failed, gather, on_runtime_thread
 from ..runtime.node import MSG_CALL, Node, NodeRef, current_node
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization
+from ..transport.addresses import parse_address
+from ..transport.handshake import HandshakeError
 from .endpoint import ENDPOINT_ATTR, check_endpoint_names
 
 _mesh_counter = itertools.count()
+#: Seconds ProcMesh.stop() waits for a clean exit before SIGTERM, then SIGKILL.
+DEFAULT_STOP_GRACE = float(os.environ.get("HPCMESH_STOP_GRACE", "5"))
+log = logging.getLogger("hpcmesh.actor")
 
 
 def _node() -> Node:
@@ -233,9 +241,24 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
     node = rt.node
     hosts = []
 
+    for addr in workers:
+        parse_address(addr)        # a malformed URL: ValueError naming it and the forms
+
     async def connect_all():
         async def one(addr: str):
-            conn = await node.connect(addr, timeout=timeout, secret=secret)
+            try:
+                conn = await node.connect(addr, timeout=timeout, secret=secret)
+            except HandshakeError as e:
+                raise ConnectionError(f"cannot attach to host agent at {addr}: {e} (was it "
+                                      f"started with this job's secret?)") from None
+            except (asyncio.TimeoutError, TimeoutError):
+                raise ConnectionError(f"cannot attach to host agent at {addr}: no hpcmesh "
+                                      f"handshake within {timeout} s (is an hpcmesh worker "
+                                      f"listening there?)") from None
+            except OSError as e:
+                reason = (os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0
+                          else e.strerror or str(e))
+                raise ConnectionError(f"cannot attach to host agent at {addr}: {reason}") from e
             info = conn.info.get("peer_info", {})
             if info.get("role") != "agent":
                 raise ConnectionError(f"{addr} is a {info.get('role')!r} node, not a host agent")
@@ -291,6 +314,10 @@ class ProcMesh(MeshTrait):
         if not isinstance(actor_class, type):
             raise TypeError(f"spawn() needs an actor class, got {type(actor_class).__name__}")
         check_endpoint_names(actor_class)
+        if (args or kwargs) and not on_runtime_thread():
+            # Fail now on unpicklable arguments, and wait here (not later on the runtime's
+            # loop) for actor meshes passed as arguments to finish starting.
+            serialization.dumps((args, kwargs), f"arguments of {actor_class.__name__}()")
         endpoints = {n for n in dir(actor_class)
                      if getattr(getattr(actor_class, n, None), ENDPOINT_ATTR, None) is not None}
         cls_blob = serialization.dumps_by_value(actor_class)
@@ -320,42 +347,51 @@ class ProcMesh(MeshTrait):
 
         ready = _chain(self._state.ready, start)
 
-        def on_ready(f: Future) -> None:
-            if f.exception() is None:
-                state.nodes = f._value
-        ready.add_done_callback(on_ready)
+        ready.add_done_callback(lambda f: state.open(f._value, f.exception()))
         state.ready = ready
         return ActorMesh(state, Shape.from_extent(extent))
 
-    def stop(self) -> Future:
-        """Stop the processes cleanly (actors' ``__cleanup__`` runs), force-kill after a grace."""
+    def stop(self, grace: float | None = None) -> Future:
+        """Stop the processes cleanly (actors' ``__cleanup__`` runs); whatever has not exited
+        after ``grace`` seconds (default 5, ``HPCMESH_STOP_GRACE``) gets SIGTERM, then
+        SIGKILL. A Future of {process name: exit code}."""
         st = self._state
         recs = [st.records[g] for g in self._shape.ranks()]
         node = _node()
+        grace = DEFAULT_STOP_GRACE if grace is None else float(grace)
         for r in recs:
             r.stopping = True
         if self._shape.nelem == len(st.records):
             st.stopped = True
 
-        async def stop_all(grace: float = 5.0):
+        async def stop_all():
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace
+
             async def ask(r: ProcRecord):
-                if r.node is None:
+                if r.node is None or r.failure is not None:
                     return
                 try:
                     await asyncio.wait_for(_as_asyncio(node.rpc(r.node, "stop")), grace)
-                except Exception:  # noqa: BLE001 - it may be dead already; the agent kills it
+                except Exception:  # noqa: BLE001 - dead or hung: the agent deals with it
                     pass
             await asyncio.gather(*(ask(r) for r in recs))
-            agents: dict[str, tuple] = {}
+            left = max(0.0, deadline - loop.time())
+            # Per agent: processes that were asked to stop get what is left of the grace;
+            # those that never connected (nobody could ask them) are terminated at once.
+            calls: dict[tuple, tuple] = {}
             for r in recs:
-                agents.setdefault(r.agent.node_id, (r.agent, []))[1].append(r.name)
-            results = await asyncio.gather(*(_as_asyncio(node.rpc(a, "stop_procs", names, grace))
-                                             for a, names in agents.values()),
+                g = left if r.node is not None else 0.0
+                calls.setdefault((r.agent.node_id, g), (r.agent, [], g))[1].append(r.name)
+            results = await asyncio.gather(*(_as_asyncio(node.rpc(a, "stop_procs", names, g))
+                                             for a, names, g in calls.values()),
                                            return_exceptions=True)
             codes = {}
             for res in results:
                 if isinstance(res, dict):
                     codes.update(res)
+                else:
+                    log.warning("stopping processes of %r: %s", st.name, res)
             return codes
         return _run_on_loop(node, stop_all())
 
@@ -399,6 +435,36 @@ class _ActorMeshState:
         self.ready: Future | None = None
         self.rr = itertools.count()
         self.lock = threading.Lock()
+        # Calls made before the actors are up wait here, in call order; ``live`` turns True
+        # only once they have all been sent, so a later call can never overtake one of them.
+        self.live = False
+        self.failed: BaseException | None = None
+        self.pending: list[tuple[Callable[[], Future], Future]] = []
+
+    def open(self, nodes: list[NodeRef] | None, exc: BaseException | None) -> None:
+        """The spawn finished (``exc`` if it failed): send or fail the waiting calls."""
+        if exc is None:
+            self.nodes = nodes
+        while True:
+            with self.lock:
+                batch, self.pending = self.pending, []
+                if not batch:
+                    if exc is None:
+                        self.live = True
+                    else:
+                        self.failed = exc
+                    return
+            for fn, out in batch:
+                if exc is not None:
+                    out.set_exception(exc)
+                    continue
+                try:
+                    inner = fn()
+                except BaseException as e:  # noqa: BLE001
+                    out.set_exception(e)
+                    continue
+                inner.add_done_callback(lambda g, out=out: out.set_exception(g.exception())
+                                        if g.exception() is not None else out.set_result(g._value))
 
 
 class ActorMesh(MeshTrait):
@@ -432,8 +498,10 @@ class ActorMesh(MeshTrait):
     def __reduce__(self):
         st = self._state
         if st.nodes is None:
-            raise RuntimeError(f"actor mesh {st.name!r} is not initialized yet; "
-                               f"`await mesh.initialized` before passing it to another actor")
+            if on_runtime_thread():
+                raise RuntimeError(f"actor mesh {st.name!r} is not initialized yet; "
+                                   f"`await mesh.initialized` before passing it to another actor")
+            st.ready.get()      # a mesh passed right after spawn(): wait until it is up
         return _rebuild_actor_mesh, (st.actor_id, st.name, st.class_name, sorted(st.endpoints),
                                      st.proc_names, st.nodes, self._shape)
 
@@ -447,7 +515,7 @@ class ActorMesh(MeshTrait):
         node = _node()
         target = st.nodes[g]
         if reply:
-            fut, port = node.reply_future(target.node_id)
+            fut, port = node.reply_future(target)
         else:
             fut, port = None, None
         msg = (MSG_CALL, st.actor_id, endpoint, args, kwargs, port, point)
@@ -465,16 +533,29 @@ class ActorMesh(MeshTrait):
                 raise
         return fut
 
-    def _when_ready(self, fn: Callable[[], Future]) -> Future:
+    def _when_ready(self, fn: Callable[[], Future], args: tuple = (),
+                    kwargs: dict | None = None) -> Future:
         st = self._state
-        if st.nodes is not None:
+        if st.live:
             return fn()
-        return _chain(st.ready, fn)
+        if st.failed is not None:
+            return failed(st.failed)
+        if (args or kwargs) and not on_runtime_thread():
+            # ``fn`` will run on the runtime's loop, where pickling cannot wait: check the
+            # arguments here (unpicklable ones fail now, meshes among them get ready now).
+            serialization.dumps((args, kwargs), f"arguments of {st.class_name}")
+        out = Future()
+        with st.lock:
+            if not st.live and st.failed is None:
+                st.pending.append((fn, out))
+                return out
+        return self._when_ready(fn)
 
 
 def _rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes, shape):
     st = _ActorMeshState(actor_id, name, class_name, set(endpoints), proc_names, None)
     st.nodes = list(nodes)
+    st.live = True
     st.ready = Future()
     st.ready.set_result(st.nodes)
     return ActorMesh(st, shape)
@@ -504,7 +585,8 @@ class Endpoint:
                 f"e.g. mesh.slice(**{{dim: 0 for dim in mesh.extent}})")
         g = shape.ranks()[0]
         point = Point(0, shape.extent)
-        return mesh._when_ready(lambda: mesh._send(g, point, self._name, args, kwargs, True))
+        return mesh._when_ready(lambda: mesh._send(g, point, self._name, args, kwargs, True),
+                                args, kwargs)
 
     def call(self, *args, **kwargs) -> Future:
         """Call every member; a Future of a ValueMesh with this mesh's extent."""
@@ -515,22 +597,40 @@ class Endpoint:
         def go() -> Future:
             futs = [mesh._send(g, p, self._name, args, kwargs, True) for g, p in members]
             return gather(futs).then(lambda vals: ValueMesh(result_shape, vals))
-        return mesh._when_ready(go)
+        return mesh._when_ready(go, args, kwargs)
 
     def broadcast(self, *args, **kwargs) -> None:
-        """Send to every member without waiting; failures are reported through supervision."""
+        """Send to every member without waiting; failures are reported through supervision.
+
+        A member already known dead does not stop the others from getting the message;
+        the failure is raised after all were sent (the controller raises on the next call)."""
         mesh = self._mesh
         members = self._members()
+        name = self._name
 
         def go() -> Future:
+            first = None
             for g, p in members:
-                mesh._send(g, p, self._name, args, kwargs, False)
+                try:
+                    mesh._send(g, p, name, args, kwargs, False)
+                except serialization.SerializationError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - a dead member; the others still get it
+                    first = first or e
             done = Future()
-            done.set_result(None)
+            if first is not None:
+                done.set_exception(first)
+            else:
+                done.set_result(None)
             return done
-        f = mesh._when_ready(go)
-        if f.done() and f.exception() is not None:
-            raise f.exception()
+        f = mesh._when_ready(go, args, kwargs)
+        if f.done():
+            if f.exception() is not None:
+                raise f.exception()
+            return
+        # Sent later (the mesh is still starting): a failure then has nobody to raise to.
+        f.add_done_callback(lambda fut: fut.exception() is not None and _report_broadcast_failure(
+            mesh, name, fut.exception()))
 
     def choose(self, *args, **kwargs) -> Future:
         """Call one member, picked round-robin among those with the least work in flight."""
@@ -551,7 +651,7 @@ class Endpoint:
                     if load == 0:
                         break
             return mesh._send(best[1], best[2], self._name, args, kwargs, True)
-        return mesh._when_ready(go)
+        return mesh._when_ready(go, args, kwargs)
 
     def stream(self, *args, **kwargs) -> "ResultStream":
         """Call every member; iterate the values (sync or async) in arrival order."""
@@ -570,9 +670,12 @@ class Endpoint:
             out = Future()
             out.set_result(None)
             return out
-        f = mesh._when_ready(go)
-        f.add_done_callback(lambda fut: fut.exception() is not None and
-                            [stream._push_error(fut.exception()) for _ in members])
+
+        def not_started(f: Future) -> None:
+            if f.exception() is not None:      # the mesh never came up: every item fails
+                for _ in members:
+                    stream._push_error(f.exception())
+        mesh._when_ready(go, args, kwargs).add_done_callback(not_started)
         return stream
 
     def __call__(self, *args, **kwargs):
@@ -580,20 +683,36 @@ class Endpoint:
                         f"stream(): e.g. mesh.{self._name}.call(...)")
 
 
+def _report_broadcast_failure(mesh: ActorMesh, endpoint: str, exc: BaseException) -> None:
+    log.error("broadcast %s.%s to actor mesh %r failed: %s", mesh._state.class_name, endpoint,
+              mesh.name, exc)
+    print(f"hpcmesh: broadcast failed: {mesh._state.class_name}.{endpoint} to actor mesh "
+          f"{mesh.name!r}: {exc}", file=sys.stderr, flush=True)
+
+
 class ResultStream:
-    """Values of a ``stream()`` call in the order they arrive."""
+    """Values of a ``stream()`` call in the order they arrive; iterate with ``for`` or
+    ``async for``. A member that failed raises its error when its turn comes."""
 
     def __init__(self, n: int):
         self._n = n
-        self._items: list = []
+        self._done: list[Future] = []          # completed futures, in arrival order
         self._cond = threading.Condition()
+        self._async_waiters: list[tuple] = []  # (loop, asyncio.Future) to wake on arrival
+
+    def __len__(self) -> int:
+        return self._n
 
     def _on_done(self, f: Future) -> None:
         with self._cond:
-            self._items.append(f)
+            self._done.append(f)
             self._cond.notify_all()
-        for w in list(getattr(self, "_waiters", ())):
-            w()
+            waiters, self._async_waiters = self._async_waiters, []
+        for loop, waiter in waiters:
+            try:
+                loop.call_soon_threadsafe(_wake, waiter)
+            except RuntimeError:   # that loop is closed: nobody is waiting any more
+                pass
 
     def _push_error(self, exc: BaseException) -> None:
         f = Future()
@@ -603,23 +722,28 @@ class ResultStream:
     def __iter__(self):
         for i in range(self._n):
             with self._cond:
-                while len(self._items) <= i:
+                if len(self._done) <= i and on_runtime_thread():
+                    raise RuntimeError("iterating a stream synchronously on the hpcmesh event-loop "
+                                       "thread would deadlock; use `async for`")
+                while len(self._done) <= i:
                     self._cond.wait()
-                f = self._items[i]
+                f = self._done[i]
             yield f.get()
 
-    def __aiter__(self):
-        return self._agen()
-
-    async def _agen(self):
+    async def __aiter__(self):
         loop = asyncio.get_running_loop()
         for i in range(self._n):
-            while len(self._items) <= i:
-                ev = asyncio.Event()
-                self._waiters = getattr(self, "_waiters", [])
-                waker = (lambda ev=ev: loop.call_soon_threadsafe(ev.set))
-                self._waiters.append(waker)
-                if len(self._items) <= i:
-                    await ev.wait()
-                self._waiters.remove(waker)
-            yield await self._items[i]
+            while True:
+                with self._cond:
+                    if len(self._done) > i:
+                        f = self._done[i]
+                        break
+                    waiter = loop.create_future()
+                    self._async_waiters.append((loop, waiter))
+                await waiter
+            yield f.get()       # done already: returns the value or raises its error
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -2,10 +2,9 @@
 
 Messages from one sender arrive in order on one connection and an actor runs
 one message at a time, so the mailbox only has to queue while an endpoint is
-suspended or running in the actor's thread. Short async endpoints run
-*eagerly*: the coroutine's first step runs inline on dispatch and a task is
-made only if it actually suspends (about 3x cheaper than a task per message).
-Sync endpoints run on the actor's own thread, off the event loop.
+suspended or running in the actor's thread. Async endpoints run as tasks on
+the process's event loop (the reply is sent from inside the task); sync
+endpoints run on the actor's own thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -40,38 +39,6 @@ class EndpointInfo:
 
 def endpoint_names(cls) -> list[str]:
     return sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_ATTR, None))
-
-
-class _Continue:
-    """Awaitable that resumes a coroutine whose first step already ran inline."""
-    __slots__ = ("coro", "first")
-
-    def __init__(self, coro, first):
-        self.coro = coro
-        self.first = first
-
-    def __await__(self):
-        coro, value = self.coro, self.first
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as e:  # noqa: BLE001 - thrown in by the task (cancel)
-                try:
-                    value = coro.throw(e)
-                except StopIteration as si:
-                    return si.value
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as si:
-                    return si.value
-
-
-async def _resume(coro, first):
-    return await _Continue(coro, first)
 
 
 class ActorHost:
@@ -130,6 +97,9 @@ class ActorHost:
     def _drain(self) -> None:
         while self._queue and not self._busy:
             msg = self._queue.popleft()
+            if self.stopped:
+                self._fail(msg, RuntimeError(f"actor {self.instance.mesh_name} has been stopped"))
+                continue
             try:
                 fn, info = self._method(msg[2])
             except AttributeError as e:
@@ -151,30 +121,32 @@ class ActorHost:
     def _run_async(self, msg: tuple, fn, track_busy: bool) -> None:
         try:
             coro = fn(self.obj, *msg[3], **msg[4])
-            first = coro.send(None)
-        except StopIteration as si:
-            self._ok(msg, si.value)
-            return
         except BaseException as e:  # noqa: BLE001
             self._fail(msg, e)
             return
         if track_busy:
             self._busy = True
-        task = self.node.loop.create_task(_resume(coro, first))
+        # A real Task (not an eager first step on the dispatch path): endpoints may use
+        # asyncio.timeout(), TaskGroup and current_task(), which need one.
+        task = self.node.loop.create_task(self._invoke(msg, coro, track_busy))
         self._tasks.add(task)
-        task.add_done_callback(lambda t: self._task_done(t, msg, track_busy))
+        task.add_done_callback(self._tasks.discard)
 
-    def _task_done(self, t: asyncio.Task, msg: tuple, track_busy: bool) -> None:
-        self._tasks.discard(t)
-        if t.cancelled():
+    async def _invoke(self, msg: tuple, coro, track_busy: bool) -> None:
+        # The reply is sent from inside the task (not a done callback): one loop pass less.
+        try:
+            value = await coro
+        except asyncio.CancelledError:
             self._fail(msg, asyncio.CancelledError("endpoint was cancelled"))
-        elif t.exception() is not None:
-            self._fail(msg, t.exception())
+            raise
+        except BaseException as e:  # noqa: BLE001
+            self._fail(msg, e)
         else:
-            self._ok(msg, t.result())
-        if track_busy:
-            self._busy = False
-            self._drain()
+            self._ok(msg, value)
+        finally:
+            if track_busy:
+                self._busy = False
+                self._drain()
 
     def _run_sync(self, msg: tuple, fn, track_busy: bool) -> None:
         if track_busy:
@@ -188,7 +160,10 @@ class ActorHost:
         cf.add_done_callback(done)
 
     def _sync_done(self, f, msg: tuple, track_busy: bool) -> None:
-        exc = f.exception()
+        if f.cancelled():      # the actor was stopped before this call got to run
+            exc = RuntimeError(f"actor {self.instance.mesh_name} was stopped before the call ran")
+        else:
+            exc = f.exception()
         if exc is not None:
             self._fail(msg, exc)
         else:

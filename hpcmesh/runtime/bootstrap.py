@@ -5,6 +5,10 @@ The environment on the target host is built in four steps (SPEC §4):
 variables whose value is ``None``; (3) set the rest; (4) add hpcmesh's own
 bootstrap variables, which the user cannot remove. Values are literal strings:
 nothing is expanded, and the controller's environment is never sent implicitly.
+
+"Inherit" means the *host agent's* environment. For ``this_host()`` the agent runs
+inside the controller process, so local processes do see the controller's
+environment unless ``inherit_env=False``; a remote agent passes on its own.
 """
 
 from __future__ import annotations
@@ -89,9 +93,15 @@ def default_bootstrap_cmd() -> BootstrapCommand:
 
 
 def build_environment(cmd: BootstrapCommand, agent_env: Mapping[str, str],
-                      bootstrap_vars: Mapping[str, str]) -> dict[str, str]:
-    """Apply the four steps; ``bootstrap_vars`` are hpcmesh's own and always win."""
-    env: dict[str, str] = dict(agent_env) if cmd.inherit_env else {}
+                      bootstrap_vars: Mapping[str, str],
+                      defaults: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Apply the four steps; ``bootstrap_vars`` are hpcmesh's own and always win.
+
+    ``defaults`` (the host's network choice for NCCL/gloo) go under everything else:
+    a variable the agent's environment or the command sets, or deletes, wins."""
+    env: dict[str, str] = dict(defaults or {})
+    if cmd.inherit_env:
+        env.update(agent_env)
     for k, v in cmd._env.items():
         if v is None:
             env.pop(k, None)

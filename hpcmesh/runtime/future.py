@@ -14,22 +14,35 @@ from typing import Any, Callable
 
 _PENDING, _DONE = 0, 1
 _loop_thread_ids: dict[int, int] = {}   # id(loop) -> thread id running it (set by the runtime)
+_runtime_threads: set[int] = set()      # threads running an hpcmesh event loop
 _cb_lock = threading.Lock()               # guards callback lists against setter/adder races
 
 
 def register_loop_thread(loop: asyncio.AbstractEventLoop) -> None:
-    _loop_thread_ids[id(loop)] = threading.get_ident()
+    """Call on the thread that runs an hpcmesh node's loop (a blocking get() there deadlocks)."""
+    tid = threading.get_ident()
+    _loop_thread_ids[id(loop)] = tid
+    _runtime_threads.add(tid)
+
+
+def unregister_loop_thread(loop: asyncio.AbstractEventLoop) -> None:
+    tid = _loop_thread_ids.pop(id(loop), None)
+    _runtime_threads.discard(tid)
+
+
+def on_runtime_thread() -> bool:
+    """True on a thread running an hpcmesh event loop (where blocking would deadlock)."""
+    return threading.get_ident() in _runtime_threads
 
 
 class Future:
-    __slots__ = ("_state", "_value", "_exc", "_callbacks", "_forbid_sync_on", "__weakref__")
+    __slots__ = ("_state", "_value", "_exc", "_callbacks", "__weakref__")
 
-    def __init__(self, forbid_sync_on: int | None = None):
+    def __init__(self):
         self._state = _PENDING
         self._value: Any = None
         self._exc: BaseException | None = None
         self._callbacks: list[Callable] | None = None
-        self._forbid_sync_on = forbid_sync_on
 
     # -- producer side ----------------------------------------------------------
     def set_result(self, value: Any) -> None:
@@ -76,10 +89,11 @@ class Future:
     def get(self, timeout: float | None = None) -> Any:
         """Block until the value is there; raise the remote error if it failed."""
         if not self._state:
-            if self._forbid_sync_on is not None and threading.get_ident() == self._forbid_sync_on:
+            if threading.get_ident() in _runtime_threads:
                 raise RuntimeError(
                     "Future.get() called on the hpcmesh event-loop thread would deadlock; "
-                    "use `await future` inside async endpoints")
+                    "use `await future` inside async endpoints (or make the endpoint a "
+                    "plain `def`: sync endpoints run on their own thread and may block)")
             lock = threading.Lock()
             lock.acquire()
             self.add_done_callback(lambda _f: lock.release())
@@ -109,7 +123,7 @@ class Future:
 
     def then(self, fn: Callable[[Any], Any]) -> "Future":
         """A Future of fn(value), failing if this one fails."""
-        out = Future(self._forbid_sync_on)
+        out = Future()
 
         def chain(f: Future) -> None:
             if f._exc is not None:

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
@@ -49,6 +48,7 @@ class HostAgent:
         self.advertise_host = advertise_host or "127.0.0.1"
         self.log_dir = log_dir or os.path.join(os.environ.get("HPCMESH_LOG_DIR", ".hpcmesh/logs"))
         self.procs: dict[str, _Proc] = {}
+        self._net_env: dict[str, str] | None = None
         node.services.update({
             "spawn_procs": self.spawn_procs,
             "stop_procs": self.stop_procs,
@@ -58,6 +58,23 @@ class HostAgent:
     def host_info(self) -> dict:
         return {"hostname": self.hostname, "advertise_host": self.advertise_host,
                 "pid": os.getpid(), "procs": len(self.procs)}
+
+    def network_env(self) -> dict[str, str]:
+        """NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME (and NCCL_IB_HCA) for the interface this
+        host advertises, unless this agent's environment sets them (SPEC §7)."""
+        if self._net_env is None:
+            env: dict[str, str] = {}
+            try:
+                from ..transport import netif
+                cands = netif.rank_candidates(netif.list_interfaces(), None, os.environ)
+                cand = next((c for c in cands if c.address == self.advertise_host),
+                            cands[0] if cands else None)
+                if cand is not None:
+                    env = netif.socket_ifname_env(cand, os.environ)
+            except Exception as e:  # noqa: BLE001 - NCCL/gloo then pick on their own
+                log.warning("cannot choose the interface for NCCL/gloo: %s", e)
+            self._net_env = env
+        return self._net_env
 
     # -- spawning -------------------------------------------------------------------
     def spawn_procs(self, requests: list, controller: NodeRef, events: PortRef | None,
@@ -83,7 +100,7 @@ class HostAgent:
                     "HPCMESH_ADVERTISE_HOST": self.advertise_host,
                     "HPCMESH_LEASE_GRACE": str(lease_grace),
                 }
-                env = build_environment(cmd, os.environ, bootstrap_vars)
+                env = build_environment(cmd, os.environ, bootstrap_vars, self.network_env())
                 try:
                     popen = subprocess.Popen(cmd.argv(), env=env, stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -190,26 +207,32 @@ class HostAgent:
 
     # -- stopping -------------------------------------------------------------------
     async def stop_procs(self, names: list[str], grace: float = 5.0) -> dict:
-        """Wait up to ``grace`` for each process to exit, then SIGKILL; returns exit codes."""
+        """Stop processes: wait up to ``grace`` for them to exit (the controller has asked
+        them to), then SIGTERM, then SIGKILL; returns their exit codes."""
         procs = [self.procs[n] for n in names if n in self.procs]
-        deadline = time.monotonic() + grace
+        await self._wait_exited(procs, grace)
+        for sig, wait in ((signal.SIGTERM, min(max(grace, 0.5), 2.0)), (signal.SIGKILL, 5.0)):
+            left = [p for p in procs if p.returncode is None]
+            if not left:
+                break
+            log.info("sending %s to %d process(es) that did not stop", sig.name, len(left))
+            for p in left:
+                self._kill(p, sig)
+            await self._wait_exited(left, wait)
         for p in procs:
             if p.returncode is None:
-                self._kill(p, signal.SIGTERM) if grace <= 0 else None
-        for p in procs:
-            left = deadline - time.monotonic()
-            if p.returncode is None and left > 0:
-                try:
-                    await asyncio.wait_for(p.exited.wait(), left)
-                except asyncio.TimeoutError:
-                    pass
-            if p.returncode is None:
-                self._kill(p, signal.SIGKILL)
-                try:
-                    await asyncio.wait_for(p.exited.wait(), 5.0)
-                except asyncio.TimeoutError:
-                    log.error("process %s (pid %d) did not die after SIGKILL", p.name, p.popen.pid)
+                log.error("process %s (pid %d) did not die after SIGKILL", p.name, p.popen.pid)
         return {p.name: p.returncode for p in procs}
+
+    @staticmethod
+    async def _wait_exited(procs: list[_Proc], timeout: float) -> None:
+        waits = [asyncio.ensure_future(p.exited.wait()) for p in procs if not p.exited.is_set()]
+        if not waits:
+            return
+        if timeout > 0:
+            await asyncio.wait(waits, timeout=timeout)
+        for w in waits:
+            w.cancel()
 
     def _kill(self, p: _Proc, sig: int) -> None:
         try:

@@ -20,13 +20,15 @@ import tempfile
 import threading
 import traceback
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..transport import serialization
+from ..transport.addresses import Address
 from ..transport.connection import Connection, ConnectionClosed, Listener, dial
 from .errors import SupervisionError
-from .future import Future, register_loop_thread
+from .future import Future, register_loop_thread, unregister_loop_thread
 
 log = logging.getLogger("hpcmesh.runtime")
 
@@ -62,6 +64,10 @@ class _Peer:
     dialing: asyncio.Future | None = None
     lost: BaseException | None = None
     inflight: set = field(default_factory=set)   # one-shot reply port ids awaiting this peer
+    # Frames waiting for a connection, in send order. While it is not empty every sender
+    # appends here too, so a message sent once the connection is up cannot overtake one
+    # that was queued while it was being dialed.
+    backlog: deque = field(default_factory=deque)
 
 
 def runtime_dir() -> str:
@@ -121,6 +127,7 @@ class Node:
             try:
                 loop.run_forever()
             finally:
+                unregister_loop_thread(loop)
                 loop.close()
 
         t = threading.Thread(target=main, name=f"hpcmesh-{role}", daemon=True)
@@ -132,13 +139,19 @@ class Node:
         node._thread = t
         return node
 
-    def listen(self, addresses: list[str]) -> None:
-        """Bind listeners; ``tcp://host:0`` picks an ephemeral port. Advertised in order."""
+    def listen(self, addresses: list[str], advertise_host: str | None = None) -> None:
+        """Bind listeners; ``tcp://host:0`` picks an ephemeral port. Advertised in order.
+
+        A wildcard listener (``0.0.0.0``/``::``) is advertised as ``advertise_host``:
+        peers must be told an address they can dial, never the wildcard."""
         out = []
         for a in addresses:
             lst = Listener(self.loop, a, self.secret, self._on_accept)
             self._listeners.append(lst)
-            out.append(str(lst.address))
+            addr = lst.address
+            if advertise_host and addr.scheme == "tcp" and addr.host in ("0.0.0.0", "::"):
+                addr = Address("tcp", host=advertise_host, port=addr.port)
+            out.append(str(addr))
         self.addresses = tuple(out)
 
     def unix_address(self) -> str:
@@ -172,13 +185,21 @@ class Node:
     def close_port(self, port: PortRef | int) -> None:
         self._ports.pop(port if isinstance(port, int) else port.port_id, None)
 
-    def reply_future(self, peer_id: str | None) -> tuple[Future, PortRef]:
-        """A one-shot port whose first delivery resolves a Future; fails if ``peer_id`` dies."""
-        fut = Future(self.loop_tid)
-        pid = next(self._port_ids)
-        peer = self._peers.get(peer_id) if peer_id else None
+    def reply_future(self, peer: NodeRef | str | None) -> tuple[Future, PortRef]:
+        """A one-shot port whose first delivery resolves a Future; fails if ``peer`` dies.
 
-        def deliver(value: Any, _pid=pid, _peer=peer) -> None:
+        Callable from any thread. ``peer`` is the node expected to answer (a NodeRef,
+        or a node id of a node already known)."""
+        fut = Future()
+        pid = next(self._port_ids)
+        if peer is None:
+            p = None
+        elif isinstance(peer, NodeRef):
+            p = self._peers.get(peer.node_id) or self.peer(peer)
+        else:
+            p = self._peers.get(peer)
+
+        def deliver(value: Any, _pid=pid, _peer=p) -> None:
             if _peer is not None:
                 _peer.inflight.discard(_pid)
             if isinstance(value, _Failure):
@@ -186,12 +207,14 @@ class Node:
             else:
                 fut.set_result(value)
         self._ports[pid] = (deliver, True)
-        if peer is not None:
-            if peer.lost is not None and peer.conn is None:
-                self._ports.pop(pid, None)
-                fut.set_exception(peer.lost)
-            else:
-                peer.inflight.add(pid)
+        if p is not None:
+            p.inflight.add(pid)
+            # Checked after registering: either the loop's _fail_inflight sees this port, or
+            # this check sees the loss it recorded first. Nothing can slip between the two.
+            if p.lost is not None and p.conn is None:
+                p.inflight.discard(pid)
+                if self._ports.pop(pid, None) is not None:
+                    fut.set_exception(p.lost)
         return fut, PortRef(NodeRef(self.node_id, self.addresses), pid)
 
     def _deliver_local(self, port_id: int, value: Any) -> None:
@@ -199,59 +222,85 @@ class Node:
         if entry is None:
             return   # late reply for a port already closed: nothing is waiting
         cb, once = entry
-        if once:
-            del self._ports[port_id]
+        if once and self._ports.pop(port_id, None) is None:
+            return   # another thread failed this port meanwhile
         cb(value)
 
     # -- sending ---------------------------------------------------------------------
     def peer(self, ref: NodeRef) -> _Peer:
         p = self._peers.get(ref.node_id)
         if p is None:
-            p = self._peers[ref.node_id] = _Peer(ref)
-        elif p.ref is None or (ref.addresses and not p.ref.addresses):
+            # setdefault: two threads meeting a new node at once must share one _Peer
+            p = self._peers.setdefault(ref.node_id, _Peer(ref))
+        if p.ref is None or (ref.addresses and not p.ref.addresses):
             p.ref = ref
         return p
 
     def send(self, target: NodeRef, msg: tuple, what: str = "message") -> None:
-        """Send a message tuple to a node; thread-safe. Dials if needed (async)."""
+        """Send a message tuple to a node; thread-safe. Dials if needed (async).
+
+        Messages from one thread to one node go out in the order they were sent."""
         if target.node_id == self.node_id:
             self.call_soon(self._dispatch_local, msg)
             return
         p = self._peers.get(target.node_id) or self.peer(target)
-        conn = p.conn
         meta, bufs = serialization.dumps(msg, what)
+        conn = p.conn
+        if conn is not None and not p.backlog and not conn.closed:
+            try:
+                conn.send_frame(meta, bufs)
+                return
+            except ConnectionClosed:
+                conn = None     # closed under us: nothing was written; treat as not connected
+        if p.lost is not None and (conn is None or conn.closed):
+            raise p.lost
+        p.backlog.append((meta, bufs))
+        self.call_soon(self._flush_backlog, p)
+
+    def _flush_backlog(self, p: _Peer) -> None:
+        """Loop thread: send queued frames if connected, else dial."""
+        conn = p.conn
         if conn is not None and not conn.closed:
-            conn.send_frame(meta, bufs)
+            backlog = p.backlog
+            try:
+                while backlog:
+                    meta, bufs = backlog[0]
+                    conn.send_frame(meta, bufs)   # into the connection's queue first ...
+                    backlog.popleft()             # ... then off the backlog: order is kept
+            except ConnectionClosed:
+                pass   # the close handler decides what happens to the rest
+            return
+        if not p.backlog:
             return
         if p.lost is not None:
-            raise p.lost
-        self.call_soon(self._send_after_dial, p, meta, bufs)
-
-    def _send_after_dial(self, p: _Peer, meta: bytes, bufs: list) -> None:
-        if p.conn is not None and not p.conn.closed:
-            p.conn.send_frame(meta, bufs)
-            return
-        if p.dialing is None:
+            self._drop_backlog(p)
+        elif p.dialing is None:
             p.dialing = self.loop.create_task(self._dial_peer(p))
 
-        def after(t: asyncio.Future) -> None:
-            if p.conn is not None and not p.conn.closed:
-                p.conn.send_frame(meta, bufs)
-        p.dialing.add_done_callback(after)
+    def _drop_backlog(self, p: _Peer) -> None:
+        if p.backlog:
+            log.warning("dropping %d message(s) for unreachable node %s: %s", len(p.backlog),
+                        p.ref.node_id[:8] if p.ref else "?", p.lost)
+            p.backlog.clear()
 
     async def _dial_peer(self, p: _Peer) -> None:
         errors = []
         try:
             for addr in (p.ref.addresses if p.ref else ()):
                 try:
-                    conn = await self.connect(addr, expect=p.ref.node_id)
-                except (OSError, asyncio.TimeoutError, ConnectionError, Exception) as e:  # noqa: BLE001
+                    await self.connect(addr, expect=p.ref.node_id)
+                except Exception as e:  # noqa: BLE001 - try the next address
                     errors.append(f"{addr}: {e or type(e).__name__}")
                     continue
                 return
             exc = SupervisionError(f"cannot reach node {p.ref.node_id[:8] if p.ref else '?'} "
                                    f"at any of its addresses: {'; '.join(errors) or 'none known'}")
-            self._mark_lost(p, exc, immediate=True)
+            if p.inflight:
+                # A dead process refuses connections before its exit report arrives; give the
+                # precise report a moment to win, as when a live connection drops.
+                self.loop.call_later(LOST_PEER_REPORT_WAIT, self._mark_lost, p, exc, False)
+            else:
+                self._mark_lost(p, exc, immediate=True)
         finally:
             p.dialing = None
 
@@ -295,7 +344,16 @@ class Node:
                             conn.peer, type(e).__name__, e)
                 conn.close(e)
                 return
+            if type(msg) is not tuple or not msg:
+                log.warning("closing connection from %s: not a protocol message (%s)",
+                            conn.peer, type(msg).__name__)
+                conn.close(ConnectionClosed(f"{conn.peer} sent a malformed message"))
+                return
             if msg[0] == MSG_HELLO:
+                if len(msg) != 4 or type(msg[1]) is not str or not isinstance(msg[3], dict):
+                    log.warning("closing connection from %s: malformed hello", conn.peer)
+                    conn.close(ConnectionClosed(f"{conn.peer} sent a malformed hello"))
+                    return
                 self._on_hello(conn, msg)
                 continue
             try:
@@ -316,11 +374,16 @@ class Node:
         conn.info["peer_info"] = info
         if old is not None and old is not conn and not old.closed:
             old.info["superseded"] = True
+        if p.backlog:
+            self._flush_backlog(p)
         w = conn.info.pop("hello_waiter", None)
         if w is not None and not w.done():
             w.set_result(peer_id)
         for cb in list(self.on_peer_hello):
-            cb(self, ref, info, conn)
+            try:
+                cb(self, ref, info, conn)
+            except Exception:  # noqa: BLE001 - one bad hook must not stop the others
+                log.exception("error in a peer-hello hook")
 
     def _dispatch_local(self, msg: tuple) -> None:
         try:
@@ -398,7 +461,7 @@ class Node:
 
     def rpc(self, target: NodeRef, service: str, *args) -> Future:
         """Call a service on another node (or this one); a Future of its result."""
-        fut, port = self.reply_future(target.node_id if target.node_id != self.node_id else None)
+        fut, port = self.reply_future(target if target.node_id != self.node_id else None)
         try:
             self.send(target, (MSG_RPC, service, args, port), f"arguments of {service}")
         except BaseException as e:  # noqa: BLE001
@@ -421,7 +484,10 @@ class Node:
         reason = SupervisionError(f"connection to {conn.info.get('peer_info', {}).get('name') or peer_id[:8]} "
                                   f"({conn.peer}) lost: {exc or 'closed'}")
         for cb in list(self.on_peer_closed):
-            cb(self, peer_id, exc)
+            try:
+                cb(self, peer_id, exc)
+            except Exception:  # noqa: BLE001 - pending work below must still be failed
+                log.exception("error in a peer-closed hook")
         if p.inflight and not self.closed:
             self.loop.call_later(LOST_PEER_REPORT_WAIT, self._mark_lost, p, reason, False)
         elif p.lost is None:
@@ -432,23 +498,34 @@ class Node:
             return   # reconnected meanwhile
         if p.lost is None or immediate:
             p.lost = exc
-        ports, p.inflight = p.inflight, set()
-        for pid in ports:
-            self._deliver_local(pid, _Failure(p.lost))
+        self._fail_inflight(p, p.lost)
+
+    def _fail_inflight(self, p: _Peer, exc: BaseException) -> None:
+        """Fail every reply port waiting on ``p`` (loop thread; ``p.lost`` already set).
+
+        The set is drained in place rather than swapped, so a port another thread adds
+        meanwhile is either drained here or sees ``p.lost`` in ``reply_future``."""
+        self._drop_backlog(p)
+        inflight = p.inflight
+        failure = _Failure(exc)
+        while inflight:
+            try:
+                pid = inflight.pop()
+            except KeyError:
+                break
+            self._deliver_local(pid, failure)
 
     def fail_peer(self, peer_id: str, exc: BaseException) -> None:
         """Fail everything pending on a peer now (a precise exit report arrived)."""
         p = self._peers.get(peer_id)
         if p is None:
-            p = self._peers[peer_id] = _Peer(None)
+            p = self._peers.setdefault(peer_id, _Peer(None))
         p.lost = exc
         if p.conn is not None:
             conn, p.conn = p.conn, None
             conn.info["superseded"] = True
             conn.close()
-        ports, p.inflight = p.inflight, set()
-        for pid in ports:
-            self._deliver_local(pid, _Failure(exc))
+        self._fail_inflight(p, exc)
 
     def peer_connected(self, peer_id: str) -> bool:
         p = self._peers.get(peer_id)

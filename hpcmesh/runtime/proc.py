@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 
@@ -36,6 +37,7 @@ class ProcRuntime:
         self.done = asyncio.Event()
         self.exit_code = 0
         self._lease_timer: asyncio.TimerHandle | None = None
+        self._stopping: asyncio.Task | None = None
         node.services.update({
             "spawn_actor": self.spawn_actor,
             "stop": self.stop,
@@ -60,10 +62,15 @@ class ProcRuntime:
             self._lease_timer = None
 
     def _lease_expired(self) -> None:
+        self._lease_timer = None
         if not self.node.peer_connected(self.controller.node_id):
-            print(f"hpcmesh: controller gone for {self.grace} s, exiting", file=sys.stderr)
             self.exit_code = 3
-            self.done.set()
+            self.done.set()     # first: stderr may be a pipe to the dead controller (EPIPE)
+            try:
+                print(f"hpcmesh: controller gone for {self.grace} s, exiting", file=sys.stderr,
+                      flush=True)
+            except (OSError, ValueError):
+                pass
 
     # -- services -------------------------------------------------------------------
     async def spawn_actor(self, actor_id: str, mesh_name: str, cls_blob: bytes, args: tuple,
@@ -105,6 +112,12 @@ class ProcRuntime:
         self.node.loop.call_later(0.02, self.done.set)
         return os.getpid()
 
+    def on_sigterm(self) -> None:
+        """SIGTERM (the agent's force-stop, Slurm's end of job): stop cleanly, then exit."""
+        if self._stopping is None and not self.done.is_set():
+            self.exit_code = 128 + signal.SIGTERM
+            self._stopping = self.node.loop.create_task(self.stop())
+
     def reserve_port(self, host: str) -> int:
         """A free TCP port on this host for a rendezvous (torch.distributed store)."""
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -132,6 +145,7 @@ async def _amain() -> int:
     node.listen([node.unix_address(), f"tcp://{host}:0"])
     set_current_node(node)
     rt = ProcRuntime(node, controller, grace)
+    loop.add_signal_handler(signal.SIGTERM, rt.on_sigterm)
     errors = []
     for addr in controller_addrs:
         try:
@@ -149,20 +163,33 @@ async def _amain() -> int:
 
 
 def main() -> None:
-    if os.environ.get("HPCMESH_LOG_CHANNEL"):
-        sys.stdout.reconfigure(line_buffering=True)
-        sys.stderr.reconfigure(line_buffering=True)
-    logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
-                        format="%(levelname)s %(name)s: %(message)s")
-    loop = _new_loop()
-    asyncio.set_event_loop(loop)
+    code = 1
     try:
+        if os.environ.get("HPCMESH_LOG_CHANNEL"):
+            sys.stdout.reconfigure(line_buffering=True)
+            sys.stderr.reconfigure(line_buffering=True)
+        logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
+                            format="%(levelname)s %(name)s: %(message)s")
+        loop = _new_loop()
+        asyncio.set_event_loop(loop)
         code = loop.run_until_complete(_amain())
     except KeyboardInterrupt:
         code = 130
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    except BaseException:  # noqa: BLE001 - report, then still exit below
+        try:
+            import traceback
+            traceback.print_exc()
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        # Never hang on exit: a sync endpoint may still be running in an actor thread
+        # (interpreter shutdown would join it), and stdout may be a pipe to a dead reader.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
 
 
 if __name__ == "__main__":

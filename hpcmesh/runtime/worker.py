@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 
-from ..transport.addresses import secret_from_env
+from ..transport.addresses import parse_address, secret_from_env
 from .future import register_loop_thread
 from .host_agent import HostAgent
 from .node import Node, _new_loop, set_current_node
@@ -56,8 +56,12 @@ class _Lease:
 
     def _expire(self, reason: str) -> None:
         if not self.controllers:
-            self.reason = reason
-            self.done.set()
+            self.stop(reason)
+
+    def stop(self, reason: str) -> None:
+        """End now, controller or not (a signal from scancel or the batch script)."""
+        self.reason = reason
+        self.done.set()
 
 
 async def serve(listen: list[str], attach: list[str], secret: bytes, grace: float,
@@ -69,12 +73,13 @@ async def serve(listen: list[str], attach: list[str], secret: bytes, grace: floa
                 info={"slurm_job_id": os.environ.get("SLURM_JOB_ID"),
                       "slurm_nodeid": os.environ.get("SLURM_NODEID"),
                       "job_token": os.environ.get("HPCMESH_JOB_TOKEN")})
-    node.listen(listen)
+    advertise_host = advertise_host or default_advertise_host(listen)
+    node.listen(listen, advertise_host=advertise_host)
     set_current_node(node)
     agent = HostAgent(node, advertise_host=advertise_host)
     lease = _Lease(node, agent, grace, initial_wait)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lease._expire, f"received {signal.Signals(sig).name}")
+        loop.add_signal_handler(sig, lease.stop, f"received {signal.Signals(sig).name}")
     if ready_file:
         with open(ready_file, "w") as f:
             f.write("\n".join(node.addresses) + "\n")
@@ -94,6 +99,24 @@ async def serve(listen: list[str], attach: list[str], secret: bytes, grace: floa
     await asyncio.sleep(0.05)
     node.close()
     return lease.reason
+
+
+def default_advertise_host(listen: list[str]) -> str:
+    """The host the agent and its processes advertise: a specific listen host, else the
+    interface hpcmesh picks for this host (IPoIB first), else loopback."""
+    for url in listen:
+        try:
+            a = parse_address(url)
+        except ValueError:
+            continue
+        if a.scheme == "tcp" and a.host not in ("0.0.0.0", "::", ""):
+            return a.host
+    try:
+        from ..transport.netif import advertise_addresses
+        return advertise_addresses()[0]
+    except Exception as e:  # noqa: BLE001 - no usable interface: same-host use still works
+        log.warning("cannot choose an address to advertise (%s); using 127.0.0.1", e)
+        return "127.0.0.1"
 
 
 def run_worker_loop_forever(address: str | list[str] = "tcp://0.0.0.0:0", *,

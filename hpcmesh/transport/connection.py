@@ -192,10 +192,30 @@ class Connection:
         self._on_close(self, exc)
 
 
+#: A TCP peer whose host vanished (power loss, network cut: no FIN, no RST) is noticed
+#: after about this many seconds of silence, through kernel keepalive probes (no traffic
+#: of ours, no cost on the message path). 0 turns it off.
+KEEPALIVE_S = float(os.environ.get("HPCMESH_KEEPALIVE", "4"))
+
+
 def _tune(sock: socket.socket) -> None:
     sock.setblocking(False)
     if sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if KEEPALIVE_S > 0:
+            _keepalive(sock, KEEPALIVE_S)
+
+
+def _keepalive(sock: socket.socket, seconds: float) -> None:
+    idle = max(1, int(seconds / 2))
+    count = max(1, int(seconds) - idle)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", count)):
+            if hasattr(socket, opt):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+    except OSError as e:   # not fatal: only slower detection of a vanished host
+        log.debug("cannot set TCP keepalive: %s", e)
 
 
 async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: float) -> bytes:

@@ -60,12 +60,14 @@ class FrameDecoder:
     """
 
     __slots__ = ("_buf", "_start", "_end", "_max_frame", "_max_meta",
-                 "_state", "_meta_len", "_lens", "_meta", "_bufs", "_target", "_filled")
+                 "_state", "_meta_len", "_lens", "_meta", "_bufs", "_target", "_filled",
+                 "_chunk")
 
     _S_HEAD, _S_LENS, _S_META, _S_BUFS = range(4)
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, max_meta: int = DEFAULT_MAX_META,
                  chunk: int = 256 * 1024):
+        self._chunk = chunk
         self._buf = bytearray(chunk)
         self._start = 0
         self._end = 0
@@ -84,14 +86,20 @@ class FrameDecoder:
             return memoryview(self._target)[self._filled:]
         if self._start == self._end:
             self._start = self._end = 0
+            if len(self._buf) > 4 * self._chunk:     # a big message is done: give memory back
+                self._buf = bytearray(self._chunk)
         elif len(self._buf) - self._end < 4096:
-            # Compact: move the unread tail to the front, grow only if the tail fills it.
+            # Move the unread tail to the front; if it does not leave room, move it into a
+            # new, larger buffer. The old buffer is never resized in place: the caller may
+            # still hold a view of it (resizing an exported bytearray raises BufferError).
             tail = self._end - self._start
-            if self._start == 0:
-                self._buf.extend(bytes(len(self._buf)))
+            if len(self._buf) - tail < 4096:
+                new = bytearray(max(2 * len(self._buf), tail + self._chunk))
+                new[:tail] = self._buf[self._start:self._end]
+                self._buf = new
             else:
                 self._buf[:tail] = self._buf[self._start:self._end]
-                self._start, self._end = 0, tail
+            self._start, self._end = 0, tail
         return memoryview(self._buf)[self._end:]
 
     def advance(self, n: int) -> list[Frame]:
@@ -137,6 +145,9 @@ class FrameDecoder:
                 if self._meta_len > self._max_meta:
                     raise FrameError(f"frame metadata of {self._meta_len} bytes exceeds the "
                                      f"limit of {self._max_meta} bytes")
+                if not nbufs and self._meta_len > self._max_frame:
+                    raise FrameError(f"frame of {self._meta_len} bytes exceeds the limit of "
+                                     f"{self._max_frame} bytes")
                 self._lens = [0] * nbufs
                 self._state = self._S_LENS if nbufs else self._S_META
             elif st == self._S_LENS:
@@ -170,7 +181,7 @@ class FrameDecoder:
                     return frames
                 if avail < size:
                     return frames
-                self._bufs.append(bytearray(self._buf[self._start:self._start + size]))
+                self._bufs.append(self._buf[self._start:self._start + size])   # a new bytearray
                 self._start += size
                 if len(self._bufs) == len(self._lens):
                     frames.append(self._finish())

@@ -58,13 +58,22 @@ class Handshake:
         if self.done:
             return b"", data
         self._inbox += data
-        if len(self._inbox) < self._expect:
-            return b"", b""
-        msg, rest = self._inbox[:self._expect], self._inbox[self._expect:]
-        self._inbox = b""
-        if self.dialer:
-            return self._dialer_step(msg), rest
-        return self._listener_step(msg), rest
+        if self._expects_magic():
+            head = self._inbox[:len(MAGIC)]
+            if not MAGIC.startswith(head):      # drop an HTTP probe or port scanner at once
+                raise HandshakeError("peer does not speak the hpcmesh protocol (bad magic)")
+        out = b""
+        # Bytes beyond one step stay in the inbox for the next step (never dropped).
+        while not self.done and len(self._inbox) >= self._expect:
+            msg, self._inbox = self._inbox[:self._expect], self._inbox[self._expect:]
+            out += self._dialer_step(msg) if self.dialer else self._listener_step(msg)
+        if self.done:
+            rest, self._inbox = self._inbox, b""
+            return out, rest
+        return out, b""
+
+    def _expects_magic(self) -> bool:
+        return self.dialer or self._stage == 0
 
     def _check_magic(self, msg: bytes) -> bytes:
         if msg[:len(MAGIC)] != MAGIC:

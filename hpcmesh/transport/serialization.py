@@ -89,9 +89,15 @@ _by_value_modules: set[str] = {"__main__"}
 _checked_modules: dict[str, bool] = {}
 
 
-def _installed_top_levels() -> set[str]:
-    from importlib.metadata import packages_distributions
-    return set(packages_distributions())
+_installed: frozenset[str] | None = None   # top-level names of installed distributions
+
+
+def _installed_top_levels() -> frozenset[str]:
+    global _installed
+    if _installed is None:
+        from importlib.metadata import packages_distributions
+        _installed = frozenset(packages_distributions())
+    return _installed
 
 
 def _is_installed(module_name: str) -> bool:
@@ -99,12 +105,7 @@ def _is_installed(module_name: str) -> bool:
     top = module_name.split(".")[0]
     if top in sys.stdlib_module_names or top in sys.builtin_module_names:
         return True
-    global _installed
-    try:
-        return top in _installed
-    except NameError:
-        _installed = _installed_top_levels()
-        return top in _installed
+    return top in _installed_top_levels()
 
 
 def ship_module_by_value(module_name: str) -> None:

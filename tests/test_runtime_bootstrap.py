@@ -1,0 +1,188 @@
+"""SPEC §4: BootstrapCommand and the environment a process gets, every recipe end to end."""
+
+import os
+import sys
+import types
+
+import pytest
+
+from hpcmesh.actor import (Actor, BootstrapCommand, current_rank, default_bootstrap_cmd,
+                           endpoint, this_host)
+from hpcmesh.runtime.bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR,
+                                       build_environment)
+
+OWN_VARS = {BOOTSTRAP_MODE_VAR, PROCESS_NAME_VAR, LOG_CHANNEL_VAR}
+
+
+class EnvProbe(Actor):
+    @endpoint
+    def env(self, *names):
+        return {n: os.environ.get(n) for n in names}
+
+    @endpoint
+    def environ(self):
+        return dict(os.environ)
+
+    @endpoint
+    def rank(self):
+        return current_rank().rank
+
+
+# ------------------------------------------------------------------------------------------
+# the command object (pure)
+# ------------------------------------------------------------------------------------------
+def test_with_env_merges_overrides_deletes_and_sets_empty():
+    base = BootstrapCommand("/usr/bin/python3", ["-m", "x"], {"A": "1", "KEEP": "k"})
+    c = base.with_env({"A": "2", "B": ""}).with_env({"B": "3", "C": None})
+    assert c.env == {"A": "2", "KEEP": "k", "B": "3", "C": None}
+    assert base.env == {"A": "1", "KEEP": "k"}           # the original is untouched
+    assert c.program == base.program and c.args == base.args
+    assert c.with_env({"A": ""}).env["A"] == ""
+
+
+def test_with_env_accepts_any_mapping_including_os_environ():
+    c = default_bootstrap_cmd().with_env(os.environ)
+    assert c.env["PATH"] == os.environ["PATH"]
+    c2 = c.with_env(types.MappingProxyType({"PATH": None}))
+    assert c2.env["PATH"] is None
+    with pytest.raises(TypeError, match="mapping"):
+        default_bootstrap_cmd().with_env([("A", "1")])
+    with pytest.raises(TypeError, match="must be a string or None"):
+        default_bootstrap_cmd().with_env({"A": 1})
+    with pytest.raises(ValueError, match="not valid"):
+        default_bootstrap_cmd().with_env({"A=B": "1"})
+
+
+def test_env_property_is_a_copy_and_assignment_replaces():
+    c = BootstrapCommand("/bin/true", [], {"A": "1"})
+    e = c.env
+    e["A"] = "changed"
+    e["NEW"] = "x"
+    assert c.env == {"A": "1"}
+    c.env = {"B": "2"}
+    assert c.env == {"B": "2"}
+    c.env = os.environ
+    assert c.env["PATH"] == os.environ["PATH"]
+
+
+def test_build_environment_four_steps():
+    agent_env = {"PATH": "/bin", "DROP": "x", "KEEP": "k"}
+    own = {BOOTSTRAP_MODE_VAR: "proc", PROCESS_NAME_VAR: "p0", LOG_CHANNEL_VAR: "stdio"}
+    cmd = BootstrapCommand("/bin/true", [], {"DROP": None, "NEW": "${PATH}:/opt/bin",
+                                             BOOTSTRAP_MODE_VAR: None, PROCESS_NAME_VAR: "mine"})
+    env = build_environment(cmd, agent_env, own)
+    assert env == {"PATH": "/bin", "KEEP": "k", "NEW": "${PATH}:/opt/bin", **own}
+    cmd.inherit_env = False
+    assert build_environment(cmd, agent_env, own) == {"NEW": "${PATH}:/opt/bin", **own}
+
+
+def test_default_bootstrap_cmd_runs_this_interpreter():
+    c = default_bootstrap_cmd()
+    assert c.program == sys.executable and c.args == ["-m", "hpcmesh.runtime.proc"]
+    assert c.inherit_env and c.env == {}
+
+
+# ------------------------------------------------------------------------------------------
+# real processes
+# ------------------------------------------------------------------------------------------
+def test_inherit_env_false_starts_from_empty_but_keeps_hpcmesh_vars(monkeypatch):
+    # set only in this (controller) process, after the runtime is up
+    this_host()
+    monkeypatch.setenv("HPCMESH_TEST_CONTROLLER_ONLY", "secret-ish")
+    cmd = BootstrapCommand(sys.executable, ["-m", "hpcmesh.runtime.proc"],
+                           {"MINE": "1", BOOTSTRAP_MODE_VAR: None, PROCESS_NAME_VAR: None,
+                            LOG_CHANNEL_VAR: None}, inherit_env=False)
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=cmd)
+    try:
+        env = pm.spawn("p", EnvProbe).slice(gpus=0).environ.call_one().get(timeout=30)
+        assert env["MINE"] == "1"
+        assert "HPCMESH_TEST_CONTROLLER_ONLY" not in env
+        assert "PATH" not in env and "HOME" not in env
+        assert env[BOOTSTRAP_MODE_VAR] == "proc"          # None in env= cannot remove these
+        assert env[PROCESS_NAME_VAR] and env[LOG_CHANNEL_VAR]
+        # nothing else of the controller's environment leaked in
+        leaked = {k for k in env if k in os.environ and not k.startswith("HPCMESH_")}
+        assert leaked <= {"LC_CTYPE"}, leaked             # (set by Python itself on startup)
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_inherited_env_is_the_agents_and_values_are_literal():
+    # The local host agent lives in the controller process, so with inherit_env=True a
+    # local process sees the controller's (= agent's) environment. Values are never expanded.
+    literal = {"P": "${PATH}:/opt/bin", "H": "$HOME", "T": "~/x", "Q": "`echo hi` $(id)"}
+    cmd = default_bootstrap_cmd().with_env({**literal, "EMPTY": "", "HOME": None})
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=cmd)
+    try:
+        env = pm.spawn("p", EnvProbe).slice(gpus=0).environ.call_one().get(timeout=30)
+        for k, v in literal.items():
+            assert env[k] == v
+        assert env["EMPTY"] == "" and "HOME" not in env
+        assert env["PATH"] == os.environ["PATH"]
+        assert env[PROCESS_NAME_VAR] != "mine"
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_callable_bootstrap_command_gets_each_point_and_affects_that_call_only():
+    seen = []
+
+    def per_point(point):
+        seen.append(dict(point.coords))
+        return default_bootstrap_cmd().with_env({"GPU_ID": str(point["gpus"]),
+                                                 "HOST_ID": str(point["hosts"]),
+                                                 "RANK_SEEN": str(point.rank)})
+    hosts = this_host()
+    pm = hosts.spawn_procs(per_host={"hosts": 2, "gpus": 2}, bootstrap_command=per_point)
+    pm2 = None
+    try:
+        assert seen == [{"hosts": h, "gpus": g} for h in (0, 1) for g in (0, 1)]
+        vm = pm.spawn("p", EnvProbe).env.call("GPU_ID", "HOST_ID", "RANK_SEEN").get(timeout=30)
+        for point, env in vm:
+            assert env == {"GPU_ID": str(point["gpus"]), "HOST_ID": str(point["hosts"]),
+                           "RANK_SEEN": str(point.rank)}
+        # the same HostMesh, a second call without it: the default command
+        pm2 = hosts.spawn_procs(per_host={"gpus": 1})
+        assert pm2.spawn("q", EnvProbe).slice(gpus=0).env.call_one("GPU_ID").get(
+            timeout=30) == {"GPU_ID": None}
+    finally:
+        pm.stop().get(timeout=30)
+        if pm2 is not None:
+            pm2.stop().get(timeout=30)
+
+
+def test_callable_returning_garbage_is_a_clear_error():
+    with pytest.raises(TypeError, match="BootstrapCommand or a callable returning one.*gpus=0"):
+        this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=lambda p: "python")
+
+
+def test_shell_wrapper_recipe():
+    cmd = BootstrapCommand("/bin/sh", ["-c", 'export X=1; exec "$0" "$@"', sys.executable,
+                                       "-m", "hpcmesh.runtime.proc"], {"Y": "$X-literal"})
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap_command=cmd)
+    try:
+        vm = pm.spawn("p", EnvProbe).env.call("X", "Y").get(timeout=30)
+        assert vm.values() == [{"X": "1", "Y": "$X-literal"}] * 2
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_nccl_and_gloo_interface_exported_unless_the_user_sets_them():
+    from hpcmesh.runtime.client import client_runtime
+    this_host()
+    agent = client_runtime()._local_agent
+    expected = agent.network_env()
+    if "NCCL_SOCKET_IFNAME" in os.environ or "GLOO_SOCKET_IFNAME" in os.environ:
+        pytest.skip("the test environment pins the NCCL/gloo interface itself")
+    assert expected.get("NCCL_SOCKET_IFNAME") and expected.get("GLOO_SOCKET_IFNAME")
+    cmd = default_bootstrap_cmd()
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, bootstrap_command=lambda p: cmd if p[
+        "gpus"] == 0 else cmd.with_env({"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": None}))
+    try:
+        vm = pm.spawn("p", EnvProbe).env.call("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME").get(
+            timeout=30)
+        assert vm.values()[0] == {"NCCL_SOCKET_IFNAME": expected["NCCL_SOCKET_IFNAME"],
+                                  "GLOO_SOCKET_IFNAME": expected["GLOO_SOCKET_IFNAME"]}
+        assert vm.values()[1] == {"NCCL_SOCKET_IFNAME": None, "GLOO_SOCKET_IFNAME": "lo"}
+    finally:
+        pm.stop().get(timeout=30)

@@ -1,0 +1,335 @@
+"""Supervision and shutdown with real processes: deaths, exits, stop(), leases."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from hpcmesh.actor import Actor, ActorError, SupervisionError, endpoint, this_host
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for a reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_gone(pids, timeout: float) -> list:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+class _Recorder:
+    """Stands in for sys.stdout/sys.stderr: records what the controller's runtime thread
+    writes (polling capfd from the test thread can lose a line written concurrently)."""
+
+    def __init__(self):
+        self.chunks = []
+
+    def write(self, s):
+        self.chunks.append(s)
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(self.chunks)
+
+    def wait_for(self, *needles, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while not all(n in self.text() for n in needles) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.text()
+
+    @classmethod
+    def install(cls, monkeypatch, name):
+        # in the test body: pytest's own capture re-sets sys.stdout/err when a test starts
+        rec = cls()
+        monkeypatch.setattr(sys, name, rec)
+        return rec
+
+
+class Victim(Actor):
+    def __init__(self, marker_dir=None):
+        self.marker_dir = marker_dir
+        self.n = 0
+
+    @endpoint
+    def pid(self):
+        return os.getpid()
+
+    @endpoint
+    async def incr(self):
+        self.n += 1
+        return self.n
+
+    @endpoint
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return "woke"
+
+    @endpoint
+    async def call_other(self, other, method, *args):
+        return await getattr(other, method).call_one(*args)
+
+    @endpoint
+    def exit_now(self, code):
+        os._exit(code)
+
+    @endpoint
+    async def block_loop_ignoring_sigterm(self, seconds):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(seconds)      # blocks the process's event loop: it cannot answer stop
+
+    def __cleanup__(self, exc):
+        if self.marker_dir:
+            from hpcmesh.actor import current_rank
+            with open(os.path.join(self.marker_dir, f"cleanup-{current_rank().rank}"), "w") as f:
+                f.write("clean")
+
+
+def test_kill9_fails_in_flight_call_and_later_calls():
+    pm = this_host().spawn_procs(per_host={"gpus": 3}, name="kill9")
+    try:
+        v = pm.spawn("victim", Victim)
+        pids = v.pid.call().get(timeout=30).values()
+        in_flight = v.slice(gpus=1).sleep.call_one(60)
+        time.sleep(0.2)                      # it is sleeping now
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(SupervisionError) as ei:
+            in_flight.get(timeout=10)
+        assert time.monotonic() - t0 < 5
+        e = ei.value
+        assert e.mesh == "kill9" and e.pid == pids[1] and e.point["gpus"] == 1
+        assert e.host and "SIGKILL" in e.exit_status
+        msg = str(e)
+        for part in ("kill9", "gpus=1", str(pids[1]), "SIGKILL", e.host):
+            assert part in msg, (part, msg)
+        # calls after the death fail at once, with the same precise error
+        t1 = time.monotonic()
+        with pytest.raises(SupervisionError, match="SIGKILL"):
+            v.slice(gpus=1).incr.call_one().get(timeout=10)
+        with pytest.raises(SupervisionError, match="SIGKILL"):
+            v.incr.call().get(timeout=10)
+        assert time.monotonic() - t1 < 1
+        # the other processes keep working
+        # (the mesh-wide call above still reached the live members)
+        assert v.slice(gpus=0).incr.call_one().get(timeout=10) == 2
+        assert v.slice(gpus=2).incr.call_one().get(timeout=10) == 2
+        assert v.slice(gpus=2).pid.call_one().get(timeout=10) == pids[2]
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_actor_calling_a_dead_actor_gets_a_bounded_failure():
+    pm = this_host().spawn_procs(per_host={"gpus": 3}, name="a2a")
+    try:
+        v = pm.spawn("v", Victim)
+        pids = v.pid.call().get(timeout=30).values()
+        caller = v.slice(gpus=0)
+        # connected first, then the target dies while the call is pending
+        assert caller.call_other.call_one(v.slice(gpus=1), "incr").get(timeout=10) == 1
+        pending = caller.call_other.call_one(v.slice(gpus=1), "sleep", 60)
+        time.sleep(0.2)
+        os.kill(pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(ActorError) as ei:
+            pending.get(timeout=15)
+        assert ei.value.remote_type == "SupervisionError"
+        assert time.monotonic() - t0 < 5
+        # never contacted, already dead: the dial fails, the call fails (does not hang)
+        os.kill(pids[2], signal.SIGKILL)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        with pytest.raises(ActorError) as ei:
+            caller.call_other.call_one(v.slice(gpus=2), "incr").get(timeout=15)
+        assert ei.value.remote_type == "SupervisionError"
+        assert "cannot reach" in str(ei.value)
+        assert time.monotonic() - t0 < 5
+        assert caller.incr.call_one().get(timeout=10) == 1
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_process_that_exits_by_itself(monkeypatch):
+    stderr_rec = _Recorder.install(monkeypatch, "stderr")
+    pm = this_host().spawn_procs(per_host={"gpus": 2}, name="exiter")
+    try:
+        v = pm.spawn("v", Victim)
+        pids = v.pid.call().get(timeout=30).values()
+        t0 = time.monotonic()
+        with pytest.raises(SupervisionError) as ei:
+            v.slice(gpus=0).exit_now.call_one(3).get(timeout=10)
+        assert time.monotonic() - t0 < 5
+        assert "exit code 3" in str(ei.value) and str(pids[0]) in str(ei.value)
+        assert ei.value.exit_status == "exit code 3"
+        assert v.slice(gpus=1).incr.call_one().get(timeout=10) == 1
+        # the controller also says so on stderr
+        err = stderr_rec.wait_for("hpcmesh: supervision")
+        assert "hpcmesh: supervision" in err and "exit code 3" in err, err
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_stop_runs_cleanup_and_leaves_no_process(tmp_path):
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    v = pm.spawn("v", Victim, str(tmp_path))
+    pids = v.pid.call().get(timeout=30).values()
+    async def stop():
+        return await pm.stop()
+    codes = asyncio.run(stop())                 # `await procs.stop()` from user code
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cleanup-0", "cleanup-1"]
+    assert (tmp_path / "cleanup-1").read_text() == "clean"
+    assert set(codes.values()) == {0}
+    assert _wait_gone(pids, 2) == []
+    with pytest.raises(RuntimeError, match="stopped"):
+        pm.spawn("again", Victim)
+    with pytest.raises(SupervisionError, match="stopped"):
+        v.incr.call().get(timeout=10)
+
+
+def test_stop_force_kills_hung_processes(tmp_path):
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    v = pm.spawn("v", Victim, str(tmp_path))
+    pids = v.pid.call().get(timeout=30).values()
+    v.slice(gpus=0).sleep.call_one(600)                        # a hung sync endpoint
+    v.slice(gpus=1).block_loop_ignoring_sigterm.call_one(600)  # a hung loop, SIGTERM ignored
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    pm.stop(grace=1.0).get(timeout=30)
+    assert time.monotonic() - t0 < 6
+    assert _wait_gone(pids, 2) == []
+    # the process with the hung sync endpoint still stopped cleanly
+    assert (tmp_path / "cleanup-0").exists()
+
+
+CONTROLLER = textwrap.dedent("""
+    import os, sys, time
+    from hpcmesh.actor import Actor, endpoint, this_host, attach_to_workers
+
+    class P(Actor):
+        @endpoint
+        def pid(self):
+            return os.getpid()
+
+    if len(sys.argv) > 1:
+        hosts = attach_to_workers([sys.argv[1]], secret=bytes.fromhex(sys.argv[2]))
+    else:
+        hosts = this_host()
+    pm = hosts.spawn_procs(per_host={"gpus": 2})
+    a = pm.spawn("p", P)
+    print(*a.pid.call().get(timeout=60).values(), flush=True)
+    time.sleep(600)
+""")
+
+
+def _run_controller(tmp_path, *args):
+    env = dict(os.environ, HPCMESH_LEASE_GRACE="2", HPCMESH_LOG_DIR=str(tmp_path / "logs"))
+    script = tmp_path / "controller.py"
+    script.write_text(CONTROLLER)
+    p = subprocess.Popen([sys.executable, str(script), *args], env=env, stdout=subprocess.PIPE,
+                         stderr=open(tmp_path / "controller.err", "wb"), text=True)
+    line = p.stdout.readline()
+    assert line.strip(), (tmp_path / "controller.err").read_text()
+    return p, [int(x) for x in line.split()]
+
+
+def test_controller_killed_leaves_no_workers(tmp_path):
+    controller, pids = _run_controller(tmp_path)
+    try:
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        controller.kill()
+        controller.wait()
+        left = _wait_gone(pids, 2 + 3)
+        assert left == [], f"workers {left} outlived their controller"
+    finally:
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_standalone_agent_exits_with_its_procs_when_the_client_dies(tmp_path):
+    from hpcmesh.transport.addresses import new_secret
+    secret = new_secret()
+    ready = tmp_path / "agent.addr"
+    env = dict(os.environ, HPCMESH_SECRET=secret.hex(), HPCMESH_LOG_DIR=str(tmp_path / "logs"))
+    agent = subprocess.Popen(
+        [sys.executable, "-c",
+         "from hpcmesh.runtime.worker import run_worker_loop_forever; "
+         f"print(run_worker_loop_forever('tcp://0.0.0.0:0', grace=2, ready_file={str(ready)!r}))"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        deadline = time.monotonic() + 20
+        while not (ready.exists() and ready.read_text().strip()):
+            assert agent.poll() is None and time.monotonic() < deadline, agent.stderr.read()
+            time.sleep(0.05)
+        addr = ready.read_text().split()[0]
+        assert "0.0.0.0" not in addr          # a wildcard listener advertises a real address
+        client, pids = _run_controller(tmp_path, addr, secret.hex())
+        assert all(_alive(p) for p in pids)
+        client.kill()
+        client.wait()
+        t0 = time.monotonic()
+        out, err = agent.communicate(timeout=2 + 5)
+        assert time.monotonic() - t0 < 2 + 3
+        assert "controller gone" in out + err
+        assert _wait_gone(pids, 1) == []
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        for p in pids:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_supervision_error_is_picklable_and_descriptive():
+    import pickle
+    e = SupervisionError("proc gpus=1 died", "m", None, "h", 12, "killed by SIGKILL")
+    e2 = pickle.loads(pickle.dumps(e))
+    assert (e2.mesh, e2.host, e2.pid, e2.exit_status) == ("m", "h", 12, "killed by SIGKILL")
+    a = ActorError("KeyError", "x", "tb", None, "A", "f")
+    assert pickle.loads(pickle.dumps(a)).endpoint == "f"
+
+
+def test_agent_stops_on_sigterm_even_with_a_controller_attached(tmp_path):
+    """scancel/the batch script send SIGTERM: the agent must end at once, not after KillWait."""
+    import subprocess
+    import sys as _sys
+
+    from hpcmesh.actor import attach_to_workers
+    secret = os.urandom(32)
+    ready = tmp_path / "ready"
+    w = subprocess.Popen([_sys.executable, "-c",
+                          "from hpcmesh.runtime.worker import run_worker_loop_forever as f; "
+                          f"f('tcp://127.0.0.1:0', grace=30, ready_file={str(ready)!r})"],
+                         env=dict(os.environ, HPCMESH_SECRET=secret.hex()))
+    try:
+        deadline = time.monotonic() + 20
+        while not (ready.exists() and ready.read_text().endswith("\n")):
+            assert time.monotonic() < deadline, "agent never wrote its ready file"
+            time.sleep(0.05)
+        hosts = attach_to_workers([ready.read_text().split()[0]], secret=secret)
+        assert len(hosts.hostnames) == 1
+        w.terminate()
+        assert w.wait(5) == 0
+    finally:
+        if w.poll() is None:
+            w.kill()

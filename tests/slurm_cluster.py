@@ -55,7 +55,7 @@ CPUS_PER_NODE = 4
 REAL_MEMORY_MB = 2000
 
 # Slurm node states (sinfo %t, lower-cased) that count as usable.
-_OK_STATES = {"idle", "alloc", "mix", "comp"}
+_OK_STATES = {"idle", "alloc", "mix", "comp", "plnd"}  # plnd: planned by backfill
 
 
 class ClusterNode(NamedTuple):

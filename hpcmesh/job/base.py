@@ -78,9 +78,9 @@ class JobTrait(ABC):
                     _remove_cache(cached_path)
         if not job.active:
             job.apply()
-        if cached_path is not None:
-            job.dump(cached_path)
         meshes = job._state()
+        if cached_path is not None:
+            job.dump(cached_path)     # after _state(): what it learned (addresses) is kept
         if job is not self:
             self.__dict__.update({k: v for k, v in job.__dict__.items()})
         return JobState(meshes)

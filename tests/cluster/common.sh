@@ -63,7 +63,7 @@ hpcm_healthy() {
         line=$(timeout 10 sinfo -h -N -n "node$k" -o '%t' 2>/dev/null | head -n1) || true
         state=${line%% *}
         case "$state" in
-            idle | alloc | mix | comp) ;;
+            idle | alloc | mix | comp | plnd) ;;
             *) echo "node$k state '${state:-unknown}'"; return 1 ;;
         esac
     done

@@ -1,0 +1,1014 @@
+"""SlurmJob: submit host agents with sbatch from a login node, and connect to them.
+
+How it works (``apply()``):
+
+1. A job folder ``<log_dir>/<job_name>-<apply id>/`` gets the job secret
+   (``secret``, hex, mode 0600), the rendered sbatch script (``job.sbatch``,
+   rendered by :mod:`hpcmesh.slurm.render` from a :class:`~hpcmesh.slurm.spec.JobSpec`)
+   and, later, one ready file per host agent and any time-limit notice.
+2. ``sbatch --parsable`` submits it. Each mesh is one ``srun`` step that starts
+   one host agent per node (``ntasks_per_node`` per node if asked); the agents
+   listen on the node's chosen interface (``hpcmesh.transport.netif``) and dial
+   back to this client, saying hello with the job token.
+3. While the job is pending, ``squeue`` (text format, never JSON) shows
+   progress; a job that ends before every agent attached fails at once with
+   its id, state, reason and log; a start timeout cancels the job.
+
+The agents hold a lease: once no controller has been connected for ``grace``
+seconds they exit, the steps end, the batch script ends and the job
+completes, so a crashed client leaves no allocation behind. A new client
+process within the grace period reconnects (``state()`` loads the cached job
+and dials the recorded agent addresses with the job secret).
+
+Time limits and preemption: the script asks ``--signal=B:USR1@90`` (spec key
+``signal``); the batch shell traps it and forwards it to every ``srun``, which
+passes it to the host agents. An agent does not die from it: it appends a line
+to ``<job dir>/notice`` (path also in ``$HPCMESH_SLURM_NOTICE`` for its
+processes). Actors call :func:`slurm_notice` (e.g. between training steps),
+the controller calls ``job.notices()`` or ``job.watch_notices(callback)``, and
+can then tell actors to checkpoint through an endpoint. ``requeue: true`` makes
+the job requeue-able; after a requeue the agents come back (restart count in
+their token) and ``job.state()`` connects to the new ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Callable, Mapping, Sequence
+
+from ..actor.mesh import HostMesh, HostRef, attach_to_workers
+from ..runtime.bootstrap import BootstrapCommand
+from ..shapes import Extent, Shape
+from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue, parse_sbatch_parsable,
+                             parse_squeue, squeue_job_unknown)
+from ..slurm.render import render_sbatch
+from ..slurm.spec import JobSpec
+from .base import DEFAULT_CACHE, JobState, JobTrait
+from .local import in_batch_job
+
+log = logging.getLogger("hpcmesh.job.slurm")
+
+__all__ = [
+    "SlurmJob", "SlurmError", "SlurmSubmitError", "SlurmJobFailed", "SlurmStartTimeout",
+    "SlurmHostMesh", "slurm_bootstrap", "slurm_notice", "agent_main", "agent_command",
+]
+
+#: The host agent entry point used in launch scripts (``python -c AGENT_CODE --attach ...``).
+AGENT_CODE = "from hpcmesh.job.slurm import agent_main; agent_main()"
+#: Job states in which the job holds, or will get, its nodes.
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED",
+                           "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING"})
+NOTICE_VAR = "HPCMESH_SLURM_NOTICE"
+AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
+GPU_INDEX_VAR = "HPCMESH_GPU_INDEX"
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed or a Slurm job did not give us its host agents."""
+
+
+class SlurmSubmitError(SlurmError):
+    """sbatch refused the job (nothing was queued)."""
+
+
+class SlurmJobFailed(SlurmError):
+    """The job ended before every host agent attached."""
+
+
+class SlurmStartTimeout(SlurmError, TimeoutError):
+    """The host agents did not attach in time (the job was cancelled)."""
+
+
+# ---------------------------------------------------------------------------------------
+# running Slurm commands
+# ---------------------------------------------------------------------------------------
+def _need(cmd: str) -> str:
+    path = shutil.which(cmd)
+    if path is None:
+        raise SlurmError(f"`{cmd}` was not found on PATH, so hpcmesh cannot talk to Slurm from "
+                         f"this machine ({socket.gethostname()}); run on a Slurm login node or "
+                         f"inside an allocation, or add the Slurm client commands to PATH")
+    return path
+
+
+def _run(argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
+    _need(argv[0])
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{shlex.join(argv)}` did not answer within {timeout:.0f} s "
+                         f"(is slurmctld up?)") from None
+
+
+def squeue_jobs(job_ids: Sequence[str]) -> dict[str, JobRecord]:
+    """squeue records by job id; ids squeue no longer knows are absent."""
+    if not job_ids:
+        return {}
+    proc = _run(command_for_squeue(list(job_ids)))
+    if proc.returncode != 0:
+        if squeue_job_unknown(proc.stderr):
+            if len(job_ids) == 1:
+                return {}
+            out: dict[str, JobRecord] = {}
+            for j in job_ids:       # one unknown id fails the whole call: ask one by one
+                out.update(squeue_jobs([j]))
+            return out
+        raise SlurmError(f"squeue failed (exit {proc.returncode}): "
+                         f"{(proc.stderr or proc.stdout).strip()}")
+    return {r.job_id: r for r in parse_squeue(proc.stdout)}
+
+
+def scancel(job_ids: Sequence[str], *, wait: float = 60.0) -> None:
+    """Cancel jobs and wait until squeue no longer shows them pending/running/completing."""
+    ids = [j for j in job_ids if j]
+    if not ids:
+        return
+    proc = _run(["scancel", *ids])
+    if proc.returncode != 0 and "invalid job id" not in (proc.stderr or "").lower():
+        raise SlurmError(f"scancel {' '.join(ids)} failed: {proc.stderr.strip()}")
+    deadline = time.monotonic() + wait
+    delay = 0.05
+    while True:
+        left = [r for r in squeue_jobs(ids).values() if r.is_active]
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise SlurmError(f"job(s) {', '.join(r.job_id for r in left)} still "
+                             f"{', '.join(r.state for r in left)} {wait:.0f} s after scancel")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
+def _restart_count(job_id: str) -> int | None:
+    """``Restarts=N`` from ``scontrol show job`` (None if unknown)."""
+    try:
+        proc = _run(["scontrol", "-o", "show", "job", job_id], timeout=20)
+    except SlurmError:
+        return None
+    for word in proc.stdout.split():
+        if word.startswith("Restarts="):
+            try:
+                return int(word.split("=", 1)[1])
+            except ValueError:
+                return None
+    return None
+
+
+def _tail(path: str, n: int = 15) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+# ---------------------------------------------------------------------------------------
+# the host agent entry point (runs on the compute nodes)
+# ---------------------------------------------------------------------------------------
+def agent_token(token: str, mesh: str, restart: int | str) -> str:
+    """What an agent of ``mesh`` says in its hello after ``restart`` requeues."""
+    return f"{token}/{mesh}/r{restart}"
+
+
+def _ready_name(mesh: str, restart: int | str, procid: str) -> str:
+    return f"agent-{mesh}-r{restart}-{procid}.addr"
+
+
+def _append_notice(path: str | None, signum: int) -> None:
+    entry = {"signal": signal.Signals(signum).name, "time": time.time(),
+             "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+             "slurm_nodeid": os.environ.get("SLURM_NODEID"), "pid": os.getpid(),
+             "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
+    text = json.dumps(entry) + "\n"
+    print(f"hpcmesh agent on {entry['host']}: received {entry['signal']} (Slurm time-limit or "
+          f"preemption warning); recorded in {path or '(no notice file)'}", file=sys.stderr,
+          flush=True)
+    if path:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            print(f"hpcmesh agent: cannot write notice {path}: {e}", file=sys.stderr, flush=True)
+
+
+def _kill_children() -> None:
+    """SIGKILL every child process group of this process (the agent's processes)."""
+    pids = set()
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        try:
+            with open(path) as f:
+                pids.update(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            pass
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)   # started with start_new_session: its own group
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _stop_now(signum, frame) -> None:
+    print(f"hpcmesh agent on {socket.gethostname()}: {signal.Signals(signum).name} received, "
+          f"stopping its processes and exiting", file=sys.stderr, flush=True)
+    _kill_children()
+    os._exit(0)
+
+
+def agent_main(argv: Sequence[str] | None = None) -> None:
+    """One host agent: listen on this node's chosen interface, dial the client (if given),
+    write a ready file, note Slurm warning signals, exit when the lease expires."""
+    p = argparse.ArgumentParser(prog="hpcmesh-slurm-agent")
+    p.add_argument("--attach", default="", help="client addresses, comma separated")
+    p.add_argument("--grace", type=float, default=None)
+    p.add_argument("--initial-wait", type=float, default=None)
+    p.add_argument("--job-dir", default=None)
+    p.add_argument("--mesh", default=None)
+    args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
+    env = os.environ
+    restart = (env.get("SLURM_RESTART_COUNT") or "0").strip() or "0"
+    procid = env.get("SLURM_PROCID") or env.get("SLURM_NODEID") or "0"
+    mesh = args.mesh or env.get("HPCMESH_MESH_NAME") or "hosts"
+    if env.get("HPCMESH_JOB_TOKEN"):
+        env["HPCMESH_JOB_TOKEN"] = agent_token(env["HPCMESH_JOB_TOKEN"], mesh, restart)
+    from ..runtime.worker import run_worker_loop_forever
+    from ..transport.netif import NoUsableInterfaceError, advertise_addresses
+    try:
+        ips = advertise_addresses()
+    except NoUsableInterfaceError as e:
+        print(f"hpcmesh agent on {socket.gethostname()}: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    listen = [f"tcp://[{ip}]:0" if ":" in ip else f"tcp://{ip}:0" for ip in ips]
+    env[AGENT_PYTHON_VAR] = sys.executable
+    ready = None
+    if args.job_dir:
+        env.setdefault("HPCMESH_LOG_DIR", os.path.join(args.job_dir, "procs"))
+        env.setdefault(NOTICE_VAR, os.path.join(args.job_dir, "notice"))
+        ready = os.path.join(args.job_dir, _ready_name(mesh, restart, procid))
+    notice = env.get(NOTICE_VAR)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda signum, frame: _append_notice(notice, signum))
+    # SIGHUP = "stop now" (SlurmJob.kill sends it with `scancel --signal=HUP`): the agents
+    # exit 0, the steps end, the batch script ends and the job completes at once.
+    # (SIGTERM cannot be used: the worker ignores it while a controller is connected.)
+    signal.signal(signal.SIGHUP, _stop_now)
+    attach = [a for a in args.attach.split(",") if a]
+    initial_wait = args.initial_wait
+    if attach and initial_wait is None:
+        # if the client is gone before we started, do not hold the nodes
+        initial_wait = args.grace if args.grace is not None else float(
+            env.get("HPCMESH_LEASE_GRACE", "30"))
+    reason = run_worker_loop_forever(listen, attach=attach, grace=args.grace,
+                                     initial_wait=initial_wait, advertise_host=ips[0],
+                                     ready_file=ready)
+    print(f"hpcmesh agent on {socket.gethostname()} done: {reason}", file=sys.stderr, flush=True)
+    sys.exit(0)
+
+
+def agent_command(python: str, *, attach: Sequence[str] = (), grace: float | None = None,
+                  initial_wait: float | None = None, job_dir: str | None = None,
+                  mesh: str | None = None) -> list[str]:
+    """argv that starts one host agent (what the rendered srun lines run)."""
+    argv = [python, "-c", AGENT_CODE]
+    if attach:
+        argv += ["--attach", ",".join(attach)]
+    if grace is not None:
+        argv += ["--grace", f"{grace:g}"]
+    if initial_wait is not None:
+        argv += ["--initial-wait", f"{initial_wait:g}"]
+    if job_dir:
+        argv += ["--job-dir", job_dir]
+    if mesh:
+        argv += ["--mesh", mesh]
+    return argv
+
+
+def slurm_notice() -> list[dict] | None:
+    """Inside an actor (or anything an agent started): the time-limit/preemption warnings
+    Slurm sent this run of the job so far (one per agent, oldest first; keys ``signal``,
+    ``time``, ``host``, ``slurm_job_id``, ``slurm_nodeid``, ``restart``), or None."""
+    return _read_notices(os.environ.get(NOTICE_VAR),
+                         int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+
+
+def _read_notices(path: str | None, restart: int | None = None) -> list[dict] | None:
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            out = [json.loads(ln) for ln in f if ln.strip()]
+    except (OSError, ValueError):
+        return None
+    if restart is not None:
+        out = [n for n in out if n.get("restart", 0) == restart]
+    return out or None
+
+
+# ---------------------------------------------------------------------------------------
+# processes on Slurm hosts: one GPU each, the node's python
+# ---------------------------------------------------------------------------------------
+_PROC_SCRIPT = r"""
+py="${HPCMESH_AGENT_PYTHON:-$1}"
+if [ -n "${HPCMESH_GPU_INDEX:-}" ]; then
+    list="${CUDA_VISIBLE_DEVICES:-${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}}"
+    if [ -n "$list" ]; then
+        i=0; sel=""; old_ifs=$IFS; IFS=,
+        for g in $list; do
+            if [ "$i" -eq "$HPCMESH_GPU_INDEX" ]; then sel=$g; fi
+            i=$((i + 1))
+        done
+        IFS=$old_ifs
+        if [ -z "$sel" ]; then
+            echo "hpcmesh: process for GPU index $HPCMESH_GPU_INDEX, but host $(hostname) has only $i GPU(s): $list" >&2
+            exit 1
+        fi
+        export CUDA_VISIBLE_DEVICES="$sel"
+    fi
+fi
+exec "$py" -m hpcmesh.runtime.proc
+"""
+
+
+def slurm_bootstrap(gpu_dim: str | None = "gpus", python: str | None = None,
+                    env: Mapping[str, str | None] | None = None) -> Callable:
+    """A ``bootstrap_command`` callable for ``spawn_procs`` on Slurm hosts.
+
+    Each process runs the host agent's own python (``$HPCMESH_AGENT_PYTHON``, else
+    ``python``, else the controller's interpreter) and, when the mesh has a ``gpu_dim``
+    dimension, sees one GPU: entry ``point[gpu_dim]`` of the agent's
+    ``CUDA_VISIBLE_DEVICES`` (or ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``), chosen on the
+    host by a ``/bin/sh`` wrapper. A host without a GPU list leaves the variable alone;
+    an index past the list fails that process with a clear message.
+    """
+    fallback = python or sys.executable
+    extra = dict(env or {})
+
+    def make(point) -> BootstrapCommand:
+        e = dict(extra)
+        if gpu_dim is not None and gpu_dim in point:
+            e[GPU_INDEX_VAR] = str(point[gpu_dim])
+        else:
+            e[GPU_INDEX_VAR] = None
+        return BootstrapCommand("/bin/sh", ["-c", _PROC_SCRIPT, "hpcmesh-proc", fallback], e)
+    return make
+
+
+class SlurmHostMesh(HostMesh):
+    """A HostMesh whose ``spawn_procs`` defaults to :func:`slurm_bootstrap` (one GPU per
+    process along ``gpu_dim``, the node's python). Otherwise a plain HostMesh."""
+
+    def __init__(self, hosts: list[HostRef], shape: Shape, name: str = "hosts", *,
+                 gpu_dim: str | None = "gpus", default_per_host: dict | None = None,
+                 job: Any = None):
+        super().__init__(hosts, shape, name)
+        self.gpu_dim = gpu_dim
+        self.default_per_host = dict(default_per_host) if default_per_host else None
+        self._job = job
+
+    def _new_with_shape(self, shape: Shape) -> "SlurmHostMesh":
+        return SlurmHostMesh(self._hosts, shape, self.name, gpu_dim=self.gpu_dim,
+                             default_per_host=self.default_per_host, job=self._job)
+
+    @property
+    def job(self):
+        """The job these hosts belong to (None when unknown)."""
+        return self._job
+
+    def spawn_procs(self, per_host=None, bootstrap_command=None, name=None, *,
+                    forward_logs: bool = True):
+        if per_host is None and self.default_per_host:
+            per_host = dict(self.default_per_host)
+        if bootstrap_command is None:
+            bootstrap_command = slurm_bootstrap(self.gpu_dim)
+        return super().spawn_procs(per_host, bootstrap_command, name, forward_logs=forward_logs)
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_job"] = None
+        return d
+
+    def __repr__(self) -> str:
+        return f"SlurmHostMesh({dict(self.extent)}, hosts={self.hostnames})"
+
+
+_exit_hup: set = set()
+
+
+def _stop_agents_at_exit(job_ids: Sequence[str]) -> None:
+    """The client inside the job's allocation: when it exits, stop the job's agents at once
+    (the batch script would TERM them, which agents ignore while a controller is
+    connected, so the job would wait for Slurm's KillWait)."""
+    import atexit
+    ids = [j for j in job_ids if j not in _exit_hup]
+    if not ids:
+        return
+    _exit_hup.update(ids)
+
+    def stop() -> None:
+        try:
+            _run(["scancel", "--signal=HUP", *ids], timeout=10)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+    atexit.register(stop)
+
+
+def make_host_mesh(hosts: list[HostRef], name: str, dim: str = "hosts", **kw) -> SlurmHostMesh:
+    return SlurmHostMesh(hosts, Shape.from_extent(Extent({dim: len(hosts)})), name, **kw)
+
+
+def attach_hosts(addresses: Sequence[Sequence[str]], secret: bytes | None,
+                 timeout: float = 10.0) -> list[HostRef]:
+    """Connect to running agents, one address list per agent (tried in order)."""
+    out: list[HostRef] = []
+    for addrs in addresses:
+        errors = []
+        for a in addrs:
+            try:
+                out.append(attach_to_workers([a], secret=secret, timeout=timeout)._hosts[0])
+                break
+            except Exception as e:  # noqa: BLE001 - try the agent's next address
+                errors.append(f"{a}: {e or type(e).__name__}")
+        else:
+            raise ConnectionError(f"cannot reach host agent at {', '.join(addrs)}: "
+                                  f"{'; '.join(errors)}")
+    return out
+
+
+def client_attach_addresses() -> list[str]:
+    """This client's addresses that another host can dial (no unix sockets)."""
+    from ..runtime.client import client_runtime
+    addrs = [a for a in client_runtime().node.addresses if a.startswith("tcp://")]
+    if not addrs:
+        raise SlurmError("this client listens on no TCP address, so host agents on other nodes "
+                         "cannot reach it; check HPCMESH_IFNAME / the hosts config network")
+    return addrs
+
+
+# ---------------------------------------------------------------------------------------
+# progress display
+# ---------------------------------------------------------------------------------------
+class _Progress:
+    def __init__(self, enabled: bool | None, stream=None):
+        self.stream = stream or sys.stderr
+        self.enabled = True if enabled is None else bool(enabled)
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+        self.last_key = None
+        self.width = 0
+
+    def show(self, key: tuple, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            pad = max(0, self.width - len(text))
+            self.stream.write("\r" + text + " " * pad)
+            self.stream.flush()
+            self.width = len(text)
+        elif key != self.last_key:
+            self.stream.write(f"hpcmesh: {text}\n")
+            self.stream.flush()
+        self.last_key = key
+
+    def done(self) -> None:
+        if self.enabled and self.tty and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.width = 0
+
+
+# ---------------------------------------------------------------------------------------
+# SlurmJob
+# ---------------------------------------------------------------------------------------
+class SlurmJob(JobTrait):
+    """Host meshes from Slurm, submitted with sbatch (Monarch's ``SlurmJob`` signature).
+
+    ``meshes`` maps mesh names to a node count, a dict of mesh keys (see
+    :mod:`hpcmesh.slurm.spec`: ``nodes``, ``gpus_per_node``, ``cpus_per_task``, ``setup``,
+    ``env``, ...) or a :class:`MeshSpec`. The other keywords are defaults for every mesh.
+    Alternatively pass ``spec=`` (a :class:`JobSpec`, e.g. from ``load_job_spec``).
+    Several meshes share one allocation (node ranges in Slurm's node order) unless
+    ``same_allocation=False``, which submits one job per mesh.
+
+    Differences from Monarch: ``python_exe`` defaults to this interpreter (right when
+    login and compute nodes share the software tree); ``grace`` is the agents' lease
+    (seconds without a controller before they exit, default ``$HPCMESH_LEASE_GRACE`` or
+    60); ``timeout`` is how long ``apply`` waits for the agents (default 300 s).
+    """
+
+    def __init__(self, meshes: Mapping[str, Any] | None = None, python_exe: str | None = None,
+                 slurm_args: Sequence[str] = (), job_name: str = "monarch_job",
+                 ntasks_per_node: int = 1, time_limit: str | int | None = None,
+                 partition: str | None = None, log_dir: str | None = None,
+                 exclusive: bool = True, gpus_per_node: int | None = None,
+                 cpus_per_task: int | None = None, mem: str | None = None,
+                 account: str | None = None, qos: str | None = None, *,
+                 constraint: str | None = None, setup: Sequence[str] = (),
+                 env: Mapping[str, str | None] | None = None, signal: str | None = "USR1@90",
+                 requeue: bool = False, grace: float | None = None, timeout: float = 300.0,
+                 same_allocation: bool = True, spec: JobSpec | None = None,
+                 progress: bool | None = None, monarch_port: int | None = None,
+                 job_start_timeout: int | None = None):
+        super().__init__()
+        del monarch_port  # Monarch's fixed worker port: hpcmesh ports are ephemeral
+        if spec is None:
+            if not meshes:
+                raise ValueError("SlurmJob needs meshes={name: nodes} (or spec=JobSpec)")
+            if isinstance(slurm_args, str):
+                slurm_args = [slurm_args]
+            defaults: dict[str, Any] = {
+                "python": python_exe or sys.executable, "ntasks_per_node": ntasks_per_node,
+                "exclusive": exclusive, "sbatch_extra": list(slurm_args), "signal": signal,
+                "requeue": requeue}
+            for key, value in (("time", time_limit), ("partition", partition),
+                               ("gpus_per_node", gpus_per_node),
+                               ("cpus_per_task", cpus_per_task), ("mem", mem),
+                               ("account", account), ("qos", qos), ("constraint", constraint)):
+                if value is not None:
+                    defaults[key] = value
+            if setup:
+                defaults["setup"] = [setup] if isinstance(setup, str) else list(setup)
+            if env:
+                defaults["env"] = dict(env)
+            data = {"job_name": job_name, "meshes": dict(meshes), "defaults": defaults,
+                    "same_allocation": same_allocation,
+                    "log_dir": os.path.abspath(log_dir or ".hpcmesh/logs")}
+            spec = JobSpec.from_dict(data, "SlurmJob(...)")
+        elif not isinstance(spec, JobSpec):
+            raise TypeError(f"spec must be a hpcmesh.slurm.JobSpec, got {type(spec).__name__}")
+        elif not os.path.isabs(spec.log_dir):
+            spec = dataclasses.replace(spec, log_dir=os.path.abspath(spec.log_dir))
+        self.spec = spec
+        self.grace = float(grace if grace is not None
+                           else os.environ.get("HPCMESH_LEASE_GRACE", "60"))
+        self.timeout = float(job_start_timeout if job_start_timeout is not None else timeout)
+        self.progress = progress
+        # filled by apply()
+        self.job_ids: list[str] = []
+        self.job_dir: str | None = None
+        self.secret_hex: str | None = None
+        self.token: str | None = None
+        self.agent_addresses: dict[str, list[list[str]]] = {}
+        self.restart_count = 0
+        self.client_script: str | None = None
+        self.timings: dict[str, float] = {}
+
+    # -- description ----------------------------------------------------------------
+    @property
+    def mesh_names(self) -> list[str]:
+        return list(self.spec.meshes)
+
+    @property
+    def job_id(self) -> str | None:
+        """The (first) Slurm job id; inside the job's own allocation, SLURM_JOB_ID."""
+        ids = self._ids()
+        return ids[0] if ids else None
+
+    def _ids(self) -> list[str]:
+        if self.job_ids:
+            return list(self.job_ids)
+        if in_batch_job() and os.environ.get("SLURM_JOB_ID"):
+            return [os.environ["SLURM_JOB_ID"]]
+        return []
+
+    def log_paths(self) -> list[str]:
+        """stdout logs of the job(s) (``<log_dir>/<job name>-<id>.out``)."""
+        out = []
+        groups = self.spec.allocation_groups()
+        for gi, jid in enumerate(self._ids()):
+            name = self.spec.job_name if len(groups) == 1 else \
+                f"{self.spec.job_name}-{groups[gi][0]}"
+            out.append(os.path.join(self.spec.log_dir, f"{name}-{jid}.out"))
+        return out
+
+    def _log_hint(self, index: int = 0) -> str:
+        paths = self.log_paths()
+        if index < len(paths):
+            out = paths[index]
+            return f"{out} (stderr: {out[:-4]}.err)"
+        return self.spec.log_dir
+
+    def _spec_key(self) -> Any:
+        return json.dumps(self.spec.to_dict(), sort_keys=True, default=str)
+
+    def _expected(self, mesh: str) -> int:
+        m = self.spec.meshes[mesh]
+        return m.nodes * m.ntasks_per_node
+
+    # -- creation -------------------------------------------------------------------
+    def _create(self, client_script: str | None) -> None:
+        from ..runtime.client import client_runtime
+        from ..transport.addresses import write_secret
+        _need("sbatch")
+        _need("squeue")
+        if client_script is not None and not os.path.exists(client_script):
+            raise FileNotFoundError(f"client script {client_script!r} does not exist")
+        rt = client_runtime()
+        self.job_ids = []
+        self.agent_addresses = {}
+        self.restart_count = 0
+        self.timings = {}
+        self.client_script = os.path.abspath(client_script) if client_script else None
+        self.token = self.apply_id or uuid.uuid4().hex
+        os.makedirs(self.spec.log_dir, exist_ok=True)
+        self.job_dir = os.path.join(self.spec.log_dir, f"{self.spec.job_name}-{self.token[:12]}")
+        os.makedirs(self.job_dir, mode=0o700, exist_ok=True)
+        secret_path = write_secret(os.path.join(self.job_dir, "secret"), rt.secret)
+        self.secret_hex = rt.secret.hex()
+        attach = [] if client_script else client_attach_addresses()
+        initial_wait = self.timeout if client_script else None
+        worker = agent_command("{python}", attach=attach, grace=self.grace,
+                               initial_wait=initial_wait, job_dir=self.job_dir, mesh="{mesh}")
+        state_file = os.path.join(self.job_dir, "job_state.pkl")
+        env = {"HPCMESH_SECRET_FILE": secret_path, "HPCMESH_JOB_TOKEN": self.token,
+               "HPCMESH_LEASE_GRACE": f"{self.grace:g}", "HPCMESH_JOB_DIR": self.job_dir}
+        if client_script:
+            env["HPCMESH_JOB_STATE"] = state_file
+        # time-stamp the start of the batch script (for submit->RUNNING timings)
+        stamp = ('date +%s.%N > "$HPCMESH_JOB_DIR/batch-started-r${SLURM_RESTART_COUNT:-0}" '
+                 '2>/dev/null || true')
+        groups = self.spec.allocation_groups()
+        scripts = []
+        for gi, group in enumerate(groups):
+            first = self.spec.meshes[group[0]]
+            meshes = dict(self.spec.meshes)
+            meshes[group[0]] = dataclasses.replace(first, setup=[stamp, *first.setup])
+            spec = dataclasses.replace(self.spec, meshes=meshes)
+            client_cmd = None
+            if client_script and gi == 0:
+                client_cmd = [first.python, self.client_script]
+            text = render_sbatch(spec, worker, env, meshes=group if len(groups) > 1 else None,
+                                 client_command=client_cmd)
+            path = os.path.join(self.job_dir, f"job{'' if len(groups) == 1 else '-' + group[0]}"
+                                f".sbatch")
+            with open(path, "w") as f:
+                f.write(text)
+            scripts.append(path)
+        self._applied = True
+        if client_script:
+            self.dump(state_file)
+
+        waiters = {}
+        hello_times: list[float] = []
+        if not client_script:
+            from .attach import AttachWaiter
+            waiters = {m: AttachWaiter(agent_token(self.token, m, 0), self._expected(m))
+                       for m in self.mesh_names}
+
+            def on_hello(node, ref, info, conn):
+                tok = info.get("job_token") or ""
+                if info.get("role") == "agent" and tok.startswith(self.token + "/"):
+                    hello_times.append(time.time())
+            rt.node.on_peer_hello.append(on_hello)
+        try:
+            self.timings["submit"] = time.time()
+            for path in scripts:
+                self.job_ids.append(self._submit(path))
+            if client_script:
+                self.dump(state_file)
+                print(f"hpcmesh: submitted job {', '.join(self.job_ids)} with client "
+                      f"{client_script}; its output goes to {self._log_hint()}",
+                      file=sys.stderr)
+                return
+            self._wait_for_agents(waiters, hello_times)
+        except BaseException:
+            if self.job_ids:
+                try:
+                    scancel(self.job_ids, wait=30)
+                except SlurmError as e:
+                    log.warning("could not cancel job(s) %s: %s", self.job_ids, e)
+            for w in waiters.values():
+                try:
+                    w.node.on_peer_hello.remove(w._on_hello)
+                except ValueError:
+                    pass
+            self._applied = False
+            raise
+        finally:
+            if not client_script:
+                try:
+                    rt.node.on_peer_hello.remove(on_hello)
+                except ValueError:
+                    pass
+
+    def _submit(self, script: str) -> str:
+        proc = _run(["sbatch", "--parsable", script])
+        if proc.returncode != 0:
+            msg = (proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}"
+            raise SlurmSubmitError(f"sbatch refused job {self.spec.job_name!r}: {msg} "
+                                   f"(script: {script}; nothing was queued)")
+        try:
+            job_id, _cluster = parse_sbatch_parsable(proc.stdout)
+        except SlurmParseError as e:
+            raise SlurmSubmitError(str(e)) from None
+        log.info("submitted %s as Slurm job %s", script, job_id)
+        return job_id
+
+    def _wait_for_agents(self, waiters: dict, hello_times: list[float]) -> None:
+        total = sum(w.expected for w in waiters.values())
+        progress = _Progress(self.progress)
+        t_submit = self.timings["submit"]
+        mono0 = time.monotonic()
+        deadline = mono0 + self.timeout
+        ids = list(self.job_ids)
+        state = {"records": {}, "next": 0.0, "interval": 0.1, "running_at": None}
+
+        def attached() -> int:
+            return sum(w.attached for w in waiters.values())
+
+        def poll() -> None:
+            now = time.monotonic()
+            if now >= state["next"]:
+                recs = squeue_jobs(ids)
+                state["records"] = recs
+                # fast at first (to see RUNNING early), then back off to spare slurmctld
+                state["interval"] = min(state["interval"] * 1.5, 2.0)
+                state["next"] = time.monotonic() + state["interval"]
+                for jid in ids:
+                    r = recs.get(jid)
+                    if r is None or r.state not in ACTIVE_STATES:
+                        if attached() >= total:
+                            return
+                        self._fail_ended(jid, r)
+                    if r.state == "RUNNING" and state["running_at"] is None and \
+                            all(recs.get(j) is not None and recs[j].state == "RUNNING"
+                                for j in ids):
+                        state["running_at"] = time.time()
+            recs = state["records"]
+            states = sorted({f"{r.state}" + (f" ({r.reason})" if r.reason and r.reason not in
+                                             ("None", "(null)") else "")
+                             for r in recs.values()}) or ["SUBMITTED"]
+            n = attached()
+            key = (tuple(states), n)
+            text = (f"job {','.join(ids)} {' '.join(states)} {n}/{total} hosts attached "
+                    f"{time.monotonic() - mono0:.1f}s")
+            progress.show(key, text)
+
+        self._live_hosts = {}
+        try:
+            poll()
+            for mesh, w in waiters.items():
+                left = deadline - time.monotonic()
+                try:
+                    hosts = w.wait(max(left, 0.0), poll=poll, poll_interval=0.05)
+                except TimeoutError:
+                    self._fail_timeout(waiters, total)
+                self.agent_addresses[mesh] = [list(h.agent.addresses) for h in hosts]
+                self._live_hosts[mesh] = hosts
+            state["next"] = 0.0
+            poll()
+        finally:
+            progress.done()
+        t_attached = max(hello_times) if hello_times else time.time()
+        running = self._batch_started() or state["running_at"]
+        if running is None or running > t_attached:
+            running = min(hello_times) if hello_times else t_attached
+            self.timings["running_source"] = "first agent hello"
+        else:
+            self.timings["running_source"] = ("batch script" if self._batch_started()
+                                              else "squeue")
+        self.timings["running"] = running
+        self.timings["attached"] = t_attached
+        self.timings["submit_to_running_s"] = max(0.0, running - t_submit)
+        self.timings["running_to_attached_s"] = max(0.0, t_attached - running)
+        self.timings["submit_to_attached_s"] = t_attached - t_submit
+        log.info("job %s: submit->RUNNING %.2f s, RUNNING->attached %.2f s",
+                 ",".join(ids), self.timings["submit_to_running_s"],
+                 self.timings["running_to_attached_s"])
+
+    def _batch_started(self) -> float | None:
+        if not self.job_dir:
+            return None
+        try:
+            with open(os.path.join(self.job_dir, f"batch-started-r{self.restart_count}")) as f:
+                return float(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _fail_ended(self, job_id: str, rec: JobRecord | None) -> None:
+        idx = self.job_ids.index(job_id) if job_id in self.job_ids else 0
+        state = rec.state if rec is not None else "GONE (no longer known to squeue)"
+        reason = rec.reason if rec is not None and rec.reason not in ("", "None") else "-"
+        paths = self.log_paths()
+        err = paths[idx][:-4] + ".err" if idx < len(paths) else ""
+        tail = _tail(err) if err else ""
+        if not tail and idx < len(paths):
+            time.sleep(0.3)        # the log may still be landing on a shared filesystem
+            tail = _tail(err) or _tail(paths[idx])
+        raise SlurmJobFailed(
+            f"Slurm job {job_id} ended ({state}, reason {reason}) before its host agents "
+            f"attached; job log: {self._log_hint(idx)}" +
+            (f"\nlast lines of its stderr:\n{tail}" if tail else ""))
+
+    def _fail_timeout(self, waiters: dict, total: int) -> None:
+        n = sum(w.attached for w in waiters.values())
+        recs = {}
+        try:
+            recs = squeue_jobs(self.job_ids)
+        except SlurmError:
+            pass
+        states = ", ".join(f"{j} {recs[j].state}" + (f" ({recs[j].reason})"
+                                                      if recs[j].reason not in ("", "None")
+                                                      else "")
+                           if j in recs else f"{j} unknown" for j in self.job_ids)
+        ids = list(self.job_ids)
+        try:
+            scancel(ids, wait=30)
+            cancelled = "it was cancelled"
+        except SlurmError as e:
+            cancelled = f"cancelling it failed: {e}"
+        raise SlurmStartTimeout(
+            f"only {n} of {total} host agents of Slurm job {', '.join(ids)} attached within "
+            f"{self.timeout:.0f} s (job state: {states}); {cancelled}; job log: "
+            f"{self._log_hint()}")
+
+    # -- state ----------------------------------------------------------------------
+    def state(self, cached_path: str | None = DEFAULT_CACHE) -> JobState:
+        """As JobTrait.state; inside the job's own allocation (client_script) it connects to
+        the job's agents instead of submitting another job."""
+        if in_batch_job():
+            from .base import _try_load
+            path = os.environ.get("HPCMESH_JOB_STATE")
+            running = _try_load(path) if path else None
+            if isinstance(running, SlurmJob):
+                return JobState(running._state())
+        st = super().state(cached_path)
+        if cached_path is not None and self.__dict__.get("_redump"):
+            self._redump = False
+            self.dump(cached_path)
+        return st
+
+    def _state(self) -> dict[str, Any]:
+        if in_batch_job() and not getattr(self, "_live_hosts", None):
+            _stop_agents_at_exit(self._ids())
+        return self._connect()
+
+    def _connect(self) -> dict[str, Any]:
+        from ..runtime.client import client_runtime
+        node = client_runtime().node
+        live = getattr(self, "_live_hosts", None) or {}
+        restart = self._current_restart()
+        if restart != self.restart_count:
+            log.warning("Slurm job %s was requeued (restart %d); connecting to its new agents",
+                        self.job_id, restart)
+            self.restart_count = restart
+            self.agent_addresses = {}
+            live = {}
+            self._redump = True
+        if live and set(live) == set(self.mesh_names) and all(
+                node.peer_connected(h.agent.node_id) for hs in live.values() for h in hs):
+            return self._meshes(live)
+        secret = bytes.fromhex(self.secret_hex) if self.secret_hex else None
+        hosts: dict[str, list[HostRef]] = {}
+        for mesh in self.mesh_names:
+            addrs = self.agent_addresses.get(mesh)
+            if not addrs:
+                addrs = self._wait_ready_files(mesh)
+                self.agent_addresses[mesh] = addrs
+                self._redump = True
+            try:
+                hosts[mesh] = attach_hosts(addrs, secret)
+            except ConnectionError as e:
+                raise SlurmError(
+                    f"cannot reconnect to the host agents of Slurm job {self.job_id} (mesh "
+                    f"{mesh!r}): {e}. They exit {self.grace:g} s after their last controller "
+                    f"left; kill the job (job.kill()) and apply it again") from None
+        self._live_hosts = hosts
+        return self._meshes(hosts)
+
+    def _meshes(self, hosts: dict[str, list[HostRef]]) -> dict[str, SlurmHostMesh]:
+        return {m: make_host_mesh(hosts[m], m, job=self) for m in self.mesh_names}
+
+    def _current_restart(self) -> int:
+        if in_batch_job() and os.environ.get("SLURM_RESTART_COUNT", "").strip().isdigit():
+            return int(os.environ["SLURM_RESTART_COUNT"])
+        if not self.spec.meshes[self.mesh_names[0]].requeue or not self.job_ids:
+            return self.restart_count
+        counts = [c for c in (_restart_count(j) for j in self.job_ids) if c is not None]
+        return max(counts) if counts else self.restart_count
+
+    def _wait_ready_files(self, mesh: str, timeout: float | None = None) -> list[list[str]]:
+        """Addresses of ``mesh``'s agents from their ready files, in Slurm task order."""
+        if not self.job_dir:
+            raise SlurmError(f"job {self.job_id} has no job folder recorded; cannot find its "
+                             f"agents")
+        expected = self._expected(mesh)
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        pattern = os.path.join(self.job_dir, _ready_name(mesh, self.restart_count, "*"))
+        delay = 0.05
+        while True:
+            found = []
+            for path in glob.glob(pattern):
+                try:
+                    with open(path) as f:
+                        text = f.read()
+                except OSError:
+                    continue
+                if not text.endswith("\n"):
+                    continue          # still being written
+                procid = path.rsplit("-", 1)[1].split(".")[0]
+                found.append((int(procid) if procid.isdigit() else 0,
+                              [a for a in text.split() if a]))
+            if len(found) >= expected:
+                return [a for _, a in sorted(found)[:expected]]
+            if time.monotonic() > deadline:
+                recs = {}
+                try:
+                    recs = squeue_jobs(self._ids())
+                except SlurmError:
+                    pass
+                st = ", ".join(f"{j} {r.state}" for j, r in recs.items()) or "unknown"
+                raise SlurmStartTimeout(
+                    f"only {len(found)} of {expected} host agents of mesh {mesh!r} wrote their "
+                    f"ready file in {self.job_dir} within {timeout:.0f} s (job {self.job_id}: "
+                    f"{st}); job log: {self._log_hint()}")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
+
+    # -- life cycle -------------------------------------------------------------------
+    def _kill(self) -> None:
+        """Stop the agents (``scancel --signal=HUP``: steps only, they exit 0 and the job
+        completes at once), then ``scancel`` whatever is still active; returns once squeue
+        shows none of the job(s) pending, running or completing."""
+        ids = self._ids()
+        self._live_hosts = {}
+        self._applied = False
+        if not ids:
+            return
+        running = [j for j, r in squeue_jobs(ids).items() if r.state == "RUNNING"]
+        if running and not self.client_script:
+            _run(["scancel", "--signal=HUP", *running])
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                if not any(r.is_active for r in squeue_jobs(ids).values()):
+                    return
+                time.sleep(0.1)
+        scancel(ids)
+
+    def _is_active(self) -> bool:
+        ids = self._ids()
+        if not ids:
+            return False
+        recs = squeue_jobs(ids)
+        return any(r.state in ACTIVE_STATES for r in recs.values())
+
+    def __getstate__(self):
+        d = super().__getstate__()
+        d.pop("_redump", None)
+        return d
+
+    # -- time limit / preemption --------------------------------------------------------
+    def notices(self) -> list[dict] | None:
+        """Time-limit/preemption warnings the agents received so far (None if none)."""
+        return _read_notices(os.path.join(self.job_dir, "notice") if self.job_dir else None,
+                             self.restart_count)
+
+    def watch_notices(self, callback: Callable[[dict], None], interval: float = 1.0
+                      ) -> threading.Event:
+        """Call ``callback(notice)`` (on a daemon thread) for each new warning; set the
+        returned Event to stop watching."""
+        stop = threading.Event()
+        seen = len(self.notices() or [])
+
+        def run() -> None:
+            nonlocal seen
+            while not stop.wait(interval):
+                got = self.notices() or []
+                for n in got[seen:]:
+                    try:
+                        callback(n)
+                    except Exception:  # noqa: BLE001
+                        log.exception("notice callback failed")
+                seen = len(got)
+        threading.Thread(target=run, name="hpcmesh-slurm-notices", daemon=True).start()
+        return stop
+
+    def __repr__(self) -> str:
+        meshes = ", ".join(f"{n}={m.nodes}" for n, m in self.spec.meshes.items())
+        ids = ",".join(self._ids()) or "not submitted"
+        return f"SlurmJob({meshes}; job {ids})"

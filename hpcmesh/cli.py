@@ -1,0 +1,744 @@
+"""The ``hpcmesh`` command.
+
+    hpcmesh apply mypkg.jobs.trainers     # apply a job spec, cache it in the current context
+    hpcmesh status                         # kind, active?, meshes (+ squeue state for Slurm)
+    hpcmesh exec -- hostname               # run on every host of the current job
+    hpcmesh kill                           # kill the current job, drop its cache
+    hpcmesh render configs/job.yaml        # the sbatch script a job spec gives
+    hpcmesh info                           # this host / allocation / GPUs / interfaces
+    hpcmesh worker --attach tcp://...      # a host agent (what launch scripts start)
+
+Errors are one line on stderr; exit status 2 for usage errors (bad arguments,
+a bad spec file, a missing secret), 1 for failures. ``HPCMESH_DEBUG=1`` shows
+tracebacks. The current context is ``$HPCMESH_CONTEXT`` (default ``default``)
+under ``$HPCMESH_STATE_DIR`` (default ``.hpcmesh``), or ``--context``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any, Sequence
+
+PROG = "hpcmesh"
+
+
+class UsageError(Exception):
+    """Bad input from the user: exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("hpcmesh")
+    except Exception:  # noqa: BLE001 - running from a source tree without metadata
+        return "unknown"
+
+
+def _err(msg: str) -> None:
+    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    first = text.splitlines()[0]
+    name = type(exc).__name__
+    generic = ("Exception", "RuntimeError", "ValueError", "UsageError", "SpecError")
+    return first if name in generic or first.startswith(name) else f"{name}: {first}"
+
+
+def _use_cwd_for_imports() -> None:
+    """``hpcmesh apply mod.attr`` finds modules in the current directory, like ``python -m``."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def _set_context(args) -> None:
+    if getattr(args, "context", None):
+        os.environ["HPCMESH_CONTEXT"] = args.context
+
+
+def _cached_job():
+    """The cached job of the current context, or None."""
+    from .job.base import context_state_path, current_context, job_load
+    path = context_state_path()
+    try:
+        return job_load(path), path
+    except FileNotFoundError:
+        return None, path
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"cannot read the job state {path} of context "
+                           f"{current_context()!r}: {e}") from e
+
+
+def _spec_ref() -> str | None:
+    from .job.base import _root, current_context
+    try:
+        with open(os.path.join(_root(), current_context(), "current_job")) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _inner(job):
+    """BatchJob wraps the job that holds the meshes."""
+    from .job.local import BatchJob
+    while isinstance(job, BatchJob):
+        job = job.job
+    return job
+
+
+def _mesh_summary(job) -> dict[str, str]:
+    """Mesh name -> one-line description, without connecting to anything."""
+    inner = _inner(job)
+    describe = getattr(inner, "describe_meshes", None)
+    if callable(describe):
+        return dict(describe())
+    from .job.local import LocalJob
+    if isinstance(inner, LocalJob):
+        return {name: f"this host ({socket.gethostname()})" for name in inner.hosts}
+    spec = getattr(inner, "spec", None)
+    meshes = getattr(spec, "meshes", None)
+    if isinstance(meshes, dict):
+        return {name: f"{getattr(m, 'nodes', '?')} node(s)" for name, m in meshes.items()}
+    meshes = getattr(inner, "meshes", None)
+    if isinstance(meshes, dict):
+        return {name: repr(v) for name, v in meshes.items()}
+    return {}
+
+
+def _slurm_job_ids(job) -> list[str]:
+    inner = _inner(job)
+    fn = getattr(inner, "slurm_job_ids", None)
+    if callable(fn):
+        return [str(j) for j in fn()]
+    for attr in ("job_ids", "slurm_job_ids", "job_id", "slurm_job_id"):
+        v = getattr(inner, attr, None)
+        if v is None or callable(v):
+            continue
+        if isinstance(v, dict):
+            return [str(x) for x in v.values() if x]
+        if isinstance(v, (list, tuple, set)):
+            return [str(x) for x in v if x]
+        return [str(v)]
+    return []
+
+
+def _squeue_lines(job_ids: list[str]) -> list[str]:
+    from .slurm import command_for_squeue, parse_squeue
+    if not shutil.which("squeue"):
+        return [f"slurm job {', '.join(job_ids)}: squeue not found on this host"]
+    try:
+        r = subprocess.run(command_for_squeue(job_ids), capture_output=True, text=True,
+                           timeout=30)
+    except subprocess.TimeoutExpired:
+        return ["squeue timed out"]
+    if r.returncode != 0:
+        return [f"squeue failed: {(r.stderr or r.stdout).strip().splitlines()[:1]}"]
+    recs = {rec.job_id: rec for rec in parse_squeue(r.stdout)}
+    out = []
+    for jid in job_ids:
+        rec = recs.get(jid)
+        if rec is None:
+            out.append(f"slurm job {jid}: not in squeue (finished and purged)")
+            continue
+        where = f" on {','.join(rec.nodes)}" if rec.nodes else ""
+        reason = f" ({rec.reason})" if rec.reason and rec.reason not in ("None", "(null)") else ""
+        out.append(f"slurm job {jid}: {rec.state}{reason}{where}, time {rec.time_used}"
+                   f"/{rec.time_limit}, partition {rec.partition}")
+    return out
+
+
+def _parse_kv(items: Sequence[str], what: str, as_int: bool = False) -> dict:
+    out: dict[str, Any] = {}
+    for item in items or ():
+        for part in item.split(","):
+            if not part:
+                continue
+            k, sep, v = part.partition("=")
+            if not sep or not k:
+                raise UsageError(f"{what} must look like NAME=VALUE, got {part!r}")
+            if as_int:
+                try:
+                    out[k] = int(v)
+                except ValueError:
+                    raise UsageError(f"{what} {k}: {v!r} is not an integer") from None
+            else:
+                out[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# apply / status / kill / exec
+# ---------------------------------------------------------------------------------------
+def cmd_apply(args) -> int:
+    from .job.base import activate_context, current_context, load_current_job, set_current_job
+    _use_cwd_for_imports()
+    try:
+        set_current_job(args.spec)
+    except (ValueError, ImportError, AttributeError, TypeError) as e:
+        raise UsageError(str(e)) from e
+    job = load_current_job()
+    link = activate_context()
+    state = job.state(cached_path=link)
+    inner = _inner(job)
+    print(f"applied {args.spec} ({type(inner).__name__}) in context {current_context()!r}; "
+          f"apply id {job.apply_id or inner.apply_id}")
+    for jid in _slurm_job_ids(job):
+        print(f"  slurm job {jid}")
+    for name in state.names():
+        print(f"  {name}: {getattr(state, name)!r}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from .job.base import current_context
+    job, path = _cached_job()
+    ref = _spec_ref()
+    if job is None:
+        if ref:
+            print(f"context {current_context()!r}: job spec {ref}, not applied "
+                  f"(no state at {path}); run `hpcmesh apply {ref}`")
+        else:
+            print(f"context {current_context()!r}: no job; run `hpcmesh apply module.attr`")
+        return 1
+    inner = _inner(job)
+    active = job.active
+    print(f"context:  {current_context()}")
+    print(f"spec:     {ref or '?'}")
+    print(f"kind:     {type(inner).__name__}" +
+          (" (in BatchJob)" if inner is not job else ""))
+    print(f"active:   {'yes' if active else 'no'}")
+    print(f"apply id: {job.apply_id or getattr(inner, 'apply_id', None) or '-'}")
+    meshes = _mesh_summary(job)
+    if meshes:
+        print("meshes:")
+        for name, text in meshes.items():
+            print(f"  {name}: {text}")
+    ids = _slurm_job_ids(job)
+    if ids:
+        for line in _squeue_lines(ids):
+            print(line)
+    return 0 if active else 3
+
+
+def cmd_kill(args) -> int:
+    from .job.base import _remove_cache, current_context
+    job, path = _cached_job()
+    if job is None:
+        _err(f"context {current_context()!r} has no applied job (no {path}); nothing to kill")
+        return 1
+    was_active = job.active
+    job.kill()
+    _remove_cache(path)
+    print(f"killed {type(_inner(job)).__name__} (apply id {job.apply_id or '-'})"
+          + ("" if was_active else "; it was not active"))
+    return 0
+
+
+def cmd_exec(args) -> int:
+    from .job.base import activate_context, load_current_job
+    from .job.exec import exec_command
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("exec needs a command after --, e.g. `hpcmesh exec -- hostname`")
+    cmd: str | list[str] = command[0] if len(command) == 1 else command
+    env = _parse_kv(args.env, "--env")
+    per_host = _parse_kv(args.per_host, "--per-host", as_int=True) or None
+    point = _parse_kv(args.point, "--point", as_int=True) or None
+    _use_cwd_for_imports()
+    cached, _path = _cached_job()
+    if cached is not None and cached.active:
+        # the job that is running now (it may have been applied by a script, not `apply`)
+        from .job.base import JobState
+        state = JobState(cached._state())
+    else:
+        try:
+            job = load_current_job()
+        except LookupError as e:
+            raise UsageError(str(e)) from None
+        state = job.state(cached_path=activate_context())
+    names = state.names()
+    if args.mesh:
+        if args.mesh not in names:
+            raise UsageError(f"the current job has no mesh {args.mesh!r}; its meshes: "
+                             f"{', '.join(names)}")
+        names = [args.mesh]
+    multi = len(names) > 1
+
+    def make_printer(mesh: str):
+        def out(label: str, stream: str, line: str) -> None:
+            prefix = f"[{mesh} {label}]" if multi else f"[{label}]"
+            f = sys.stdout if stream == "stdout" else sys.stderr
+            f.write(f"{prefix} {line}\n")
+            f.flush()
+        return out
+
+    futures = []
+    for name in names:
+        try:
+            futures.append(exec_command(getattr(state, name), cmd, env=env or None,
+                                        workdir=args.workdir, output_dir=args.output_dir,
+                                        rank=args.rank, point=point, per_host=per_host,
+                                        on_output=None if args.output_dir
+                                        else make_printer(name)))
+        except (KeyError, IndexError, ValueError, TypeError) as e:   # --rank/--point/--per-host
+            raise UsageError(f"exec on mesh {name!r}: {e.args[0] if e.args else e}") from None
+    codes = [f.get(timeout=args.timeout) for f in futures]
+    code = max(codes, default=0)
+    return min(code, 255)
+
+
+# ---------------------------------------------------------------------------------------
+# render
+# ---------------------------------------------------------------------------------------
+def cmd_render(args) -> int:
+    from .slurm import SpecError, load_job_spec, render_sbatch
+    try:
+        spec = load_job_spec(args.spec)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
+    attach = [a for item in (args.attach or ()) for a in item.split(",") if a]
+    worker = None
+    if not args.cli_worker:
+        try:   # what SlurmJob submits (its agent adds ready files and time-limit notices)
+            from .job.slurm import agent_command
+            worker = agent_command("{python}", attach=attach, mesh="{mesh}")
+        except ImportError:
+            worker = None
+    if worker is None:
+        worker = ["{python}", "-m", "hpcmesh", "worker"]
+        if attach:
+            worker += ["--attach", ",".join(attach)]
+    env = _parse_kv(args.env, "--env") or None
+    groups = spec.allocation_groups()
+    if args.mesh:
+        if args.mesh not in spec.meshes:
+            raise UsageError(f"{args.spec}: no mesh {args.mesh!r}; the spec has "
+                             f"{', '.join(spec.meshes)}")
+        # with same_allocation the mesh shares the one script with the others
+        groups = [g for g in groups if args.mesh in g]
+    scripts = []
+    for g in groups:
+        try:
+            scripts.append((g, render_sbatch(spec, worker, env, meshes=g,
+                                             client_command=args.client)))
+        except (SpecError, ValueError) as e:
+            raise UsageError(f"{args.spec}: {e}") from None
+    for i, (g, text) in enumerate(scripts):
+        if len(scripts) > 1:
+            print(f"# ===== sbatch script {i + 1} of {len(scripts)} (meshes: {', '.join(g)}) "
+                  f"=====")
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# info
+# ---------------------------------------------------------------------------------------
+def _gpu_info() -> dict:
+    info: dict[str, Any] = {}
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    info["CUDA_VISIBLE_DEVICES"] = cvd
+    visible = [d for d in (cvd or "").split(",") if d.strip()] if cvd is not None else None
+    info["visible"] = len(visible) if visible is not None else None
+    smi = shutil.which("nvidia-smi")
+    info["nvidia_smi"] = None
+    if smi:
+        try:
+            r = subprocess.run([smi, "--query-gpu=index,name,memory.total",
+                                "--format=csv,noheader"], capture_output=True, text=True,
+                               timeout=15)
+            if r.returncode == 0:
+                info["nvidia_smi"] = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
+            else:
+                info["nvidia_smi_error"] = (r.stderr or r.stdout).strip().splitlines()[:1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            info["nvidia_smi_error"] = str(e)
+    try:
+        info["dev_nvidia"] = sorted(n for n in os.listdir("/dev")
+                                    if n.startswith("nvidia") and n[6:].isdigit())
+    except OSError:
+        info["dev_nvidia"] = []
+    return info
+
+
+def cmd_info(args) -> int:
+    from .slurm import Allocation, SlurmParseError, compress_hostlist
+    from .transport import netif
+    rc = 0
+    report: dict[str, Any] = {"hostname": socket.gethostname(), "fqdn": socket.getfqdn(),
+                              "python": sys.executable, "hpcmesh": _version()}
+    try:
+        alloc = Allocation.from_env(os.environ)
+        alloc_err = None
+    except SlurmParseError as e:
+        alloc, alloc_err = None, str(e)
+    gpus = _gpu_info()
+    ifs = netif.list_interfaces()
+    try:
+        cands = netif.rank_candidates(ifs)
+        cand_err = None
+    except netif.NoUsableInterfaceError as e:
+        cands, cand_err = [], str(e)
+        rc = 1
+    chosen = cands[0] if cands else None
+
+    n_gpus = None
+    if alloc is not None and alloc.gpus_per_node:
+        n_gpus = alloc.gpus_per_node
+    elif gpus["visible"] is not None:
+        n_gpus = gpus["visible"]
+    elif gpus["nvidia_smi"]:
+        n_gpus = len(gpus["nvidia_smi"])
+    elif gpus["dev_nvidia"]:
+        n_gpus = len(gpus["dev_nvidia"])
+    extent = {"hosts": alloc.num_nodes if alloc else 1}
+    if n_gpus:
+        extent["gpus"] = n_gpus
+
+    if args.json:
+        report.update({
+            "extent": extent,
+            "slurm": None if alloc is None else {
+                "job_id": alloc.job_id, "nodes": alloc.nodes, "num_nodes": alloc.num_nodes,
+                "tasks_per_node": alloc.tasks_per_node, "gpus_per_node": alloc.gpus_per_node,
+                "cpus_per_task": alloc.cpus_per_task, "partition": alloc.partition,
+                "node_name": alloc.node_name, "step_id": alloc.step_id},
+            "slurm_error": alloc_err,
+            "gpus": gpus,
+            "interfaces": [{"name": i.name, "kind": i.kind, "state": i.operstate,
+                            "addresses": list(i.addresses)} for i in ifs],
+            "candidates": [{"ifname": c.ifname, "address": c.address, "rank": c.rank,
+                            "reason": c.reason} for c in cands],
+            "interface_error": cand_err,
+        })
+        print(json.dumps(report, indent=2))
+        return rc
+
+    print(f"host:        {report['hostname']} ({report['fqdn']})")
+    print(f"python:      {report['python']} (hpcmesh {report['hpcmesh']})")
+    print(f"extent:      {extent}")
+    if alloc_err:
+        print(f"slurm:       SLURM_* variables are inconsistent: {alloc_err}")
+    elif alloc is None:
+        print("slurm:       not inside a Slurm allocation (no SLURM_JOB_ID)")
+    else:
+        tpn = ",".join(map(str, alloc.tasks_per_node)) or "?"
+        print(f"slurm:       job {alloc.job_id}" +
+              (f" step {alloc.step_id}" if alloc.step_id else "") +
+              (f", partition {alloc.partition}" if alloc.partition else ""))
+        print(f"  nodes:     {alloc.num_nodes} ({compress_hostlist(alloc.nodes)})" +
+              (f", this is {alloc.node_name}" if alloc.node_name else ""))
+        print(f"  tasks/node: {tpn}")
+        print(f"  gpus/node: {alloc.gpus_per_node if alloc.gpus_per_node is not None else '-'}")
+        if alloc.cpus_per_task:
+            print(f"  cpus/task: {alloc.cpus_per_task}")
+    cvd = gpus["CUDA_VISIBLE_DEVICES"]
+    print(f"gpus:        CUDA_VISIBLE_DEVICES={cvd if cvd is not None else '(unset)'}")
+    if gpus["nvidia_smi"] is not None:
+        print(f"  nvidia-smi: {len(gpus['nvidia_smi'])} GPU(s)")
+        for line in gpus["nvidia_smi"]:
+            print(f"    {line}")
+    elif gpus.get("nvidia_smi_error"):
+        print(f"  nvidia-smi: failed: {gpus['nvidia_smi_error']}")
+    else:
+        print("  nvidia-smi: not found")
+    if gpus["dev_nvidia"]:
+        print(f"  /dev:      {', '.join(gpus['dev_nvidia'])}")
+    print("interfaces:" + (f" (HPCMESH_IFNAME={os.environ[netif.ENV_IFNAME]})"
+                           if os.environ.get(netif.ENV_IFNAME) else ""))
+    for line in netif.describe(cands, ifs).splitlines():
+        print(f"  {line}")
+    if chosen is not None:
+        print(f"chosen:      {chosen.ifname} {chosen.address} -- {chosen.reason}")
+        extra = netif.socket_ifname_env(chosen, os.environ)
+        if extra:
+            print("  for NCCL/gloo: " + " ".join(f"{k}={v}" for k, v in sorted(extra.items())))
+    else:
+        print(f"chosen:      none: {cand_err}")
+    return rc
+
+
+# ---------------------------------------------------------------------------------------
+# worker
+# ---------------------------------------------------------------------------------------
+def _secret_for_worker(args) -> bytes:
+    from .transport.addresses import secret_from_env
+    if args.secret_stdin:
+        line = sys.stdin.readline().strip()
+        if not line:
+            raise UsageError("worker: --secret-stdin given but stdin had no secret line")
+        try:
+            secret = bytes.fromhex(line)
+        except ValueError:
+            raise UsageError("worker: the secret on stdin is not hex") from None
+        if len(secret) < 16:
+            raise UsageError("worker: the secret on stdin is shorter than 16 bytes")
+        return secret
+    try:
+        secret = secret_from_env()
+    except ValueError as e:
+        raise UsageError(f"worker: bad job secret: {e}") from None
+    except OSError as e:
+        raise UsageError(f"worker: cannot read HPCMESH_SECRET_FILE: {e}") from None
+    if secret is None:
+        raise UsageError("worker: no job secret: set HPCMESH_SECRET (hex) or HPCMESH_SECRET_FILE "
+                         "(a file of mode 0600 holding the hex secret), or pass --secret-stdin")
+    return secret
+
+
+def _default_advertise_host(listen: list[str]) -> str:
+    """A specific listen host, else the chosen interface's address (not 127.0.0.1)."""
+    from .transport.addresses import parse_address
+    for url in listen:
+        try:
+            a = parse_address(url)
+        except ValueError:
+            continue
+        if a.scheme == "tcp" and a.host not in ("0.0.0.0", "::", ""):
+            return a.host
+    try:
+        from .transport import netif
+        return netif.choose_interface().address
+    except Exception as e:  # noqa: BLE001
+        _err(f"worker: cannot choose an interface to advertise ({e}); using 127.0.0.1")
+        return "127.0.0.1"
+
+
+def run_agent(listen: list[str], attach: list[str], secret: bytes, grace: float | None,
+              initial_wait: float | None, advertise_host: str | None,
+              ready_file: str | None) -> str:
+    """Run a host agent (``hpcmesh.runtime.worker.serve``) until it stops; why it stopped.
+
+    SIGTERM/SIGINT always stop it here, killing the processes it started first.
+    ``serve`` itself ignores those signals while a controller is connected (its lease
+    check), which would leave ``scancel``/``kill`` waiting for SIGKILL and orphan the
+    agent's process groups; this wrapper closes that gap.
+    """
+    from .runtime import worker as W
+    from .runtime.node import _new_loop, current_node
+
+    grace = float(os.environ.get("HPCMESH_LEASE_GRACE", "30")) if grace is None else grace
+    loop = _new_loop()
+    asyncio.set_event_loop(loop)
+    why: list[str] = []
+
+    def hard_stop(task: asyncio.Task, sig: signal.Signals) -> None:
+        node = current_node()
+        agent = getattr((node.services if node is not None else {}).get("stop_procs"),
+                        "__self__", None)
+        if agent is not None:
+            agent.kill_all()
+        why.append(f"received {sig.name}")
+        print(f"hpcmesh worker on {socket.gethostname()} exiting: received {sig.name}",
+              file=sys.stderr, flush=True)
+        if node is not None:
+            node.close()
+        task.cancel()
+
+    async def main() -> str:
+        task = asyncio.ensure_future(W.serve(listen, attach, secret, grace, initial_wait,
+                                             advertise_host, ready_file))
+        for _ in range(1000):   # until serve() has set up (it installs its own handlers)
+            if task.done() or current_node() is not None:
+                break
+            await asyncio.sleep(0)
+        if not task.done():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, hard_stop, task, sig)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            return why[0] if why else "cancelled"
+
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def cmd_worker(args) -> int:
+    import logging
+    logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
+                        format="%(levelname)s %(name)s: %(message)s")
+    secret = _secret_for_worker(args)
+    listen = args.listen or ["tcp://0.0.0.0:0"]
+    from .transport.addresses import parse_address
+    for url in listen:
+        try:
+            parse_address(url)
+        except ValueError as e:
+            raise UsageError(f"worker: --listen: {e}") from None
+    attach = [a.strip() for item in (args.attach or ()) for a in item.split(",") if a.strip()]
+    for url in attach:
+        try:
+            parse_address(url)
+        except ValueError as e:
+            raise UsageError(f"worker: --attach: {e}") from None
+    if args.grace is not None and args.grace < 0:
+        raise UsageError("worker: --grace must be >= 0")
+    advertise = args.advertise_host or _default_advertise_host(listen)
+    reason = run_agent(listen, attach, secret, args.grace, args.initial_wait, advertise,
+                       args.ready_file)
+    return 0 if reason.startswith(("received", "controller gone", "cancelled")) else 1
+
+
+# ---------------------------------------------------------------------------------------
+# argument parsing
+# ---------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """Usage errors: the usage line, then one ``hpcmesh: error`` line; exit 2."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="hpcmesh: Slurm-native launcher and actor-mesh runtime.",
+                epilog="Run `hpcmesh COMMAND --help` for a command's options.")
+    p.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    ctx = argparse.ArgumentParser(add_help=False)
+    ctx.add_argument("--context", help="job context to use (default: $HPCMESH_CONTEXT or "
+                                       "'default')")
+
+    a = sub.add_parser("apply", parents=[ctx], help="apply a job spec and cache it",
+                       description="Make the job `module.attr` the current one of this context, "
+                                   "apply it (create it unless a cached running job can serve "
+                                   "it), and cache its state. `attr` may be a JobTrait or a "
+                                   "function returning one. The module is looked up from the "
+                                   "current directory and PYTHONPATH.")
+    a.add_argument("spec", metavar="module.attr", help="where the job spec lives, e.g. "
+                                                         "myproject.jobs.trainers")
+    a.set_defaults(fn=cmd_apply)
+
+    s = sub.add_parser("status", parents=[ctx], help="show the current job",
+                       description="Show the current job of this context: kind, whether it is "
+                                   "active, its meshes, and for Slurm jobs the squeue state. "
+                                   "Exit status 0 if active, 3 if not, 1 if there is no job.")
+    s.set_defaults(fn=cmd_status)
+
+    k = sub.add_parser("kill", parents=[ctx], help="kill the current job",
+                       description="Kill the current job of this context (scancel for Slurm "
+                                   "jobs) and remove its cached state.")
+    k.set_defaults(fn=cmd_kill)
+
+    e = sub.add_parser("exec", parents=[ctx], help="run a command on every host of the job",
+                       description="Run a command on every host (or per-host process) of the "
+                                   "current job, printing each line prefixed with its point, "
+                                   "e.g. [hosts=1]. One argument runs through `bash -c` (shell "
+                                   "syntax works); several are exec'd as an argv. The exit "
+                                   "status is the largest one.",
+                       usage="hpcmesh exec [options] -- COMMAND [ARG ...]")
+    e.add_argument("--mesh", help="only this mesh (default: every mesh of the job)")
+    e.add_argument("--rank", type=int, help="only this flat rank")
+    e.add_argument("--point", action="append", metavar="DIM=I[,DIM=I]",
+                   help="only this point (dims left out stay whole), e.g. hosts=1")
+    e.add_argument("--per-host", action="append", metavar="DIM=N",
+                   help="processes per host, e.g. gpus=4 (default: one per host)")
+    e.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra environment")
+    e.add_argument("--workdir", help="working directory on the hosts")
+    e.add_argument("--output-dir", help="write output to files there instead of printing "
+                                        "($SUBDIR becomes e.g. hosts_0)")
+    e.add_argument("--timeout", type=float, help="give up after this many seconds")
+    e.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    e.set_defaults(fn=cmd_exec)
+
+    r = sub.add_parser("render", help="print the sbatch script a job spec gives",
+                       description="Validate a YAML job spec and print the sbatch script it "
+                                   "gives (as SlurmJob(spec=load_job_spec(...)) would submit "
+                                   "it, without the per-apply job folder, secret file and "
+                                   "client addresses). A bad spec exits 2 with file:line and "
+                                   "the key.")
+    r.add_argument("spec", metavar="spec.yaml", help="the job spec file")
+    r.add_argument("--mesh", help="with same_allocation: false, only this mesh's script")
+    r.add_argument("--attach", action="append", metavar="ADDR[,ADDR]",
+                   help="client address(es) the workers dial back to")
+    r.add_argument("--env", action="append", metavar="NAME=VALUE",
+                   help="variables to export for every mesh")
+    r.add_argument("--client", metavar="COMMAND",
+                   help="also run this client command inside the allocation")
+    r.add_argument("--cli-worker", action="store_true",
+                   help="start agents with `hpcmesh worker` instead of SlurmJob's agent")
+    r.set_defaults(fn=cmd_render)
+
+    i = sub.add_parser("info", help="describe this host / allocation",
+                       description="What this host looks like to hpcmesh: hostname, the Slurm "
+                                   "allocation from SLURM_* (job id, nodes, tasks per node, "
+                                   "GPUs), the GPUs it sees (CUDA_VISIBLE_DEVICES, nvidia-smi), "
+                                   "and the network interface candidates with the chosen one "
+                                   "and why. Set HPCMESH_IFNAME to see an explicit choice.")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.set_defaults(fn=cmd_info)
+
+    w = sub.add_parser("worker", help="run a host agent (used by launch scripts)",
+                       description="Run an hpcmesh host agent on this host. It listens on "
+                                   "--listen and, with --attach, dials the client (addresses "
+                                   "probed in order, the first that answers wins). The job "
+                                   "secret comes from HPCMESH_SECRET (hex), HPCMESH_SECRET_FILE "
+                                   "or --secret-stdin; HPCMESH_JOB_TOKEN tells the client which "
+                                   "job the agent belongs to. The agent exits once no "
+                                   "controller has been connected for --grace seconds, and on "
+                                   "SIGTERM/SIGINT (killing what it started).")
+    w.add_argument("--listen", action="append", metavar="URL",
+                   help="address to listen on (default tcp://0.0.0.0:0; repeatable)")
+    w.add_argument("--attach", action="append", metavar="ADDR[,ADDR...]",
+                   help="client address(es) to dial back to, in order of preference")
+    w.add_argument("--grace", type=float, metavar="S",
+                   help="exit this long after the last controller left (default "
+                        "$HPCMESH_LEASE_GRACE or 30)")
+    w.add_argument("--initial-wait", type=float, metavar="S",
+                   help="exit if no controller connects within S seconds (default: wait)")
+    w.add_argument("--ready-file", metavar="PATH",
+                   help="write the listen addresses there once listening")
+    w.add_argument("--advertise-host", metavar="HOST",
+                   help="address processes started here listen on and advertise (default: "
+                        "the chosen interface, see `hpcmesh info`)")
+    w.add_argument("--secret-stdin", action="store_true",
+                   help="read the hex job secret from the first line of stdin")
+    w.set_defaults(fn=cmd_worker)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "fn", None):
+        parser.print_help(sys.stderr)
+        return 2
+    _set_context(args)
+    try:
+        return int(args.fn(args) or 0)
+    except UsageError as e:
+        _err(_one_line(e))
+        return 2
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except BrokenPipeError:
+        return 1
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("HPCMESH_DEBUG"):
+            raise
+        _err(f"{args.command}: {_one_line(e)}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""Run shell commands and Python scripts on every member of a mesh (``exec_command``).
+
+``exec_command(hosts, "nvidia-smi -L")`` starts one process per host (or
+``per_host`` processes), places a :class:`BashActor` on each, runs the command
+there and returns a Future of the largest exit code; the processes it started
+are stopped before the Future resolves.
+
+Each run sees, besides the host's environment:
+
+* ``HPCMESH_RANK_<dim>`` / ``HPCMESH_SIZE_<dim>`` for every dimension of the
+  process mesh (``hosts`` plus any ``per_host`` dims), with coordinates in the
+  *whole* mesh even when ``rank=``/``point=`` restrict the run to a part of it;
+* ``HPCMESH_RANK`` / ``HPCMESH_NRANKS``: the flat rank and the member count;
+* ``HPCMESH_SUBDIR``: ``<dim>_<i>_<dim>_<i>...`` (``hosts_0_gpus_1``), ``0`` for a
+  mesh without dimensions. ``$SUBDIR`` / ``${SUBDIR}`` in ``output_dir`` become it;
+* ``HPCMESH_PYTHON``: the interpreter of the actor process (what ``run_python`` uses).
+
+With ``output_dir`` the output goes to files on the worker host: ``stdout`` and
+``stderr`` inside ``output_dir`` when it contains ``$SUBDIR`` (one directory per
+member), else ``<subdir>.stdout`` / ``<subdir>.stderr`` in ``output_dir``.
+Without it, output reaches the controller: through the usual log forwarding
+(lines prefixed ``[hosts=0]``), or line by line to ``on_output`` when given.
+
+The hpcmesh bootstrap variables of the actor process (the job secret, the
+controller's addresses) are removed from the command's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+from ..actor import Actor, Port, endpoint
+from ..runtime.client import client_runtime
+from ..runtime.context import context
+from ..runtime.future import Future
+from ..shapes import Extent, Point
+
+__all__ = ["BashActor", "exec_command", "exec_python", "subdir_for", "point_label"]
+
+#: Variables of an actor process that a user command must not inherit.
+_PRIVATE_VARS = ("HPCMESH_SECRET", "HPCMESH_SECRET_FILE", "HPCMESH_BOOTSTRAP_MODE",
+                 "HPCMESH_PROCESS_NAME", "HPCMESH_LOG_CHANNEL", "HPCMESH_CONTROLLER",
+                 "HPCMESH_CONTROLLER_ID", "HPCMESH_JOB_TOKEN")
+
+#: How many lines ``run_streaming`` batches into one message at most.
+_BATCH_LINES = 256
+
+
+def subdir_for(coords: Mapping[str, int]) -> str:
+    """``{"hosts": 0, "gpus": 1}`` -> ``hosts_0_gpus_1``; ``0`` for no dimensions."""
+    return "_".join(f"{d}_{c}" for d, c in coords.items()) or "0"
+
+
+def point_label(coords: Mapping[str, int]) -> str:
+    """``{"hosts": 0, "gpus": 1}`` -> ``hosts=0,gpus=1``; ``0`` for no dimensions."""
+    return ",".join(f"{d}={c}" for d, c in coords.items()) or "0"
+
+
+def _exit_code(returncode: int) -> int:
+    """Shell convention: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class BashActor(Actor):
+    """Runs commands on its process's host. Spawned by :func:`exec_command`.
+
+    ``full_extent`` and ``offsets`` place this actor in the mesh the user asked
+    about (a restricted run spawns only part of it); both default to the mesh
+    the actor was spawned in.
+    """
+
+    def __init__(self, full_extent: Mapping[str, int] | None = None,
+                 offsets: Mapping[str, int] | None = None):
+        point = context().actor_instance.rank
+        local = dict(point.items())
+        if full_extent is None:
+            full_extent = dict(point.extent.items())
+        offsets = dict(offsets or {})
+        self.extent = dict(full_extent)
+        self.coords = {d: offsets.get(d, 0) + local.get(d, 0) for d in self.extent}
+        self.rank = Point.from_coords(self.coords, Extent(self.extent)).rank if self.extent else 0
+        self.subdir = subdir_for(self.coords)
+        self.label = point_label(self.coords)
+
+    # -- helpers ------------------------------------------------------------------------
+    def _env(self, env: Mapping[str, str | None] | None) -> dict[str, str]:
+        out = {k: v for k, v in os.environ.items() if k not in _PRIVATE_VARS}
+        for d, size in self.extent.items():
+            out[f"HPCMESH_RANK_{d}"] = str(self.coords[d])
+            out[f"HPCMESH_SIZE_{d}"] = str(size)
+        out["HPCMESH_RANK"] = str(self.rank)
+        n = 1
+        for size in self.extent.values():
+            n *= size
+        out["HPCMESH_NRANKS"] = str(n)
+        out["HPCMESH_SUBDIR"] = self.subdir
+        out["HPCMESH_PYTHON"] = sys.executable
+        for k, v in (env or {}).items():
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[str(k)] = str(v)
+        return out
+
+    def _argv(self, cmd: str | Sequence[str]) -> list[str]:
+        if isinstance(cmd, str):
+            return ["bash", "-c", cmd]
+        argv = [str(a) for a in cmd]
+        if not argv:
+            raise ValueError("empty command")
+        return argv
+
+    def _output_files(self, output_dir: str | None, workdir: str | None) -> tuple[str, str] | None:
+        if not output_dir:
+            return None
+        templated = "$SUBDIR" in output_dir or "${SUBDIR}" in output_dir
+        path = output_dir.replace("${SUBDIR}", self.subdir).replace("$SUBDIR", self.subdir)
+        path = os.path.expanduser(path)
+        if workdir and not os.path.isabs(path):
+            path = os.path.join(workdir, path)
+        os.makedirs(path, exist_ok=True)
+        if templated:
+            return os.path.join(path, "stdout"), os.path.join(path, "stderr")
+        return (os.path.join(path, f"{self.subdir}.stdout"),
+                os.path.join(path, f"{self.subdir}.stderr"))
+
+    def _check_workdir(self, workdir: str | None) -> str | None:
+        if workdir is None:
+            return None
+        wd = os.path.expanduser(workdir)
+        if not os.path.isdir(wd):
+            raise FileNotFoundError(f"workdir {workdir!r} does not exist on host "
+                                    f"{socket.gethostname()}")
+        return wd
+
+    def _spawn(self, argv: list[str], env: dict, workdir: str | None, stdout, stderr):
+        try:
+            return subprocess.Popen(argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL,
+                                    stdout=stdout, stderr=stderr, start_new_session=True)
+        except FileNotFoundError:
+            return 127
+        except PermissionError:
+            return 126
+
+    def _wait(self, proc: subprocess.Popen) -> int:
+        try:
+            return _exit_code(proc.wait())
+        except BaseException:
+            _kill_group(proc)
+            raise
+
+    # -- endpoints ----------------------------------------------------------------------
+    @endpoint
+    def run(self, cmd: str | Sequence[str], env: Mapping[str, str | None] | None = None,
+            workdir: str | None = None, output_dir: str | None = None) -> int:
+        """Run ``cmd`` (a string through ``bash -c``, or an argv list) and return its exit code."""
+        wd = self._check_workdir(workdir)
+        argv = self._argv(cmd)
+        files = self._output_files(output_dir, wd)
+        if files is None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            proc = self._spawn(argv, self._env(env), wd, None, None)
+            if isinstance(proc, int):
+                print(f"hpcmesh exec: {argv[0]}: command not found or not executable",
+                      file=sys.stderr, flush=True)
+                return proc
+            return self._wait(proc)
+        with open(files[0], "wb") as out, open(files[1], "wb") as err:
+            proc = self._spawn(argv, self._env(env), wd, out, err)
+            if isinstance(proc, int):
+                err.write(f"hpcmesh exec: {argv[0]}: command not found or not executable\n"
+                          .encode())
+                return proc
+            return self._wait(proc)
+
+    @endpoint
+    def run_python(self, script_or_module: str, args: Sequence[str] = (),
+                   env: Mapping[str, str | None] | None = None, workdir: str | None = None,
+                   output_dir: str | None = None) -> int:
+        """Run a Python script (a path ending in ``.py`` or an existing file) or module
+        (``-m``) with this process's interpreter."""
+        return self.run(_python_argv(script_or_module, args, workdir), env, workdir, output_dir)
+
+    @endpoint
+    def run_streaming(self, cmd: str | Sequence[str], port: Port,
+                      env: Mapping[str, str | None] | None = None, workdir: str | None = None,
+                      output_dir: str | None = None) -> int:
+        """Like ``run``, and sends ``(label, stream, [lines])`` batches through ``port`` as
+        the command prints them (also written to ``output_dir`` when given). Every batch is
+        sent before the exit code is returned."""
+        wd = self._check_workdir(workdir)
+        argv = self._argv(cmd)
+        files = self._output_files(output_dir, wd)
+        proc = self._spawn(argv, self._env(env), wd, subprocess.PIPE, subprocess.PIPE)
+        if isinstance(proc, int):
+            port.send((self.label, "stderr",
+                       [f"hpcmesh exec: {argv[0]}: command not found or not executable"]))
+            return proc
+        sinks = [open(f, "wb") for f in files] if files else [None, None]
+        try:
+            pumps = [threading.Thread(target=_pump, args=(pipe, name, sink, port, self.label),
+                                      daemon=True)
+                     for pipe, name, sink in ((proc.stdout, "stdout", sinks[0]),
+                                              (proc.stderr, "stderr", sinks[1]))]
+            for t in pumps:
+                t.start()
+            code = self._wait(proc)
+            for t in pumps:
+                t.join()
+            return code
+        finally:
+            for s in sinks:
+                if s is not None:
+                    s.close()
+
+    @endpoint
+    def where(self) -> dict:
+        """Where this actor runs: host, pid, its point in the requested mesh."""
+        return {"host": socket.gethostname(), "pid": os.getpid(), "coords": dict(self.coords),
+                "rank": self.rank, "subdir": self.subdir}
+
+
+def _pump(pipe, stream: str, sink, port: Port, label: str) -> None:
+    """Read a pipe to its end, sending lines in batches (a batch per read burst)."""
+    partial = b""
+    fd = pipe.fileno()
+    try:
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            if sink is not None:
+                sink.write(data)
+            *lines, partial = (partial + data).split(b"\n")
+            for i in range(0, len(lines), _BATCH_LINES):
+                chunk = lines[i:i + _BATCH_LINES]
+                port.send((label, stream, [ln.decode("utf-8", "replace") for ln in chunk]))
+        if partial:
+            port.send((label, stream, [partial.decode("utf-8", "replace")]))
+    finally:
+        pipe.close()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _python_argv(script_or_module: str, args: Sequence[str], workdir: str | None) -> list[str]:
+    if not isinstance(script_or_module, str) or not script_or_module:
+        raise ValueError(f"run_python needs a script path or module name, got {script_or_module!r}")
+    if isinstance(args, str):
+        raise TypeError("run_python args must be a list of strings, not one string")
+    path = script_or_module
+    if workdir and not os.path.isabs(path):
+        path = os.path.join(workdir, path)
+    if script_or_module.endswith(".py") or os.path.isfile(os.path.expanduser(path)):
+        return [sys.executable, script_or_module, *map(str, args)]
+    return [sys.executable, "-m", script_or_module, *map(str, args)]
+
+
+# ---------------------------------------------------------------------------------------
+# the controller side
+# ---------------------------------------------------------------------------------------
+def _restrict(host_mesh, per_host: Mapping[str, int], rank: int | None,
+              point: Mapping[str, int] | None):
+    """(host mesh view, per_host to spawn, full extent, offsets) for a possibly
+    restricted run. ``point`` may name a subset of the dims (the rest stay whole)."""
+    host_extent = dict(host_mesh.extent.items())
+    full = {**host_extent, **per_host}
+    if rank is not None and point is not None:
+        raise ValueError("pass rank= or point=, not both")
+    if rank is not None:
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"rank must be an int, got {rank!r}")
+        point = dict(Point(rank, Extent(full)).items()) if full else {}
+        if not full and rank != 0:
+            raise IndexError(f"rank {rank} out of range for a mesh of 1 member")
+    point = dict(point or {})
+    for d, c in point.items():
+        if d not in full:
+            raise KeyError(f"point names dimension {d!r}, but the mesh has "
+                           f"{list(full) or 'no dimensions'}")
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < full[d]:
+            raise IndexError(f"index {c!r} out of range for dimension {d!r} of size {full[d]}")
+    host_sel = {d: slice(c, c + 1) for d, c in point.items() if d in host_extent}
+    hosts = host_mesh.slice(**host_sel) if host_sel else host_mesh
+    spawn_per_host = {d: (1 if d in point else n) for d, n in per_host.items()}
+    return hosts, spawn_per_host, full, point
+
+
+def exec_command(host_mesh, cmd: str | Sequence[str], env: Mapping[str, str | None] | None = None,
+                 workdir: str | None = None, output_dir: str | None = None,
+                 rank: int | None = None, point: Mapping[str, int] | None = None,
+                 per_host: Mapping[str, int] | None = None, *,
+                 on_output: Callable[[str, str, str], None] | None = None,
+                 python: bool = False, args: Sequence[str] = ()) -> Future:
+    """Run ``cmd`` on every member of ``host_mesh`` (one process per host, or
+    ``per_host`` processes per host); a Future of the largest exit code.
+
+    ``cmd`` is a string (run with ``bash -c``) or an argv list (exec'd).
+    ``rank`` (flat rank in the process mesh) or ``point`` (``{"hosts": 1}``; dims
+    left out stay whole) restrict the run. ``on_output(label, stream, line)`` gets
+    every output line on the controller (instead of the prefixed log forwarding).
+    ``python=True`` treats ``cmd`` as a script or module run with the workers' Python
+    and ``args`` (what :func:`exec_python` does). The processes started for the run are
+    stopped before the Future resolves (also when it fails).
+    """
+    per_host = dict(per_host or {})
+    hosts, spawn_per_host, full, offsets = _restrict(host_mesh, per_host, rank, point)
+    rt = client_runtime()
+    port_ref = None
+    if on_output is not None:
+        def deliver(batch) -> None:
+            label, stream, lines = batch
+            for ln in lines:
+                on_output(label, stream, ln)
+        port_ref = rt.node.open_port(deliver)
+    procs = hosts.spawn_procs(spawn_per_host, name="exec", forward_logs=on_output is None)
+    actors = procs.spawn("bash", BashActor, full, offsets)
+    if python:
+        if on_output is not None:
+            call = actors.run_streaming.call(_python_argv_remote(cmd, args), Port(port_ref), env,
+                                             workdir, output_dir)
+        else:
+            call = actors.run_python.call(cmd, list(args), env, workdir, output_dir)
+    elif on_output is not None:
+        call = actors.run_streaming.call(cmd, Port(port_ref), env, workdir, output_dir)
+    else:
+        call = actors.run.call(cmd, env, workdir, output_dir)
+
+    result = Future()
+
+    def finished(f: Future) -> None:
+        exc = f.exception()
+        value = None if exc is not None else max(f._value.values(), default=0)
+
+        def stopped(_s: Future) -> None:
+            if port_ref is not None:
+                rt.node.close_port(port_ref)
+            if exc is not None:
+                result.set_exception(exc)
+            else:
+                result.set_result(value)
+        procs.stop().add_done_callback(stopped)
+    call.add_done_callback(finished)
+    return result
+
+
+def _python_argv_remote(script_or_module: str, args: Sequence[str]) -> list[str]:
+    # run_streaming execs an argv as given; a bare "python3" could be another interpreter,
+    # so a tiny bash execs the actor process's own (exported as HPCMESH_PYTHON).
+    quoted = " ".join(_shell_quote(a) for a in args)
+    target = _shell_quote(script_or_module)
+    return ["bash", "-c",
+            f'if [[ {target} == *.py || -f {target} ]]; then exec "$HPCMESH_PYTHON" {target} '
+            f'{quoted}; else exec "$HPCMESH_PYTHON" -m {target} {quoted}; fi']
+
+
+def _shell_quote(s: str) -> str:
+    import shlex
+    return shlex.quote(str(s))
+
+
+def exec_python(host_mesh, script_or_module: str, args: Sequence[str] = (),
+                **kwargs: Any) -> Future:
+    """``exec_command`` for a Python script or module, run with the workers' interpreter."""
+    return exec_command(host_mesh, script_or_module, python=True, args=args, **kwargs)

@@ -501,24 +501,6 @@ def _secret_for_worker(args) -> bytes:
     return secret
 
 
-def _default_advertise_host(listen: list[str]) -> str:
-    """A specific listen host, else the chosen interface's address (not 127.0.0.1)."""
-    from .transport.addresses import parse_address
-    for url in listen:
-        try:
-            a = parse_address(url)
-        except ValueError:
-            continue
-        if a.scheme == "tcp" and a.host not in ("0.0.0.0", "::", ""):
-            return a.host
-    try:
-        from .transport import netif
-        return netif.choose_interface().address
-    except Exception as e:  # noqa: BLE001
-        _err(f"worker: cannot choose an interface to advertise ({e}); using 127.0.0.1")
-        return "127.0.0.1"
-
-
 def run_agent(listen: list[str], attach: list[str], secret: bytes, grace: float | None,
               initial_wait: float | None, advertise_host: str | None,
               ready_file: str | None) -> str:
@@ -591,7 +573,8 @@ def cmd_worker(args) -> int:
             raise UsageError(f"worker: --attach: {e}") from None
     if args.grace is not None and args.grace < 0:
         raise UsageError("worker: --grace must be >= 0")
-    advertise = args.advertise_host or _default_advertise_host(listen)
+    from .runtime.worker import default_advertise_host
+    advertise = args.advertise_host or default_advertise_host(listen)
     reason = run_agent(listen, attach, secret, args.grace, args.initial_wait, advertise,
                        args.ready_file)
     return 0 if reason.startswith(("received", "controller gone", "cancelled")) else 1

@@ -9,6 +9,7 @@ import textwrap
 import time
 
 import pytest
+from output_recorder import Recorder as _Recorder
 
 from hpcmesh.actor import Actor, ActorError, SupervisionError, endpoint, this_host
 
@@ -33,35 +34,6 @@ def _wait_gone(pids, timeout: float) -> list:
     return [p for p in pids if _alive(p)]
 
 
-class _Recorder:
-    """Stands in for sys.stdout/sys.stderr: records what the controller's runtime thread
-    writes (polling capfd from the test thread can lose a line written concurrently)."""
-
-    def __init__(self):
-        self.chunks = []
-
-    def write(self, s):
-        self.chunks.append(s)
-        return len(s)
-
-    def flush(self):
-        pass
-
-    def text(self):
-        return "".join(self.chunks)
-
-    def wait_for(self, *needles, timeout=10.0):
-        deadline = time.monotonic() + timeout
-        while not all(n in self.text() for n in needles) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self.text()
-
-    @classmethod
-    def install(cls, monkeypatch, name):
-        # in the test body: pytest's own capture re-sets sys.stdout/err when a test starts
-        rec = cls()
-        monkeypatch.setattr(sys, name, rec)
-        return rec
 
 
 class Victim(Actor):

@@ -509,22 +509,25 @@ class ActorMesh(MeshTrait):
         return f"ActorMesh({self.name!r}, {self._state.class_name}, {dict(self.extent)})"
 
     # -- sending ---------------------------------------------------------------------
-    def _send(self, g: int, point: Point, endpoint: str, args: tuple, kwargs: dict,
-              reply: bool) -> Future | None:
+    def _payload(self, endpoint: str, args: tuple, kwargs: dict) -> tuple[bytes, list]:
+        """Pickle the arguments once; every member's message shares the result."""
+        return serialization.dumps((args, kwargs),
+                                   f"arguments of {self._state.class_name}.{endpoint}")
+
+    def _send(self, g: int, rank: int, extent_items: tuple, endpoint: str,
+              payload: tuple[bytes, list], reply: bool) -> Future | None:
         st = self._state
         node = _node()
         target = st.nodes[g]
         if reply:
             fut, port = node.reply_future(target)
+            port_id = port.port_id
         else:
-            fut, port = None, None
-        msg = (MSG_CALL, st.actor_id, endpoint, args, kwargs, port, point)
+            fut, port, port_id = None, None, None
+        meta, bufs = payload
+        msg = (MSG_CALL, st.actor_id, endpoint, meta, port_id, rank, extent_items)
         try:
-            node.send(target, msg, f"arguments of {st.class_name}.{endpoint}")
-        except serialization.SerializationError:
-            if port is not None:
-                node.close_port(port)
-            raise
+            node.send(target, msg, buffers=bufs)
         except (SupervisionError, ConnectionError) as e:
             if port is not None:
                 node.close_port(port)
@@ -533,17 +536,14 @@ class ActorMesh(MeshTrait):
                 raise
         return fut
 
-    def _when_ready(self, fn: Callable[[], Future], args: tuple = (),
-                    kwargs: dict | None = None) -> Future:
+    def _when_ready(self, fn: Callable[[], Future]) -> Future:
+        """Run ``fn`` now if the mesh is up, else queue it (in call order) until it is.
+        Arguments were pickled by the caller already, so a queued ``fn`` cannot fail on them."""
         st = self._state
         if st.live:
             return fn()
         if st.failed is not None:
             return failed(st.failed)
-        if (args or kwargs) and not on_runtime_thread():
-            # ``fn`` will run on the runtime's loop, where pickling cannot wait: check the
-            # arguments here (unpicklable ones fail now, meshes among them get ready now).
-            serialization.dumps((args, kwargs), f"arguments of {st.class_name}")
         out = Future()
         with st.lock:
             if not st.live and st.failed is None:
@@ -569,10 +569,10 @@ class Endpoint:
         self._mesh = mesh
         self._name = name
 
-    def _members(self):
+    def _members(self) -> tuple[list[tuple[int, int]], tuple]:
+        """[(global index, rank in this view)], and the view's extent as plain items."""
         shape = self._mesh._shape
-        ext = shape.extent
-        return [(g, Point(i, ext)) for i, g in enumerate(shape.ranks())]
+        return list(enumerate(shape.ranks())), tuple(shape.extent.items())
 
     def call_one(self, *args, **kwargs) -> Future:
         """Call the single member of this mesh; a Future of its value."""
@@ -584,20 +584,21 @@ class Endpoint:
                 f"{dict(shape.extent)} ({shape.nelem} actors); use call() or slice it first, "
                 f"e.g. mesh.slice(**{{dim: 0 for dim in mesh.extent}})")
         g = shape.ranks()[0]
-        point = Point(0, shape.extent)
-        return mesh._when_ready(lambda: mesh._send(g, point, self._name, args, kwargs, True),
-                                args, kwargs)
+        ext = tuple(shape.extent.items())
+        payload = mesh._payload(self._name, args, kwargs)
+        return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True))
 
     def call(self, *args, **kwargs) -> Future:
         """Call every member; a Future of a ValueMesh with this mesh's extent."""
         mesh = self._mesh
-        members = self._members()
+        members, ext = self._members()
         result_shape = Shape.from_extent(mesh._shape.extent)
+        payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            futs = [mesh._send(g, p, self._name, args, kwargs, True) for g, p in members]
+            futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
             return gather(futs).then(lambda vals: ValueMesh(result_shape, vals))
-        return mesh._when_ready(go, args, kwargs)
+        return mesh._when_ready(go)
 
     def broadcast(self, *args, **kwargs) -> None:
         """Send to every member without waiting; failures are reported through supervision.
@@ -605,16 +606,15 @@ class Endpoint:
         A member already known dead does not stop the others from getting the message;
         the failure is raised after all were sent (the controller raises on the next call)."""
         mesh = self._mesh
-        members = self._members()
+        members, ext = self._members()
         name = self._name
+        payload = mesh._payload(name, args, kwargs)
 
         def go() -> Future:
             first = None
-            for g, p in members:
+            for r, g in members:
                 try:
-                    mesh._send(g, p, name, args, kwargs, False)
-                except serialization.SerializationError:
-                    raise
+                    mesh._send(g, r, ext, name, payload, False)
                 except Exception as e:  # noqa: BLE001 - a dead member; the others still get it
                     first = first or e
             done = Future()
@@ -623,7 +623,7 @@ class Endpoint:
             else:
                 done.set_result(None)
             return done
-        f = mesh._when_ready(go, args, kwargs)
+        f = mesh._when_ready(go)
         if f.done():
             if f.exception() is not None:
                 raise f.exception()
@@ -635,34 +635,36 @@ class Endpoint:
     def choose(self, *args, **kwargs) -> Future:
         """Call one member, picked round-robin among those with the least work in flight."""
         mesh = self._mesh
-        members = self._members()
+        members, ext = self._members()
         st = mesh._state
+        payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
             node = _node()
             start = next(st.rr)
             best = None
             for k in range(len(members)):
-                g, p = members[(start + k) % len(members)]
+                r, g = members[(start + k) % len(members)]
                 peer = node._peers.get(st.nodes[g].node_id)
                 load = len(peer.inflight) if peer is not None else 0
                 if best is None or load < best[0]:
-                    best = (load, g, p)
+                    best = (load, g, r)
                     if load == 0:
                         break
-            return mesh._send(best[1], best[2], self._name, args, kwargs, True)
-        return mesh._when_ready(go, args, kwargs)
+            return mesh._send(best[1], best[2], ext, self._name, payload, True)
+        return mesh._when_ready(go)
 
     def stream(self, *args, **kwargs) -> "ResultStream":
         """Call every member; iterate the values (sync or async) in arrival order."""
         mesh = self._mesh
-        members = self._members()
+        members, ext = self._members()
         stream = ResultStream(len(members))
+        payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            for g, p in members:
+            for r, g in members:
                 try:
-                    f = mesh._send(g, p, self._name, args, kwargs, True)
+                    f = mesh._send(g, r, ext, self._name, payload, True)
                 except BaseException as e:  # noqa: BLE001
                     stream._push_error(e)
                     continue
@@ -675,7 +677,7 @@ class Endpoint:
             if f.exception() is not None:      # the mesh never came up: every item fails
                 for _ in members:
                     stream._push_error(f.exception())
-        mesh._when_ready(go, args, kwargs).add_done_callback(not_started)
+        mesh._when_ready(go).add_done_callback(not_started)
         return stream
 
     def __call__(self, *args, **kwargs):

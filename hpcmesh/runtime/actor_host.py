@@ -2,9 +2,9 @@
 
 Messages from one sender arrive in order on one connection and an actor runs
 one message at a time, so the mailbox only has to queue while an endpoint is
-suspended or running in the actor's thread. Async endpoints run as tasks on
-the process's event loop (the reply is sent from inside the task); sync
-endpoints run on the actor's own thread, off the event loop.
+suspended or running in the actor's thread. Async endpoints run inside the
+actor's mailbox task on the process's event loop; sync endpoints run on the
+actor's own thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from typing import Any
 
 from .context import ActorInstance, Context, _current
 from .errors import ActorError
-from .node import MSG_DELIVER, Node, PortRef, format_exception
+from ..shapes import Extent, Point
+from ..transport import serialization
+from .node import MSG_DELIVER, Node, PortRef, failure, format_exception
 
 log = logging.getLogger("hpcmesh.actor")
 
@@ -42,7 +44,14 @@ def endpoint_names(cls) -> list[str]:
 
 
 class ActorHost:
-    """One actor instance on this process."""
+    """One actor instance on this process.
+
+    Non-concurrent calls go through one mailbox drained by a single runner task:
+    a backlog of pipelined calls costs no task per message, replies written in one
+    loop pass leave in one batch, and endpoints still run inside a real Task
+    (``asyncio.timeout``, ``TaskGroup`` and ``current_task()`` work). Sync
+    endpoints run on the actor's own thread while the runner awaits them.
+    """
 
     def __init__(self, node: Node, instance: ActorInstance, obj: Any, supervisor: PortRef | None):
         self.node = node
@@ -50,11 +59,12 @@ class ActorHost:
         self.obj = obj
         self.cls = type(obj)
         self.supervisor = supervisor
-        self._busy = False
         self._queue: deque = deque()
+        self._runner: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._tasks: set = set()
         self._methods: dict[str, tuple] = {}
+        self._extents: dict[tuple, Extent] = {}
         self.stopped = False
 
     # -- lookup ----------------------------------------------------------------------
@@ -76,118 +86,85 @@ class ActorHost:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{self.cls.__name__}")
         return self._executor
 
+    def _message_point(self, rank: int, extent_items: tuple) -> Point:
+        ext = self._extents.get(extent_items)
+        if ext is None:
+            ext = self._extents[extent_items] = Extent(dict(extent_items))
+        return Point(rank, ext)
+
     # -- dispatch --------------------------------------------------------------------
-    def handle_call(self, msg: tuple) -> None:
+    def handle_call(self, msg: tuple, origin: str | None, buffers: list) -> None:
+        """``msg`` is (CALL, actor_id, endpoint, payload, reply_port, rank, extent_items)."""
+        call = (msg[2], msg[3], buffers, origin, msg[4], msg[5], msg[6])
         if self.stopped:
-            self._fail(msg, RuntimeError(f"actor {self.instance.mesh_name} has been stopped"))
+            self._fail(call, RuntimeError(f"actor {self.instance.mesh_name} has been stopped"))
             return
         try:
-            fn, info = self._method(msg[2])
+            fn, info = self._method(call[0])
         except AttributeError as e:
-            self._fail(msg, e)
+            self._fail(call, e)
             return
+        loop = self.node.loop
         if info.concurrent:
-            self._start(msg, fn, info, track_busy=False)
+            task = loop.create_task(self._execute(call, fn, info))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             return
-        if self._busy:
-            self._queue.append(msg)
-            return
-        self._start(msg, fn, info, track_busy=True)
+        self._queue.append((call, fn, info))
+        if self._runner is None:
+            self._runner = loop.create_task(self._run_mailbox())
 
-    def _drain(self) -> None:
-        while self._queue and not self._busy:
-            msg = self._queue.popleft()
-            if self.stopped:
-                self._fail(msg, RuntimeError(f"actor {self.instance.mesh_name} has been stopped"))
-                continue
-            try:
-                fn, info = self._method(msg[2])
-            except AttributeError as e:
-                self._fail(msg, e)
-                continue
-            self._start(msg, fn, info, track_busy=True)
-
-    def _start(self, msg: tuple, fn, info: EndpointInfo, track_busy: bool) -> None:
-        ctx = Context(self.instance, msg[6] if msg[6] is not None else self.instance.rank)
-        token = _current.set(ctx)
+    async def _run_mailbox(self) -> None:
+        queue = self._queue
         try:
+            while queue:
+                call, fn, info = queue.popleft()
+                if self.stopped:
+                    self._fail(call, RuntimeError(
+                        f"actor {self.instance.mesh_name} has been stopped"))
+                    continue
+                await self._execute(call, fn, info)
+        finally:
+            self._runner = None
+
+    async def _execute(self, call: tuple, fn, info: EndpointInfo) -> None:
+        endpoint, payload, buffers, origin, reply, rank, extent_items = call
+        point = (self._message_point(rank, extent_items) if extent_items is not None
+                 else self.instance.rank)
+        token = _current.set(Context(self.instance, point))
+        try:
+            args, kwargs = serialization.loads(payload, buffers)
             if info.is_async:
-                self._run_async(msg, fn, track_busy)
+                value = await fn(self.obj, *args, **kwargs)
             else:
-                self._run_sync(msg, fn, track_busy)
+                cctx = contextvars.copy_context()
+                value = await asyncio.wrap_future(
+                    self.executor().submit(cctx.run, fn, self.obj, *args, **kwargs))
+        except asyncio.CancelledError:
+            self._fail(call, RuntimeError(f"actor {self.instance.mesh_name} was stopped "
+                                          f"before {endpoint} finished"))
+            if self.stopped:
+                return
+            raise
+        except BaseException as e:  # noqa: BLE001
+            self._fail(call, e)
+        else:
+            if reply is not None:
+                self.node.reply_to(origin, reply, value)
         finally:
             _current.reset(token)
 
-    def _run_async(self, msg: tuple, fn, track_busy: bool) -> None:
-        try:
-            coro = fn(self.obj, *msg[3], **msg[4])
-        except BaseException as e:  # noqa: BLE001
-            self._fail(msg, e)
-            return
-        if track_busy:
-            self._busy = True
-        # A real Task (not an eager first step on the dispatch path): endpoints may use
-        # asyncio.timeout(), TaskGroup and current_task(), which need one.
-        task = self.node.loop.create_task(self._invoke(msg, coro, track_busy))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _invoke(self, msg: tuple, coro, track_busy: bool) -> None:
-        # The reply is sent from inside the task (not a done callback): one loop pass less.
-        try:
-            value = await coro
-        except asyncio.CancelledError:
-            self._fail(msg, asyncio.CancelledError("endpoint was cancelled"))
-            raise
-        except BaseException as e:  # noqa: BLE001
-            self._fail(msg, e)
-        else:
-            self._ok(msg, value)
-        finally:
-            if track_busy:
-                self._busy = False
-                self._drain()
-
-    def _run_sync(self, msg: tuple, fn, track_busy: bool) -> None:
-        if track_busy:
-            self._busy = True
-        cctx = contextvars.copy_context()
-        cf = self.executor().submit(cctx.run, fn, self.obj, *msg[3], **msg[4])
-        loop = self.node.loop
-
-        def done(f) -> None:
-            loop.call_soon_threadsafe(self._sync_done, f, msg, track_busy)
-        cf.add_done_callback(done)
-
-    def _sync_done(self, f, msg: tuple, track_busy: bool) -> None:
-        if f.cancelled():      # the actor was stopped before this call got to run
-            exc = RuntimeError(f"actor {self.instance.mesh_name} was stopped before the call ran")
-        else:
-            exc = f.exception()
-        if exc is not None:
-            self._fail(msg, exc)
-        else:
-            self._ok(msg, f.result())
-        if track_busy:
-            self._busy = False
-            self._drain()
-
     # -- replies ---------------------------------------------------------------------
-    def _ok(self, msg: tuple, value: Any) -> None:
-        reply = msg[5]
-        if reply is not None:
-            self.node.reply(reply, value)
-
-    def _fail(self, msg: tuple, exc: BaseException) -> None:
+    def _fail(self, call: tuple, exc: BaseException) -> None:
+        endpoint, origin, reply = call[0], call[3], call[4]
         err = exc if isinstance(exc, ActorError) and exc.point is not None else ActorError(
             type(exc).__qualname__, str(exc), format_exception(exc), self.instance.rank,
-            self.cls.__name__, msg[2])
-        reply = msg[5]
+            self.cls.__name__, endpoint)
         if reply is not None:
-            self.node._reply_error(reply, err)
+            self.node.reply_to(origin, reply, failure(err))
             return
         log.error("endpoint %s.%s failed (broadcast, nobody awaiting): %s",
-                  self.cls.__name__, msg[2], err)
+                  self.cls.__name__, endpoint, err)
         if self.supervisor is not None:
             try:
                 self.node.send(self.supervisor.node, (MSG_DELIVER, self.supervisor.port_id,
@@ -211,7 +188,7 @@ class ActorHost:
                 log.exception("__cleanup__ of %s failed", self.cls.__name__)
             finally:
                 _current.reset(token)
-        for t in list(self._tasks):
+        for t in list(self._tasks) + ([self._runner] if self._runner is not None else []):
             t.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

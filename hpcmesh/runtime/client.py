@@ -17,6 +17,7 @@ from ..transport.addresses import new_secret
 from .errors import SupervisionError, describe_exit
 from .future import Future
 from .host_agent import HostAgent
+from .tuning import tune_malloc
 from .node import Node, NodeRef, set_current_node
 
 log = logging.getLogger("hpcmesh.client")
@@ -59,6 +60,7 @@ class ClientRuntime:
     """One per controller process; created on first use."""
 
     def __init__(self, secret: bytes | None = None):
+        tune_malloc()
         self.secret = secret or new_secret()
         self.node = Node.start_in_thread(self.secret, role="client", name="client")
         self.node.run_sync(self._setup())

@@ -33,7 +33,9 @@ from .future import Future, register_loop_thread, unregister_loop_thread
 log = logging.getLogger("hpcmesh.runtime")
 
 MSG_HELLO = 0      # (HELLO, node_id, addresses, info)
-MSG_CALL = 1       # (CALL, actor_id, endpoint, args, kwargs, reply PortRef|None, message_point)
+MSG_CALL = 1       # (CALL, actor_id, endpoint, payload, reply_port_id|None, rank, extent_items)
+#                   payload = pickled (args, kwargs); its out-of-band buffers ride in the frame;
+#                   the reply goes to the sending node's port reply_port_id.
 MSG_DELIVER = 2    # (DELIVER, port_id, value)
 MSG_RPC = 3        # (RPC, service, args, reply PortRef|None)
 MSG_FAIL = 4       # (FAIL, port_id, exception)  -- reply carrying an error
@@ -236,15 +238,21 @@ class Node:
             p.ref = ref
         return p
 
-    def send(self, target: NodeRef, msg: tuple, what: str = "message") -> None:
+    def send(self, target: NodeRef, msg: tuple, what: str = "message",
+             buffers: list | None = None) -> None:
         """Send a message tuple to a node; thread-safe. Dials if needed (async).
 
+        With ``buffers``, ``msg`` is a flat envelope of plain values (its payload was
+        pickled already) and ``buffers`` are that payload's out-of-band buffers.
         Messages from one thread to one node go out in the order they were sent."""
         if target.node_id == self.node_id:
-            self.call_soon(self._dispatch_local, msg)
+            self.call_soon(self._dispatch_local, msg, buffers or ())
             return
         p = self._peers.get(target.node_id) or self.peer(target)
-        meta, bufs = serialization.dumps(msg, what)
+        if buffers is None:
+            meta, bufs = serialization.dumps(msg, what)
+        else:
+            meta, bufs = serialization.dumps_envelope(msg), buffers
         conn = p.conn
         if conn is not None and not p.backlog and not conn.closed:
             try:
@@ -357,7 +365,7 @@ class Node:
                 self._on_hello(conn, msg)
                 continue
             try:
-                self._dispatch(msg, conn)
+                self._dispatch(msg, conn.info.get("peer_id"), fr.buffers)
             except Exception:  # noqa: BLE001 - a bad message must not kill the node
                 log.exception("error handling a message from %s", conn.peer)
 
@@ -385,24 +393,24 @@ class Node:
             except Exception:  # noqa: BLE001 - one bad hook must not stop the others
                 log.exception("error in a peer-hello hook")
 
-    def _dispatch_local(self, msg: tuple) -> None:
+    def _dispatch_local(self, msg: tuple, buffers: list = ()) -> None:
         try:
-            self._dispatch(msg, None)
+            self._dispatch(msg, self.node_id, list(buffers))
         except Exception:  # noqa: BLE001
             log.exception("error handling a local message")
 
-    def _dispatch(self, msg: tuple, conn: Connection | None) -> None:
+    def _dispatch(self, msg: tuple, origin: str | None, buffers: list) -> None:
         kind = msg[0]
         if kind == MSG_DELIVER:
             self._deliver_local(msg[1], msg[2])
         elif kind == MSG_CALL:
             inst = self.actors.get(msg[1])
             if inst is None:
-                self._reply_error(msg[5], LookupError(
+                self.reply_to(origin, msg[4], _Failure(LookupError(
                     f"no actor {msg[1]} on this process ({self.name}); it was never spawned "
-                    f"here or has been stopped"))
+                    f"here or has been stopped")))
                 return
-            inst.handle_call(msg)
+            inst.handle_call(msg, origin, buffers)
         elif kind == MSG_FAIL:
             self._deliver_local(msg[1], _Failure(msg[2]))
         elif kind == MSG_RPC:
@@ -436,6 +444,24 @@ class Node:
             task.add_done_callback(done)
         else:
             self.reply(reply, result)
+
+    def reply_to(self, origin: str | None, port_id: int | None, value: Any) -> None:
+        """Answer a call: deliver ``value`` (or a failure) to port ``port_id`` of the
+        node the call came from."""
+        if port_id is None or origin is None:
+            return
+        if origin == self.node_id:
+            target = self.ref
+        else:
+            p = self._peers.get(origin)
+            if p is None or p.ref is None:
+                log.debug("cannot reply to unknown node %s", origin[:8])
+                return
+            target = p.ref
+        if isinstance(value, _Failure):
+            self._reply_error(PortRef(target, port_id), value.exc)
+            return
+        self.reply(PortRef(target, port_id), value)
 
     def reply(self, port: PortRef | None, value: Any) -> None:
         if port is None:

@@ -22,6 +22,7 @@ from .bootstrap import PROCESS_NAME_VAR
 from .context import ActorInstance, Context, Rendezvous, _current
 from .errors import ActorError
 from .future import register_loop_thread
+from .tuning import tune_malloc
 from .node import Node, NodeRef, PortRef, _new_loop, format_exception, set_current_node
 
 log = logging.getLogger("hpcmesh.proc")
@@ -170,6 +171,7 @@ def main() -> None:
             sys.stderr.reconfigure(line_buffering=True)
         logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
                             format="%(levelname)s %(name)s: %(message)s")
+        tune_malloc()
         loop = _new_loop()
         asyncio.set_event_loop(loop)
         code = loop.run_until_complete(_amain())

@@ -198,8 +198,19 @@ class Connection:
 KEEPALIVE_S = float(os.environ.get("HPCMESH_KEEPALIVE", "4"))
 
 
+#: Unix-socket buffer size: the default (~200 KiB) turns a 64 MiB message into ~1000
+#: sendmsg/recv_into calls and as many loop wake-ups. TCP keeps the kernel's autotuning.
+UNIX_SOCKET_BUFFER = 4 * 1024 * 1024
+
+
 def _tune(sock: socket.socket) -> None:
     sock.setblocking(False)
+    if sock.family == socket.AF_UNIX:
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, opt, UNIX_SOCKET_BUFFER)
+            except OSError:
+                pass
     if sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if KEEPALIVE_S > 0:

@@ -142,8 +142,35 @@ class _CloudPickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+_PLAIN_ATOMS = frozenset({int, float, str, bool, type(None), complex})
+
+
+def _plain(obj, depth: int = 0) -> bool:
+    """Only builtin atoms and small builtin containers: the C pickler alone is right."""
+    t = type(obj)
+    if t in _PLAIN_ATOMS:
+        return True
+    if t is bytes:
+        return len(obj) < OOB_THRESHOLD
+    if depth > 3:
+        return False
+    if t is tuple or t is list:
+        return len(obj) <= 32 and all(_plain(x, depth + 1) for x in obj)
+    if t is dict:
+        return len(obj) <= 32 and all(type(k) is str and _plain(v, depth + 1)
+                                      for k, v in obj.items())
+    return False
+
+
+def dumps_envelope(envelope: tuple) -> bytes:
+    """A flat tuple of plain values (message kinds, ids, an already pickled payload)."""
+    return pickle.dumps(envelope, PROTOCOL)
+
+
 def dumps(obj, what: str = "message") -> tuple[bytes, list]:
     """Serialize ``obj``; return (pickle stream, out-of-band buffers)."""
+    if _plain(obj):
+        return pickle.dumps(obj, PROTOCOL), []
     obj = _wrap_big(obj)
     buffers: list = []
     f = io.BytesIO()

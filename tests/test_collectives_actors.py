@@ -62,3 +62,49 @@ def test_split_view_extent(mesh):
     # the same 4 processes seen as {"dp": 2, "tp": 2} (row-major), reduce along tp
     got = mesh.all_reduce.call("tp", {"dp": 2, "tp": 2}).get(timeout=60).values()
     assert [v[0] for v in got] == [3.0, 3.0, 7.0, 7.0]
+
+
+class TorchrunUser(Actor):
+    @endpoint
+    def env(self):
+        import os
+        return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                               "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+
+    @endpoint
+    def own_process_group(self):
+        import torch.distributed as dist
+        dist.init_process_group("gloo")          # no arguments: torchrun's variables
+        try:
+            t = torch.ones(1) * (dist.get_rank() + 1)
+            dist.all_reduce(t)
+            return t.item()
+        finally:
+            dist.destroy_process_group()
+
+
+def test_torchrun_variables_let_users_init_their_own_group():
+    cmd = default_bootstrap_cmd().with_env({"GLOO_SOCKET_IFNAME": "lo"})
+    procs = this_host().spawn_procs({"hosts": 2, "gpus": 2}, bootstrap_command=cmd)
+    try:
+        m = procs.spawn("torchrun", TorchrunUser)
+        envs = m.env.call().get(timeout=60).values()
+        assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+        assert {e["WORLD_SIZE"] for e in envs} == {"4"}
+        assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+        assert m.own_process_group.call().get(timeout=60).values() == [10.0] * 4
+    finally:
+        procs.stop().get(timeout=30)
+
+
+def test_group_without_member_zero_on_a_fresh_mesh():
+    # the first collective ever is among hosts=1 only: member 0 never joins a group, yet the
+    # store it serves from spawn lets the others meet
+    cmd = default_bootstrap_cmd().with_env({"GLOO_SOCKET_IFNAME": "lo"})
+    procs = this_host().spawn_procs({"hosts": 2, "gpus": 2}, bootstrap_command=cmd)
+    try:
+        fresh = procs.spawn("fresh", Reducer)
+        got = fresh.slice(hosts=1).all_reduce.call("gpus").get(timeout=60).values()
+        assert [v[0] for v in got] == [7.0, 7.0]
+    finally:
+        procs.stop().get(timeout=30)

@@ -195,13 +195,23 @@ class HostMesh(MeshTrait):
             rec.host = host.hostname
             records.append(rec)
             rt.procs[rec.name] = rec
-            by_host.setdefault(i // per, []).append((rec.name, cmd, _label(point)))
-        spawn_calls = []
-        for hi, reqs in by_host.items():
-            host = self._hosts[host_ranks[hi]]
-            f = node.rpc(host.agent, "spawn_procs", reqs, node.ref, rt.events, rt.secret.hex(),
-                         rt.lease_grace, f"{mesh_name}-{uid}")
-            spawn_calls.append((f, [r for r in records if r.agent == host.agent]))
+            by_host.setdefault(i // per, []).append((rec.name, cmd, _label(point), i))
+        first_agent = self._hosts[host_ranks[0]].agent
+
+        def spawn_all(rdv: Future) -> None:
+            """Once host 0 named MASTER_ADDR/PORT, ask every host's agent to start its share."""
+            master = rdv._value if rdv.exception() is None else None
+            for hi, reqs in by_host.items():
+                host = self._hosts[host_ranks[hi]]
+                recs = [r for r in records if r.agent == host.agent]
+                try:
+                    reqs = [(n, c, lbl, _torchrun_env(i, extent, per, master))
+                            for n, c, lbl, i in reqs]
+                    f = node.rpc(host.agent, "spawn_procs", reqs, node.ref, rt.events,
+                                 rt.secret.hex(), rt.lease_grace, f"{mesh_name}-{uid}")
+                except BaseException as e:  # noqa: BLE001 - fail these procs, never hang them
+                    f = failed(e)
+                f.add_done_callback(lambda fut, recs=recs: on_spawned(fut, recs))
 
         def on_spawned(f: Future, recs: list[ProcRecord]) -> None:
             if f.exception() is not None:
@@ -212,13 +222,24 @@ class HostMesh(MeshTrait):
             for r in recs:
                 if r.name in info:
                     r.pid, r.log_paths = info[r.name]
-        for f, recs in spawn_calls:
-            f.add_done_callback(lambda fut, recs=recs: on_spawned(fut, recs))
+        node.rpc(first_agent, "reserve_port").add_done_callback(spawn_all)
         state = _ProcMeshState(mesh_name, records, gather([r.ready for r in records]), self)
         return ProcMesh(state, Shape.from_extent(extent))
 
     def __repr__(self) -> str:
         return f"HostMesh({dict(self.extent)}, hosts={self.hostnames})"
+
+
+def _torchrun_env(rank: int, extent: Extent, per_host: int,
+                  master: tuple[str, int] | None) -> dict[str, str]:
+    """torchrun's variables, so a user's own ``init_process_group()`` works; they sit
+    under the bootstrap command's env (which can override or remove them)."""
+    env = {"RANK": str(rank), "WORLD_SIZE": str(extent.nelem),
+           "LOCAL_RANK": str(rank % per_host), "LOCAL_WORLD_SIZE": str(per_host),
+           "GROUP_RANK": str(rank // per_host)}
+    if master is not None:
+        env["MASTER_ADDR"], env["MASTER_PORT"] = master[0], str(master[1])
+    return env
 
 
 def this_host() -> HostMesh:

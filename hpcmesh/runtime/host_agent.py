@@ -51,6 +51,7 @@ class HostAgent:
         self._net_env: dict[str, str] | None = None
         node.services.update({
             "spawn_procs": self.spawn_procs,
+            "reserve_port": self.reserve_port,
             "stop_procs": self.stop_procs,
             "host_info": self.host_info,
         })
@@ -77,16 +78,26 @@ class HostAgent:
         return self._net_env
 
     # -- spawning -------------------------------------------------------------------
+    def reserve_port(self) -> tuple[str, int]:
+        """(address, free TCP port) on this host: MASTER_ADDR/MASTER_PORT for a mesh's
+        torch.distributed users. The port is free now; whoever binds it first gets it."""
+        host = self.advertise_host
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+            return host, s.getsockname()[1]
+
     def spawn_procs(self, requests: list, controller: NodeRef, events: PortRef | None,
                     secret_hex: str, lease_grace: float, log_subdir: str) -> list:
-        """Start processes. Each request is (name, BootstrapCommand, label); returns
+        """Start processes. Each request is (name, BootstrapCommand, label[, mesh_env]) where
+        mesh_env are defaults under the user's env (RANK, WORLD_SIZE, ...); returns
         [(name, pid, log_paths)]. A bad program fails the whole call with a clear error."""
         out = []
         started: list[_Proc] = []
         log_dir = os.path.join(self.log_dir, log_subdir)
         os.makedirs(log_dir, exist_ok=True)
         try:
-            for name, cmd, label in requests:
+            for name, cmd, label, *rest in requests:
+                mesh_env = rest[0] if rest else {}
                 if not isinstance(cmd, BootstrapCommand):
                     raise TypeError(f"bootstrap command for {label} must be a BootstrapCommand, "
                                     f"got {type(cmd).__name__}")
@@ -100,7 +111,8 @@ class HostAgent:
                     "HPCMESH_ADVERTISE_HOST": self.advertise_host,
                     "HPCMESH_LEASE_GRACE": str(lease_grace),
                 }
-                env = build_environment(cmd, os.environ, bootstrap_vars, self.network_env())
+                env = build_environment(cmd, os.environ, bootstrap_vars,
+                                        {**self.network_env(), **mesh_env})
                 try:
                     popen = subprocess.Popen(cmd.argv(), env=env, stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -97,6 +97,11 @@ class ProcRuntime:
             raise ActorError(type(e).__qualname__, str(e), format_exception(e), point,
                              cls.__name__, "__init__") from None
         self.node.actors[actor_id] = host
+        if rendezvous is not None and point.rank == 0 and \
+                getattr(sys.modules.get("torch"), "distributed", None) is not None:
+            # The actor uses torch: member 0 serves the mesh's collective store now, so
+            # groups that leave member 0 out (slices) can still meet.
+            await self.node.loop.run_in_executor(host.executor(), _serve_collectives, instance)
         return os.getpid()
 
     async def stop_actors(self, actor_ids: list[str]) -> int:
@@ -125,6 +130,14 @@ class ProcRuntime:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, 0))
             return s.getsockname()[1]
+
+
+def _serve_collectives(instance: ActorInstance) -> None:
+    try:
+        from .. import collectives
+        collectives.attach(instance)
+    except Exception as e:  # noqa: BLE001 - collectives then fail with their own clear error
+        log.warning("could not start the collective store for %s: %s", instance.mesh_name, e)
 
 
 async def _amain() -> int:

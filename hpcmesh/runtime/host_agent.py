@@ -22,6 +22,7 @@ from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, B
                         build_environment)
 from .errors import describe_exit
 from .node import MSG_DELIVER, Node, NodeRef, PortRef
+from .zygote import ZygoteClient, ZygoteProcess
 
 log = logging.getLogger("hpcmesh.agent")
 
@@ -48,6 +49,11 @@ class HostAgent:
         self.advertise_host = advertise_host or "127.0.0.1"
         self.log_dir = log_dir or os.path.join(os.environ.get("HPCMESH_LOG_DIR", ".hpcmesh/logs"))
         self.procs: dict[str, _Proc] = {}
+        self._by_pid: dict[int, _Proc] = {}      # zygote-forked processes, by pid
+        self._zygote: ZygoteClient | None = None
+        self._zygote_env: dict[str, str] = {}
+        if os.environ.get("HPCMESH_ZYGOTE", "1") != "0":
+            node.call_soon(self._start_zygote)
         self._net_env: dict[str, str] | None = None
         node.services.update({
             "spawn_procs": self.spawn_procs,
@@ -78,6 +84,37 @@ class HostAgent:
         return self._net_env
 
     # -- spawning -------------------------------------------------------------------
+    # -- the fork server ----------------------------------------------------------
+    def _start_zygote(self) -> None:
+        try:
+            self._zygote_env = dict(os.environ)
+            self._zygote = ZygoteClient(self.node.loop, self._on_zygote_exit)
+        except Exception as e:  # noqa: BLE001 - plain exec still works
+            log.warning("fork server unavailable (%s); starting processes with exec", e)
+            self._zygote = None
+
+    def _use_zygote(self, cmd: BootstrapCommand, env: dict[str, str]) -> bool:
+        """Only the default entry point, and only when nothing that is read at interpreter
+        or loader start-up (PYTHON*, LD_*, MALLOC_*) differs from the zygote's."""
+        z = self._zygote
+        if z is None or not z.alive or cmd.args != ["-m", "hpcmesh.runtime.proc"]:
+            return False
+        try:
+            if not os.path.samefile(cmd.program, sys.executable):
+                return False
+        except OSError:
+            return False
+        startup = ("PYTHON", "LD_", "MALLOC_")
+        keys = {k for k in (*env, *self._zygote_env) if k.startswith(startup)}
+        return all(env.get(k) == self._zygote_env.get(k) for k in keys)
+
+    def _on_zygote_exit(self, pid: int, returncode: int) -> None:
+        p = self._by_pid.pop(pid, None)
+        if p is None:
+            return
+        p.popen.returncode = returncode
+        self._exited(p)
+
     def reserve_port(self) -> tuple[str, int]:
         """(address, free TCP port) on this host: MASTER_ADDR/MASTER_PORT for a mesh's
         torch.distributed users. The port is free now; whoever binds it first gets it."""
@@ -86,7 +123,7 @@ class HostAgent:
             s.bind((host, 0))
             return host, s.getsockname()[1]
 
-    def spawn_procs(self, requests: list, controller: NodeRef, events: PortRef | None,
+    async def spawn_procs(self, requests: list, controller: NodeRef, events: PortRef | None,
                     secret_hex: str, lease_grace: float, log_subdir: str) -> list:
         """Start processes. Each request is (name, BootstrapCommand, label[, mesh_env]) where
         mesh_env are defaults under the user's env (RANK, WORLD_SIZE, ...); returns
@@ -113,18 +150,14 @@ class HostAgent:
                 }
                 env = build_environment(cmd, os.environ, bootstrap_vars,
                                         {**self.network_env(), **mesh_env})
-                try:
-                    popen = subprocess.Popen(cmd.argv(), env=env, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             start_new_session=True, close_fds=True)
-                except FileNotFoundError as e:
-                    raise FileNotFoundError(
-                        f"bootstrap program {cmd.program!r} for {label} does not exist on host "
-                        f"{self.hostname} ({e.strerror})") from None
-                except PermissionError as e:
-                    raise PermissionError(
-                        f"bootstrap program {cmd.program!r} for {label} is not executable on host "
-                        f"{self.hostname} ({e.strerror})") from None
+                popen = None
+                if self._use_zygote(cmd, env):
+                    try:
+                        popen = await self._zygote.spawn(env)
+                    except OSError as e:
+                        log.warning("fork server failed (%s); starting %s with exec", e, label)
+                if popen is None:
+                    popen = self._exec(cmd, env, label)
                 p = _Proc(name, popen, events)
                 self._watch(p, log_dir)
                 started.append(p)
@@ -134,6 +167,20 @@ class HostAgent:
                 self._kill(p, signal.SIGKILL)
             raise
         return out
+
+    def _exec(self, cmd: BootstrapCommand, env: dict[str, str], label: str) -> subprocess.Popen:
+        try:
+            return subprocess.Popen(cmd.argv(), env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True, close_fds=True)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(
+                f"bootstrap program {cmd.program!r} for {label} does not exist on host "
+                f"{self.hostname} ({e.strerror})") from None
+        except PermissionError as e:
+            raise PermissionError(
+                f"bootstrap program {cmd.program!r} for {label} is not executable on host "
+                f"{self.hostname} ({e.strerror})") from None
 
     def _watch(self, p: _Proc, log_dir: str) -> None:
         loop = self.node.loop
@@ -145,6 +192,9 @@ class HostAgent:
                                   buffering=0)
             p.open_streams += 1
             loop.add_reader(fd, self._on_output, p, stream, pipe)
+        if isinstance(p.popen, ZygoteProcess):
+            self._by_pid[p.popen.pid] = p      # the zygote, its parent, reports the exit
+            return
         try:
             p.pidfd = os.pidfd_open(p.popen.pid)
             loop.add_reader(p.pidfd, self._on_exit, p)
@@ -190,7 +240,11 @@ class HostAgent:
         self.node.loop.remove_reader(p.pidfd)
         os.close(p.pidfd)
         p.pidfd = -1
-        p.returncode = p.popen.wait()
+        p.popen.wait()
+        self._exited(p)
+
+    def _exited(self, p: _Proc) -> None:
+        p.returncode = p.popen.returncode
         if p.open_streams == 0:
             self._report_exit(p)
         else:
@@ -258,7 +312,9 @@ class HostAgent:
                 pass
 
     def kill_all(self) -> None:
-        """Synchronously SIGKILL every child (used at exit)."""
+        """Synchronously SIGKILL every child and the fork server (used at exit)."""
         for p in list(self.procs.values()):
             if p.popen.poll() is None:
                 self._kill(p, signal.SIGKILL)
+        if self._zygote is not None:
+            self._zygote.close()

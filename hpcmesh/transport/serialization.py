@@ -13,6 +13,7 @@ transport can hand them to ``sendmsg`` untouched.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import sys
 
@@ -89,6 +90,44 @@ _by_value_modules: set[str] = {"__main__"}
 _checked_modules: dict[str, bool] = {}
 
 
+def _install_roots() -> tuple[str, ...]:
+    import site
+    import sysconfig
+    roots = [*site.getsitepackages(), site.getusersitepackages(),
+             sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]]
+    return tuple(os.path.realpath(r) + os.sep for r in roots if r)
+
+
+def _is_installed(module_name: str) -> bool:
+    """Can a worker import this module the normal way: stdlib, site-packages, or an
+    editable install? (A script's ``__main__`` or a test file next to it cannot.)
+
+    Cheap on purpose: asking importlib.metadata scans every installed distribution
+    (~0.1 s), which would land on the first spawn of every program."""
+    top = module_name.split(".")[0]
+    if top == "__main__":
+        return False
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return True
+    mod = sys.modules.get(top)
+    if mod is not None:
+        origin = getattr(mod, "__file__", None)
+        paths = [origin] if origin else list(getattr(mod, "__path__", []) or [])
+    else:
+        import importlib.util
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            return False
+        paths = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
+    roots = _install_roots()
+    if any(os.path.realpath(p).startswith(roots) for p in paths):
+        return True
+    return top in _installed_top_levels()      # editable installs and the like (slow path)
+
+
 _installed: frozenset[str] | None = None   # top-level names of installed distributions
 
 
@@ -98,14 +137,6 @@ def _installed_top_levels() -> frozenset[str]:
         from importlib.metadata import packages_distributions
         _installed = frozenset(packages_distributions())
     return _installed
-
-
-def _is_installed(module_name: str) -> bool:
-    """Can a worker import this module the normal way (stdlib or an installed distribution)?"""
-    top = module_name.split(".")[0]
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
-        return True
-    return top in _installed_top_levels()
 
 
 def ship_module_by_value(module_name: str) -> None:

@@ -44,11 +44,15 @@ class ProcRecord:
 
 def _listen_addresses(node_id_unix: str) -> list[str]:
     addrs = [node_id_unix]
+    from ..transport.netif import advertise_addresses
+    ifname = os.environ.get("HPCMESH_IFNAME")
     try:
-        from ..transport.netif import advertise_addresses
-        ifname = os.environ.get("HPCMESH_IFNAME")
-        hosts = advertise_addresses(ifname=ifname) if ifname else advertise_addresses()
+        # An explicit choice that matches nothing raises: the user asked for it by name.
+        hosts = advertise_addresses(ifname=ifname, source="HPCMESH_IFNAME") if ifname \
+            else advertise_addresses()
     except Exception as e:  # noqa: BLE001 - fall back to loopback, but say so
+        if ifname:
+            raise
         log.warning("interface discovery failed (%s); listening on 127.0.0.1 only", e)
         hosts = ["127.0.0.1"]
     for h in hosts:

@@ -160,16 +160,10 @@ async def _amain() -> int:
     set_current_node(node)
     rt = ProcRuntime(node, controller, grace)
     loop.add_signal_handler(signal.SIGTERM, rt.on_sigterm)
-    errors = []
-    for addr in controller_addrs:
-        try:
-            await node.connect(addr, expect=controller.node_id or None)
-            break
-        except Exception as e:  # noqa: BLE001
-            errors.append(f"{addr}: {e or type(e).__name__}")
-    else:
-        print(f"hpcmesh proc {name}: cannot reach the controller: {'; '.join(errors)}",
-              file=sys.stderr)
+    try:
+        await node.connect_first(controller_addrs, expect=controller.node_id or None)
+    except ConnectionError as e:
+        print(f"hpcmesh proc {name}: cannot reach the controller: {e}", file=sys.stderr)
         return 4
     await rt.done.wait()
     node.close()

@@ -85,13 +85,13 @@ async def serve(listen: list[str], attach: list[str], secret: bytes, grace: floa
             f.write("\n".join(node.addresses) + "\n")
     print(f"hpcmesh worker on {socket.gethostname()} listening on {', '.join(node.addresses)}",
           file=sys.stderr, flush=True)
-    for addr in attach:
+    if attach:
         try:
-            await node.connect(addr)
+            addr, _conn = await node.connect_first(attach, on_error=lambda a, why: print(
+                f"hpcmesh worker: cannot attach to {a}: {why}", file=sys.stderr, flush=True))
             log.info("attached to client at %s", addr)
-            break
-        except Exception as e:  # noqa: BLE001
-            print(f"hpcmesh worker: cannot attach to {addr}: {e}", file=sys.stderr, flush=True)
+        except ConnectionError as e:
+            print(f"hpcmesh worker: cannot attach: {e}", file=sys.stderr, flush=True)
     await lease.done.wait()
     print(f"hpcmesh worker on {socket.gethostname()} exiting: {lease.reason}", file=sys.stderr,
           flush=True)
@@ -111,8 +111,11 @@ def default_advertise_host(listen: list[str]) -> str:
             continue
         if a.scheme == "tcp" and a.host not in ("0.0.0.0", "::", ""):
             return a.host
+    from ..transport.netif import advertise_addresses
+    ifname = os.environ.get("HPCMESH_IFNAME")
+    if ifname:      # an explicit choice that matches nothing is an error, not a fallback
+        return advertise_addresses(ifname=ifname, source="HPCMESH_IFNAME")[0]
     try:
-        from ..transport.netif import advertise_addresses
         return advertise_addresses()[0]
     except Exception as e:  # noqa: BLE001 - no usable interface: same-host use still works
         log.warning("cannot choose an address to advertise (%s); using 127.0.0.1", e)

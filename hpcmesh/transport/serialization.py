@@ -51,8 +51,17 @@ def _reduce_tensor(t):
     if type(t) is not torch.Tensor or t.device.type != "cpu" or t.is_sparse or t.is_quantized:
         return NotImplemented
     data = t.detach().contiguous()
-    raw = data.reshape(-1).view(torch.uint8).numpy() if data.numel() else bytearray()
+    try:
+        raw = data.reshape(-1).view(torch.uint8).numpy() if data.numel() else bytearray()
+    except (RuntimeError, TypeError):   # no numpy beside torch: torch's own pickling still works
+        return NotImplemented
     return _rebuild_tensor, (pickle.PickleBuffer(raw), data.dtype, tuple(data.shape), t.requires_grad)
+
+
+def _torch_tensor_type():
+    """torch.Tensor if torch is imported *and initialized* (another thread may be halfway
+    through ``import torch``), else None; never imports torch itself."""
+    return getattr(sys.modules.get("torch"), "Tensor", None)
 
 
 class _BigBytes:
@@ -159,14 +168,16 @@ class _FastPickler(pickle.Pickler):
         if getattr(obj, "__module__", None) in _by_value_modules or \
                 getattr(type(obj), "__module__", None) in _by_value_modules:
             raise _NeedsCloudpickle
-        if "torch" in sys.modules and isinstance(obj, sys.modules["torch"].Tensor):
+        tensor = _torch_tensor_type()
+        if tensor is not None and isinstance(obj, tensor):
             return _reduce_tensor(obj)
         return NotImplemented
 
 
 class _CloudPickler(cloudpickle.Pickler):
     def reducer_override(self, obj):
-        if "torch" in sys.modules and isinstance(obj, sys.modules["torch"].Tensor):
+        tensor = _torch_tensor_type()
+        if tensor is not None and isinstance(obj, tensor):
             r = _reduce_tensor(obj)
             if r is not NotImplemented:
                 return r

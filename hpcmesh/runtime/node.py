@@ -256,7 +256,7 @@ class Node:
         conn = p.conn
         if conn is not None and not p.backlog and not conn.closed:
             try:
-                conn.send_frame(meta, bufs)
+                conn.send_frame(meta, bufs, cork=len(p.inflight) > 1)
                 return
             except ConnectionClosed:
                 conn = None     # closed under us: nothing was written; treat as not connected

@@ -101,8 +101,12 @@ class Connection:
             self._on_frames(self, frames)
 
     # -- writing ---------------------------------------------------------------
-    def send_frame(self, meta: bytes, buffers: list = ()) -> None:
-        """Queue one frame; callable from any thread."""
+    def send_frame(self, meta: bytes, buffers: list = (), cork: bool = False) -> None:
+        """Queue one frame; callable from any thread.
+
+        ``cork``: the caller has other messages in flight on this connection (it is
+        pipelining), so hand the frame to the loop to send in a batch instead of paying
+        a syscall per frame; a lone request is written at once for the lowest latency."""
         if self._closed:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         parts = encode_frame(meta, buffers)
@@ -119,7 +123,7 @@ class Connection:
                     self.loop.call_soon(self._flush)
             return
         with self._lock:
-            if self._out or self._writer_on:
+            if self._out or self._writer_on or (cork and sum(map(len, parts)) < 65536):
                 self._out.extend(parts)
                 if not self._flush_scheduled and not self._writer_on:
                     self._flush_scheduled = True

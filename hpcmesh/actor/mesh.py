@@ -301,15 +301,15 @@ class _ProcMeshState:
         self.stopped = False
 
 
-class ProcMesh(MeshTrait):
-    """Processes started on a HostMesh; spawn actors on them."""
+class _SharedStateMesh(MeshTrait):
+    """A view (shape) over state shared by every slice of one mesh."""
 
-    def __init__(self, state: _ProcMeshState, shape: Shape):
+    def __init__(self, state, shape: Shape):
         self._state = state
         self._shape = shape
 
-    def _new_with_shape(self, shape: Shape) -> "ProcMesh":
-        return ProcMesh(self._state, shape)
+    def _new_with_shape(self, shape: Shape):
+        return type(self)(self._state, shape)
 
     @property
     def name(self) -> str:
@@ -317,8 +317,12 @@ class ProcMesh(MeshTrait):
 
     @property
     def initialized(self) -> Future:
-        """Resolves once every process has connected back."""
+        """Resolves (to this mesh) once every member is up."""
         return self._state.ready.then(lambda _: self)
+
+
+class ProcMesh(_SharedStateMesh):
+    """Processes started on a HostMesh; spawn actors on them."""
 
     @property
     def pids(self) -> list[int | None]:
@@ -488,23 +492,8 @@ class _ActorMeshState:
                                         if g.exception() is not None else out.set_result(g._value))
 
 
-class ActorMesh(MeshTrait):
+class ActorMesh(_SharedStateMesh):
     """One actor per process; attribute access gives an endpoint to call."""
-
-    def __init__(self, state: _ActorMeshState, shape: Shape):
-        self._state = state
-        self._shape = shape
-
-    def _new_with_shape(self, shape: Shape) -> "ActorMesh":
-        return ActorMesh(self._state, shape)
-
-    @property
-    def name(self) -> str:
-        return self._state.name
-
-    @property
-    def initialized(self) -> Future:
-        return self._state.ready.then(lambda _: self)
 
     def __getattr__(self, item: str) -> "Endpoint":
         if item.startswith("__") or item in ("_state", "_shape"):

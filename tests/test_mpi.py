@@ -388,7 +388,11 @@ def test_example_mpi_launch(launch):
 # ---------------------------------------------------------------------------------------
 def srun(*args: str) -> list[str]:
     # --immediate: a cluster busy with other jobs skips instead of hanging the suite
+    # UCX_POSIX_USE_PROC_LINK=n: the test cluster's "nodes" are namespaces of one kernel, so
+    # UCX sees one host and maps shared memory through /proc/<pid>/fd of a rank on another
+    # "node", which fails now and then; named /dev/shm files work. Real nodes don't need it.
     return ["srun", "--mpi=pmi2", "-N2", "--ntasks-per-node=2", "--immediate=20", "-t", "2",
+            "--export=ALL,UCX_POSIX_USE_PROC_LINK=n",
             "-J", "hpcmesh-mpi-test", "--kill-on-bad-exit=1", sys.executable, "-m",
             "hpcmesh.mpi", *args]
 

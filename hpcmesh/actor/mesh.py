@@ -503,7 +503,17 @@ class ActorMesh(_SharedStateMesh):
             raise AttributeError(
                 f"{st.class_name} has no endpoint {item!r}; endpoints: "
                 f"{', '.join(sorted(st.endpoints)) or '(none)'}")
-        return Endpoint(self, item)
+        ep = self.__dict__[item] = Endpoint(self, item)   # views are immutable: keep it
+        return ep
+
+    def _members(self) -> tuple[list[tuple[int, int]], tuple]:
+        """[(rank in this view, global index)] and the view's extent as plain items (cached)."""
+        m = self.__dict__.get("_members_cache")
+        if m is None:
+            shape = self._shape
+            m = self.__dict__["_members_cache"] = (list(enumerate(shape.ranks())),
+                                                   tuple(shape.extent.items()))
+        return m
 
     def __reduce__(self):
         st = self._state
@@ -580,9 +590,7 @@ class Endpoint:
         self._name = name
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
-        """[(global index, rank in this view)], and the view's extent as plain items."""
-        shape = self._mesh._shape
-        return list(enumerate(shape.ranks())), tuple(shape.extent.items())
+        return self._mesh._members()
 
     def call_one(self, *args, **kwargs) -> Future:
         """Call the single member of this mesh; a Future of its value."""
@@ -593,8 +601,8 @@ class Endpoint:
                 f"call_one() needs a mesh of exactly one actor, but {mesh.name!r} has extent "
                 f"{dict(shape.extent)} ({shape.nelem} actors); use call() or slice it first, "
                 f"e.g. mesh.slice(**{{dim: 0 for dim in mesh.extent}})")
-        g = shape.ranks()[0]
-        ext = tuple(shape.extent.items())
+        members, ext = mesh._members()
+        g = members[0][1]
         payload = mesh._payload(self._name, args, kwargs)
         return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True))
 

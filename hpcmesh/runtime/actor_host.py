@@ -65,6 +65,7 @@ class ActorHost:
         self._tasks: set = set()
         self._methods: dict[str, tuple] = {}
         self._extents: dict[tuple, Extent] = {}
+        self._points: dict[tuple, Point] = {}
         self.stopped = False
 
     # -- lookup ----------------------------------------------------------------------
@@ -87,10 +88,17 @@ class ActorHost:
         return self._executor
 
     def _message_point(self, rank: int, extent_items: tuple) -> Point:
-        ext = self._extents.get(extent_items)
-        if ext is None:
-            ext = self._extents[extent_items] = Extent(dict(extent_items))
-        return Point(rank, ext)
+        """Points are immutable, and a mesh has few: build each once."""
+        key = (rank, extent_items)
+        point = self._points.get(key)
+        if point is None:
+            ext = self._extents.get(extent_items)
+            if ext is None:
+                ext = self._extents[extent_items] = Extent(dict(extent_items))
+            if len(self._points) > 4096:
+                self._points.clear()
+            point = self._points[key] = Point(rank, ext)
+        return point
 
     # -- dispatch --------------------------------------------------------------------
     def handle_call(self, msg: tuple, origin: str | None, buffers: list) -> None:

@@ -501,6 +501,21 @@ class Node:
         node the call came from."""
         if port_id is None or origin is None:
             return
+        if type(value) is not _Failure:
+            # Fast path: the caller's connection is up and nothing is queued before us.
+            p = self._peers.get(origin)
+            conn = p.conn if p is not None else None
+            if conn is not None and not p.backlog and not conn.closed:
+                try:
+                    meta, bufs = serialization.dumps((MSG_DELIVER, port_id, value), "result")
+                except serialization.SerializationError as e:
+                    value = _Failure(e)
+                else:
+                    try:
+                        conn.send_frame(meta, bufs)
+                        return
+                    except ConnectionClosed:
+                        return      # the caller is gone; its supervision says why
         if origin == self.node_id:
             target = self.ref
         else:

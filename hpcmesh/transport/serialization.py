@@ -188,7 +188,8 @@ _PLAIN_ATOMS = frozenset({int, float, str, bool, type(None), complex})
 
 
 def _plain(obj, depth: int = 0) -> bool:
-    """Only builtin atoms and small builtin containers: the C pickler alone is right."""
+    """Only builtin atoms and small builtin containers: the C pickler alone is right.
+    (Plain loops, not all(genexpr): this runs on every message.)"""
     t = type(obj)
     if t in _PLAIN_ATOMS:
         return True
@@ -197,10 +198,19 @@ def _plain(obj, depth: int = 0) -> bool:
     if depth > 3:
         return False
     if t is tuple or t is list:
-        return len(obj) <= 32 and all(_plain(x, depth + 1) for x in obj)
+        if len(obj) > 32:
+            return False
+        for x in obj:
+            if type(x) not in _PLAIN_ATOMS and not _plain(x, depth + 1):
+                return False
+        return True
     if t is dict:
-        return len(obj) <= 32 and all(type(k) is str and _plain(v, depth + 1)
-                                      for k, v in obj.items())
+        if len(obj) > 32:
+            return False
+        for k, v in obj.items():
+            if type(k) is not str or (type(v) not in _PLAIN_ATOMS and not _plain(v, depth + 1)):
+                return False
+        return True
     return False
 
 

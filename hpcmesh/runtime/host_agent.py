@@ -150,6 +150,7 @@ class HostAgent:
                 }
                 env = build_environment(cmd, os.environ, bootstrap_vars,
                                         {**self.network_env(), **mesh_env})
+                self._assign_gpu(cmd, env, mesh_env)
                 popen = None
                 if self._use_zygote(cmd, env):
                     try:
@@ -167,6 +168,36 @@ class HostAgent:
                 self._kill(p, signal.SIGKILL)
             raise
         return out
+
+    def gpus(self) -> list[str]:
+        """This host's GPUs as CUDA_VISIBLE_DEVICES entries: the agent's own
+        CUDA_VISIBLE_DEVICES (what Slurm gave the step), else SLURM_STEP_GPUS /
+        SLURM_JOB_GPUS, else the /dev/nvidiaN devices."""
+        for var in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+            value = os.environ.get(var)
+            if value is not None:
+                return [g for g in value.split(",") if g]
+        try:
+            return sorted((n[6:] for n in os.listdir("/dev") if n.startswith("nvidia")
+                           and n[6:].isdigit()), key=int)
+        except OSError:
+            return []
+
+    def _assign_gpu(self, cmd: BootstrapCommand, env: dict[str, str], mesh_env: dict) -> None:
+        """One GPU per process by local rank, when several processes share a host that has
+        at least one GPU for each (a single process per host keeps all of them).
+
+        Only for the default entry point and only if the user's command does not set
+        CUDA_VISIBLE_DEVICES: a custom program or wrapper chooses for itself."""
+        if "CUDA_VISIBLE_DEVICES" in cmd.env or cmd.args != ["-m", "hpcmesh.runtime.proc"]:
+            return
+        try:
+            local, per_host = int(mesh_env["LOCAL_RANK"]), int(mesh_env["LOCAL_WORLD_SIZE"])
+        except (KeyError, ValueError):
+            return
+        gpus = self.gpus()
+        if 1 < per_host <= len(gpus):
+            env["CUDA_VISIBLE_DEVICES"] = gpus[local]
 
     def _exec(self, cmd: BootstrapCommand, env: dict[str, str], label: str) -> subprocess.Popen:
         try:

@@ -20,7 +20,7 @@ class Counter(Actor):
     @endpoint
     def where(self) -> str:
         rank = context().actor_instance.rank
-        return f"hosts={rank['host']} gpus={rank['gpu']} (flat rank {rank.rank})"
+        return f"host={rank['host']} gpu={rank['gpu']} (flat rank {rank.rank})"
 
 
 def main() -> None:

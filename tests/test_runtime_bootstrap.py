@@ -217,3 +217,25 @@ def test_one_gpu_per_process_by_local_rank(monkeypatch):
             assert procs.spawn("g", Gpu).visible.call().get(timeout=30).values() == ["3,5"] * n
         finally:
             procs.stop().get(timeout=30)
+
+
+def test_processes_start_in_the_agents_current_directory(tmp_path, monkeypatch):
+    """Forked from the fork server or exec'd, a process starts where the agent is now."""
+    from hpcmesh.actor import Actor, BootstrapCommand, endpoint, this_host
+
+    class Where(Actor):
+        @endpoint
+        def cwd(self):
+            import os as _os
+            return _os.getcwd()
+
+    monkeypatch.chdir(tmp_path)
+    forked = this_host().spawn_procs({"gpus": 1})
+    execd = this_host().spawn_procs({"gpus": 1}, bootstrap_command=BootstrapCommand(
+        "/bin/sh", ["-c", 'exec "$0" "$@"', sys.executable, "-m", "hpcmesh.runtime.proc"]))
+    try:
+        for pm in (forked, execd):
+            assert pm.spawn("w", Where).cwd.call().get(timeout=30).values() == [str(tmp_path)]
+    finally:
+        forked.stop().get(timeout=30)
+        execd.stop().get(timeout=30)

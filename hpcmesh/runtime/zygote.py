@@ -13,7 +13,7 @@ any other program is started with a plain exec.
 Protocol over a Unix stream socket, each message a 4-byte length + pickle of
 plain values; file descriptors ride along with SCM_RIGHTS:
 
-    agent -> zygote : ("spawn", req_id, env)      + fds [stdout_w, stderr_w]
+    agent -> zygote : ("spawn", req_id, env, cwd) + fds [stdout_w, stderr_w]
     zygote -> agent : ("spawned", req_id, pid) | ("failed", req_id, text)
     zygote -> agent : ("exit", pid, returncode)   (Popen-style: -N for signal N)
 """
@@ -64,7 +64,7 @@ def _returncode(status: int) -> int:
 _inherited_fds: list[int] = []     # the zygote's own fds, closed in each child
 
 
-def _child(env: dict, out_fd: int, err_fd: int) -> None:
+def _child(env: dict, cwd: str, out_fd: int, err_fd: int) -> None:
     """In the forked child: become a fresh process session with the given stdio and env."""
     try:
         signal.set_wakeup_fd(-1)
@@ -80,6 +80,7 @@ def _child(env: dict, out_fd: int, err_fd: int) -> None:
                 os.close(fd)
         os.environ.clear()
         os.environ.update(env)
+        os.chdir(cwd)       # the agent's directory now, as an exec'd process would have
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         sys.argv = [sys.argv[0]]
         from . import proc
@@ -123,7 +124,7 @@ def serve(sock: socket.socket) -> None:
 
 
 def _handle(sock: socket.socket, msg: tuple, reader: MessageReader) -> None:
-    kind, req_id, env = msg
+    kind, req_id, env, cwd = msg
     out_fd, err_fd = reader.fds[:2]
     del reader.fds[:2]
     try:
@@ -137,7 +138,7 @@ def _handle(sock: socket.socket, msg: tuple, reader: MessageReader) -> None:
         return
     if pid == 0:
         sock.close()
-        _child(env, out_fd, err_fd)
+        _child(env, cwd, out_fd, err_fd)
     os.close(out_fd)
     os.close(err_fd)
     sock.sendall(encode(("spawned", req_id, pid)))
@@ -196,7 +197,8 @@ class ZygoteClient:
         fut = self.loop.create_future()
         self._pending[req] = fut
         try:
-            socket.send_fds(self.sock, [encode(("spawn", req, env))], [out_w, err_w])
+            socket.send_fds(self.sock, [encode(("spawn", req, env, os.getcwd()))],
+                            [out_w, err_w])
         except OSError:
             self._pending.pop(req, None)
             for fd in (out_r, err_r):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.context import Rendezvous
+from ..runtime.context import _current as _current_context
 from ..runtime.errors import SupervisionError
 from ..runtime.future import Future, failed, gather, on_runtime_thread
 from ..runtime.node import MSG_CALL, Node, NodeRef, current_node
@@ -40,6 +41,12 @@ def _node() -> Node:
     if node is None:
         node = client_runtime().node
     return node
+
+
+def _owner():
+    """The actor spawning a mesh (it supervises what it spawns), or None on the client."""
+    ctx = _current_context.get()
+    return ctx.actor_instance if ctx is not None else None
 
 
 def _label(point: Point) -> str:
@@ -173,6 +180,7 @@ class HostMesh(MeshTrait):
                                  f"mesh {dict(self.extent)}; pick another name")
         rt = client_runtime()
         node = rt.node
+        owner = _owner()
         extent = Extent({**dict(self._shape.extent), **per_host})
         mesh_name = name or f"procs{next(_mesh_counter)}"
         uid = uuid.uuid4().hex[:8]
@@ -191,7 +199,7 @@ class HostMesh(MeshTrait):
                                 f"returning one; for {_label(point)} got {type(cmd).__name__}")
             host = self._hosts[host_ranks[i // per]]
             rec = ProcRecord(f"{mesh_name}-{uid}-{i}", mesh_name, point, host.agent,
-                             _label(point), forward_logs=forward_logs)
+                             _label(point), forward_logs=forward_logs, owner=owner)
             rec.host = host.hostname
             records.append(rec)
             rt.procs[rec.name] = rec
@@ -354,6 +362,9 @@ class ProcMesh(_SharedStateMesh):
         supervisor = rt.events if rt is not None else None
         state = _ActorMeshState(actor_id, name, actor_class.__name__, endpoints,
                                 [r.name for r in recs], recs)
+        state.owner = _owner()
+        if rt is not None:
+            rt.actor_meshes[actor_id] = state     # so an unhandled failure below it finds it
 
         def start() -> Future:
             nodes = [r.node for r in recs]
@@ -464,6 +475,7 @@ class _ActorMeshState:
         # only once they have all been sent, so a later call can never overtake one of them.
         self.live = False
         self.failed: BaseException | None = None
+        self.owner = None           # the actor that spawned this mesh (None: the client)
         self.pending: list[tuple[Callable[[], Future], Future]] = []
 
     def open(self, nodes: list[NodeRef] | None, exc: BaseException | None) -> None:
@@ -560,10 +572,10 @@ class ActorMesh(_SharedStateMesh):
         """Run ``fn`` now if the mesh is up, else queue it (in call order) until it is.
         Arguments were pickled by the caller already, so a queued ``fn`` cannot fail on them."""
         st = self._state
+        if st.failed is not None:     # spawn failed, or a failure below it went unhandled
+            return failed(st.failed)
         if st.live:
             return fn()
-        if st.failed is not None:
-            return failed(st.failed)
         out = Future()
         with st.lock:
             if not st.live and st.failed is None:

@@ -6,10 +6,12 @@ prefixed log lines.
 from __future__ import annotations
 
 import atexit
+import inspect
 import logging
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -17,8 +19,8 @@ from ..transport.addresses import new_secret
 from .errors import SupervisionError, describe_exit
 from .future import Future
 from .host_agent import HostAgent
+from .node import MSG_DELIVER, Node, NodeRef, current_node, set_current_node
 from .tuning import tune_malloc
-from .node import Node, NodeRef, set_current_node
 
 log = logging.getLogger("hpcmesh.client")
 
@@ -40,6 +42,7 @@ class ProcRecord:
     stopping: bool = False
     forward_logs: bool = True
     on_failure: Callable | None = None
+    owner: Any = None            # ActorInstance that spawned this process (None: the client)
 
 
 def _listen_addresses(node_id_unix: str) -> list[str]:
@@ -61,14 +64,23 @@ def _listen_addresses(node_id_unix: str) -> list[str]:
 
 
 class ClientRuntime:
-    """One per controller process; created on first use."""
+    """One per process that owns meshes; created on first use.
 
-    def __init__(self, secret: bytes | None = None):
-        tune_malloc()
-        self.secret = secret or new_secret()
-        self.node = Node.start_in_thread(self.secret, role="client", name="client")
-        self.node.run_sync(self._setup())
+    On the controller it runs its own node on a thread. Inside an actor process it
+    reuses that process's node, so an actor can start processes and actors of its own
+    and be their owner (``__supervise__``)."""
+
+    def __init__(self, secret: bytes | None = None, node: Node | None = None):
+        if node is None:
+            tune_malloc()
+            self.secret = secret or new_secret()
+            self.node = Node.start_in_thread(self.secret, role="client", name="client")
+            self.node.run_sync(self._setup())
+        else:
+            self.secret = node.secret
+            self.node = node
         self.procs: dict[str, ProcRecord] = {}
+        self.actor_meshes: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
@@ -105,6 +117,8 @@ class ClientRuntime:
             self._print_log(*event[1:])
         elif kind == "exit":
             self._on_exit(*event[1:])
+        elif kind == "child_failed":
+            self._on_child_failed(event[1], event[2])
         elif kind == "endpoint_failed":
             _, actor_id, err = event
             log.error("a broadcast to actor mesh %s failed: %s", actor_id[:8], err)
@@ -146,9 +160,59 @@ class ClientRuntime:
                                    pid, status)
             rec.failure = exc
             self.node.fail_peer(rec.node.node_id, exc)
-            print(f"hpcmesh: supervision: {exc}", file=sys.stderr)
+            if rec.owner is None:
+                print(f"hpcmesh: supervision: {exc}", file=sys.stderr)
+        if rec.owner is not None:
+            self.supervise(rec.owner, exc)
         if rec.on_failure is not None:
             rec.on_failure(rec, exc)
+
+    # -- supervision by owning actors ---------------------------------------------
+    def supervise(self, owner, event: SupervisionError) -> None:
+        """Offer ``event`` to the owning actor's ``__supervise__``; True handles it, anything
+        else passes it to that actor's own owner (ultimately the controller)."""
+        host = self.node.actors.get(owner.actor_id)
+        if host is None:
+            return
+        handler = getattr(owner.actor, "__supervise__", None)
+
+        async def offer() -> None:
+            handled = False
+            if handler is not None:
+                try:
+                    if inspect.iscoroutinefunction(handler):
+                        handled = (await handler(event)) is True
+                    else:
+                        handled = (await self.node.loop.run_in_executor(
+                            host.executor(), handler, event)) is True
+                except Exception:  # noqa: BLE001 - a failing handler does not handle it
+                    log.exception("__supervise__ of %s raised", owner.class_name)
+            if handled:
+                return
+            sup = host.supervisor
+            if sup is not None:
+                try:
+                    self.node.send(sup.node, (MSG_DELIVER, sup.port_id,
+                                              ("child_failed", owner.actor_id, event)))
+                except Exception:  # noqa: BLE001 - the owner's owner is gone too
+                    log.warning("could not pass an unhandled failure up: %s", event)
+        self.node.call_soon(lambda: self.node.loop.create_task(offer()))
+
+    def _on_child_failed(self, actor_id: str, event: BaseException) -> None:
+        """An actor of one of our meshes did not handle a failure below it: that mesh is
+        failed (its next call raises), and its owner, if an actor, is asked in turn."""
+        state = self.actor_meshes.get(actor_id)
+        name = state.name if state is not None else actor_id[:8]
+        exc = SupervisionError(f"actor mesh {name!r} did not handle the failure of a process "
+                               f"it owns: {event}", getattr(event, "mesh", ""),
+                               getattr(event, "point", None), getattr(event, "host", ""),
+                               getattr(event, "pid", None), getattr(event, "exit_status", ""))
+        if state is not None:
+            state.failed = exc
+            if state.owner is not None:
+                self.supervise(state.owner, exc)
+                return
+        print(f"hpcmesh: supervision: {exc}", file=sys.stderr)
 
     # -- shutdown ---------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -156,7 +220,8 @@ class ClientRuntime:
         global _runtime
         if self._local_agent is not None:
             self._local_agent.kill_all()
-        self.node.shutdown_thread(2.0)
+        if self.node.role != "proc":     # an actor process's node belongs to that process
+            self.node.shutdown_thread(2.0)
         if _runtime is self:
             _runtime = None
             set_current_node(None)
@@ -184,7 +249,10 @@ def client_runtime() -> ClientRuntime:
     if _runtime is None:
         with _runtime_lock:
             if _runtime is None:
-                _runtime = ClientRuntime()
+                node = current_node()
+                # inside an actor process: own meshes through this process's node
+                _runtime = ClientRuntime(node=node) if node is not None and \
+                    node.role == "proc" else ClientRuntime()
     return _runtime
 
 

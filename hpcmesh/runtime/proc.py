@@ -115,6 +115,10 @@ class ProcRuntime:
 
     async def stop(self) -> int:
         await self.stop_actors(list(self.node.actors))
+        from .client import existing_client_runtime
+        rt = existing_client_runtime()
+        if rt is not None and rt.node is self.node:
+            rt.shutdown()      # processes our actors started go with us
         self.node.loop.call_later(0.02, self.done.set)
         return os.getpid()
 

@@ -311,7 +311,7 @@ def main(argv=None) -> int:
     for row in ROWS:
         for e in errors[row]:
             print(f"- ERROR {row} {e}")
-    print(f"- rotating order per rep: " + "; ".join(
+    print("- rotating order per rep: " + "; ".join(
         " → ".join(ROWS[r % 3:] + ROWS[:r % 3]) for r in range(args.reps)))
     print(f"- other jobs in squeue when a measurement started (after waiting up to "
           f"{args.wait_idle:g} s): {busy or 'none'}")

@@ -34,7 +34,7 @@ import os
 import threading
 import weakref
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple, Union

@@ -2,7 +2,6 @@
 
 import asyncio
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 

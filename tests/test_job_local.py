@@ -2,12 +2,11 @@
 
 import os
 import stat
-import sys
 import textwrap
 
 import pytest
 
-from hpcmesh.job import (BatchJob, LocalJob, activate_context, job_load, job_loads,
+from hpcmesh.job import (LocalJob, activate_context, job_load, job_loads,
                          load_current_job, set_current_job)
 
 

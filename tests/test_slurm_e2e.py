@@ -141,7 +141,7 @@ def test_two_meshes_share_one_allocation_and_unknown_mesh(cluster):
 
 def test_salloc_adopts_the_allocation(cluster):
     script = cluster / "in_salloc.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(textwrap.dedent("""
         import json, os, subprocess, sys
         from hpcmesh.actor import Actor, endpoint
         from hpcmesh.job import SlurmAllocation
@@ -162,9 +162,9 @@ def test_salloc_adopts_the_allocation(cluster):
         after = subprocess.run(["squeue", "--steps", "--noheader", "--format=%i",
                                 "--jobs=" + os.environ["SLURM_JOB_ID"]],
                                capture_output=True, text=True).stdout.split()
-        print("RESULT " + json.dumps({{"extent": dict(hosts.extent), "got": got,
+        print("RESULT " + json.dumps({"extent": dict(hosts.extent), "got": got,
             "alloc": os.environ["SLURM_JOB_ID"], "steps": steps, "after": after,
-            "active": job.active, "nodes": job.allocation.nodes}}), flush=True)
+            "active": job.active, "nodes": job.allocation.nodes}), flush=True)
     """))
     proc = subprocess.run(["salloc", "-N2", f"--job-name={PREFIX}-salloc", PY, str(script)],
                           capture_output=True, text=True, timeout=120)

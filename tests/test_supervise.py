@@ -4,7 +4,6 @@ import os
 import signal
 import time
 
-import pytest
 
 from hpcmesh.actor import Actor, SupervisionError, endpoint, this_host
 

@@ -13,7 +13,6 @@ environment unless ``inherit_env=False``; a remote agent passes on its own.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from typing import Sequence

@@ -9,7 +9,6 @@ forwarded to whoever asked for the process, one batch of lines per read.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import signal

@@ -134,18 +134,15 @@ def _is_installed(module_name: str) -> bool:
     roots = _install_roots()
     if any(os.path.realpath(p).startswith(roots) for p in paths):
         return True
-    return top in _installed_top_levels()      # editable installs and the like (slow path)
-
-
-_installed: frozenset[str] | None = None   # top-level names of installed distributions
-
-
-def _installed_top_levels() -> frozenset[str]:
-    global _installed
-    if _installed is None:
-        from importlib.metadata import packages_distributions
-        _installed = frozenset(packages_distributions())
-    return _installed
+    for finder in sys.meta_path:      # setuptools' editable installs register a finder
+        owner = finder if isinstance(finder, type) else type(finder)
+        if owner.__module__.startswith("__editable__"):
+            try:
+                if finder.find_spec(top, None) is not None:
+                    return True
+            except Exception:  # noqa: BLE001 - a foreign finder must not break pickling
+                continue
+    return False
 
 
 def ship_module_by_value(module_name: str) -> None:

@@ -22,7 +22,7 @@ from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.context import Rendezvous
 from ..runtime.context import _current as _current_context
 from ..runtime.errors import SupervisionError
-from ..runtime.future import Future, failed, gather, on_runtime_thread
+from ..runtime.future import Future, failed, forward, gather, on_runtime_thread
 from ..runtime.node import MSG_CALL, Node, NodeRef, current_node
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization
@@ -55,21 +55,8 @@ def _label(point: Point) -> str:
 
 def _chain(ready: Future, fn: Callable[[], Future]) -> Future:
     """A Future of ``fn()``'s Future, started once ``ready`` succeeds."""
-    out = Future()
-
-    def go(f: Future) -> None:
-        if f.exception() is not None:
-            out.set_exception(f.exception())
-            return
-        try:
-            inner = fn()
-        except BaseException as e:  # noqa: BLE001
-            out.set_exception(e)
-            return
-        inner.add_done_callback(lambda g: out.set_exception(g.exception())
-                                if g.exception() is not None else out.set_result(g._value))
-    ready.add_done_callback(go)
-    return out
+    return _chain_any(ready, lambda f: failed(f.exception()) if f.exception() is not None
+                      else fn())
 
 
 def _run_on_loop(node: Node, coro) -> Future:
@@ -445,8 +432,7 @@ def _chain_any(first: Future, fn: Callable[[Future], Future]) -> Future:
         except BaseException as e:  # noqa: BLE001
             out.set_exception(e)
             return
-        inner.add_done_callback(lambda g: out.set_exception(g.exception())
-                                if g.exception() is not None else out.set_result(g._value))
+        forward(inner, out)
     first.add_done_callback(go)
     return out
 
@@ -500,8 +486,7 @@ class _ActorMeshState:
                 except BaseException as e:  # noqa: BLE001
                     out.set_exception(e)
                     continue
-                inner.add_done_callback(lambda g, out=out: out.set_exception(g.exception())
-                                        if g.exception() is not None else out.set_result(g._value))
+                forward(inner, out)
 
 
 class ActorMesh(_SharedStateMesh):

@@ -150,6 +150,12 @@ def _transfer(src: Future, dst: asyncio.Future) -> None:
         dst.set_result(src._value)
 
 
+def forward(src: "Future", dst: "Future") -> None:
+    """When ``src`` settles, settle ``dst`` the same way."""
+    src.add_done_callback(lambda f: dst.set_exception(f._exc) if f._exc is not None
+                          else dst.set_result(f._value))
+
+
 def completed(value: Any) -> Future:
     f = Future()
     f.set_result(value)

@@ -546,6 +546,12 @@ def choose_interface(
 
     ``interfaces=None`` reads the live system.
     """
+    return _ranked_or_raise(interfaces, ifname, env, allow_loopback, source,
+                            sysfs_root, proc_root)[0]
+
+
+def _ranked_or_raise(interfaces, ifname, env, allow_loopback, source, sysfs_root,
+                     proc_root) -> list[Candidate]:
     interfaces = _resolve(interfaces, sysfs_root, proc_root)
     cands = rank_candidates(
         interfaces, ifname, env, allow_loopback=allow_loopback, source=source
@@ -554,7 +560,7 @@ def choose_interface(
         raise NoUsableInterfaceError(
             f"no usable network interface; available: {_summary(interfaces)}"
         )
-    return cands[0]
+    return cands
 
 
 def advertise_addresses(
@@ -568,15 +574,8 @@ def advertise_addresses(
     proc_root: str | os.PathLike = "/proc",
 ) -> list[str]:
     """Every usable address in rank order (IB first): what the controller advertises."""
-    interfaces = _resolve(interfaces, sysfs_root, proc_root)
-    cands = rank_candidates(
-        interfaces, ifname, env, allow_loopback=allow_loopback, source=source
-    )
-    if not cands:
-        raise NoUsableInterfaceError(
-            f"no usable network interface; available: {_summary(interfaces)}"
-        )
-    return [c.address for c in cands]
+    return [c.address for c in _ranked_or_raise(interfaces, ifname, env, allow_loopback,
+                                                 source, sysfs_root, proc_root)]
 
 
 # --------------------------------------------------------------------------

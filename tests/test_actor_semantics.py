@@ -254,6 +254,21 @@ def test_per_sender_order_with_mixed_sync_and_async(workers):
     assert one.get_log.call_one().get(timeout=10) == list(range(300))
 
 
+def test_pipelined_order_with_batched_small_and_out_of_band_big_arguments(workers):
+    # Small calls from a pipelining caller travel in batch frames and big ones as their
+    # own frames with out-of-band buffers; the actor must still see them in call order.
+    one = workers.slice(hosts=1, gpus=1)
+    one.reset.call_one().get(timeout=10)
+    big = b"b" * (200 * 1024)
+    futs = [one.async_append.call_one(i, False) if i % 50 else
+            one.sync_append.call_one((i, big)) for i in range(1000)]
+    for f in futs:
+        f.get(timeout=30)
+    log = one.get_log.call_one().get(timeout=10)
+    assert [x if isinstance(x, int) else x[0] for x in log] == list(range(1000))
+    assert all(x[1] == big for x in log if not isinstance(x, int))
+
+
 def test_order_kept_across_the_spawn_becoming_ready(procs):
     # Calls made while the actors start are queued; calls made once they are up go
     # straight out. A tight loop spans that switch and must still be answered in order.

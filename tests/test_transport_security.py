@@ -168,12 +168,12 @@ def test_authenticated_peer_sending_bad_frames_loses_only_its_connection(echo):
     url = _controller_urls()[-1]
     # oversized frame header: a 2 GiB metadata claim
     s = _authenticated(url, secret)
-    s.sendall(struct.pack("!IH", 2**31, 0))
+    s.sendall(struct.pack("!IHH", 2**31, 0, 1))
     assert _read_until_closed(s)
     s.close()
     # oversized buffers: 2**62 bytes claimed in one out-of-band buffer
     s = _authenticated(url, secret)
-    s.sendall(struct.pack("!IHQ", 4, 1, 2**62))
+    s.sendall(struct.pack("!IHHQ", 4, 1, 1, 2**62))
     assert _read_until_closed(s)
     s.close()
     # a frame whose metadata is not a pickle at all
@@ -181,14 +181,25 @@ def test_authenticated_peer_sending_bad_frames_loses_only_its_connection(echo):
     s.sendall(b"".join(bytes(p) for p in encode_frame(b"\x00not a pickle", [])))
     assert _read_until_closed(s)
     s.close()
+    # batch frames that lie: zero messages, a batch with buffers, a count that does not match
+    for head in (struct.pack("!IHH", 4, 0, 0), struct.pack("!IHHQ", 4, 1, 3, 8)):
+        s = _authenticated(url, secret)
+        s.sendall(head + b"x" * 12)
+        assert _read_until_closed(s)
+        s.close()
+    body = pickle.dumps([pickle.dumps((2, 1, None), protocol=5)] * 2, protocol=5)
+    s = _authenticated(url, secret)
+    s.sendall(struct.pack("!IHH", len(body), 0, 5) + body)
+    assert _read_until_closed(s)
+    s.close()
     # a truncated frame, then close
     s = _authenticated(url, secret)
-    s.sendall(struct.pack("!IH", 100, 0) + b"x" * 10)
+    s.sendall(struct.pack("!IHH", 100, 0, 1) + b"x" * 10)
     s.close()
     # the worker process's own listener behaves the same
     proc_url = next(iter(client_runtime().procs[pm._state.records[0].name].node.addresses))
     s = _authenticated(proc_url, secret)
-    s.sendall(struct.pack("!IH", 2**31, 0))
+    s.sendall(struct.pack("!IHH", 2**31, 0, 1))
     assert _read_until_closed(s)
     s.close()
     s = _connect(proc_url)
@@ -258,7 +269,7 @@ def test_host_agent_drops_bad_peers_and_keeps_serving(tmp_path):
         s.close()
         # an authenticated peer sending an oversized frame
         s = _authenticated(url, secret)
-        s.sendall(struct.pack("!IH", 2**31, 0))
+        s.sendall(struct.pack("!IHH", 2**31, 0, 1))
         assert _read_until_closed(s)
         s.close()
         # a client holding the wrong secret cannot attach ...

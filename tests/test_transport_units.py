@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from hpcmesh.transport import serialization
 from hpcmesh.transport.framing import (DIRECT_READ_THRESHOLD, FrameDecoder, FrameError,
-                                       encode_frame)
+                                       encode_batch, encode_frame)
 from hpcmesh.transport.handshake import MAGIC, Handshake, HandshakeError
 
 SECRET = b"s" * 32
@@ -69,6 +69,31 @@ def test_frames_in_random_chunks(seed, cuts):
             break
     frames.extend(dec.feed(wire[pos:]))
     _frames_equal(frames, expected)
+
+
+def test_batch_frames_interleaved_with_buffer_frames_keep_order():
+    msgs = [pickle.dumps(("m", i), protocol=5) for i in range(50)]
+    big = os.urandom(DIRECT_READ_THRESHOLD + 11)
+    wire = b"".join(bytes(p) for p in [*encode_batch(msgs[:20]), *encode_frame(b"one", [big]),
+                                       *encode_batch(msgs[20:21]), *encode_batch(msgs[21:])])
+    for chunk in (1, 7, 4096, len(wire)):
+        dec = FrameDecoder(chunk=1024)
+        frames = []
+        for i in range(0, len(wire), chunk):
+            frames.extend(dec.feed(wire[i:i + chunk]))
+        assert [f.count for f in frames] == [20, 1, 1, 29]
+        assert serialization.loads_batch(frames[0].meta, 20) == [("m", i) for i in range(20)]
+        assert bytes(frames[1].meta) == b"one" and bytes(frames[1].buffers[0]) == big
+        assert pickle.loads(frames[2].meta) == ("m", 20)
+        assert serialization.loads_batch(frames[3].meta, 29) == [("m", i) for i in range(21, 50)]
+
+
+def test_batch_header_that_lies_is_a_frame_error():
+    dec = FrameDecoder()
+    with pytest.raises(FrameError, match="batch carries no buffers"):
+        dec.feed(encode_frame(b"m", [b"x"])[0][:6] + (2).to_bytes(2, "big") + b"\0" * 8)
+    with pytest.raises(pickle.UnpicklingError, match="announced 3 messages but holds 2"):
+        serialization.loads_batch(encode_batch([b"a", b"b"])[1], 3)
 
 
 def test_big_buffers_are_read_into_their_own_bytearray():

@@ -26,6 +26,7 @@ from ..runtime.future import Future, failed, forward, gather, on_runtime_thread
 from ..runtime.node import MSG_CALL, Node, NodeRef, current_node
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization
+from ..transport.serialization import is_plain
 from ..transport.addresses import parse_address
 from ..transport.handshake import HandshakeError
 from .endpoint import ENDPOINT_ATTR, check_endpoint_names
@@ -526,28 +527,34 @@ class ActorMesh(_SharedStateMesh):
         return f"ActorMesh({self.name!r}, {self._state.class_name}, {dict(self.extent)})"
 
     # -- sending ---------------------------------------------------------------------
-    def _payload(self, endpoint: str, args: tuple, kwargs: dict) -> tuple[bytes, list]:
-        """Pickle the arguments once; every member's message shares the result."""
+    def _payload(self, endpoint: str, args: tuple, kwargs: dict) -> tuple[Any, list | None]:
+        """The arguments, ready to send; every member's message shares them.
+
+        On a live mesh, arguments made only of builtin values travel inside the message
+        itself, pickled when it is sent: ``((args, kwargs), None)``. Otherwise they are
+        pickled now, once: ``(bytes, out-of-band buffers)`` (a call queued until the mesh
+        is up must not see later changes to its arguments)."""
+        if self._state.live and is_plain(args) and (not kwargs or is_plain(kwargs)):
+            return (args, kwargs), None
         return serialization.dumps((args, kwargs),
                                    f"arguments of {self._state.class_name}.{endpoint}")
 
     def _send(self, g: int, rank: int, extent_items: tuple, endpoint: str,
-              payload: tuple[bytes, list], reply: bool) -> Future | None:
+              payload: tuple[Any, list | None], reply: bool) -> Future | None:
         st = self._state
         node = _node()
         target = st.nodes[g]
         if reply:
-            fut, port = node.reply_future(target)
-            port_id = port.port_id
+            fut, port_id = node.reply_future(target)
         else:
-            fut, port, port_id = None, None, None
-        meta, bufs = payload
-        msg = (MSG_CALL, st.actor_id, endpoint, meta, port_id, rank, extent_items)
+            fut, port_id = None, None
+        args, bufs = payload
+        msg = (MSG_CALL, st.actor_id, endpoint, args, port_id, rank, extent_items)
         try:
-            node.send(target, msg, buffers=bufs)
+            node.send(target, msg, buffers=bufs or [])
         except (SupervisionError, ConnectionError) as e:
-            if port is not None:
-                node.close_port(port)
+            if port_id is not None:
+                node.close_port(port_id)
                 fut.set_exception(e)
             else:
                 raise
@@ -580,17 +587,27 @@ def _rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes
 
 class Endpoint:
     """``mesh.method``: the ways to call one endpoint on a mesh."""
-    __slots__ = ("_mesh", "_name")
+    __slots__ = ("_mesh", "_name", "_route")
 
     def __init__(self, mesh: ActorMesh, name: str):
         self._mesh = mesh
         self._name = name
+        self._route: tuple | None = None     # call_one's fast path, once the mesh is live
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         return self._mesh._members()
 
     def call_one(self, *args, **kwargs) -> Future:
         """Call the single member of this mesh; a Future of its value."""
+        route = self._route
+        if route is not None and not kwargs and is_plain(args):
+            # The common case, kept short: a live mesh, arguments made of builtin values.
+            node, target, st, head, tail = route
+            if st.failed is None:
+                return node.request(target, (*head, (args, kwargs)), tail)
+        return self._call_one(args, kwargs)
+
+    def _call_one(self, args: tuple, kwargs: dict) -> Future:
         mesh = self._mesh
         shape = mesh._shape
         if shape.nelem != 1:
@@ -600,6 +617,10 @@ class Endpoint:
                 f"e.g. mesh.slice(**{{dim: 0 for dim in mesh.extent}})")
         members, ext = mesh._members()
         g = members[0][1]
+        st = mesh._state
+        if st.live and self._route is None:
+            self._route = (_node(), st.nodes[g], st, (MSG_CALL, st.actor_id, self._name),
+                           (0, ext))
         payload = mesh._payload(self._name, args, kwargs)
         return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True))
 

@@ -26,6 +26,8 @@ from .node import MSG_DELIVER, Node, PortRef, failure, format_exception
 log = logging.getLogger("hpcmesh.actor")
 
 ENDPOINT_ATTR = "_hpcmesh_endpoint"
+#: A mailbox with a backlog gives the event loop a turn after this many messages.
+_YIELD_EVERY = 128
 
 
 class EndpointInfo:
@@ -65,7 +67,7 @@ class ActorHost:
         self._tasks: set = set()
         self._methods: dict[str, tuple] = {}
         self._extents: dict[tuple, Extent] = {}
-        self._points: dict[tuple, Point] = {}
+        self._contexts: dict[tuple, Context] = {}
         self.stopped = False
 
     # -- lookup ----------------------------------------------------------------------
@@ -87,84 +89,129 @@ class ActorHost:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{self.cls.__name__}")
         return self._executor
 
-    def _message_point(self, rank: int, extent_items: tuple) -> Point:
-        """Points are immutable, and a mesh has few: build each once."""
+    def _message_context(self, rank: int, extent_items: tuple | None) -> Context:
+        """What ``context()`` returns while handling a message sent to ``rank`` of a mesh
+        view with ``extent_items``. Contexts are immutable and a mesh has few: build each
+        once."""
         key = (rank, extent_items)
-        point = self._points.get(key)
-        if point is None:
-            ext = self._extents.get(extent_items)
-            if ext is None:
-                ext = self._extents[extent_items] = Extent(dict(extent_items))
-            if len(self._points) > 4096:
-                self._points.clear()
-            point = self._points[key] = Point(rank, ext)
-        return point
+        ctx = self._contexts.get(key)
+        if ctx is None:
+            if extent_items is None:
+                point = self.instance.rank
+            else:
+                ext = self._extents.get(extent_items)
+                if ext is None:
+                    ext = self._extents[extent_items] = Extent(dict(extent_items))
+                point = Point(rank, ext)
+            if len(self._contexts) > 4096:
+                self._contexts.clear()
+            ctx = self._contexts[key] = Context(self.instance, point)
+        return ctx
 
     # -- dispatch --------------------------------------------------------------------
     def handle_call(self, msg: tuple, origin: str | None, buffers: list) -> None:
         """``msg`` is (CALL, actor_id, endpoint, payload, reply_port, rank, extent_items)."""
-        call = (msg[2], msg[3], buffers, origin, msg[4], msg[5], msg[6])
+        m = self._methods.get(msg[2])
+        if m is None:
+            try:
+                m = self._method(msg[2])
+            except AttributeError as e:
+                self._fail(msg[2], origin, msg[4], e)
+                return
         if self.stopped:
-            self._fail(call, RuntimeError(f"actor {self.instance.mesh_name} has been stopped"))
+            self._fail(msg[2], origin, msg[4],
+                       RuntimeError(f"actor {self.instance.mesh_name} has been stopped"))
             return
-        try:
-            fn, info = self._method(call[0])
-        except AttributeError as e:
-            self._fail(call, e)
-            return
-        loop = self.node.loop
-        if info.concurrent:
-            task = loop.create_task(self._execute(call, fn, info))
+        if m[1].concurrent:
+            task = self.node.loop.create_task(self._execute(msg, origin, buffers, *m))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        self._queue.append((call, fn, info))
+        self._queue.append((msg, origin, buffers, m))
         if self._runner is None:
-            self._runner = loop.create_task(self._run_mailbox())
+            self._runner = self.node.loop.create_task(self._run_mailbox())
 
     async def _run_mailbox(self) -> None:
+        """Drain the mailbox in order. Async endpoints run right here (no task or extra
+        coroutine per message: this loop is the pipelined hot path); sync ones go through
+        ``_execute`` to the actor's thread."""
         queue = self._queue
+        obj = self.obj
+        contexts = self._contexts
+        reply_to = self.node.reply_to
+        n = 0
         try:
             while queue:
-                call, fn, info = queue.popleft()
+                n += 1
+                if n % _YIELD_EVERY == 0:
+                    # Let the loop send the replies so far and read more calls: a long
+                    # backlog must not hold every reply back until it is all done.
+                    await asyncio.sleep(0)
+                msg, origin, buffers, (fn, info) = queue.popleft()
                 if self.stopped:
-                    self._fail(call, RuntimeError(
+                    self._fail(msg[2], origin, msg[4], RuntimeError(
                         f"actor {self.instance.mesh_name} has been stopped"))
                     continue
-                await self._execute(call, fn, info)
+                if not info.is_async:
+                    await self._execute(msg, origin, buffers, fn, info)
+                    continue
+                _, _, endpoint, payload, reply, rank, extent_items = msg
+                ctx = contexts.get((rank, extent_items))
+                token = _current.set(ctx if ctx is not None else
+                                     self._message_context(rank, extent_items))
+                try:
+                    args, kwargs = (payload if type(payload) is tuple
+                                    else serialization.loads(payload, buffers))
+                    value = await fn(obj, *args, **kwargs)
+                except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
+                    self._failed(e, endpoint, origin, reply)
+                else:
+                    if reply is not None:
+                        reply_to(origin, reply, value)
+                finally:
+                    _current.reset(token)
         finally:
             self._runner = None
 
-    async def _execute(self, call: tuple, fn, info: EndpointInfo) -> None:
-        endpoint, payload, buffers, origin, reply, rank, extent_items = call
-        point = (self._message_point(rank, extent_items) if extent_items is not None
-                 else self.instance.rank)
-        token = _current.set(Context(self.instance, point))
+    async def _execute(self, msg: tuple, origin: str | None, buffers: list, fn,
+                       info: EndpointInfo) -> None:
+        """One call as its own coroutine: concurrent endpoints and sync endpoints."""
+        _, _, endpoint, payload, reply, rank, extent_items = msg
+        token = _current.set(self._message_context(rank, extent_items))
         try:
-            args, kwargs = serialization.loads(payload, buffers)
+            if type(payload) is tuple:      # builtin values, sent inline
+                args, kwargs = payload
+            else:
+                args, kwargs = serialization.loads(payload, buffers)
             if info.is_async:
                 value = await fn(self.obj, *args, **kwargs)
             else:
                 cctx = contextvars.copy_context()
                 value = await asyncio.wrap_future(
                     self.executor().submit(cctx.run, fn, self.obj, *args, **kwargs))
-        except asyncio.CancelledError:
-            self._fail(call, RuntimeError(f"actor {self.instance.mesh_name} was stopped "
-                                          f"before {endpoint} finished"))
-            if self.stopped:
-                return
-            raise
-        except BaseException as e:  # noqa: BLE001
-            self._fail(call, e)
+        except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
+            self._failed(e, endpoint, origin, reply)
         else:
             if reply is not None:
                 self.node.reply_to(origin, reply, value)
         finally:
             _current.reset(token)
 
+    def _failed(self, exc: BaseException, endpoint: str, origin: str | None,
+                reply: int | None) -> None:
+        """An endpoint raised (or was cancelled): tell the caller; a cancellation that
+        is not this actor stopping goes on up to the task."""
+        if isinstance(exc, asyncio.CancelledError):
+            self._fail(endpoint, origin, reply, RuntimeError(
+                f"actor {self.instance.mesh_name} was stopped before {endpoint} finished"))
+            if not self.stopped:
+                raise exc
+            return
+        self._fail(endpoint, origin, reply, exc)
+
     # -- replies ---------------------------------------------------------------------
-    def _fail(self, call: tuple, exc: BaseException) -> None:
-        endpoint, origin, reply = call[0], call[3], call[4]
+    def _fail(self, endpoint: str, origin: str | None, reply: int | None,
+              exc: BaseException) -> None:
         err = exc if isinstance(exc, ActorError) and exc.point is not None else ActorError(
             type(exc).__qualname__, str(exc), format_exception(exc), self.instance.rank,
             self.cls.__name__, endpoint)

@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import logging
 import os
+import pickle
 import socket
 import tempfile
 import threading
@@ -31,11 +32,15 @@ from .errors import SupervisionError
 from .future import Future, register_loop_thread, unregister_loop_thread
 
 log = logging.getLogger("hpcmesh.runtime")
+_PROTOCOL = serialization.PROTOCOL
+is_plain = serialization.is_plain
 
 MSG_HELLO = 0      # (HELLO, node_id, addresses, info)
 MSG_CALL = 1       # (CALL, actor_id, endpoint, payload, reply_port_id|None, rank, extent_items)
-#                   payload = pickled (args, kwargs); its out-of-band buffers ride in the frame;
-#                   the reply goes to the sending node's port reply_port_id.
+#                   payload = pickled (args, kwargs) whose out-of-band buffers ride in the
+#                   frame, or the (args, kwargs) tuple itself when it holds only builtin
+#                   values (pickled with the envelope); the reply goes to the sending
+#                   node's port reply_port_id.
 MSG_DELIVER = 2    # (DELIVER, port_id, value)
 MSG_RPC = 3        # (RPC, service, args, reply PortRef|None)
 MSG_FAIL = 4       # (FAIL, port_id, exception)  -- reply carrying an error
@@ -96,6 +101,7 @@ class Node:
         self.addresses: tuple[str, ...] = ()
         self._peers: dict[str, _Peer] = {}
         self._ports: dict[int, tuple[Callable, bool]] = {}
+        self._replies: dict[int, tuple[Future, _Peer | None]] = {}   # one-shot reply ports
         self._port_ids = itertools.count(1)
         self.services: dict[str, Callable] = {}
         self.actors: dict[str, Any] = {}          # actor_id -> ActorInstance (worker side)
@@ -185,41 +191,52 @@ class Node:
         return PortRef(self.ref, pid)
 
     def close_port(self, port: PortRef | int) -> None:
-        self._ports.pop(port if isinstance(port, int) else port.port_id, None)
+        pid = port if isinstance(port, int) else port.port_id
+        self._ports.pop(pid, None)
+        reply = self._replies.pop(pid, None)
+        if reply is not None and reply[1] is not None:
+            reply[1].inflight.discard(pid)
 
-    def reply_future(self, peer: NodeRef | str | None) -> tuple[Future, PortRef]:
-        """A one-shot port whose first delivery resolves a Future; fails if ``peer`` dies.
+    def reply_future(self, peer: NodeRef | str | None) -> tuple[Future, int]:
+        """A one-shot reply port (its id is returned) whose first delivery resolves a
+        Future; the Future fails if ``peer`` dies first.
 
         Callable from any thread. ``peer`` is the node expected to answer (a NodeRef,
-        or a node id of a node already known)."""
+        or a node id of a node already known). ``port_ref(id)`` names the port for a
+        message that carries it."""
         fut = Future()
         pid = next(self._port_ids)
         if peer is None:
             p = None
-        elif isinstance(peer, NodeRef):
-            p = self._peers.get(peer.node_id) or self.peer(peer)
-        else:
+        elif type(peer) is str:
             p = self._peers.get(peer)
-
-        def deliver(value: Any, _pid=pid, _peer=p) -> None:
-            if _peer is not None:
-                _peer.inflight.discard(_pid)
-            if isinstance(value, _Failure):
-                fut.set_exception(value.exc)
-            else:
-                fut.set_result(value)
-        self._ports[pid] = (deliver, True)
+        else:
+            p = self._peers.get(peer.node_id) or self.peer(peer)
+        self._replies[pid] = (fut, p)
         if p is not None:
             p.inflight.add(pid)
             # Checked after registering: either the loop's _fail_inflight sees this port, or
             # this check sees the loss it recorded first. Nothing can slip between the two.
             if p.lost is not None and p.conn is None:
                 p.inflight.discard(pid)
-                if self._ports.pop(pid, None) is not None:
+                if self._replies.pop(pid, None) is not None:
                     fut.set_exception(p.lost)
-        return fut, PortRef(NodeRef(self.node_id, self.addresses), pid)
+        return fut, pid
+
+    def port_ref(self, port_id: int) -> PortRef:
+        return PortRef(NodeRef(self.node_id, self.addresses), port_id)
 
     def _deliver_local(self, port_id: int, value: Any) -> None:
+        reply = self._replies.pop(port_id, None)
+        if reply is not None:
+            fut, p = reply
+            if p is not None:
+                p.inflight.discard(port_id)
+            if type(value) is _Failure:
+                fut.set_exception(value.exc)
+            else:
+                fut.set_result(value)
+            return
         entry = self._ports.get(port_id)
         if entry is None:
             return   # late reply for a port already closed: nothing is waiting
@@ -246,6 +263,8 @@ class Node:
         pickled already) and ``buffers`` are that payload's out-of-band buffers.
         Messages from one thread to one node go out in the order they were sent."""
         if target.node_id == self.node_id:
+            if msg[0] == MSG_CALL and type(msg[3]) is tuple:
+                msg = serialization.loads(serialization.dumps_envelope(msg))   # no sharing
             self.call_soon(self._dispatch_local, msg, buffers or ())
             return
         p = self._peers.get(target.node_id) or self.peer(target)
@@ -256,7 +275,10 @@ class Node:
         conn = p.conn
         if conn is not None and not p.backlog and not conn.closed:
             try:
-                conn.send_frame(meta, bufs, cork=len(p.inflight) > 1)
+                if bufs:
+                    conn.send_frame(meta, bufs, cork=len(p.inflight) > 1)
+                else:
+                    conn.send_msg(meta, len(p.inflight) > 1)
                 return
             except ConnectionClosed:
                 conn = None     # closed under us: nothing was written; treat as not connected
@@ -264,6 +286,33 @@ class Node:
             raise p.lost
         p.backlog.append((meta, bufs))
         self.call_soon(self._flush_backlog, p)
+
+    def request(self, target: NodeRef, head: tuple, tail: tuple) -> Future:
+        """Send ``head + (reply_port_id,) + tail`` (builtin values only) with a fresh reply
+        port; a Future of the reply. Thread-safe.
+
+        The path every pipelined call takes, so the connected case is written out here
+        rather than through ``reply_future`` and ``send``."""
+        p = self._peers.get(target.node_id)
+        conn = p.conn if p is not None else None
+        if conn is not None and not p.backlog and not conn.closed:
+            fut = Future()
+            pid = next(self._port_ids)
+            self._replies[pid] = (fut, p)
+            inflight = p.inflight
+            inflight.add(pid)
+            try:
+                conn.send_msg(pickle.dumps((*head, pid, *tail), _PROTOCOL), len(inflight) > 1)
+                return fut
+            except ConnectionClosed:
+                self.close_port(pid)    # nothing was written: take the general path
+        fut, pid = self.reply_future(target)
+        try:
+            self.send(target, (*head, pid, *tail), buffers=[])
+        except (SupervisionError, ConnectionError) as e:
+            self.close_port(pid)
+            fut.set_exception(e)
+        return fut
 
     def _flush_backlog(self, p: _Peer) -> None:
         """Loop thread: send queued frames if connected, else dial."""
@@ -397,28 +446,34 @@ class Node:
     def _on_frames(self, conn: Connection, frames: list) -> None:
         for fr in frames:
             try:
-                msg = serialization.loads(fr.meta, fr.buffers)
+                if fr.count == 1:
+                    msgs = (serialization.loads(fr.meta, fr.buffers),)
+                else:
+                    msgs = serialization.loads_batch(fr.meta, fr.count)
             except Exception as e:  # noqa: BLE001
                 log.warning("closing connection from %s: undecodable message (%s: %s)",
                             conn.peer, type(e).__name__, e)
                 conn.close(e)
                 return
-            if type(msg) is not tuple or not msg:
-                log.warning("closing connection from %s: not a protocol message (%s)",
-                            conn.peer, type(msg).__name__)
-                conn.close(ConnectionClosed(f"{conn.peer} sent a malformed message"))
-                return
-            if msg[0] == MSG_HELLO:
-                if len(msg) != 4 or type(msg[1]) is not str or not isinstance(msg[3], dict):
-                    log.warning("closing connection from %s: malformed hello", conn.peer)
-                    conn.close(ConnectionClosed(f"{conn.peer} sent a malformed hello"))
+            origin = conn.info.get("peer_id")
+            for msg in msgs:
+                if type(msg) is not tuple or not msg:
+                    log.warning("closing connection from %s: not a protocol message (%s)",
+                                conn.peer, type(msg).__name__)
+                    conn.close(ConnectionClosed(f"{conn.peer} sent a malformed message"))
                     return
-                self._on_hello(conn, msg)
-                continue
-            try:
-                self._dispatch(msg, conn.info.get("peer_id"), fr.buffers)
-            except Exception:  # noqa: BLE001 - a bad message must not kill the node
-                log.exception("error handling a message from %s", conn.peer)
+                if msg[0] == MSG_HELLO:
+                    if len(msg) != 4 or type(msg[1]) is not str or not isinstance(msg[3], dict):
+                        log.warning("closing connection from %s: malformed hello", conn.peer)
+                        conn.close(ConnectionClosed(f"{conn.peer} sent a malformed hello"))
+                        return
+                    self._on_hello(conn, msg)
+                    origin = conn.info.get("peer_id")
+                    continue
+                try:
+                    self._dispatch(msg, origin, fr.buffers)
+                except Exception:  # noqa: BLE001 - a bad message must not kill the node
+                    log.exception("error handling a message from %s", conn.peer)
 
     def _on_hello(self, conn: Connection, msg: tuple) -> None:
         _, peer_id, addresses, info = msg
@@ -452,9 +507,7 @@ class Node:
 
     def _dispatch(self, msg: tuple, origin: str | None, buffers: list) -> None:
         kind = msg[0]
-        if kind == MSG_DELIVER:
-            self._deliver_local(msg[1], msg[2])
-        elif kind == MSG_CALL:
+        if kind == MSG_CALL:
             inst = self.actors.get(msg[1])
             if inst is None:
                 self.reply_to(origin, msg[4], _Failure(LookupError(
@@ -462,6 +515,8 @@ class Node:
                     f"here or has been stopped")))
                 return
             inst.handle_call(msg, origin, buffers)
+        elif kind == MSG_DELIVER:
+            self._deliver_local(msg[1], msg[2])
         elif kind == MSG_FAIL:
             self._deliver_local(msg[1], _Failure(msg[2]))
         elif kind == MSG_RPC:
@@ -505,14 +560,20 @@ class Node:
             # Fast path: the caller's connection is up and nothing is queued before us.
             p = self._peers.get(origin)
             conn = p.conn if p is not None else None
-            if conn is not None and not p.backlog and not conn.closed:
+            if conn is not None and not p.backlog:
                 try:
-                    meta, bufs = serialization.dumps((MSG_DELIVER, port_id, value), "result")
+                    if is_plain(value):
+                        meta, bufs = pickle.dumps((MSG_DELIVER, port_id, value), _PROTOCOL), ()
+                    else:
+                        meta, bufs = serialization.dumps((MSG_DELIVER, port_id, value), "result")
                 except serialization.SerializationError as e:
                     value = _Failure(e)
                 else:
                     try:
-                        conn.send_frame(meta, bufs)
+                        if bufs:
+                            conn.send_frame(meta, bufs)
+                        else:
+                            conn.send_msg(meta)
                         return
                     except ConnectionClosed:
                         return      # the caller is gone; its supervision says why
@@ -553,7 +614,8 @@ class Node:
 
     def rpc(self, target: NodeRef, service: str, *args) -> Future:
         """Call a service on another node (or this one); a Future of its result."""
-        fut, port = self.reply_future(target if target.node_id != self.node_id else None)
+        fut, pid = self.reply_future(target if target.node_id != self.node_id else None)
+        port = self.port_ref(pid)
         try:
             self.send(target, (MSG_RPC, service, args, port), f"arguments of {service}")
         except BaseException as e:  # noqa: BLE001

@@ -7,7 +7,9 @@ asyncio transport: that lets us ``recv_into`` buffers the decoder chose and
 
 Writes are thread-safe: a caller on another thread (a synchronous ``.get()``
 user) writes its frame directly under a lock, which saves a thread handoff;
-writes from the loop thread are batched once per loop pass.
+writes from the loop thread are batched once per loop pass. Small messages
+queued together (replies written in one loop pass, a pipelining caller's
+calls) travel as one batch frame.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ from collections import deque
 from typing import Callable
 
 from .addresses import Address, parse_address
-from .framing import FrameDecoder, FrameError, encode_frame
+from .framing import MAX_BATCH_COUNT, FrameDecoder, FrameError, encode_batch, encode_frame
 from .handshake import Handshake, HandshakeError
 
 log = logging.getLogger("hpcmesh.transport")
 
 _IOV_MAX = 512
 _MAX_BATCH = 128
+#: A batch of small messages is closed into a frame once it holds this many bytes.
+_BATCH_BYTES = 256 * 1024
 HANDSHAKE_TIMEOUT = 10.0
 
 
@@ -38,7 +42,7 @@ class ConnectionClosed(ConnectionError):
 class Connection:
     __slots__ = ("loop", "sock", "peer", "_decoder", "_on_frames", "_on_close", "_lock",
                  "_out", "_flush_scheduled", "_writer_on", "_closed", "_loop_tid",
-                 "_pending_frames", "info", "__weakref__")
+                 "_pending_frames", "_batch", "_batch_bytes", "info", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, peer: str,
                  on_frames: Callable, on_close: Callable, loop_tid: int,
@@ -56,6 +60,8 @@ class Connection:
         self._closed = False
         self._loop_tid = loop_tid
         self._pending_frames = 0
+        self._batch: list = []       # small pickled messages not yet framed, in send order
+        self._batch_bytes = 0
         self.info: dict = {}
         if leftover:
             try:
@@ -101,17 +107,47 @@ class Connection:
             self._on_frames(self, frames)
 
     # -- writing ---------------------------------------------------------------
+    def send_msg(self, meta: bytes, cork: bool = False) -> None:
+        """Queue one small message without out-of-band buffers; callable from any thread.
+
+        Messages queued in the same loop pass (or while a pipelining caller keeps
+        sending, ``cork``) share one batch frame; a lone request from another thread
+        is written at once for the lowest latency."""
+        if self._closed:
+            raise ConnectionClosed(f"connection to {self.peer} is closed")
+        on_loop = threading.get_ident() == self._loop_tid
+        with self._lock:
+            if not (on_loop or cork or self._batch or self._out or self._writer_on):
+                self._out.extend(encode_batch([meta]))
+                self._write_locked(foreign=True)
+                return
+            self._batch.append(meta)
+            self._batch_bytes += len(meta)
+            if self._batch_bytes >= _BATCH_BYTES or len(self._batch) >= MAX_BATCH_COUNT:
+                self._close_batch()
+            if not self._flush_scheduled and not self._writer_on:
+                self._flush_scheduled = True
+                if on_loop:
+                    self.loop.call_soon(self._flush)
+                else:
+                    self.loop.call_soon_threadsafe(self._flush)
+
     def send_frame(self, meta: bytes, buffers: list = (), cork: bool = False) -> None:
         """Queue one frame; callable from any thread.
 
         ``cork``: the caller has other messages in flight on this connection (it is
         pipelining), so hand the frame to the loop to send in a batch instead of paying
         a syscall per frame; a lone request is written at once for the lowest latency."""
+        if not buffers:
+            self.send_msg(meta, cork)
+            return
         if self._closed:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         parts = encode_frame(meta, buffers)
         if threading.get_ident() == self._loop_tid:
             with self._lock:
+                if self._batch:
+                    self._close_batch()
                 self._out.extend(parts)
                 self._pending_frames += 1
                 if self._writer_on:
@@ -123,6 +159,8 @@ class Connection:
                     self.loop.call_soon(self._flush)
             return
         with self._lock:
+            if self._batch:
+                self._close_batch()
             if self._out or self._writer_on or (cork and sum(map(len, parts)) < 65536):
                 self._out.extend(parts)
                 if not self._flush_scheduled and not self._writer_on:
@@ -132,9 +170,18 @@ class Connection:
             self._out.extend(parts)
             self._write_locked(foreign=True)
 
+    def _close_batch(self) -> None:
+        """Lock held: turn the queued small messages into one frame, behind earlier frames."""
+        self._out.extend(encode_batch(self._batch))
+        self._batch = []
+        self._batch_bytes = 0
+        self._pending_frames += 1
+
     def _flush(self) -> None:
         with self._lock:
             self._flush_scheduled = False
+            if self._batch:
+                self._close_batch()
             if not self._writer_on and not self._closed:
                 self._write_locked()
 
@@ -176,6 +223,8 @@ class Connection:
         with self._lock:
             self._writer_on = False
             self.loop.remove_writer(self.sock.fileno())
+            if self._batch:
+                self._close_batch()
             self._write_locked()
 
     # -- closing ---------------------------------------------------------------
@@ -193,6 +242,7 @@ class Connection:
         except OSError:
             pass
         self._out.clear()
+        self._batch = []
         self._on_close(self, exc)
 
 

@@ -1,7 +1,9 @@
 """Frame encoding and decoding as a pure state machine (sans-I/O).
 
 A frame carries one pickled message plus the out-of-band buffers that pickle
-protocol 5 pulled out of it. Big buffers never get joined into one large
+protocol 5 pulled out of it, or a batch of small messages (a pickled list of
+their pickle streams, no buffers): a pipelining sender pays one header and one
+parse for a hundred messages instead of one each. Big buffers never get joined into one large
 bytes object: the encoder returns a list of buffers for ``sendmsg`` and the
 decoder asks the I/O layer to read each big buffer straight into its final
 home (``next_buffer`` / ``advance``), so a 64 MiB tensor is copied once by
@@ -9,15 +11,20 @@ the kernel and never again in Python.
 
 Wire layout of one frame (network byte order)::
 
-    u32 meta_len | u16 nbufs | u64 buf_len * nbufs | meta bytes | buf 0 | buf 1 ...
+    u32 meta_len | u16 nbufs | u16 count | u64 buf_len * nbufs | meta bytes | buf 0 | buf 1 ...
+
+``count`` is the number of messages in the frame: 1 for a single message (``meta``
+is its pickle stream); a batch (count > 1, no buffers) has a pickled list of the
+messages' pickle streams as ``meta``.
 """
 
 from __future__ import annotations
 
+import pickle
 import struct
 from dataclasses import dataclass
 
-_HEAD = struct.Struct("!IH")
+_HEAD = struct.Struct("!IHH")
 _BUFLEN = struct.Struct("!Q")
 
 #: Frames larger than this (meta plus buffers) close the connection.
@@ -27,6 +34,8 @@ DEFAULT_MAX_META = 256 * 1024**2
 #: Buffers at least this large are read directly into their own bytearray.
 DIRECT_READ_THRESHOLD = 64 * 1024
 _MAX_BUFFERS = 65535
+#: The most messages one batch frame may hold.
+MAX_BATCH_COUNT = 65535
 
 
 class FrameError(Exception):
@@ -37,6 +46,7 @@ class FrameError(Exception):
 class Frame:
     meta: memoryview | bytes
     buffers: list
+    count: int = 1      # pickle streams in meta (a batch when > 1)
 
 
 def encode_frame(meta: bytes, buffers: list = ()) -> list:
@@ -44,11 +54,26 @@ def encode_frame(meta: bytes, buffers: list = ()) -> list:
     if len(buffers) > _MAX_BUFFERS:
         raise FrameError(f"too many out-of-band buffers: {len(buffers)} > {_MAX_BUFFERS}")
     views = [b if isinstance(b, memoryview) else memoryview(b) for b in buffers]
-    head = _HEAD.pack(len(meta), len(views))
+    head = _HEAD.pack(len(meta), len(views), 1)
     if views:
         head += b"".join(_BUFLEN.pack(v.nbytes) for v in views)
         return [head, meta, *(v.cast("B") if v.ndim != 1 or v.format != "B" else v for v in views)]
     return [head, meta]
+
+
+def encode_batch(metas: list) -> list:
+    """Return the pieces to write for one frame holding several buffer-less messages.
+
+    The batch's meta is the list of the messages' pickle streams, itself pickled: the
+    receiver splits it with one C call (streams written back to back cannot be read
+    one by one without their lengths: each starts its pickle memo at zero)."""
+    n = len(metas)
+    if n == 1:
+        return [_HEAD.pack(len(metas[0]), 0, 1), metas[0]]
+    if n > MAX_BATCH_COUNT:
+        raise FrameError(f"too many messages in one batch: {n} > {MAX_BATCH_COUNT}")
+    body = pickle.dumps(metas, 5)
+    return [_HEAD.pack(len(body), 0, n), body]
 
 
 class FrameDecoder:
@@ -61,7 +86,7 @@ class FrameDecoder:
 
     __slots__ = ("_buf", "_start", "_end", "_max_frame", "_max_meta",
                  "_state", "_meta_len", "_lens", "_meta", "_bufs", "_target", "_filled",
-                 "_chunk")
+                 "_chunk", "_count")
 
     _S_HEAD, _S_LENS, _S_META, _S_BUFS = range(4)
 
@@ -75,6 +100,7 @@ class FrameDecoder:
         self._max_meta = max_meta
         self._state = self._S_HEAD
         self._meta_len = 0
+        self._count = 1
         self._lens: list[int] = []
         self._meta = b""
         self._bufs: list = []
@@ -126,7 +152,7 @@ class FrameDecoder:
         return data
 
     def _finish(self) -> Frame:
-        frame = Frame(self._meta, self._bufs)
+        frame = Frame(self._meta, self._bufs, self._count)
         self._state = self._S_HEAD
         self._meta = b""
         self._bufs = []
@@ -140,16 +166,28 @@ class FrameDecoder:
             if st == self._S_HEAD:
                 if self._avail() < _HEAD.size:
                     return frames
-                self._meta_len, nbufs = _HEAD.unpack_from(self._buf, self._start)
+                self._meta_len, nbufs, self._count = _HEAD.unpack_from(self._buf, self._start)
                 self._start += _HEAD.size
+                if self._count == 0 or (self._count > 1 and nbufs):
+                    raise FrameError(f"invalid frame header: {self._count} messages with "
+                                     f"{nbufs} buffers (a batch carries no buffers)")
                 if self._meta_len > self._max_meta:
                     raise FrameError(f"frame metadata of {self._meta_len} bytes exceeds the "
                                      f"limit of {self._max_meta} bytes")
                 if not nbufs and self._meta_len > self._max_frame:
                     raise FrameError(f"frame of {self._meta_len} bytes exceeds the limit of "
                                      f"{self._max_frame} bytes")
-                self._lens = [0] * nbufs
-                self._state = self._S_LENS if nbufs else self._S_META
+                if not nbufs:
+                    end = self._start + self._meta_len
+                    if end <= self._end:     # the common small frame, already all here
+                        frames.append(Frame(bytes(self._buf[self._start:end]), [], self._count))
+                        self._start = end
+                        continue
+                    self._lens = []
+                    self._state = self._S_META
+                else:
+                    self._lens = [0] * nbufs
+                    self._state = self._S_LENS
             elif st == self._S_LENS:
                 need = _BUFLEN.size * len(self._lens)
                 if self._avail() < need:

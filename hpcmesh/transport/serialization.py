@@ -184,9 +184,9 @@ class _CloudPickler(cloudpickle.Pickler):
 _PLAIN_ATOMS = frozenset({int, float, str, bool, type(None), complex})
 
 
-def _plain(obj, depth: int = 0) -> bool:
-    """Only builtin atoms and small builtin containers: the C pickler alone is right.
-    (Plain loops, not all(genexpr): this runs on every message.)"""
+def is_plain(obj, depth: int = 0) -> bool:
+    """Only builtin atoms, small bytes and small builtin containers of them: the C
+    pickler alone is right. (Plain loops, not all(genexpr): this runs on every message.)"""
     t = type(obj)
     if t in _PLAIN_ATOMS:
         return True
@@ -198,14 +198,20 @@ def _plain(obj, depth: int = 0) -> bool:
         if len(obj) > 32:
             return False
         for x in obj:
-            if type(x) not in _PLAIN_ATOMS and not _plain(x, depth + 1):
+            tx = type(x)
+            if tx in _PLAIN_ATOMS:
+                continue
+            if tx is bytes:
+                if len(x) >= OOB_THRESHOLD:
+                    return False
+            elif not is_plain(x, depth + 1):
                 return False
         return True
     if t is dict:
         if len(obj) > 32:
             return False
         for k, v in obj.items():
-            if type(k) is not str or (type(v) not in _PLAIN_ATOMS and not _plain(v, depth + 1)):
+            if type(k) is not str or (type(v) not in _PLAIN_ATOMS and not is_plain(v, depth + 1)):
                 return False
         return True
     return False
@@ -218,7 +224,7 @@ def dumps_envelope(envelope: tuple) -> bytes:
 
 def dumps(obj, what: str = "message") -> tuple[bytes, list]:
     """Serialize ``obj``; return (pickle stream, out-of-band buffers)."""
-    if _plain(obj):
+    if is_plain(obj):
         return pickle.dumps(obj, PROTOCOL), []
     obj = _wrap_big(obj)
     buffers: list = []
@@ -242,6 +248,15 @@ def dumps(obj, what: str = "message") -> tuple[bytes, list]:
 
 def loads(meta, buffers=()):
     return pickle.loads(meta, buffers=buffers)
+
+
+def loads_batch(meta, count: int) -> list:
+    """The ``count`` messages of a batch frame (a pickled list of pickle streams)."""
+    streams = pickle.loads(meta)
+    if type(streams) is not list or len(streams) != count:
+        raise pickle.UnpicklingError(f"batch frame announced {count} messages but holds "
+                                     f"{len(streams) if type(streams) is list else 'no list'}")
+    return [pickle.loads(m) for m in streams]
 
 
 def dumps_by_value(obj) -> bytes:

@@ -87,14 +87,18 @@ def worker_side(batch: int, rounds: int) -> float:
 
     async def run(n: int) -> None:
         for _ in range(n):
-            node._on_frames(conn, [frame])
-            while host._runner is not None:
+            # From a plain loop callback, as the socket reader calls it (not inside a task:
+            # an idle actor runs endpoints inline there).
+            loop.call_soon(node._on_frames, conn, [frame])
+            await asyncio.sleep(0)
+            while host._busy or host._queue:
                 await asyncio.sleep(0)
         await asyncio.sleep(0)
     loop.run_until_complete(run(2))     # warm-up
     t0 = time.process_time()
     loop.run_until_complete(run(rounds))
     cpu = time.process_time() - t0
+    loop.run_until_complete(host.stop())
     conn.close()
     drain.wait()
     loop.close()

@@ -133,6 +133,27 @@ class Worker(Actor):
         return sum(vm.values()), [dict(p.coords) for p, _ in vm], vm.slice(hosts=1).values()
 
     @endpoint
+    async def same_task_and_context_across_awaits(self):
+        # Endpoints start inline when the actor is idle and are handed to the mailbox
+        # task when they suspend: neither their context nor their task may change.
+        task, rank = asyncio.current_task(), context().message_rank
+        await asyncio.sleep(0.001)
+        same = asyncio.current_task() is task and context().message_rank == rank
+        try:
+            async with asyncio.timeout(0.02):     # cancels the task the endpoint runs in
+                await asyncio.sleep(5)
+            timed_out = False
+        except TimeoutError:
+            timed_out = True
+        try:
+            async with asyncio.timeout(0):        # expires before the first suspension ends
+                await asyncio.sleep(5)
+            expired = False
+        except TimeoutError:
+            expired = True
+        return task is not None, same, timed_out, expired, asyncio.current_task() is task
+
+    @endpoint
     async def with_timeout_and_taskgroup(self):
         async with asyncio.timeout(5):
             async with asyncio.TaskGroup() as tg:
@@ -217,6 +238,16 @@ def test_sync_and_async_endpoints(workers):
 def test_asyncio_timeout_and_taskgroup_work_in_endpoints(workers):
     one = workers.slice(hosts=0, gpus=0)
     assert one.with_timeout_and_taskgroup.call_one().get(timeout=10) == (3, True)
+
+
+def test_endpoint_keeps_its_task_and_context_across_awaits(workers):
+    one = workers.slice(hosts=0, gpus=1)
+    for _ in range(3):
+        assert one.same_task_and_context_across_awaits.call_one().get(timeout=10) == \
+            (True, True, True, True, True)
+    # and while other calls queue behind it (so it does not run inline)
+    futs = [one.same_task_and_context_across_awaits.call_one() for _ in range(3)]
+    assert [f.get(timeout=10) for f in futs] == [(True, True, True, True, True)] * 3
 
 
 def test_non_concurrent_async_endpoint_does_not_interleave(workers):

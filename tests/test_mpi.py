@@ -388,11 +388,13 @@ def test_example_mpi_launch(launch):
 # ---------------------------------------------------------------------------------------
 def srun(*args: str) -> list[str]:
     # --immediate: a cluster busy with other jobs skips instead of hanging the suite
-    # UCX_POSIX_USE_PROC_LINK=n: the test cluster's "nodes" are namespaces of one kernel, so
-    # UCX sees one host and maps shared memory through /proc/<pid>/fd of a rank on another
-    # "node", which fails now and then; named /dev/shm files work. Real nodes don't need it.
+    # MPICH over libfabric's tcp provider, not UCX: the test cluster's "nodes" are
+    # namespaces of one kernel, and UCX takes ranks on different "nodes" for one host
+    # (shared memory through /proc/<pid>/fd or SysV segments that fail to attach, and
+    # worker addresses it cannot unpack), failing depending on timing and heap layout.
+    # Real nodes don't need this.
     return ["srun", "--mpi=pmi2", "-N2", "--ntasks-per-node=2", "--immediate=20", "-t", "2",
-            "--export=ALL,UCX_POSIX_USE_PROC_LINK=n",
+            "--export=ALL,MPIR_CVAR_CH4_NETMOD=ofi,FI_PROVIDER=tcp",
             "-J", "hpcmesh-mpi-test", "--kill-on-bad-exit=1", sys.executable, "-m",
             "hpcmesh.mpi", *args]
 

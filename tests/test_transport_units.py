@@ -113,7 +113,47 @@ def test_big_buffers_are_read_into_their_own_bytearray():
     bufs = frames[0].buffers
     assert [len(b) for b in bufs] == [len(big), 5, len(big)]
     assert bytes(bufs[0]) == big and bytes(bufs[2]) == big
-    assert all(isinstance(b, bytearray) for b in bufs)
+    # read-only buffers (bytes) come back as bytes, read in place; writable ones as bytearray
+    assert all(type(b) is bytes for b in bufs)
+    wire = _wire(b"m", [bytearray(big), memoryview(big), bytearray(b"small")])
+    (fr,) = FrameDecoder(chunk=4096).feed(wire)
+    assert [type(b) for b in fr.buffers] == [bytearray, bytes, bytearray]
+    assert bytes(fr.buffers[0]) == big and fr.buffers[1] == big
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), cuts=st.lists(st.integers(1, 300_000), max_size=30))
+def test_mixed_readonly_and_writable_buffers_in_random_chunks(seed, cuts):
+    rnd = random.Random(seed)
+    expected = []
+    for _ in range(4):
+        bufs = []
+        for _ in range(rnd.randint(0, 3)):
+            data = rnd.randbytes(rnd.choice([0, 1, 5, DIRECT_READ_THRESHOLD - 1,
+                                             DIRECT_READ_THRESHOLD, 3 * DIRECT_READ_THRESHOLD + 1]))
+            bufs.append(data if rnd.random() < 0.5 else bytearray(data))
+        expected.append((rnd.randbytes(rnd.choice([0, 9, 2000])), bufs))
+    wire = b"".join(_wire(m, b) for m, b in expected)
+    dec = FrameDecoder(chunk=1024)
+    frames, pos = [], 0
+    for c in cuts:
+        frames.extend(dec.feed(wire[pos:pos + c]))
+        pos += c
+        if pos >= len(wire):
+            break
+    frames.extend(dec.feed(wire[pos:]))
+    _frames_equal(frames, expected)
+    for fr, (_, bufs) in zip(frames, expected):
+        assert [type(b) for b in fr.buffers] == [type(b) for b in bufs]
+
+
+def test_big_bytes_payload_is_rebuilt_without_a_copy():
+    big = os.urandom(4 * DIRECT_READ_THRESHOLD)
+    meta, bufs = serialization.dumps(("x", big))
+    (fr,) = FrameDecoder(chunk=4096).feed(b"".join(bytes(p) for p in encode_frame(meta, bufs)))
+    tag, out = serialization.loads(fr.meta, fr.buffers)
+    assert type(out) is bytes and out == big and hash(out) == hash(big)
+    assert out is fr.buffers[0]         # the decoder's bytes object itself: no copy
 
 
 def test_non_byte_memoryviews_are_cast_on_encode():
@@ -222,6 +262,12 @@ def test_bad_magic():
     d = Handshake(SECRET, dialer=True)
     with pytest.raises(HandshakeError, match="bad magic"):
         d.receive(b"\x00" * 72)
+
+
+def test_other_wire_version_is_named():
+    hs = Handshake(SECRET, dialer=False)
+    with pytest.raises(HandshakeError, match="wire version 1, this process speaks version 2"):
+        hs.receive(b"HPCMESH1" + os.urandom(32))
 
 
 def test_short_secret_refused():

@@ -602,9 +602,9 @@ class Endpoint:
         route = self._route
         if route is not None and not kwargs and is_plain(args):
             # The common case, kept short: a live mesh, arguments made of builtin values.
-            node, target, st, head, tail = route
+            node, target, st, actor_id, ext = route
             if st.failed is None:
-                return node.request(target, (*head, (args, kwargs)), tail)
+                return node.call_actor(target, actor_id, self._name, (args, kwargs), 0, ext)
         return self._call_one(args, kwargs)
 
     def _call_one(self, args: tuple, kwargs: dict) -> Future:
@@ -619,8 +619,7 @@ class Endpoint:
         g = members[0][1]
         st = mesh._state
         if st.live and self._route is None:
-            self._route = (_node(), st.nodes[g], st, (MSG_CALL, st.actor_id, self._name),
-                           (0, ext))
+            self._route = (_node(), st.nodes[g], st, st.actor_id, ext)
         payload = mesh._payload(self._name, args, kwargs)
         return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True))
 

@@ -15,6 +15,7 @@ import inspect
 import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from asyncio.tasks import _enter_task, _leave_task   # run inline as the mailbox task
 from typing import Any
 
 from .context import ActorInstance, Context, _current
@@ -62,7 +63,10 @@ class ActorHost:
         self.cls = type(obj)
         self.supervisor = supervisor
         self._queue: deque = deque()
-        self._runner: asyncio.Task | None = None
+        self._runner: asyncio.Task | None = None   # the mailbox task (parked when idle)
+        self._waker: asyncio.Future | None = None  # what the parked mailbox task awaits
+        self._busy = False          # the mailbox task is running a call (others must queue)
+        self._handoff: tuple | None = None         # an inline call that suspended
         self._executor: ThreadPoolExecutor | None = None
         self._tasks: set = set()
         self._methods: dict[str, tuple] = {}
@@ -122,56 +126,152 @@ class ActorHost:
             self._fail(msg[2], origin, msg[4],
                        RuntimeError(f"actor {self.instance.mesh_name} has been stopped"))
             return
-        if m[1].concurrent:
-            task = self.node.loop.create_task(self._execute(msg, origin, buffers, *m))
+        fn, info = m
+        if info.concurrent:
+            task = self.node.loop.create_task(self._execute(msg, origin, buffers, fn, info))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
+        if not self._busy and info.is_async and not self.node.in_batch:
+            self._run_inline(msg, origin, buffers, fn)
+            return
         self._queue.append((msg, origin, buffers, m))
+        if not self._busy:
+            self._busy = True
+            self._wake_mailbox()
+
+    def _mailbox_task(self) -> asyncio.Task:
         if self._runner is None:
             self._runner = self.node.loop.create_task(self._run_mailbox())
+        return self._runner
+
+    def _wake_mailbox(self) -> None:
+        waker = self._waker
+        if waker is None:
+            self._mailbox_task()    # starts busy: drains the queue before it parks
+        elif not waker.done():
+            waker.set_result(None)
+
+    def _run_inline(self, msg: tuple, origin: str | None, buffers: list, fn) -> None:
+        """The actor is idle: start the endpoint right here, inside the mailbox task's
+        identity (``current_task()``, ``asyncio.timeout`` and ``TaskGroup`` see that
+        task) and in a context of its own. Most endpoints finish without suspending, so
+        the reply leaves with no task switch and no extra turn of the loop; one that
+        suspends is handed to the mailbox task, which finishes it."""
+        loop = self.node.loop
+        task = self._mailbox_task()
+        try:
+            _enter_task(loop, task)
+        except RuntimeError:        # called from inside another task: queue it instead
+            self._queue.append((msg, origin, buffers, (fn, self._methods[msg[2]][1])))
+            self._busy = True
+            self._wake_mailbox()
+            return
+        try:
+            contextvars.copy_context().run(self._start, msg, origin, buffers, fn)
+        finally:
+            _leave_task(loop, task)
+
+    def _start(self, msg: tuple, origin: str | None, buffers: list, fn) -> None:
+        _, _, endpoint, payload, reply, rank, extent_items = msg
+        ctx = self._contexts.get((rank, extent_items))
+        _current.set(ctx if ctx is not None else self._message_context(rank, extent_items))
+        try:
+            args, kwargs = (payload if type(payload) is tuple
+                            else serialization.loads(payload, buffers))
+            coro = fn(self.obj, *args, **kwargs)
+            try:
+                waiting_on = coro.send(None)
+            except StopIteration as done:
+                value = done.value
+            else:
+                self._handoff = (contextvars.copy_context(), coro, waiting_on, endpoint, origin,
+                                 reply)
+                self._busy = True
+                self._wake_mailbox()
+                return
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            self._fail(endpoint, origin, reply, e)
+        else:
+            if reply is not None:
+                self.node.reply_to(origin, reply, value)
 
     async def _run_mailbox(self) -> None:
-        """Drain the mailbox in order. Async endpoints run right here (no task or extra
-        coroutine per message: this loop is the pipelined hot path); sync ones go through
-        ``_execute`` to the actor's thread."""
+        """The actor's mailbox task: parked while the actor is idle; finishes an endpoint
+        that suspended while run inline, then drains the calls that queued meanwhile, in
+        order. Async endpoints run right here (no task or coroutine per message: this is
+        the pipelined hot path); sync ones go through ``_execute`` to the actor's thread."""
+        loop = self.node.loop
+        try:
+            while not self.stopped:
+                cancelled = False
+                if not self._busy:
+                    self._waker = loop.create_future()
+                    try:
+                        await self._waker
+                    except asyncio.CancelledError:
+                        if self.stopped:
+                            return
+                        # Meant for the endpoint handed over below (an asyncio.timeout
+                        # that fired before this task took it over): pass it on.
+                        cancelled = True
+                    self._waker = None
+                handoff, self._handoff = self._handoff, None
+                if handoff is not None:
+                    await self._finish(handoff, cancelled)
+                await self._drain()
+                self._busy = False
+        finally:
+            self._runner = None
+            self._waker = None
+
+    async def _finish(self, handoff: tuple, cancelled: bool) -> None:
+        ctx, coro, waiting_on, endpoint, origin, reply = handoff
+        try:
+            value = await _Resume(ctx, coro, waiting_on, cancelled)
+        except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
+            self._failed(e, endpoint, origin, reply)
+        else:
+            if reply is not None:
+                self.node.reply_to(origin, reply, value)
+
+    async def _drain(self) -> None:
         queue = self._queue
         obj = self.obj
         contexts = self._contexts
         reply_to = self.node.reply_to
         n = 0
-        try:
-            while queue:
-                n += 1
-                if n % _YIELD_EVERY == 0:
-                    # Let the loop send the replies so far and read more calls: a long
-                    # backlog must not hold every reply back until it is all done.
-                    await asyncio.sleep(0)
-                msg, origin, buffers, (fn, info) = queue.popleft()
-                if self.stopped:
-                    self._fail(msg[2], origin, msg[4], RuntimeError(
-                        f"actor {self.instance.mesh_name} has been stopped"))
-                    continue
-                if not info.is_async:
-                    await self._execute(msg, origin, buffers, fn, info)
-                    continue
-                _, _, endpoint, payload, reply, rank, extent_items = msg
-                ctx = contexts.get((rank, extent_items))
-                token = _current.set(ctx if ctx is not None else
-                                     self._message_context(rank, extent_items))
-                try:
-                    args, kwargs = (payload if type(payload) is tuple
-                                    else serialization.loads(payload, buffers))
-                    value = await fn(obj, *args, **kwargs)
-                except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
-                    self._failed(e, endpoint, origin, reply)
-                else:
-                    if reply is not None:
-                        reply_to(origin, reply, value)
-                finally:
-                    _current.reset(token)
-        finally:
-            self._runner = None
+        while queue:
+            n += 1
+            if n % _YIELD_EVERY == 0:
+                # Let the loop send the replies so far and read more calls: a long
+                # backlog must not hold every reply back until it is all done.
+                await asyncio.sleep(0)
+            msg, origin, buffers, (fn, info) = queue.popleft()
+            if self.stopped:
+                self._fail(msg[2], origin, msg[4], RuntimeError(
+                    f"actor {self.instance.mesh_name} has been stopped"))
+                continue
+            if not info.is_async:
+                await self._execute(msg, origin, buffers, fn, info)
+                continue
+            _, _, endpoint, payload, reply, rank, extent_items = msg
+            ctx = contexts.get((rank, extent_items))
+            token = _current.set(ctx if ctx is not None else
+                                 self._message_context(rank, extent_items))
+            try:
+                args, kwargs = (payload if type(payload) is tuple
+                                else serialization.loads(payload, buffers))
+                value = await fn(obj, *args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
+                self._failed(e, endpoint, origin, reply)
+            else:
+                if reply is not None:
+                    reply_to(origin, reply, value)
+            finally:
+                _current.reset(token)
 
     async def _execute(self, msg: tuple, origin: str | None, buffers: list, fn,
                        info: EndpointInfo) -> None:
@@ -243,7 +343,44 @@ class ActorHost:
                 log.exception("__cleanup__ of %s failed", self.cls.__name__)
             finally:
                 _current.reset(token)
-        for t in list(self._tasks) + ([self._runner] if self._runner is not None else []):
+        tasks = list(self._tasks) + ([self._runner] if self._runner is not None else [])
+        for t in tasks:
             t.cancel()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        if tasks:   # let them see the cancellation (a pending task must not be dropped)
+            await asyncio.wait(tasks, timeout=1.0)
+
+
+class _Resume:
+    """Awaiting this continues a coroutine that was started by hand (``coro.send``) and
+    suspended on ``waiting_on``: what ``await coro`` would have done from the start, each
+    step in the coroutine's own context ``ctx``. ``cancelled``: a cancellation arrived
+    before the awaiting task took over."""
+    __slots__ = ("ctx", "coro", "waiting_on", "cancelled")
+
+    def __init__(self, ctx: contextvars.Context, coro, waiting_on, cancelled: bool = False):
+        self.ctx = ctx
+        self.coro = coro
+        self.waiting_on = waiting_on
+        self.cancelled = cancelled
+
+    def __await__(self):
+        run, coro, waiting_on = self.ctx.run, self.coro, self.waiting_on
+        thrown: BaseException | None = asyncio.CancelledError() if self.cancelled else None
+        while True:
+            try:
+                if thrown is not None:
+                    waiting_on = run(coro.throw, thrown)
+                    thrown = None
+            except StopIteration as done:
+                return done.value
+            try:
+                sent = yield waiting_on
+            except BaseException as e:  # noqa: BLE001 - thrown into the task: pass it on
+                thrown = e
+                continue
+            try:
+                waiting_on = run(coro.send, sent)
+            except StopIteration as done:
+                return done.value

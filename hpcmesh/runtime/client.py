@@ -72,7 +72,7 @@ class ClientRuntime:
 
     def __init__(self, secret: bytes | None = None, node: Node | None = None):
         if node is None:
-            tune_malloc()
+            tune_malloc(arena_max=1)     # before the loop thread starts: see tuning.py
             self.secret = secret or new_secret()
             self.node = Node.start_in_thread(self.secret, role="client", name="client")
             self.node.run_sync(self._setup())

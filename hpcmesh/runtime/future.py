@@ -45,19 +45,25 @@ class Future:
         self._callbacks: list[Callable] | None = None
 
     # -- producer side ----------------------------------------------------------
+    # The state is written before the callbacks are read, and a callback is added before
+    # the state is read again (``add_done_callback``): whichever side comes second fires,
+    # and ``_fire`` takes the list under the lock, so each callback runs exactly once
+    # without a lock on the (common) path of a result nobody waits for yet.
     def set_result(self, value: Any) -> None:
         if self._state:
             return
         self._value = value
         self._state = _DONE
-        self._fire()
+        if self._callbacks is not None:
+            self._fire()
 
     def set_exception(self, exc: BaseException) -> None:
         if self._state:
             return
         self._exc = exc
         self._state = _DONE
-        self._fire()
+        if self._callbacks is not None:
+            self._fire()
 
     def _fire(self) -> None:
         with _cb_lock:
@@ -73,8 +79,13 @@ class Future:
                     self._callbacks = [cb]
                 else:
                     self._callbacks.append(cb)
-                return
-        cb(self)
+                added = True
+            else:
+                added = False
+        if not added:
+            cb(self)
+        elif self._state:       # settled meanwhile, maybe without seeing our callback
+            self._fire()
 
     # -- consumer side ----------------------------------------------------------
     def done(self) -> bool:

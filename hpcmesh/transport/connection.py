@@ -32,6 +32,8 @@ _IOV_MAX = 512
 _MAX_BATCH = 128
 #: A batch of small messages is closed into a frame once it holds this many bytes.
 _BATCH_BYTES = 256 * 1024
+#: A caller thread writes its batch itself once it holds this many messages.
+_CALLER_FLUSH = 256
 HANDSHAKE_TIMEOUT = 10.0
 
 
@@ -117,14 +119,21 @@ class Connection:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         on_loop = threading.get_ident() == self._loop_tid
         with self._lock:
-            if not (on_loop or cork or self._batch or self._out or self._writer_on):
+            batch = self._batch
+            if not (on_loop or cork or batch or self._out or self._writer_on):
                 self._out.extend(encode_batch([meta]))
                 self._write_locked(foreign=True)
                 return
-            self._batch.append(meta)
+            batch.append(meta)
             self._batch_bytes += len(meta)
-            if self._batch_bytes >= _BATCH_BYTES or len(self._batch) >= MAX_BATCH_COUNT:
+            if self._batch_bytes >= _BATCH_BYTES or len(batch) >= MAX_BATCH_COUNT:
                 self._close_batch()
+            elif not on_loop and len(batch) >= _CALLER_FLUSH and not self._writer_on:
+                # A pipelining caller sends its own full batches: the loop thread may not
+                # get the GIL for a while (up to the 5 ms switch interval) to do it.
+                self._close_batch()
+                self._write_locked(foreign=True)
+                return
             if not self._flush_scheduled and not self._writer_on:
                 self._flush_scheduled = True
                 if on_loop:
@@ -176,6 +185,16 @@ class Connection:
         self._batch = []
         self._batch_bytes = 0
         self._pending_frames += 1
+
+    def flush_now(self) -> None:
+        """Loop thread: write what is queued now instead of at the end of the loop pass
+        (a lone reply should not wait for the next turn of the loop)."""
+        if (self._batch or self._out) and not self._writer_on and not self._closed:
+            with self._lock:
+                if self._batch:
+                    self._close_batch()
+                if not self._writer_on:
+                    self._write_locked()
 
     def _flush(self) -> None:
         with self._lock:

@@ -16,12 +16,20 @@ Wire layout of one frame (network byte order)::
 ``count`` is the number of messages in the frame: 1 for a single message (``meta``
 is its pickle stream); a batch (count > 1, no buffers) has a pickled list of the
 messages' pickle streams as ``meta``.
+
+The top bit of ``buf_len`` (``READONLY_FLAG``) marks a read-only buffer (a ``bytes``
+payload, a read-only array). The decoder gives such a buffer back as a ``bytes``
+object, read straight into the bytes object's own storage for big buffers, so a
+``bytes`` payload is rebuilt by pickle without the extra 64 MiB copy that
+``bytes(bytearray)`` costs; writable buffers come back as ``bytearray`` as before.
 """
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 import struct
+import sys
 from dataclasses import dataclass
 
 _HEAD = struct.Struct("!IHH")
@@ -36,6 +44,58 @@ DIRECT_READ_THRESHOLD = 64 * 1024
 _MAX_BUFFERS = 65535
 #: The most messages one batch frame may hold.
 MAX_BATCH_COUNT = 65535
+#: Set in a ``buf_len`` for a read-only buffer: it is rebuilt as ``bytes``.
+READONLY_FLAG = 1 << 63
+
+
+# -- uninitialized allocations (documented CPython C API through ctypes) -------------------
+# ``bytearray(n)`` zero-fills (a 64 MiB memset) memory that recv_into overwrites at once,
+# and a ``bytes`` object cannot be written from Python at all. The C API can make both
+# without initializing them: PyByteArray_FromStringAndSize(NULL, n) and
+# PyBytes_FromStringAndSize(NULL, n) ("the contents are uninitialized": the documented way
+# for C code to fill a new bytes object before anyone else sees it), and
+# PyMemoryView_FromMemory(PyBytes_AsString(obj), n, PyBUF_WRITE) gives a writable view of
+# the new bytes object's storage. The decoder fills the object completely before handing
+# it out, and only ever for sizes >= DIRECT_READ_THRESHOLD (never the shared empty or
+# one-byte singletons). The view does not own the object: the decoder keeps the object
+# alive while the view is in use. Elsewhere than CPython, plain bytearray/bytes are used.
+def _c_api():
+    if sys.implementation.name != "cpython":
+        return None
+    try:
+        api = ctypes.pythonapi
+        ba_new = api.PyByteArray_FromStringAndSize
+        ba_new.restype, ba_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
+        b_new = api.PyBytes_FromStringAndSize
+        b_new.restype, b_new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
+        b_ptr = api.PyBytes_AsString
+        b_ptr.restype, b_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object]
+        mv_mem = api.PyMemoryView_FromMemory
+        mv_mem.restype, mv_mem.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t,
+                                                             ctypes.c_int]
+    except (AttributeError, OSError):
+        return None
+    return ba_new, b_new, b_ptr, mv_mem
+
+
+_PyBUF_WRITE = 0x200
+_API = _c_api()
+
+
+def alloc_writable(size: int, readonly: bool):
+    """A new, uninitialized buffer of ``size`` bytes and a writable byte view of it:
+    ``bytes`` when the sender's buffer was read-only (filled through the view, then never
+    written again), ``bytearray`` otherwise. Without the C API a read-only buffer comes
+    back as a bytearray, which pickle's rebuild copies into bytes as before."""
+    if _API is None:
+        obj = bytearray(size)
+        return obj, memoryview(obj)
+    ba_new, b_new, b_ptr, mv_mem = _API
+    if readonly and size > 1:
+        obj = b_new(None, size)
+        return obj, mv_mem(b_ptr(obj), size, _PyBUF_WRITE)
+    obj = ba_new(None, size)
+    return obj, memoryview(obj)
 
 
 class FrameError(Exception):
@@ -56,7 +116,8 @@ def encode_frame(meta: bytes, buffers: list = ()) -> list:
     views = [b if isinstance(b, memoryview) else memoryview(b) for b in buffers]
     head = _HEAD.pack(len(meta), len(views), 1)
     if views:
-        head += b"".join(_BUFLEN.pack(v.nbytes) for v in views)
+        head += b"".join(_BUFLEN.pack(v.nbytes | READONLY_FLAG if v.readonly else v.nbytes)
+                         for v in views)
         return [head, meta, *(v.cast("B") if v.ndim != 1 or v.format != "B" else v for v in views)]
     return [head, meta]
 
@@ -86,7 +147,7 @@ class FrameDecoder:
 
     __slots__ = ("_buf", "_start", "_end", "_max_frame", "_max_meta",
                  "_state", "_meta_len", "_lens", "_meta", "_bufs", "_target", "_filled",
-                 "_chunk", "_count")
+                 "_chunk", "_count", "_ro", "_view")
 
     _S_HEAD, _S_LENS, _S_META, _S_BUFS = range(4)
 
@@ -104,12 +165,14 @@ class FrameDecoder:
         self._lens: list[int] = []
         self._meta = b""
         self._bufs: list = []
-        self._target: bytearray | None = None   # direct-read destination
+        self._ro: list[bool] = []                 # per buffer: rebuild as bytes
+        self._target: bytearray | bytes | None = None   # direct-read destination
+        self._view: memoryview | None = None     # writable view of _target
         self._filled = 0
 
     def next_buffer(self) -> memoryview:
         if self._target is not None:
-            return memoryview(self._target)[self._filled:]
+            return self._view[self._filled:]
         if self._start == self._end:
             self._start = self._end = 0
             if len(self._buf) > 4 * self._chunk:     # a big message is done: give memory back
@@ -134,7 +197,7 @@ class FrameDecoder:
             if self._filled < len(self._target):
                 return []
             self._bufs.append(self._target)
-            self._target = None
+            self._target = self._view = None
             frames: list[Frame] = []
             if len(self._bufs) == len(self._lens):
                 frames.append(self._finish())
@@ -157,6 +220,7 @@ class FrameDecoder:
         self._meta = b""
         self._bufs = []
         self._lens = []
+        self._ro = []
         return frame
 
     def _parse(self) -> list[Frame]:
@@ -192,7 +256,9 @@ class FrameDecoder:
                 need = _BUFLEN.size * len(self._lens)
                 if self._avail() < need:
                     return frames
-                self._lens = [v for (v,) in _BUFLEN.iter_unpack(self._buf[self._start:self._start + need])]
+                raw = [v for (v,) in _BUFLEN.iter_unpack(self._buf[self._start:self._start + need])]
+                self._lens = [v & ~READONLY_FLAG for v in raw]
+                self._ro = [v >= READONLY_FLAG for v in raw]
                 self._start += need
                 total = self._meta_len + sum(self._lens)
                 if total > self._max_frame:
@@ -212,14 +278,18 @@ class FrameDecoder:
                 size = self._lens[i]
                 avail = self._avail()
                 if size >= DIRECT_READ_THRESHOLD and avail < size:
-                    target = bytearray(size)
-                    target[:avail] = self._buf[self._start:self._end]
+                    target, view = alloc_writable(size, self._ro[i])
+                    if avail:
+                        view[:avail] = memoryview(self._buf)[self._start:self._end]
                     self._start = self._end
-                    self._target, self._filled = target, avail
+                    self._target, self._view, self._filled = target, view, avail
                     return frames
                 if avail < size:
                     return frames
-                self._bufs.append(self._buf[self._start:self._start + size])   # a new bytearray
+                if self._ro[i]:
+                    self._bufs.append(bytes(memoryview(self._buf)[self._start:self._start + size]))
+                else:
+                    self._bufs.append(self._buf[self._start:self._start + size])   # a new bytearray
                 self._start += size
                 if len(self._bufs) == len(self._lens):
                     frames.append(self._finish())

@@ -17,7 +17,8 @@ import hashlib
 import hmac
 import os
 
-MAGIC = b"HPCMESH1"
+#: "HPCMESH" and the wire version: 2 added batch frames and read-only buffer flags.
+MAGIC = b"HPCMESH2"
 NONCE = 32
 MAC = 32
 SECRET_BYTES = 32
@@ -61,7 +62,7 @@ class Handshake:
         if self._expects_magic():
             head = self._inbox[:len(MAGIC)]
             if not MAGIC.startswith(head):      # drop an HTTP probe or port scanner at once
-                raise HandshakeError("peer does not speak the hpcmesh protocol (bad magic)")
+                raise HandshakeError(_bad_magic(head))
         out = b""
         # Bytes beyond one step stay in the inbox for the next step (never dropped).
         while not self.done and len(self._inbox) >= self._expect:
@@ -77,7 +78,7 @@ class Handshake:
 
     def _check_magic(self, msg: bytes) -> bytes:
         if msg[:len(MAGIC)] != MAGIC:
-            raise HandshakeError("peer does not speak the hpcmesh protocol (bad magic)")
+            raise HandshakeError(_bad_magic(msg[:len(MAGIC)]))
         return msg[len(MAGIC):]
 
     def _dialer_step(self, msg: bytes) -> bytes:
@@ -98,3 +99,11 @@ class Handshake:
             raise HandshakeError("dialer failed authentication: it does not hold this job's secret")
         self.done = True
         return b""
+
+
+def _bad_magic(head: bytes) -> str:
+    if len(head) == len(MAGIC) and head[:-1] == MAGIC[:-1]:
+        return (f"peer speaks hpcmesh wire version {head[-1:].decode(errors='replace')}, this "
+                f"process speaks version {MAGIC[-1:].decode()}: run the same hpcmesh version "
+                f"on the controller and on every host")
+    return "peer does not speak the hpcmesh protocol (bad magic)"

@@ -33,6 +33,11 @@ class _NeedsCloudpickle(Exception):
 
 
 def _rebuild_bytes(buf) -> bytes:
+    # Over a connection the frame decoder hands read-only buffers back as ``bytes``
+    # (framing.READONLY_FLAG), read in place, and pickle passes a read-only buffer through
+    # unchanged: then ``buf`` is already the result and this returns it without a copy.
+    if type(buf) is bytes:
+        return buf
     return bytes(buf)
 
 

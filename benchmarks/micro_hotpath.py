@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/micro_hotpath.py
 
-Builds the same message tuples the runtime sends (MSG_CALL with a PortRef and a
-Point; MSG_DELIVER reply) and times each step in isolation, plus the raw costs
-of the OS/thread handoffs a round trip needs on this machine. Numbers are µs
+Builds the same message tuples the runtime sends (MSG_CALL with its arguments
+inline and a reply port id; MSG_DELIVER reply; batch frames) and times each step
+in isolation, plus the raw costs of the OS/thread handoffs a round trip needs on
+this machine. ``hotpath_cpu.py`` measures whole sides instead. Numbers are µs
 per operation (best of 5 timeit repeats, so noise from other load is reduced).
 """
 
@@ -23,10 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 
 from hpcmesh.runtime.future import Future  # noqa: E402
-from hpcmesh.runtime.node import MSG_CALL, MSG_DELIVER, NodeRef, PortRef  # noqa: E402
+from hpcmesh.runtime.node import MSG_CALL, MSG_DELIVER  # noqa: E402
 from hpcmesh.shapes import Extent, Point  # noqa: E402
 from hpcmesh.transport import serialization  # noqa: E402
-from hpcmesh.transport.framing import FrameDecoder, encode_frame  # noqa: E402
+from hpcmesh.transport.framing import FrameDecoder, encode_batch, encode_frame  # noqa: E402
 
 results: list[tuple[str, float]] = []
 
@@ -39,41 +40,39 @@ def t(label: str, fn, number: int = 20000) -> float:
 
 
 def main() -> None:
-    node = NodeRef("a" * 32, ("unix:///tmp/hpcmesh-0/aaaaaaaaaaaaaaaa.sock",
-                              "tcp://10.0.0.1:40000", "tcp://[fe80::1]:40001"))
-    port = PortRef(node, 12345)
-    ext = Extent({"gpus": 1})
-    point = Point(0, ext)
-    call = (MSG_CALL, "b" * 32, "echo", (C.SMALL,), {}, port, point)
+    ext_items = (("gpus", 1),)
+    # The shapes the runtime sends today: a call with builtin-valued arguments inline and
+    # a reply port id; a reply to that port (see hpcmesh/runtime/node.py, MSG_*).
+    call = (MSG_CALL, "b" * 32, "echo", ((C.SMALL,), {}), 12345, 0, ext_items)
     reply = (MSG_DELIVER, 12345, C.SMALL)
     print("== serialization of one call (controller) and its reply (worker)")
-    meta, bufs = serialization.dumps(call)
-    rmeta, _ = serialization.dumps(reply)
+    meta = pickle.dumps(call, 5)
+    rmeta = pickle.dumps(reply, 5)
     print(f"   call meta = {len(meta)} B, reply meta = {len(rmeta)} B")
-    t("serialization.dumps(call msg)  [_FastPickler + reducer_override + _wrap_big]",
+    t("is_plain(args)  [decides: inline arguments, C pickler only]",
+      lambda: serialization.is_plain(call[3]))
+    t("pickle.dumps(call msg, 5)", lambda: pickle.dumps(call, 5))
+    t("pickle.loads(call msg)", lambda: pickle.loads(meta))
+    t("serialization.dumps(call msg)  [general path: checks, _FastPickler fallback]",
       lambda: serialization.dumps(call))
-    t("pickle.dumps(call msg, 5)  [no reducer_override]", lambda: pickle.dumps(call, 5))
-    flat = (MSG_CALL, "b" * 32, "echo", (C.SMALL,), {}, (node.node_id, 12345), 0)
-    t("pickle.dumps(call with port as (node_id, int), point as rank)",
-      lambda: pickle.dumps(flat, 5))
-    t("serialization.loads(call meta)  [dataclass setstate x2 + Point/Extent rebuild]",
-      lambda: serialization.loads(meta))
-    fmeta = pickle.dumps(flat, 5)
-    t("pickle.loads(flat call)", lambda: pickle.loads(fmeta))
-    t("serialization.dumps(reply msg)", lambda: serialization.dumps(reply))
     t("pickle.dumps(reply msg, 5)", lambda: pickle.dumps(reply, 5))
-    t("serialization.loads(reply meta)", lambda: serialization.loads(rmeta))
-    t("_wrap_big((args,))", lambda: serialization._wrap_big(call))
-    t("pickle.dumps(PortRef)", lambda: pickle.dumps(port, 5))
-    t("pickle.dumps(Point(0, {gpus:1}))", lambda: pickle.dumps(point, 5))
-    pb = pickle.dumps(point, 5)
-    t("pickle.loads(Point)", lambda: pickle.loads(pb))
-    t("Point(0, Extent) construction", lambda: Point(0, ext))
-    t("PortRef(NodeRef(id, addrs), pid) construction",
-      lambda: PortRef(NodeRef(node.node_id, node.addresses), 1))
+    t("pickle.loads(reply msg)", lambda: pickle.loads(rmeta))
+    ext = Extent({"gpus": 1})
+    t("Point(0, Extent) construction  [cached per (rank, extent) on the worker]",
+      lambda: Point(0, ext))
 
     print("== framing")
-    t("encode_frame(meta, [])", lambda: encode_frame(meta, []))
+    t("encode_frame(meta, [])  [a lone message]", lambda: encode_frame(meta, []))
+    metas = [meta] * 100
+    t("encode_batch(100 calls)  [a pipelining caller's batch]",
+      lambda: encode_batch(metas), number=2000)
+    results[-1] = (results[-1][0], results[-1][1] / 100)
+    print(f"          = {results[-1][1]:.2f} µs per call")
+    body = encode_batch(metas)[1]
+    t("loads_batch(100 calls)", lambda: serialization.loads_batch(body, 100),
+      number=2000)
+    results[-1] = (results[-1][0], results[-1][1] / 100)
+    print(f"          = {results[-1][1]:.2f} µs per call")
     dec = FrameDecoder()
     frame = b"".join(bytes(p) for p in encode_frame(meta, []))
 

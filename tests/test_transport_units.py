@@ -33,6 +33,17 @@ def _frames_equal(frames, expected):
         assert [bytes(b) for b in fr.buffers] == [bytes(b) for b in bufs]
 
 
+def _feed_in_chunks(dec: FrameDecoder, wire: bytes, cuts: list[int]) -> list:
+    frames, pos = [], 0
+    for c in cuts:
+        frames.extend(dec.feed(wire[pos:pos + c]))
+        pos += c
+        if pos >= len(wire):
+            break
+    frames.extend(dec.feed(wire[pos:]))
+    return frames
+
+
 def _sample_frames(seed: int):
     rnd = random.Random(seed)
     out = []
@@ -60,14 +71,8 @@ def test_frames_fed_one_byte_at_a_time():
 def test_frames_in_random_chunks(seed, cuts):
     expected = _sample_frames(seed)
     wire = b"".join(_wire(m, b) for m, b in expected)
-    dec = FrameDecoder(chunk=1024)            # small chunk: exercises compaction and growth
-    frames, pos = [], 0
-    for c in cuts:
-        frames.extend(dec.feed(wire[pos:pos + c]))
-        pos += c
-        if pos >= len(wire):
-            break
-    frames.extend(dec.feed(wire[pos:]))
+    # small chunk: exercises compaction and growth
+    frames = _feed_in_chunks(FrameDecoder(chunk=1024), wire, cuts)
     _frames_equal(frames, expected)
 
 
@@ -134,14 +139,7 @@ def test_mixed_readonly_and_writable_buffers_in_random_chunks(seed, cuts):
             bufs.append(data if rnd.random() < 0.5 else bytearray(data))
         expected.append((rnd.randbytes(rnd.choice([0, 9, 2000])), bufs))
     wire = b"".join(_wire(m, b) for m, b in expected)
-    dec = FrameDecoder(chunk=1024)
-    frames, pos = [], 0
-    for c in cuts:
-        frames.extend(dec.feed(wire[pos:pos + c]))
-        pos += c
-        if pos >= len(wire):
-            break
-    frames.extend(dec.feed(wire[pos:]))
+    frames = _feed_in_chunks(FrameDecoder(chunk=1024), wire, cuts)
     _frames_equal(frames, expected)
     for fr, (_, bufs) in zip(frames, expected):
         assert [type(b) for b in fr.buffers] == [type(b) for b in bufs]

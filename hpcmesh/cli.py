@@ -573,6 +573,13 @@ def cmd_worker(args) -> int:
             raise UsageError(f"worker: --attach: {e}") from None
     if args.grace is not None and args.grace < 0:
         raise UsageError("worker: --grace must be >= 0")
+    if args.ca:
+        from .transport import tls
+        try:
+            settings = tls.settings(args.ca)
+        except tls.TLSConfigError as e:
+            raise UsageError(f"worker: --ca: {e}") from None
+        os.environ.update(settings.env())   # the agent's node and its processes read it
     from .runtime.worker import default_advertise_host
     advertise = args.advertise_host or default_advertise_host(listen)
     reason = run_agent(listen, attach, secret, args.grace, args.initial_wait, advertise,
@@ -695,6 +702,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the chosen interface, see `hpcmesh info`)")
     w.add_argument("--secret-stdin", action="store_true",
                    help="read the hex job secret from the first line of stdin")
+    w.add_argument("--ca", metavar="PATH|trust_all_connections",
+                   help="encrypt TCP connections with TLS: a CA bundle that certifies this "
+                        "agent (HPCMESH_TLS_CERT/KEY, default hpcmesh.pem/.key beside it), "
+                        "or trust_all_connections (encrypt, verify nothing); default "
+                        "$HPCMESH_TLS_CA; the client must use the same ca=")
     w.set_defaults(fn=cmd_worker)
     return p
 

@@ -59,14 +59,19 @@ def _apply_network(cfg: HostsConfig) -> None:
 
 
 def _check_tls(cfg: HostsConfig) -> Any:
+    """The ``ca=`` for attaching, or None. TLS needs the agents started with the same
+    setting (``hpcmesh worker --ca``); hpcmesh starts those itself only for static
+    workers today."""
     if not cfg.tls:
         return None
-    if cfg.tls_ca == "trust_all_connections" and cfg.scheduler in ("static", "ssh"):
-        return cfg.tls_ca
+    ca = cfg.tls_ca or "trust_all_connections"
+    if cfg.scheduler == "static":
+        return ca
     raise NotImplementedError(
-        f"{cfg.where('transport')}: transport.tls is not implemented yet for scheduler "
-        f"{cfg.scheduler}; hpcmesh authenticates every connection with the per-job secret "
-        f"(HMAC). Remove the transport block (or set tls: false)")
+        f"{cfg.where('transport')}: transport.tls is supported for scheduler static (agents "
+        f"started with `hpcmesh worker --ca {ca}`), not yet for {cfg.scheduler}; hpcmesh "
+        f"authenticates every connection with the per-job secret (HMAC). Remove the "
+        f"transport block (or set tls: false)")
 
 
 def _looks_like_path(var: str) -> bool:

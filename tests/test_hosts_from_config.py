@@ -189,15 +189,15 @@ def test_ssh_goes_to_sshjob(no_slurm, monkeypatch):
         hosts_from_config()
 
 
-def test_tls_is_refused_clearly(no_slurm, monkeypatch):
+def test_tls_for_a_scheduler_that_cannot_pass_it_on_is_refused_clearly(no_slurm, monkeypatch):
     cfg = _write(no_slurm / "tls.yaml", """
         scheduler: local
         transport:
           tls: true
     """)
     monkeypatch.setenv("HPCMESH_HOSTS", cfg)
-    with pytest.raises(NotImplementedError, match=r"tls.yaml:2: transport.tls is not "
-                                                  r"implemented"):
+    with pytest.raises(NotImplementedError, match=r"tls.yaml:2: transport.tls is supported "
+                                                  r"for scheduler static .* not yet for local"):
         hosts_from_config()
 
 

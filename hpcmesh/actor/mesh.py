@@ -25,7 +25,7 @@ from ..runtime.errors import SupervisionError
 from ..runtime.future import Future, failed, forward, gather, on_runtime_thread
 from ..runtime.node import MSG_CALL, Node, NodeRef, current_node
 from ..shapes import Extent, MeshTrait, Point, Shape
-from ..transport import serialization
+from ..transport import serialization, tls
 from ..transport.serialization import is_plain
 from ..transport.addresses import parse_address
 from ..transport.handshake import HandshakeError
@@ -248,14 +248,20 @@ def this_host() -> HostMesh:
 
 def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes | None = None,
                       timeout: float = 30.0, ca: Any = None) -> HostMesh:
-    """Connect to running host agents (``hpcmesh worker --listen ADDR``); a HostMesh over them."""
-    if ca not in (None, "trust_all_connections"):
-        raise NotImplementedError("TLS (ca=) is not implemented yet; hpcmesh authenticates every "
-                                  "connection with the job secret (HMAC)")
+    """Connect to running host agents (``hpcmesh worker --listen ADDR``); a HostMesh over them.
+
+    ``ca``: TLS for TCP connections, as the agents were started with (``--ca``): a CA
+    bundle path that certifies the agents, or ``"trust_all_connections"`` (encrypt,
+    verify nothing). It applies to this client's connections from now on and to the
+    processes it starts."""
+    settings = tls.settings(ca) if ca is not None else None
     if isinstance(workers, str):
         workers = [workers]
     rt = client_runtime()
     node = rt.node
+    if settings is not None and settings != node.tls:
+        node.use_tls(settings)
+        os.environ.update(settings.env())     # local agents and processes started later
     hosts = []
 
     for addr in workers:

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..transport import serialization
+from ..transport import serialization, tls
 from ..transport.addresses import Address
 from ..transport.connection import Connection, ConnectionClosed, Listener, dial
 from .errors import SupervisionError
@@ -113,6 +113,9 @@ class Node:
         self.on_peer_closed: list[Callable] = []  # (node, peer_id, exc)
         self.closed = False
         self._thread: threading.Thread | None = None
+        self.tls: tls.TLSSettings | None = None
+        self._tls_contexts: tuple | None = None
+        self.use_tls(tls.settings())     # HPCMESH_TLS_CA: set for everything a job starts
 
     # -- construction ---------------------------------------------------------------
     @classmethod
@@ -158,13 +161,29 @@ class Node:
         peers must be told an address they can dial, never the wildcard."""
         out = []
         for a in addresses:
-            lst = Listener(self.loop, a, self.secret, self._on_accept)
+            lst = Listener(self.loop, a, self.secret, self._on_accept, self._server_tls)
             self._listeners.append(lst)
             addr = lst.address
             if advertise_host and addr.scheme == "tcp" and addr.host in ("0.0.0.0", "::"):
                 addr = Address("tcp", host=advertise_host, port=addr.port)
             out.append(str(addr))
         self.addresses = tuple(out)
+
+    # -- TLS (tcp:// only; see hpcmesh.transport.tls) ---------------------------------
+    def use_tls(self, settings: tls.TLSSettings | None) -> None:
+        """Encrypt TCP connections from now on (listeners then require TLS). Checked here,
+        so a missing certificate is an error now, not on the first connection."""
+        if settings is not None:
+            self._tls_contexts = (tls.client_context(settings), tls.server_context(settings))
+        else:
+            self._tls_contexts = None
+        self.tls = settings
+
+    def _client_tls(self):
+        return self._tls_contexts[0] if self._tls_contexts else None
+
+    def _server_tls(self):
+        return self._tls_contexts[1] if self._tls_contexts else None
 
     def unix_address(self) -> str:
         return f"unix://{os.path.join(runtime_dir(), self.node_id[:16] + '.sock')}"
@@ -372,9 +391,10 @@ class Node:
 
         ``secret`` overrides the node's own for this connection (a client
         reattaching to a job started under another secret)."""
-        sock, leftover = await dial(self.loop, address, secret or self.secret, timeout)
+        sock, leftover, session = await dial(self.loop, address, secret or self.secret, timeout,
+                                             self._client_tls())
         waiter = self.loop.create_future()
-        conn = self._adopt(sock, address, leftover, hello_waiter=waiter)
+        conn = self._adopt(sock, address, leftover, hello_waiter=waiter, tls=session)
         self._send_hello(conn)
         peer_id = await asyncio.wait_for(waiter, timeout)
         if expect is not None and peer_id != expect:
@@ -439,13 +459,14 @@ class Node:
         meta, bufs = serialization.dumps((MSG_HELLO, self.node_id, self.addresses, self.info))
         conn.send_frame(meta, bufs)
 
-    def _on_accept(self, sock, peer_name: str, leftover: bytes) -> None:
-        conn = self._adopt(sock, peer_name, leftover)
+    def _on_accept(self, sock, peer_name: str, leftover: bytes, tls=None) -> None:
+        conn = self._adopt(sock, peer_name, leftover, tls=tls)
         self._send_hello(conn)
 
-    def _adopt(self, sock, peer_name: str, leftover: bytes, hello_waiter=None) -> Connection:
+    def _adopt(self, sock, peer_name: str, leftover: bytes, hello_waiter=None,
+               tls=None) -> Connection:
         conn = Connection(self.loop, sock, peer_name, self._on_frames, self._on_conn_closed,
-                          self.loop_tid, leftover)
+                          self.loop_tid, leftover, tls=tls)
         conn.info["hello_waiter"] = hello_waiter
         return conn
 

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import threading
 from collections import deque
 from typing import Callable
@@ -25,6 +26,7 @@ from typing import Callable
 from .addresses import Address, parse_address
 from .framing import MAX_BATCH_COUNT, FrameDecoder, FrameError, encode_batch, encode_frame
 from .handshake import Handshake, HandshakeError
+from .tls import TLS_HANDSHAKE_BYTE, TLSSession
 
 log = logging.getLogger("hpcmesh.transport")
 
@@ -44,11 +46,13 @@ class ConnectionClosed(ConnectionError):
 class Connection:
     __slots__ = ("loop", "sock", "peer", "_decoder", "_on_frames", "_on_close", "_lock",
                  "_out", "_flush_scheduled", "_writer_on", "_closed", "_loop_tid",
-                 "_pending_frames", "_batch", "_batch_bytes", "info", "__weakref__")
+                 "_pending_frames", "_batch", "_batch_bytes", "info", "_tls", "_tls_out",
+                 "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, peer: str,
                  on_frames: Callable, on_close: Callable, loop_tid: int,
-                 leftover: bytes = b"", max_frame: int | None = None):
+                 leftover: bytes = b"", max_frame: int | None = None,
+                 tls: TLSSession | None = None):
         self.loop = loop
         self.sock = sock
         self.peer = peer
@@ -64,6 +68,8 @@ class Connection:
         self._pending_frames = 0
         self._batch: list = []       # small pickled messages not yet framed, in send order
         self._batch_bytes = 0
+        self._tls = tls                 # encrypt/decrypt through this (TCP with TLS on)
+        self._tls_out = bytearray()     # ciphertext not yet written
         self.info: dict = {}
         if leftover:
             try:
@@ -81,32 +87,50 @@ class Connection:
 
     # -- reading ---------------------------------------------------------------
     def _on_readable(self) -> None:
-        dec = self._decoder
-        recv_into = self.sock.recv_into
         frames: list = []
         try:
-            for _ in range(64):
-                view = dec.next_buffer()
-                n = recv_into(view)
-                if n == 0:
-                    if frames:
-                        self._on_frames(self, frames)
-                    self.close(ConnectionClosed(f"peer {self.peer} closed the connection"))
-                    return
-                frames.extend(dec.advance(n))
-                if n < view.nbytes:
-                    break
+            open_ = self._read_tls(frames) if self._tls is not None else self._read(frames)
         except (BlockingIOError, InterruptedError):
-            pass
+            open_ = True
         except FrameError as e:
             log.warning("dropping connection from %s: %s", self.peer, e)
             self.close(e)
             return
-        except OSError as e:
+        except OSError as e:        # ssl.SSLError included
             self.close(ConnectionClosed(f"connection to {self.peer} failed: {e}"))
             return
         if frames:
             self._on_frames(self, frames)
+        if not open_:
+            self.close(ConnectionClosed(f"peer {self.peer} closed the connection"))
+
+    def _read(self, frames: list) -> bool:
+        """Read what the socket has into the decoder; False once the peer has closed."""
+        dec = self._decoder
+        recv_into = self.sock.recv_into
+        for _ in range(64):
+            view = dec.next_buffer()
+            n = recv_into(view)
+            if n == 0:
+                return False
+            frames.extend(dec.advance(n))
+            if n < view.nbytes:
+                break
+        return True
+
+    def _read_tls(self, frames: list) -> bool:
+        data = self.sock.recv(256 * 1024)
+        if not data:
+            return False
+        dec = self._decoder
+        with self._lock:        # the SSL object is shared with writers on other threads
+            while True:
+                view = dec.next_buffer()
+                n = self._tls.decrypt_into(data, view)
+                data = b""
+                if n == 0:
+                    return True
+                frames.extend(dec.advance(n))
 
     # -- writing ---------------------------------------------------------------
     def send_msg(self, meta: bytes, cork: bool = False) -> None:
@@ -189,7 +213,7 @@ class Connection:
     def flush_now(self) -> None:
         """Loop thread: write what is queued now instead of at the end of the loop pass
         (a lone reply should not wait for the next turn of the loop)."""
-        if (self._batch or self._out) and not self._writer_on and not self._closed:
+        if (self._batch or self._out or self._tls_out) and not self._writer_on and not self._closed:
             with self._lock:
                 if self._batch:
                     self._close_batch()
@@ -208,6 +232,9 @@ class Connection:
         out = self._out
         self._pending_frames = 0
         try:
+            if self._tls is not None:
+                self._write_tls()
+                return
             while out:
                 batch = list(out) if len(out) <= _IOV_MAX else [out[i] for i in range(_IOV_MAX)]
                 sent = self.sock.sendmsg(batch)
@@ -233,6 +260,17 @@ class Connection:
                 self.loop.call_soon_threadsafe(self.close, ConnectionClosed(str(e)))
             else:
                 self.loop.call_soon(self.close, ConnectionClosed(str(e)))
+
+    def _write_tls(self) -> None:
+        """Lock held: encrypt what is queued, then write ciphertext until the socket is full
+        (BlockingIOError goes to the caller, as for plain writes)."""
+        pending = self._tls_out
+        if self._out:
+            pending += self._tls.encrypt(self._out)
+            self._out.clear()
+        while pending:
+            n = self.sock.send(pending)
+            del pending[:n]
 
     def _add_writer(self) -> None:
         if not self._closed:
@@ -302,32 +340,90 @@ def _keepalive(sock: socket.socket, seconds: float) -> None:
         log.debug("cannot set TCP keepalive: %s", e)
 
 
-async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: float) -> bytes:
+async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: float,
+                         tls_ctx: ssl.SSLContext | None = None, server_side: bool = False,
+                         first: bytes = b"") -> tuple[bytes, TLSSession | None]:
+    """TLS first when asked, then the HMAC challenge-response (inside TLS).
+
+    ``first``: bytes the listener already read to tell TLS from plain. Returns the
+    plaintext read past the handshake and the TLS session (None for plain)."""
+    session = TLSSession(tls_ctx, server_side) if tls_ctx is not None else None
+    pending = [first] if first else []
+
+    async def recv_raw() -> bytes:
+        if pending:
+            return pending.pop()
+        return await loop.sock_recv(sock, 65536)
+
+    async def tls_handshake() -> None:
+        data = await recv_raw() if server_side else b""
+        while True:
+            try:
+                done, out = session.handshake_step(data)
+            except ssl.SSLCertVerificationError as e:
+                raise HandshakeError(f"TLS: the peer's certificate is not trusted by the CA "
+                                     f"bundle ({e.verify_message})") from None
+            except ssl.SSLError as e:
+                raise HandshakeError(f"TLS handshake failed: {e.reason or e}") from None
+            if out:
+                await loop.sock_sendall(sock, out)
+            if done:
+                return
+            data = await recv_raw()
+            if not data:
+                raise HandshakeError("peer closed the connection during the TLS handshake "
+                                     "(does it run with the same ca= / HPCMESH_TLS_CA?)")
+
+    async def send(data: bytes) -> None:
+        await loop.sock_sendall(sock, session.encrypt([data]) if session is not None else data)
+
+    async def recv() -> bytes:
+        if session is None:
+            return await recv_raw()
+        buf = bytearray(65536)
+        while True:
+            n = session.decrypt_into(b"", memoryview(buf))
+            if n:
+                return bytes(buf[:n])
+            data = await recv_raw()
+            if not data:
+                return b""
+            session.incoming.write(data)
+
     async def go() -> bytes:
-        first = hs.initial()
-        if first:
-            await loop.sock_sendall(sock, first)
+        if session is not None:
+            await tls_handshake()
+        first_out = hs.initial()
+        if first_out:
+            await send(first_out)
         leftover = b""
         while not hs.done:
-            data = await loop.sock_recv(sock, 4096)
+            data = await recv()
             if not data:
                 raise HandshakeError("peer closed the connection during the handshake")
             reply, leftover = hs.receive(data)
             if reply:
-                await loop.sock_sendall(sock, reply)
+                await send(reply)
+        if session is not None:         # plaintext already decrypted past the handshake
+            buf = bytearray(65536)
+            while n := session.decrypt_into(b"", memoryview(buf)):
+                leftover += bytes(buf[:n])
         return leftover
-    return await asyncio.wait_for(go(), timeout)
+    return await asyncio.wait_for(go(), timeout), session
 
 
-async def dial(loop, address: str | Address, secret: bytes, timeout: float = HANDSHAKE_TIMEOUT
-               ) -> tuple[socket.socket, bytes]:
-    """Connect and authenticate; returns the socket and any bytes read past the handshake."""
+async def dial(loop, address: str | Address, secret: bytes, timeout: float = HANDSHAKE_TIMEOUT,
+               tls_ctx: ssl.SSLContext | None = None
+               ) -> tuple[socket.socket, bytes, TLSSession | None]:
+    """Connect and authenticate (over TLS for tcp:// when ``tls_ctx`` is given); returns
+    the socket, any plaintext read past the handshake, and the TLS session."""
     addr = parse_address(address) if isinstance(address, str) else address
     if addr.scheme == "tcp" and addr.port == 0:
         raise ValueError(f"cannot dial {addr}: port 0 is only meaningful when listening")
     if addr.scheme == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         target: object = addr.path
+        tls_ctx = None                  # one host, a 0600 socket file: no TLS
     else:
         infos = await loop.getaddrinfo(addr.host, addr.port, type=socket.SOCK_STREAM)
         if not infos:
@@ -337,20 +433,23 @@ async def dial(loop, address: str | Address, secret: bytes, timeout: float = HAN
     _tune(sock)
     try:
         await asyncio.wait_for(loop.sock_connect(sock, target), timeout)
-        leftover = await _run_handshake(loop, sock, Handshake(secret, dialer=True), timeout)
+        leftover, session = await _run_handshake(loop, sock, Handshake(secret, dialer=True),
+                                                 timeout, tls_ctx)
     except BaseException:
         sock.close()
         raise
-    return sock, leftover
+    return sock, leftover, session
 
 
 class Listener:
     """Accepts connections, authenticates them, and hands them to ``on_accept``."""
 
-    def __init__(self, loop, address: str, secret: bytes, on_accept: Callable):
+    def __init__(self, loop, address: str, secret: bytes, on_accept: Callable,
+                 tls_ctx: Callable[[], ssl.SSLContext | None] = lambda: None):
         self.loop = loop
         self._secret = secret
         self._on_accept = on_accept
+        self._tls_ctx = tls_ctx         # asked per connection: TLS can be turned on later
         addr = parse_address(address)
         if addr.scheme == "unix":
             try:
@@ -387,15 +486,24 @@ class Listener:
     async def _authenticate(self, sock: socket.socket, peer) -> None:
         name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or str(self.address))
         try:
-            leftover = await _run_handshake(self.loop, sock, Handshake(self._secret, dialer=False),
-                                            HANDSHAKE_TIMEOUT)
+            tls_ctx = self._tls_ctx() if self.address.scheme == "tcp" else None
+            first = await asyncio.wait_for(self.loop.sock_recv(sock, 4096), HANDSHAKE_TIMEOUT)
+            if first and (first[0] == TLS_HANDSHAKE_BYTE) != (tls_ctx is not None):
+                raise HandshakeError(
+                    "peer started TLS, but this node runs without it (give both ends the same "
+                    "ca= / HPCMESH_TLS_CA)" if tls_ctx is None else
+                    "peer did not start TLS, which this node requires (give both ends the "
+                    "same ca= / HPCMESH_TLS_CA)")
+            leftover, session = await _run_handshake(
+                self.loop, sock, Handshake(self._secret, dialer=False), HANDSHAKE_TIMEOUT,
+                tls_ctx, server_side=True, first=first)
         except (HandshakeError, OSError, asyncio.TimeoutError) as e:
             reason = str(e) or type(e).__name__
             log.warning("dropped unauthenticated connection from %s on %s: %s", name,
                         self.address, reason)
             sock.close()
             return
-        self._on_accept(sock, name, leftover)
+        self._on_accept(sock, name, leftover, session)
 
     def close(self) -> None:
         try:

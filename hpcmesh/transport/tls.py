@@ -1,0 +1,199 @@
+"""Optional TLS for TCP connections (SPEC §7: ``ca=`` path or ``"trust_all_connections"``).
+
+Why TLS on top of the HMAC handshake: the per-job secret already proves who is
+talking, but frames would otherwise cross the network in clear. With TLS on,
+every TCP connection is encrypted before the hpcmesh handshake starts; Unix
+sockets (one host, file mode 0600) stay plain.
+
+The mode travels to everything a job starts through ``HPCMESH_TLS_CA``:
+
+- ``trust_all_connections``: encrypt, verify no certificate. Each process that
+  listens makes itself a throwaway self-signed certificate (``openssl`` CLI);
+  the per-job secret still authenticates both ends.
+- a path to a CA bundle (PEM): listeners present ``HPCMESH_TLS_CERT`` /
+  ``HPCMESH_TLS_KEY`` (PEM files; default: ``hpcmesh.pem`` / ``hpcmesh.key``
+  next to the CA file), and dialers verify that certificate against the CA.
+  Host names are not checked: cluster nodes are dialed by IP as often as by name.
+
+TLS runs sans-I/O (``ssl.SSLObject`` over memory BIOs) inside ``Connection``, so
+the socket shell stays the same; out-of-band buffers are encrypted (copied), the
+price of encryption.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+
+TRUST_ALL = "trust_all_connections"
+ENV_CA = "HPCMESH_TLS_CA"
+ENV_CERT = "HPCMESH_TLS_CERT"
+ENV_KEY = "HPCMESH_TLS_KEY"
+#: The first byte of a TLS record carrying a handshake (a ClientHello).
+TLS_HANDSHAKE_BYTE = 0x16
+
+
+class TLSConfigError(ValueError):
+    """The TLS settings cannot work; says which file or value and what is expected."""
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    ca: str                     # TRUST_ALL or a CA bundle path
+    cert: str | None = None     # this process's certificate (PEM), for listening
+    key: str | None = None
+
+    @property
+    def trust_all(self) -> bool:
+        return self.ca == TRUST_ALL
+
+    def env(self) -> dict[str, str]:
+        """What a child process needs to speak the same TLS."""
+        out = {ENV_CA: self.ca}
+        if self.cert and not self.trust_all:
+            out[ENV_CERT] = self.cert
+        if self.key and not self.trust_all:
+            out[ENV_KEY] = self.key
+        return out
+
+
+def settings(ca=None, env: dict | None = None) -> TLSSettings | None:
+    """TLS settings from an explicit ``ca`` (None: from ``HPCMESH_TLS_CA``), or None
+    for plain connections. Raises TLSConfigError naming what is wrong."""
+    env = os.environ if env is None else env
+    if ca is None:
+        ca = env.get(ENV_CA) or None
+    if ca is None or ca is False:
+        return None
+    if not isinstance(ca, (str, os.PathLike)):
+        raise TLSConfigError(f"ca={ca!r}: expected a path to a CA bundle (PEM) or "
+                             f"{TRUST_ALL!r}")
+    ca = os.fspath(ca)
+    if ca == TRUST_ALL:
+        return TLSSettings(TRUST_ALL)
+    if not os.path.isfile(ca):
+        raise TLSConfigError(f"ca={ca!r}: no such file; expected a CA bundle (PEM) or "
+                             f"{TRUST_ALL!r}")
+    base = os.path.dirname(os.path.abspath(ca))
+    cert = env.get(ENV_CERT) or os.path.join(base, "hpcmesh.pem")
+    key = env.get(ENV_KEY) or os.path.join(base, "hpcmesh.key")
+    return TLSSettings(os.path.abspath(ca), cert, key)
+
+
+def client_context(s: TLSSettings) -> ssl.SSLContext:
+    """For the dialing side: verify the listener against the CA (or nothing)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    if s.trust_all:
+        ctx.verify_mode = ssl.CERT_NONE
+    else:
+        try:
+            ctx.load_verify_locations(cafile=s.ca)
+        except (ssl.SSLError, OSError) as e:
+            raise TLSConfigError(f"cannot load the CA bundle {s.ca}: {e}") from e
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+_self_signed_lock = threading.Lock()
+_self_signed: tuple[str, str] | None = None
+
+
+def server_context(s: TLSSettings) -> ssl.SSLContext:
+    """For the listening side: present this process's certificate."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    cert, key = (s.cert, s.key) if not s.trust_all else _throwaway_certificate()
+    for what, path in (("certificate", cert), ("private key", key)):
+        if not path or not os.path.isfile(path):
+            raise TLSConfigError(
+                f"TLS with ca={s.ca}: no {what} at {path} for this process to present; set "
+                f"{ENV_CERT} and {ENV_KEY} (PEM files signed by that CA), or use "
+                f"ca={TRUST_ALL!r}")
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as e:
+        raise TLSConfigError(f"cannot load the TLS certificate {cert} / key {key}: {e}") from e
+    return ctx
+
+
+def _throwaway_certificate() -> tuple[str, str]:
+    """A self-signed certificate for this process (trust_all mode verifies nothing)."""
+    global _self_signed
+    with _self_signed_lock:
+        if _self_signed is None:
+            d = tempfile.mkdtemp(prefix="hpcmesh-tls-")
+            cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+            try:
+                subprocess.run(
+                    ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                     "ec_paramgen_curve:prime256v1", "-nodes", "-days", "30", "-subj",
+                     "/CN=hpcmesh", "-keyout", key, "-out", cert],
+                    check=True, capture_output=True, timeout=30)
+            except FileNotFoundError:
+                raise TLSConfigError(f"ca={TRUST_ALL!r} needs the `openssl` command to make "
+                                     f"a throwaway certificate; install openssl, or pass "
+                                     f"a CA bundle with {ENV_CERT}/{ENV_KEY}") from None
+            except subprocess.CalledProcessError as e:
+                raise TLSConfigError(f"openssl could not make a certificate: "
+                                     f"{e.stderr.decode(errors='replace').strip()}") from None
+            _self_signed = (cert, key)
+        return _self_signed
+
+
+class TLSSession:
+    """One connection's TLS state, sans-I/O: feed it what the socket read, take from it
+    what to write (``ssl.SSLObject`` over two memory BIOs)."""
+
+    __slots__ = ("obj", "incoming", "outgoing")
+
+    def __init__(self, ctx: ssl.SSLContext, server_side: bool):
+        self.incoming = ssl.MemoryBIO()
+        self.outgoing = ssl.MemoryBIO()
+        self.obj = ctx.wrap_bio(self.incoming, self.outgoing, server_side=server_side)
+
+    def handshake_step(self, data: bytes) -> tuple[bool, bytes]:
+        """Feed received bytes; returns (done, bytes to send)."""
+        if data:
+            self.incoming.write(data)
+        try:
+            self.obj.do_handshake()
+            done = True
+        except ssl.SSLWantReadError:
+            done = False
+        return done, self.outgoing.read()
+
+    def encrypt(self, pieces) -> bytes:
+        """Ciphertext for ``pieces`` (bytes-like); small pieces are joined first so a
+        frame header does not become a TLS record of its own."""
+        write = self.obj.write
+        small: list = []
+        for p in pieces:
+            if (len(p) if isinstance(p, (bytes, bytearray)) else p.nbytes) < 65536:
+                small.append(p)
+                continue
+            if small:
+                write(b"".join(small))
+                small = []
+            write(p)
+        if small:
+            write(b"".join(small))
+        return self.outgoing.read()
+
+    def decrypt_into(self, data, view: memoryview) -> int:
+        """Feed ``data``; read as much plaintext as fits into ``view``. Returns the count
+        (0: need more ciphertext)."""
+        if data:
+            self.incoming.write(data)
+        try:
+            return self.obj.read(view.nbytes, view)
+        except ssl.SSLWantReadError:
+            return 0
+
+    def pending(self) -> int:
+        return self.obj.pending()

@@ -75,7 +75,8 @@ fi
 # --------------------------------------------------------------------------
 # 1. packages
 # --------------------------------------------------------------------------
-PKGS=(slurmctld slurmd slurm-client munge iproute2)
+# openssl: the TLS tests make their certificates with the openssl command
+PKGS=(slurmctld slurmd slurm-client munge iproute2 openssl)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

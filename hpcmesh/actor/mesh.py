@@ -593,12 +593,13 @@ def _rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes
 
 class Endpoint:
     """``mesh.method``: the ways to call one endpoint on a mesh."""
-    __slots__ = ("_mesh", "_name", "_route")
+    __slots__ = ("_mesh", "_name", "_route", "_routes")
 
     def __init__(self, mesh: ActorMesh, name: str):
         self._mesh = mesh
         self._name = name
         self._route: tuple | None = None     # call_one's fast path, once the mesh is live
+        self._routes: tuple | None = None    # call's fast path, once the mesh is live
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         return self._mesh._members()
@@ -631,14 +632,27 @@ class Endpoint:
 
     def call(self, *args, **kwargs) -> Future:
         """Call every member; a Future of a ValueMesh with this mesh's extent."""
+        routes = self._routes
+        if routes is not None and not kwargs and is_plain(args):
+            # The common case, kept short (as in call_one): live mesh, builtin arguments.
+            node, st, targets, ext, result_shape = routes
+            if st.failed is None:
+                name, payload = self._name, (args, kwargs)
+                futs = [node.call_actor(t, st.actor_id, name, payload, r, ext)
+                        for r, t in targets]
+                return gather(futs, lambda vals: ValueMesh(result_shape, vals))
         mesh = self._mesh
         members, ext = self._members()
         result_shape = Shape.from_extent(mesh._shape.extent)
+        st = mesh._state
+        if st.live and self._routes is None:
+            self._routes = (_node(), st, [(r, st.nodes[g]) for r, g in members], ext,
+                            result_shape)
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
             futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
-            return gather(futs).then(lambda vals: ValueMesh(result_shape, vals))
+            return gather(futs, lambda vals: ValueMesh(result_shape, vals))
         return mesh._when_ready(go)
 
     def broadcast(self, *args, **kwargs) -> None:

@@ -9,6 +9,7 @@ with ``call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from typing import Any, Callable
 
@@ -179,15 +180,17 @@ def failed(exc: BaseException) -> Future:
     return f
 
 
-def gather(futures: list[Future]) -> Future:
-    """A Future of the list of results; fails with the first failure."""
+def gather(futures: list[Future], finish: Callable[[list], Any] | None = None) -> Future:
+    """A Future of the list of results (or of ``finish(results)``); fails with the first
+    failure. Results may arrive on several threads at once: the count of those still
+    missing is taken with ``next()`` on a shared counter, which is atomic."""
     out = Future()
     n = len(futures)
     if n == 0:
-        out.set_result([])
+        out.set_result(finish([]) if finish is not None else [])
         return out
     results: list = [None] * n
-    remaining = [n]
+    arrived = itertools.count(1)
 
     def make(i: int):
         def done(f: Future) -> None:
@@ -197,9 +200,14 @@ def gather(futures: list[Future]) -> Future:
                 out.set_exception(f._exc)
                 return
             results[i] = f._value
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                out.set_result(results)
+            if next(arrived) == n:
+                if finish is None:
+                    out.set_result(results)
+                    return
+                try:
+                    out.set_result(finish(results))
+                except BaseException as e:  # noqa: BLE001
+                    out.set_exception(e)
         return done
     for i, f in enumerate(futures):
         f.add_done_callback(make(i))

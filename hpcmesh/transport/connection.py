@@ -18,15 +18,18 @@ import asyncio
 import logging
 import os
 import socket
-import ssl
 import threading
 from collections import deque
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .addresses import Address, parse_address
 from .framing import MAX_BATCH_COUNT, FrameDecoder, FrameError, encode_batch, encode_frame
 from .handshake import Handshake, HandshakeError
-from .tls import TLS_HANDSHAKE_BYTE, TLSSession
+
+if TYPE_CHECKING:
+    import ssl
+
+    from .tls import TLSSession
 
 log = logging.getLogger("hpcmesh.transport")
 
@@ -37,6 +40,9 @@ _BATCH_BYTES = 256 * 1024
 #: A caller thread writes its batch itself once it holds this many messages.
 _CALLER_FLUSH = 256
 HANDSHAKE_TIMEOUT = 10.0
+#: The first byte of a TLS record carrying a handshake (a ClientHello); the hpcmesh
+#: handshake starts with its magic instead, so a listener tells them apart.
+TLS_HANDSHAKE_BYTE = 0x16
 
 
 class ConnectionClosed(ConnectionError):
@@ -347,7 +353,12 @@ async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: floa
 
     ``first``: bytes the listener already read to tell TLS from plain. Returns the
     plaintext read past the handshake and the TLS session (None for plain)."""
-    session = TLSSession(tls_ctx, server_side) if tls_ctx is not None else None
+    session = None
+    if tls_ctx is not None:
+        import ssl
+
+        from .tls import TLSSession
+        session = TLSSession(tls_ctx, server_side)
     pending = [first] if first else []
 
     async def recv_raw() -> bytes:

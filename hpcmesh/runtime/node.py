@@ -71,6 +71,7 @@ class _Peer:
     dialing: asyncio.Future | None = None
     lost: BaseException | None = None
     inflight: set = field(default_factory=set)   # one-shot reply port ids awaiting this peer
+    extras: list = field(default_factory=list)   # further connections, read but not sent on
     # Frames waiting for a connection, in send order. While it is not empty every sender
     # appends here too, so a message sent once the connection is up cannot overtake one
     # that was queued while it was being dialed.
@@ -529,13 +530,16 @@ class Node:
         p = self.peer(ref)
         if p.ref is None or not p.ref.addresses:
             p.ref = ref
-        old = p.conn
-        p.conn = conn
-        p.lost = None
         conn.info["peer_id"] = peer_id
         conn.info["peer_info"] = info
-        if old is not None and old is not conn and not old.closed:
-            old.info["superseded"] = True
+        if p.conn is None or p.conn.closed:
+            p.conn = conn
+            p.lost = None
+        elif p.conn is not conn:
+            # A second connection to the same node (both dialed at once, or several
+            # addresses probed): read from it, but keep sending on the first, so that
+            # messages from here to there stay on one connection, in order.
+            p.extras.append(conn)
         if p.backlog:
             self._flush_backlog(p)
         w = conn.info.pop("hello_waiter", None)
@@ -681,8 +685,18 @@ class Node:
         if peer_id is None or conn.info.get("superseded"):
             return
         p = self._peers.get(peer_id)
-        if p is None or p.conn is not conn:
+        if p is None:
             return
+        if conn in p.extras:
+            p.extras.remove(conn)
+        if p.conn is not conn:
+            return
+        while p.extras:             # another connection to that node is still up: use it
+            spare = p.extras.pop(0)
+            if not spare.closed:
+                p.conn = spare
+                self._flush_backlog(p)
+                return
         p.conn = None
         reason = SupervisionError(f"connection to {conn.info.get('peer_info', {}).get('name') or peer_id[:8]} "
                                   f"({conn.peer}) lost: {exc or 'closed'}")
@@ -724,10 +738,12 @@ class Node:
         if p is None:
             p = self._peers.setdefault(peer_id, _Peer(None))
         p.lost = exc
-        if p.conn is not None:
-            conn, p.conn = p.conn, None
-            conn.info["superseded"] = True
-            conn.close()
+        extras, p.extras = p.extras, []
+        for conn in [p.conn, *extras]:
+            if conn is not None:
+                conn.info["superseded"] = True
+                conn.close()
+        p.conn = None
         self._fail_inflight(p, exc)
 
     def peer_connected(self, peer_id: str) -> bool:
@@ -743,8 +759,9 @@ class Node:
         for lst in self._listeners:
             lst.close()
         for p in list(self._peers.values()):
-            if p.conn is not None:
-                p.conn.close()
+            for conn in [p.conn, *p.extras]:
+                if conn is not None:
+                    conn.close()
 
     def shutdown_thread(self, timeout: float = 5.0) -> None:
         if self._thread is None:

@@ -1,0 +1,94 @@
+"""Two nodes that dial each other at the same moment end up with two connections; each
+side must keep sending on one of them, so its messages arrive in the order sent."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from hpcmesh.runtime.node import MSG_DELIVER, Node
+
+SECRET = os.urandom(32)
+N = 400
+
+
+def _pair():
+    a = Node.start_in_thread(SECRET, role="test", name="a", listen=["tcp://127.0.0.1:0"])
+    b = Node.start_in_thread(SECRET, role="test", name="b", listen=["tcp://127.0.0.1:0"])
+    return a, b
+
+
+def test_simultaneous_dials_keep_each_senders_order():
+    for attempt in range(5):
+        a, b = _pair()
+        got = {"a": [], "b": []}
+        done = {k: threading.Event() for k in got}
+
+        def collector(name):
+            def deliver(value):
+                got[name].append(value)
+                if len(got[name]) == N:
+                    done[name].set()
+            return deliver
+        port_a = a.open_port(collector("a"))
+        port_b = b.open_port(collector("b"))
+        start = threading.Barrier(2)
+
+        def blast(src: Node, dst_port):
+            start.wait()
+            for i in range(N):
+                src.send(dst_port.node, (MSG_DELIVER, dst_port.port_id, i))
+                if i % 50 == 0:
+                    time.sleep(0.001)     # keep sending across the moment both are up
+        threads = [threading.Thread(target=blast, args=(a, port_b)),
+                   threading.Thread(target=blast, args=(b, port_a))]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert done["a"].wait(30) and done["b"].wait(30), (len(got["a"]), len(got["b"]))
+            assert got["a"] == list(range(N)), f"attempt {attempt}: b -> a out of order"
+            assert got["b"] == list(range(N)), f"attempt {attempt}: a -> b out of order"
+            # both may have dialed; each still sends on exactly one connection
+            pa, pb = a._peers[b.node_id], b._peers[a.node_id]
+            assert pa.conn is not None and not pa.conn.closed
+            assert pb.conn is not None and not pb.conn.closed
+        finally:
+            a.shutdown_thread()
+            b.shutdown_thread()
+
+
+def test_a_second_connection_takes_over_when_the_first_closes():
+    a, b = _pair()
+    try:
+        got = []
+        port_b = b.open_port(got.append)
+        a.send(port_b.node, (MSG_DELIVER, port_b.port_id, 1))
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # b dials a as well: a second connection between the two
+        a_ref = a.ref
+        b.run_sync(b.connect(a_ref.addresses[0], expect=a.node_id))
+        pa = a._peers[b.node_id]
+        first = pa.conn
+        deadline = time.monotonic() + 10
+        while not pa.extras and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pa.extras, "a never saw b's connection"
+        a.loop.call_soon_threadsafe(first.close)
+        deadline = time.monotonic() + 10
+        while (pa.conn is first or pa.conn is None) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pa.conn is not None and pa.conn is not first and not pa.conn.closed
+        a.send(port_b.node, (MSG_DELIVER, port_b.port_id, 2))
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [1, 2]
+        assert pa.lost is None
+    finally:
+        a.shutdown_thread()
+        b.shutdown_thread()

@@ -60,18 +60,23 @@ def _apply_network(cfg: HostsConfig) -> None:
 
 def _check_tls(cfg: HostsConfig) -> Any:
     """The ``ca=`` for attaching, or None. TLS needs the agents started with the same
-    setting (``hpcmesh worker --ca``); hpcmesh starts those itself only for static
-    workers today."""
+    setting: static workers get it on their command line (``hpcmesh worker --ca``); the
+    agents Slurm starts inherit it from this process's environment (``HPCMESH_TLS_CA``,
+    through sbatch/srun), so it is turned on here before anything is launched."""
     if not cfg.tls:
         return None
     ca = cfg.tls_ca or "trust_all_connections"
     if cfg.scheduler == "static":
         return ca
+    if cfg.scheduler in ("slurm", "local"):
+        from .actor.mesh import use_tls
+        use_tls(ca)
+        return ca
     raise NotImplementedError(
-        f"{cfg.where('transport')}: transport.tls is supported for scheduler static (agents "
-        f"started with `hpcmesh worker --ca {ca}`), not yet for {cfg.scheduler}; hpcmesh "
-        f"authenticates every connection with the per-job secret (HMAC). Remove the "
-        f"transport block (or set tls: false)")
+        f"{cfg.where('transport')}: transport.tls is supported for schedulers static, slurm "
+        f"and local, not yet for {cfg.scheduler} (its agents are started over ssh without "
+        f"the setting); hpcmesh authenticates every connection with the per-job secret "
+        f"(HMAC). Remove the transport block (or set tls: false)")
 
 
 def _looks_like_path(var: str) -> bool:

@@ -191,13 +191,15 @@ def test_ssh_goes_to_sshjob(no_slurm, monkeypatch):
 
 def test_tls_for_a_scheduler_that_cannot_pass_it_on_is_refused_clearly(no_slurm, monkeypatch):
     cfg = _write(no_slurm / "tls.yaml", """
-        scheduler: local
+        scheduler: ssh
+        hosts: [a]
         transport:
           tls: true
     """)
     monkeypatch.setenv("HPCMESH_HOSTS", cfg)
-    with pytest.raises(NotImplementedError, match=r"tls.yaml:2: transport.tls is supported "
-                                                  r"for scheduler static .* not yet for local"):
+    with pytest.raises(NotImplementedError, match=r"tls.yaml:\d: transport.tls is supported "
+                                                  r"for schedulers static, slurm and local, "
+                                                  r"not yet for ssh"):
         hosts_from_config()
 
 

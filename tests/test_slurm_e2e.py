@@ -181,6 +181,43 @@ def test_salloc_adopts_the_allocation(cluster):
     _wait_ended(alloc, 30)       # salloc has relinquished it; it may still be completing
 
 
+def test_tls_across_nodes(cluster):
+    # HPCMESH_TLS_CA in the client's environment reaches the agents srun starts and the
+    # processes they spawn: every TCP connection between "nodes" is TLS.
+    script = cluster / "tls_client.py"
+    script.write_text(textwrap.dedent("""
+        import json
+        from hpcmesh.actor import Actor, endpoint
+        from hpcmesh.job import SlurmAllocation
+        from hpcmesh.runtime.node import current_node
+
+        class W(Actor):
+            @endpoint
+            def where(self):
+                import socket
+                return socket.gethostname()
+
+        job = SlurmAllocation(progress=False)
+        procs = job.state().hosts.spawn_procs(per_host={"gpus": 2})
+        got = procs.spawn("w", W).where.call().get(timeout=60).values()
+        from hpcmesh.runtime.client import client_runtime
+        conns = [c for p in client_runtime().node._peers.values() for c in [p.conn, *p.extras]
+                 if c is not None and not c.closed]
+        tcp = [c for c in conns if not c.peer.startswith("unix")]
+        print("RESULT " + json.dumps({"got": got, "tcp": len(tcp),
+                                      "tls": sum(c._tls is not None for c in tcp)}), flush=True)
+        job.kill()
+    """))
+    env = dict(os.environ, HPCMESH_TLS_CA="trust_all_connections")
+    proc = subprocess.run(["salloc", "-N2", f"--job-name={PREFIX}-tls", PY, str(script)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    res = json.loads(line[len("RESULT "):])
+    assert len(res["got"]) == 4 and len(set(res["got"])) == 2
+    assert res["tcp"] >= 2 and res["tls"] == res["tcp"], res
+
+
 def test_client_script_runs_inside_the_allocation(cluster):
     client = cluster / "client.py"
     log_dir = cluster / "logs"

@@ -246,6 +246,17 @@ def this_host() -> HostMesh:
     return HostMesh([ref], Shape.from_extent(Extent({})), "this_host")
 
 
+def use_tls(ca) -> None:
+    """Encrypt this client's TCP connections from now on (``ca``: a CA bundle path or
+    ``"trust_all_connections"``), and have the agents and processes it starts from now
+    on do the same (``HPCMESH_TLS_CA`` in the environment they inherit)."""
+    settings = tls.settings(ca)
+    node = client_runtime().node
+    if settings is not None and settings != node.tls:
+        node.use_tls(settings)
+        os.environ.update(settings.env())
+
+
 def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes | None = None,
                       timeout: float = 30.0, ca: Any = None) -> HostMesh:
     """Connect to running host agents (``hpcmesh worker --listen ADDR``); a HostMesh over them.
@@ -254,14 +265,12 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
     bundle path that certifies the agents, or ``"trust_all_connections"`` (encrypt,
     verify nothing). It applies to this client's connections from now on and to the
     processes it starts."""
-    settings = tls.settings(ca) if ca is not None else None
+    if ca is not None:
+        use_tls(ca)
     if isinstance(workers, str):
         workers = [workers]
     rt = client_runtime()
     node = rt.node
-    if settings is not None and settings != node.tls:
-        node.use_tls(settings)
-        os.environ.update(settings.env())     # local agents and processes started later
     hosts = []
 
     for addr in workers:

@@ -139,19 +139,32 @@ def test_two_meshes_share_one_allocation_and_unknown_mesh(cluster):
     assert not _listed(job.job_ids[0])
 
 
+_SALLOC_PRELUDE = textwrap.dedent("""
+    import json, os, subprocess, sys
+    from hpcmesh.actor import Actor, endpoint
+    from hpcmesh.job import SlurmAllocation
+
+    class W(Actor):
+        @endpoint
+        def where(self):
+            import os, socket
+            return socket.gethostname(), os.environ.get("SLURM_JOB_ID")
+""")
+
+
+def _run_in_salloc(script, tag: str, **env) -> dict:
+    """Run a client script under ``salloc -N2``; the dict it printed after RESULT."""
+    proc = subprocess.run(["salloc", "-N2", f"--job-name={PREFIX}-{tag}", PY, str(script)],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, **env))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
 def test_salloc_adopts_the_allocation(cluster):
     script = cluster / "in_salloc.py"
-    script.write_text(textwrap.dedent("""
-        import json, os, subprocess, sys
-        from hpcmesh.actor import Actor, endpoint
-        from hpcmesh.job import SlurmAllocation
-
-        class W(Actor):
-            @endpoint
-            def where(self):
-                import os, socket
-                return socket.gethostname(), os.environ.get("SLURM_JOB_ID")
-
+    script.write_text(_SALLOC_PRELUDE + textwrap.dedent("""
         job = SlurmAllocation(progress=False)
         hosts = job.state().hosts
         steps = subprocess.run(["squeue", "--steps", "--noheader", "--format=%i",
@@ -166,11 +179,7 @@ def test_salloc_adopts_the_allocation(cluster):
             "alloc": os.environ["SLURM_JOB_ID"], "steps": steps, "after": after,
             "active": job.active, "nodes": job.allocation.nodes}), flush=True)
     """))
-    proc = subprocess.run(["salloc", "-N2", f"--job-name={PREFIX}-salloc", PY, str(script)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    res = json.loads(line[len("RESULT "):])
+    res = _run_in_salloc(script, "salloc")
     alloc = res["alloc"]
     assert res["extent"] == {"hosts": 2}
     # the agents run in the salloc job itself: no new job was submitted
@@ -185,18 +194,7 @@ def test_tls_across_nodes(cluster):
     # HPCMESH_TLS_CA in the client's environment reaches the agents srun starts and the
     # processes they spawn: every TCP connection between "nodes" is TLS.
     script = cluster / "tls_client.py"
-    script.write_text(textwrap.dedent("""
-        import json
-        from hpcmesh.actor import Actor, endpoint
-        from hpcmesh.job import SlurmAllocation
-        from hpcmesh.runtime.node import current_node
-
-        class W(Actor):
-            @endpoint
-            def where(self):
-                import socket
-                return socket.gethostname()
-
+    script.write_text(_SALLOC_PRELUDE + textwrap.dedent("""
         job = SlurmAllocation(progress=False)
         procs = job.state().hosts.spawn_procs(per_host={"gpus": 2})
         got = procs.spawn("w", W).where.call().get(timeout=60).values()
@@ -208,13 +206,8 @@ def test_tls_across_nodes(cluster):
                                       "tls": sum(c._tls is not None for c in tcp)}), flush=True)
         job.kill()
     """))
-    env = dict(os.environ, HPCMESH_TLS_CA="trust_all_connections")
-    proc = subprocess.run(["salloc", "-N2", f"--job-name={PREFIX}-tls", PY, str(script)],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    res = json.loads(line[len("RESULT "):])
-    assert len(res["got"]) == 4 and len(set(res["got"])) == 2
+    res = _run_in_salloc(script, "tls", HPCMESH_TLS_CA="trust_all_connections")
+    assert len(res["got"]) == 4 and len({host for host, _ in res["got"]}) == 2
     assert res["tcp"] >= 2 and res["tls"] == res["tcp"], res
 
 

@@ -15,7 +15,11 @@ import inspect
 import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from asyncio.tasks import _enter_task, _leave_task   # run inline as the mailbox task
+try:    # asyncio's own bookkeeping of the running task: lets a call run inline as the
+    # mailbox task (3.11-3.13 have these; without them every call goes through the task)
+    from asyncio.tasks import _enter_task, _leave_task
+except ImportError:  # pragma: no cover - a future Python
+    _enter_task = _leave_task = None
 from typing import Any
 
 from .context import ActorInstance, Context, _current
@@ -132,7 +136,7 @@ class ActorHost:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        if not self._busy and info.is_async and not self.node.in_batch:
+        if not self._busy and info.is_async and not self.node.in_batch and _enter_task:
             self._run_inline(msg, origin, buffers, fn)
             return
         self._queue.append((msg, origin, buffers, m))

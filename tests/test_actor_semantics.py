@@ -28,6 +28,11 @@ class Worker(Actor):
         return (self.tag, v)
 
     @endpoint
+    async def append_and_return_log(self, item):
+        self.log.append(item)
+        return self.log           # the same list object every time, changed by later calls
+
+    @endpoint
     async def async_echo(self, v):
         await asyncio.sleep(0)
         return (self.tag, v)
@@ -298,6 +303,23 @@ def test_pipelined_order_with_batched_small_and_out_of_band_big_arguments(worker
     log = one.get_log.call_one().get(timeout=10)
     assert [x if isinstance(x, int) else x[0] for x in log] == list(range(1000))
     assert all(x[1] == big for x in log if not isinstance(x, int))
+
+
+def test_pipelined_values_are_sent_as_they_were_when_sent(workers):
+    # Replies and arguments of immutable values wait in a batch and are pickled with it;
+    # anything mutable must be pickled at once: a later change must not leak into it.
+    one = workers.slice(hosts=0, gpus=1)
+    one.reset.call_one().get(timeout=10)
+    arg = [0]
+    futs = []
+    for i in range(300):
+        arg[0] = i                                   # the caller changes its argument ...
+        futs.append(one.append_and_return_log.call_one((i, list(arg), arg)))
+    arg[0] = "changed"
+    logs = [f.get(timeout=30) for f in futs]
+    for i, log in enumerate(logs):
+        assert len(log) == i + 1                     # ... and the actor its returned list
+        assert log[i] == (i, [i], [i])
 
 
 def test_order_kept_across_the_spawn_becoming_ready(procs):

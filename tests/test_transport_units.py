@@ -93,6 +93,24 @@ def test_batch_frames_interleaved_with_buffer_frames_keep_order():
         assert serialization.loads_batch(frames[3].meta, 29) == [("m", i) for i in range(21, 50)]
 
 
+def test_batch_of_message_tuples_and_streams():
+    items = [("t", 1, b"x" * 10), pickle.dumps(("s", 2), protocol=5), ("t", 3, ("a", 1.5))]
+    (fr,) = FrameDecoder().feed(b"".join(bytes(p) for p in encode_batch(items)))
+    assert serialization.loads_batch(fr.meta, fr.count) == [("t", 1, b"x" * 10), ("s", 2),
+                                                            ("t", 3, ("a", 1.5))]
+    (one,) = FrameDecoder().feed(b"".join(bytes(p) for p in encode_batch([("only", 4)])))
+    assert one.count == 1 and pickle.loads(one.meta) == ("only", 4)
+
+
+def test_frozen_size_accepts_only_immutable_builtin_values():
+    fs = serialization.frozen_size
+    assert fs(b"x" * 100) >= 100 and fs("abc") >= 3 and fs(7) > 0 and fs(None) > 0
+    assert fs((1, ("a", b"b"), 2.5, True)) > 0
+    for mutable in ([1], {"a": 1}, (1, [2]), bytearray(b"x"), {1}, b"x" * (1 << 20),
+                    tuple(range(40)), ((((((1,),),),),),), object()):
+        assert fs(mutable) == -1, mutable
+
+
 def test_batch_header_that_lies_is_a_frame_error():
     dec = FrameDecoder()
     with pytest.raises(FrameError, match="batch carries no buffers"):

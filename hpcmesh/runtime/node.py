@@ -34,6 +34,7 @@ from .future import Future, register_loop_thread, unregister_loop_thread
 log = logging.getLogger("hpcmesh.runtime")
 _PROTOCOL = serialization.PROTOCOL
 is_plain = serialization.is_plain
+frozen_size = serialization.frozen_size
 
 MSG_HELLO = 0      # (HELLO, node_id, addresses, info)
 MSG_CALL = 1       # (CALL, actor_id, endpoint, payload, reply_port_id|None, rank, extent_items)
@@ -326,9 +327,13 @@ class Node:
             self._replies[pid] = (fut, p)
             inflight = p.inflight
             inflight.add(pid)
+            msg = (MSG_CALL, actor_id, endpoint, payload, pid, rank, extent_items)
+            size = frozen_size(payload[0]) if not payload[1] else -1
             try:
-                conn.send_msg(pickle.dumps((MSG_CALL, actor_id, endpoint, payload, pid, rank,
-                                            extent_items), _PROTOCOL), len(inflight) > 1)
+                if size >= 0:       # immutable: pickled later, with its batch
+                    conn.send_obj(msg, size + 64, len(inflight) > 1)
+                else:
+                    conn.send_msg(pickle.dumps(msg, _PROTOCOL), len(inflight) > 1)
                 return fut
             except ConnectionClosed:
                 self.close_port(pid)    # nothing was written: take the general path
@@ -613,6 +618,14 @@ class Node:
             p = self._peers.get(origin)
             conn = p.conn if p is not None else None
             if conn is not None and not p.backlog:
+                size = frozen_size(value)
+                if size >= 0:       # immutable: pickled later, with the batch of replies
+                    try:
+                        conn.send_obj((MSG_DELIVER, port_id, value), size + 16)
+                        self._replied.add(conn)
+                    except ConnectionClosed:
+                        pass        # the caller is gone; its supervision says why
+                    return
                 try:
                     if is_plain(value):
                         meta, bufs = pickle.dumps((MSG_DELIVER, port_id, value), _PROTOCOL), ()

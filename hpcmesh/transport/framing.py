@@ -14,8 +14,8 @@ Wire layout of one frame (network byte order)::
     u32 meta_len | u16 nbufs | u16 count | u64 buf_len * nbufs | meta bytes | buf 0 | buf 1 ...
 
 ``count`` is the number of messages in the frame: 1 for a single message (``meta``
-is its pickle stream); a batch (count > 1, no buffers) has a pickled list of the
-messages' pickle streams as ``meta``.
+is its pickle stream); a batch (count > 1, no buffers) has as ``meta`` a pickled list
+whose items are the messages' pickle streams or the message tuples themselves.
 
 The top bit of ``buf_len`` (``READONLY_FLAG``) marks a read-only buffer (a ``bytes``
 payload, a read-only array). The decoder gives such a buffer back as a ``bytes``
@@ -122,18 +122,23 @@ def encode_frame(meta: bytes, buffers: list = ()) -> list:
     return [head, meta]
 
 
-def encode_batch(metas: list) -> list:
+def encode_batch(items: list) -> list:
     """Return the pieces to write for one frame holding several buffer-less messages.
 
-    The batch's meta is the list of the messages' pickle streams, itself pickled: the
-    receiver splits it with one C call (streams written back to back cannot be read
-    one by one without their lengths: each starts its pickle memo at zero)."""
-    n = len(metas)
+    Each item is a message's pickle stream (``bytes``) or a message tuple not pickled yet
+    (only ever one of immutable builtin values, so pickling it late sends what it was).
+    The batch's meta is the list itself, pickled once: the receiver gets the tuples back
+    and the streams split with one C call (streams written back to back could not be
+    read one by one without their lengths: each starts its pickle memo at zero)."""
+    n = len(items)
     if n == 1:
-        return [_HEAD.pack(len(metas[0]), 0, 1), metas[0]]
+        m = items[0]
+        if type(m) is not bytes:
+            m = pickle.dumps(m, 5)
+        return [_HEAD.pack(len(m), 0, 1), m]
     if n > MAX_BATCH_COUNT:
         raise FrameError(f"too many messages in one batch: {n} > {MAX_BATCH_COUNT}")
-    body = pickle.dumps(metas, 5)
+    body = pickle.dumps(items, 5)
     return [_HEAD.pack(len(body), 0, n), body]
 
 

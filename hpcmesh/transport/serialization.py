@@ -222,6 +222,32 @@ def is_plain(obj, depth: int = 0) -> bool:
     return False
 
 
+_FROZEN_ATOMS = frozenset({int, float, bool, type(None), complex})
+
+
+def frozen_size(obj, depth: int = 0) -> int:
+    """About how many bytes ``obj`` pickles to, if it is made only of immutable builtin
+    values (numbers, strings, small bytes, small tuples of them); else -1. Such a message
+    can wait in a batch and be pickled with it: nothing can change it meanwhile."""
+    t = type(obj)
+    if t is bytes:
+        n = len(obj)
+        return n if n < OOB_THRESHOLD else -1
+    if t is str:
+        return len(obj)
+    if t in _FROZEN_ATOMS:
+        return 8
+    if t is tuple and depth < 4 and len(obj) <= 32:
+        total = 8
+        for x in obj:
+            n = frozen_size(x, depth + 1)
+            if n < 0:
+                return -1
+            total += n
+        return total
+    return -1
+
+
 def dumps_envelope(envelope: tuple) -> bytes:
     """A flat tuple of plain values (message kinds, ids, an already pickled payload)."""
     return pickle.dumps(envelope, PROTOCOL)
@@ -256,12 +282,13 @@ def loads(meta, buffers=()):
 
 
 def loads_batch(meta, count: int) -> list:
-    """The ``count`` messages of a batch frame (a pickled list of pickle streams)."""
+    """The ``count`` messages of a batch frame (a pickled list of pickle streams and of
+    message tuples pickled with the list)."""
     streams = pickle.loads(meta)
     if type(streams) is not list or len(streams) != count:
         raise pickle.UnpicklingError(f"batch frame announced {count} messages but holds "
                                      f"{len(streams) if type(streams) is list else 'no list'}")
-    return [pickle.loads(m) for m in streams]
+    return [pickle.loads(m) if type(m) is bytes else m for m in streams]
 
 
 def dumps_by_value(obj) -> bytes:

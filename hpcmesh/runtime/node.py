@@ -105,6 +105,7 @@ class Node:
         self._ports: dict[int, tuple[Callable, bool]] = {}
         self._replies: dict[int, tuple[Future, _Peer | None]] = {}   # one-shot reply ports
         self._replied: set[Connection] = set()   # replies queued while handling frames
+        self._handling_frames = False
         #: True while the messages of a batch frame are dispatched: a pipelining sender,
         #: whose calls an actor runs faster from its mailbox task than one by one inline.
         self.in_batch = False
@@ -478,6 +479,19 @@ class Node:
 
     # -- receiving -------------------------------------------------------------------
     def _on_frames(self, conn: Connection, frames: list) -> None:
+        self._handling_frames = True
+        try:
+            self._handle_frames(conn, frames)
+        finally:
+            self._handling_frames = False
+            self.in_batch = False
+            # Replies produced while handling these frames leave now, in one write per
+            # connection, rather than one loop turn later.
+            dirty = self._replied
+            while dirty:
+                dirty.pop().flush_now()
+
+    def _handle_frames(self, conn: Connection, frames: list) -> None:
         for fr in frames:
             try:
                 if fr.count == 1:
@@ -522,12 +536,6 @@ class Node:
                     self._dispatch(msg, origin, fr.buffers)
                 except Exception:  # noqa: BLE001 - a bad message must not kill the node
                     log.exception("error handling a message from %s", conn.peer)
-        self.in_batch = False
-        # Replies produced while handling these frames leave now, in one write per
-        # connection, rather than one loop turn later.
-        dirty = self._replied
-        while dirty:
-            dirty.pop().flush_now()
 
     def _on_hello(self, conn: Connection, msg: tuple) -> None:
         _, peer_id, addresses, info = msg
@@ -621,7 +629,8 @@ class Node:
                 size = frozen_size(value)
                 if size >= 0:       # immutable: pickled later, with the batch of replies
                     try:
-                        conn.send_obj((MSG_DELIVER, port_id, value), size + 16)
+                        conn.send_obj((MSG_DELIVER, port_id, value), size + 16,
+                                      flushed_by_caller=self._handling_frames)
                         self._replied.add(conn)
                     except ConnectionClosed:
                         pass        # the caller is gone; its supervision says why

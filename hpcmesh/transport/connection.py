@@ -147,13 +147,15 @@ class Connection:
         is written at once for the lowest latency."""
         self._queue(meta, len(meta), cork)
 
-    def send_obj(self, msg: tuple, size: int, cork: bool = False) -> None:
+    def send_obj(self, msg: tuple, size: int, cork: bool = False,
+                 flushed_by_caller: bool = False) -> None:
         """``send_msg`` for a message tuple of immutable builtin values (``size``: about
         its pickled bytes): queued as is and pickled with its whole batch, one ``dumps``
-        per batch instead of one per message."""
-        self._queue(msg, size, cork)
+        per batch instead of one per message. ``flushed_by_caller``: on the loop thread,
+        the caller calls ``flush_now`` soon, so no loop turn needs to be scheduled."""
+        self._queue(msg, size, cork, flushed_by_caller)
 
-    def _queue(self, item, size: int, cork: bool) -> None:
+    def _queue(self, item, size: int, cork: bool, flushed_by_caller: bool = False) -> None:
         if self._closed:
             raise ConnectionClosed(f"connection to {self.peer} is closed")
         on_loop = threading.get_ident() == self._loop_tid
@@ -174,10 +176,13 @@ class Connection:
                 self._write_locked(foreign=True)
                 return
             if not self._flush_scheduled and not self._writer_on:
-                self._flush_scheduled = True
                 if on_loop:
+                    if flushed_by_caller:
+                        return
+                    self._flush_scheduled = True
                     self.loop.call_soon(self._flush)
                 else:
+                    self._flush_scheduled = True
                     self.loop.call_soon_threadsafe(self._flush)
 
     def send_frame(self, meta: bytes, buffers: list = (), cork: bool = False) -> None:

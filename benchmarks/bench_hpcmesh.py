@@ -159,7 +159,7 @@ def steady(rep: C.Report, cfg: dict) -> None:
     rep.run("pipelined_async", pipe, pipelined_async, "pipelined_async")
     payload = os.urandom(C.BULK_BYTES)
     rep.run("bulk_bytes", lambda: rep.put("bulk_bytes", bulk(ep, payload, cfg["bulk_reps"])))
-    del payload
+    payload = None      # free the 64 MiB before the tensor run
     rep.run("bulk_tensor", lambda: rep.put("bulk_tensor",
                                            bulk(ep, make_tensor(), cfg["bulk_reps"])))
     procs.stop().get(timeout=30)

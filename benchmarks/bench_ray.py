@@ -160,7 +160,7 @@ def steady(rep: C.Report, cfg: dict) -> None:
     rep.run("pipelined_async", pipe, pipelined_async, "pipelined_async")
     payload = os.urandom(C.BULK_BYTES)
     rep.run("bulk_bytes", lambda: rep.put("bulk_bytes", bulk(a, payload, cfg["bulk_reps"])))
-    del payload
+    payload = None      # free the 64 MiB before the tensor run
 
     def tensor():
         import torch

@@ -62,20 +62,20 @@ def _check_tls(cfg: HostsConfig) -> Any:
     """The ``ca=`` for attaching, or None. TLS needs the agents started with the same
     setting: static workers get it on their command line (``hpcmesh worker --ca``); the
     agents Slurm starts inherit it from this process's environment (``HPCMESH_TLS_CA``,
-    through sbatch/srun), so it is turned on here before anything is launched."""
+    through sbatch/srun) and SSHJob passes it on their command line, so it is turned on
+    here before anything is launched."""
     if not cfg.tls:
         return None
     ca = cfg.tls_ca or "trust_all_connections"
     if cfg.scheduler == "static":
         return ca
-    if cfg.scheduler in ("slurm", "local"):
+    if cfg.scheduler in ("slurm", "local", "ssh"):
         from .actor.mesh import use_tls
         use_tls(ca)
         return ca
     raise NotImplementedError(
-        f"{cfg.where('transport')}: transport.tls is supported for schedulers static, slurm "
-        f"and local, not yet for {cfg.scheduler} (its agents are started over ssh without "
-        f"the setting); hpcmesh authenticates every connection with the per-job secret "
+        f"{cfg.where('transport')}: transport.tls is not supported for scheduler "
+        f"{cfg.scheduler}; hpcmesh authenticates every connection with the per-job secret "
         f"(HMAC). Remove the transport block (or set tls: false)")
 
 

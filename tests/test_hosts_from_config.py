@@ -189,18 +189,18 @@ def test_ssh_goes_to_sshjob(no_slurm, monkeypatch):
         hosts_from_config()
 
 
-def test_tls_for_a_scheduler_that_cannot_pass_it_on_is_refused_clearly(no_slurm, monkeypatch):
+def test_transport_tls_turns_tls_on_for_the_client_and_what_it_starts(no_slurm, monkeypatch):
+    import hpcmesh.actor.mesh as mesh_mod
+    seen = []
+    monkeypatch.setattr(mesh_mod, "use_tls", seen.append)
     cfg = _write(no_slurm / "tls.yaml", """
-        scheduler: ssh
-        hosts: [a]
+        scheduler: local
         transport:
           tls: true
     """)
     monkeypatch.setenv("HPCMESH_HOSTS", cfg)
-    with pytest.raises(NotImplementedError, match=r"tls.yaml:\d: transport.tls is supported "
-                                                  r"for schedulers static, slurm and local, "
-                                                  r"not yet for ssh"):
-        hosts_from_config()
+    assert hosts_from_config().size() >= 1
+    assert seen == ["trust_all_connections"]
 
 
 # ---------------------------------------------------------------------------------------

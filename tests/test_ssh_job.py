@@ -123,6 +123,21 @@ def test_hostlists_and_arguments():
         SSHJob().apply()
 
 
+def test_remote_agents_get_this_clients_tls(monkeypatch, tmp_path):
+    job = SSHJob(hosts="n1", python_exe="/opt/py")
+    monkeypatch.delenv("HPCMESH_TLS_CA", raising=False)
+    assert "--ca" not in job.remote_command(["tcp://10.0.0.1:5"], "tok")
+    monkeypatch.setenv("HPCMESH_TLS_CA", "trust_all_connections")
+    cmd = job.remote_command(["tcp://10.0.0.1:5"], "tok")
+    assert "--ca trust_all_connections" in cmd and "HPCMESH_TLS_CA=trust_all_connections" in cmd
+    ca = tmp_path / "ca.pem"
+    ca.write_text("x")
+    monkeypatch.setenv("HPCMESH_TLS_CA", str(ca))
+    cmd = job.remote_command(["tcp://10.0.0.1:5"], "tok")
+    assert f"--ca {ca}" in cmd
+    assert f"HPCMESH_TLS_CERT={tmp_path / 'hpcmesh.pem'}" in cmd
+
+
 def test_ssh_end_to_end_secret_stays_off_command_lines(sshd, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     job = SSHJob(hosts=["127.0.0.1", "localhost"], python_exe=PY, ssh_args=sshd["args"],

@@ -30,6 +30,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from ..runtime.client import client_runtime
+from ..transport import tls
 from .attach import AttachTimeout, AttachWaiter
 from .base import JobTrait
 from .submitit_job import describe_agents, host_mesh_of, reconnect_mesh, stop_client_procs
@@ -142,6 +143,10 @@ class SSHJob(JobTrait):
                   "--listen", f"tcp://0.0.0.0:{self.port or 0}"]
         if self.advertise_host:
             worker += ["--advertise-host", self.advertise_host]
+        tls_settings = tls.settings()      # this client's TLS (HPCMESH_TLS_CA): the same there
+        if tls_settings is not None:
+            worker += ["--ca", tls_settings.ca]
+            env.update(tls_settings.env())   # certificate paths: a shared file system
         cmd = "env " + " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
         cmd += " " + " ".join(shlex.quote(a) for a in worker)
         if self.workdir:

@@ -69,6 +69,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from .yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
+                         nearest_line)
+
 __all__ = [
     "SCHEDULERS",
     "ConfigError",
@@ -119,13 +122,8 @@ class ConfigError(ValueError):
         self.value = value
         self.allowed = tuple(allowed)
         self.problem = message
-        text = message
-        if self.allowed:
-            text += "; allowed: " + ", ".join(self.allowed)
-            if suggest and isinstance(value, str):
-                close = difflib.get_close_matches(value, self.allowed, n=1, cutoff=0.6)
-                if close:
-                    text += f" (did you mean {close[0]!r}?)"
+        guess = value if suggest and isinstance(value, str) else None
+        text = message + allowed_suffix(self.allowed, guess)
         if source is not None:
             loc = f"{source}:{line}" if line is not None else source
             text = f"{loc}: {text}"
@@ -161,12 +159,7 @@ class HostsConfig:
 
     def line_of(self, key: str) -> int | None:
         """Line of ``key``, or of its nearest recorded parent."""
-        while key:
-            if key in self.lines:
-                return self.lines[key]
-            cut = max(key.rfind("."), key.rfind("["))
-            key = key[:cut] if cut > 0 else ""
-        return None
+        return nearest_line(self.lines, key)
 
     def where(self, key: str) -> str:
         """``file:line`` for messages about ``key``."""
@@ -193,17 +186,14 @@ class _Doc:
         self._loader = yaml.SafeLoader(text)
         try:
             self.root = self._loader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark is not None else None
-            problem = exc.problem or str(exc)
-            if exc.context:
-                problem = f"{exc.context}, {problem}"
-            raise ConfigError(f"invalid YAML: {problem}", source=source, line=line) from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"invalid YAML: {exc}", source=source) from None
+            message, line = describe_yaml_error(exc)
+            raise ConfigError(message, source=source, line=line) from None
         if self.root is not None:
-            self._index(self.root, "")
+            try:
+                index_lines(self._loader, self.root, self.lines)
+            except DuplicateKey as e:
+                raise ConfigError(str(e), source=source, line=e.line, key=e.path) from None
 
     def close(self) -> None:
         self._loader.dispose()
@@ -217,40 +207,6 @@ class _Doc:
             return self._loader.construct_object(node, deep=True)
         except yaml.MarkedYAMLError as exc:
             raise self.fail(node, f"invalid YAML value: {exc.problem}") from None
-
-    def _index(self, node: yaml.Node, prefix: str, _seen: set[int] | None = None) -> None:
-        """Record lines of every key and item; reject duplicate keys."""
-        seen = _seen if _seen is not None else set()
-        if id(node) in seen:  # aliases can make cycles
-            return
-        seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            self._loader.flatten_mapping(node)  # resolve `<<:` merges
-            first: dict[Any, int] = {}
-            for knode, vnode in node.value:
-                key = knode.value if isinstance(knode, yaml.ScalarNode) else None
-                line = knode.start_mark.line + 1
-                if key is not None:
-                    if key in first:
-                        raise self.fail(
-                            knode,
-                            f"duplicate key {_join(prefix, key)!r} "
-                            f"(first given on line {first[key]})",
-                            key=_join(prefix, key),
-                        )
-                    first[key] = line
-                    path = _join(prefix, key)
-                    self.lines.setdefault(path, line)
-                    self._index(vnode, path, seen)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                path = f"{prefix}[{i}]"
-                self.lines.setdefault(path, item.start_mark.line + 1)
-                self._index(item, path, seen)
-
-
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else str(key)
 
 
 def _describe(value: Any) -> str:

@@ -24,7 +24,6 @@ becomes one mesh named ``hosts``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import keyword
 import os
 import re
@@ -34,6 +33,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import yaml
 
+from ..yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
+                          nearest_line)
 from .parsing import SlurmParseError, parse_slurm_duration
 
 __all__ = [
@@ -86,13 +87,7 @@ class SpecError(ValueError):
         self.source, self.line, self.key = source, line, key
         self.allowed = tuple(allowed)
         self.problem = message
-        text = message
-        if self.allowed:
-            text += "; allowed: " + ", ".join(self.allowed)
-        if suggest is not None:
-            close = difflib.get_close_matches(suggest, self.allowed, n=1, cutoff=0.6)
-            if close:
-                text += f" (did you mean {close[0]!r}?)"
+        text = message + allowed_suffix(self.allowed, suggest)
         if source is not None:
             text = f"{source}:{line}: {text}" if line is not None else f"{source}: {text}"
         super().__init__(text)
@@ -117,20 +112,17 @@ def parse_yaml_with_lines(text: str, source: str = "<string>") -> tuple[Any, dic
     try:
         try:
             root = loader.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            problem = exc.problem or str(exc)
-            if exc.context:
-                problem = f"{exc.context}, {problem}"
-            raise SpecError(f"invalid YAML: {problem}", source=source,
-                            line=mark.line + 1 if mark else None) from None
         except yaml.YAMLError as exc:
-            raise SpecError(f"invalid YAML: {exc}", source=source) from None
+            message, line = describe_yaml_error(exc)
+            raise SpecError(message, source=source, line=line) from None
         if root is None:
             return None, {}, {}
         lines: dict[str, int] = {}
         raw: dict[str, str] = {}
-        _index_node(root, "", lines, raw, source, set())
+        try:
+            index_lines(loader, root, lines, raw)
+        except DuplicateKey as e:
+            raise SpecError(str(e), source=source, line=e.line, key=e.path) from None
         try:
             data = loader.construct_document(root)
         except yaml.MarkedYAMLError as exc:
@@ -140,35 +132,6 @@ def parse_yaml_with_lines(text: str, source: str = "<string>") -> tuple[Any, dic
         return data, lines, raw
     finally:
         loader.dispose()
-
-
-def _index_node(node: yaml.Node, prefix: str, lines: dict[str, int], raw: dict[str, str],
-                source: str, seen: set[int]) -> None:
-    if id(node) in seen:  # aliases may form cycles
-        return
-    seen.add(id(node))
-    if isinstance(node, yaml.ScalarNode):
-        if node.style is None and prefix:  # plain (unquoted) scalars may be re-typed by YAML
-            raw[prefix] = node.value
-    elif isinstance(node, yaml.MappingNode):
-        first: dict[str, int] = {}
-        for knode, vnode in node.value:
-            if not isinstance(knode, yaml.ScalarNode):
-                continue
-            key = knode.value
-            line = knode.start_mark.line + 1
-            path = f"{prefix}.{key}" if prefix else key
-            if key in first:
-                raise SpecError(f"duplicate key {path!r} (first given on line {first[key]})",
-                                source=source, line=line, key=path)
-            first[key] = line
-            lines.setdefault(path, line)
-            _index_node(vnode, path, lines, raw, source, seen)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            path = f"{prefix}[{i}]"
-            lines.setdefault(path, item.start_mark.line + 1)
-            _index_node(item, path, lines, raw, source, seen)
 
 
 class _Ctx:
@@ -191,13 +154,7 @@ class _Ctx:
         return out
 
     def line(self, path: str) -> int | None:
-        key = path
-        while key:
-            if key in self.lines:
-                return self.lines[key]
-            cut = max(key.rfind("."), key.rfind("["))
-            key = key[:cut] if cut > 0 else ""
-        return None
+        return nearest_line(self.lines, path)
 
     def error(self, path: str, message: str, **kw: Any) -> SpecError:
         return SpecError(message, source=self.source, line=self.line(path), key=path, **kw)
@@ -730,10 +687,8 @@ class JobSpec:
         if extra:
             allowed = sorted(set(_MONARCH_KWARGS) | {"monarch_port", "job_start_timeout"})
             name = next(iter(extra))
-            close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TypeError(f"SlurmJob got an unexpected keyword argument {name!r}; allowed: "
-                            f"{', '.join(allowed)}{hint}")
+            raise TypeError(f"SlurmJob got an unexpected keyword argument {name!r}"
+                            f"{allowed_suffix(allowed, name)}")
         if isinstance(slurm_args, str):
             slurm_args = [slurm_args]
         defaults: dict[str, Any] = {"python": python_exe, "ntasks_per_node": ntasks_per_node,

@@ -543,17 +543,9 @@ class Shape:
     def extent(self) -> Extent:
         return self._extent
 
-    @property
-    def labels(self) -> list[str]:
-        return list(self._labels)
-
-    @property
-    def sizes(self) -> list[int]:
-        return list(self._sizes)
-
-    @property
-    def nelem(self) -> int:
-        return math.prod(self._sizes)
+    labels = property(lambda self: self._extent.labels, doc="Dimension names (a fresh list).")
+    sizes = property(lambda self: self._extent.sizes, doc="Dimension sizes (a fresh list).")
+    nelem = property(lambda self: self._extent.nelem, doc="Number of points.")
 
     def size(self, dim: str | Sequence[str] | None = None) -> int:
         """Number of points (no ``dim``), size of one dimension, or product over several."""

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import wait_gone
 
 from hpcmesh.actor import Actor, SupervisionError, context, endpoint
 from hpcmesh.mpi import (LayoutError, RankEntry, attach_to_mpi, compute_layout, mpi_proc_mesh,
@@ -156,24 +157,6 @@ def descendants(root: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_gone(pids, timeout: float = 5.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if alive(p)]
-        if not left:
-            return []
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 # ---------------------------------------------------------------------------------------

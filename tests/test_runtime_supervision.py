@@ -9,31 +9,10 @@ import textwrap
 import time
 
 import pytest
+from proc_helpers import alive, wait_gone
 from output_recorder import Recorder as _Recorder
 
 from hpcmesh.actor import Actor, ActorError, SupervisionError, endpoint, this_host
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for a reaper counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _wait_gone(pids, timeout: float) -> list:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [p for p in pids if _alive(p)]
-        if not left:
-            return []
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
-
-
 
 
 class Victim(Actor):
@@ -169,7 +148,7 @@ def test_stop_runs_cleanup_and_leaves_no_process(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cleanup-0", "cleanup-1"]
     assert (tmp_path / "cleanup-1").read_text() == "clean"
     assert set(codes.values()) == {0}
-    assert _wait_gone(pids, 2) == []
+    assert wait_gone(pids, 2) == []
     with pytest.raises(RuntimeError, match="stopped"):
         pm.spawn("again", Victim)
     with pytest.raises(SupervisionError, match="stopped"):
@@ -186,7 +165,7 @@ def test_stop_force_kills_hung_processes(tmp_path):
     t0 = time.monotonic()
     pm.stop(grace=1.0).get(timeout=30)
     assert time.monotonic() - t0 < 6
-    assert _wait_gone(pids, 2) == []
+    assert wait_gone(pids, 2) == []
     # the process with the hung sync endpoint still stopped cleanly
     assert (tmp_path / "cleanup-0").exists()
 
@@ -225,14 +204,14 @@ def _run_controller(tmp_path, *args):
 def test_controller_killed_leaves_no_workers(tmp_path):
     controller, pids = _run_controller(tmp_path)
     try:
-        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        assert len(pids) == 2 and all(alive(p) for p in pids)
         controller.kill()
         controller.wait()
-        left = _wait_gone(pids, 2 + 3)
+        left = wait_gone(pids, 2 + 3)
         assert left == [], f"workers {left} outlived their controller"
     finally:
         for p in pids:
-            if _alive(p):
+            if alive(p):
                 os.kill(p, signal.SIGKILL)
 
 
@@ -255,20 +234,20 @@ def test_standalone_agent_exits_with_its_procs_when_the_client_dies(tmp_path):
         addr = ready.read_text().split()[0]
         assert "0.0.0.0" not in addr          # a wildcard listener advertises a real address
         client, pids = _run_controller(tmp_path, addr, secret.hex())
-        assert all(_alive(p) for p in pids)
+        assert all(alive(p) for p in pids)
         client.kill()
         client.wait()
         t0 = time.monotonic()
         out, err = agent.communicate(timeout=2 + 5)
         assert time.monotonic() - t0 < 2 + 3
         assert "controller gone" in out + err
-        assert _wait_gone(pids, 1) == []
+        assert wait_gone(pids, 1) == []
     finally:
         if agent.poll() is None:
             agent.kill()
             agent.wait()
         for p in pids:
-            if _alive(p):
+            if alive(p):
                 os.kill(p, signal.SIGKILL)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+from proc_helpers import wait_gone
 
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import LoginJob, SSHJob
@@ -89,21 +90,6 @@ class Where(Actor):
         return socket.gethostname(), os.getpid()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _all_gone(pids, timeout=15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
-
-
 def test_hostlists_and_arguments():
     assert _expand_hosts("node[1-3],gpu7") == ["node1", "node2", "node3", "gpu7"]
     assert _expand_hosts(["a", "b"]) == ["a", "b"]
@@ -161,7 +147,7 @@ def test_ssh_end_to_end_secret_stays_off_command_lines(sshd, tmp_path, monkeypat
     assert job.active
     job.kill()
     assert not job.active
-    assert _all_gone(proc_pids + agent_pids + ssh_pids), "processes left after kill()"
+    assert wait_gone(proc_pids + agent_pids + ssh_pids, 15) == [], "processes left after kill()"
 
 
 def test_unreachable_host_fails_with_ssh_status(tmp_path, monkeypatch):

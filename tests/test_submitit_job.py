@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from proc_helpers import wait_gone
 
 pytest.importorskip("submitit")
 
@@ -19,23 +20,6 @@ class Where(Actor):
     @endpoint
     def where(self):
         return socket.gethostname(), os.getpid(), os.environ.get("HPCMESH_JOB_TOKEN")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _all_gone(pids, timeout=15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
 
 
 def _run_and_kill(job, expect_hosts):
@@ -94,7 +78,7 @@ def test_local_end_to_end_and_kill_leaves_nothing(tmp_path, monkeypatch):
     assert cvd.get(timeout=60).values() == ["3,5", "3,5"]
     proc_pids, agent_pids = _run_and_kill(job, [socket.gethostname()] * 2)
     controller = int(job.job_ids["workers"])
-    assert _all_gone(proc_pids + agent_pids + [controller]), "processes left after kill()"
+    assert wait_gone(proc_pids + agent_pids + [controller], 15) == [], "processes left after kill()"
 
 
 def test_debug_end_to_end(tmp_path):
@@ -102,7 +86,7 @@ def test_debug_end_to_end(tmp_path):
                       progress=False)
     proc_pids, agent_pids = _run_and_kill(job, [socket.gethostname()] * 2)
     assert job.job_ids["workers"].startswith("DEBUG_")
-    assert _all_gone(proc_pids + agent_pids)
+    assert wait_gone(proc_pids + agent_pids, 15) == []
 
 
 def test_agent_that_cannot_attach_fails_fast(tmp_path):

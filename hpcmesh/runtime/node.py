@@ -504,21 +504,8 @@ class Node:
                 conn.close(e)
                 return
             origin = conn.info.get("peer_id")
-            actors = self.actors
             self.in_batch = fr.count > 1
             for msg in msgs:
-                if type(msg) is tuple:                  # the common cases first
-                    if len(msg) == 3 and msg[0] == MSG_DELIVER:
-                        self._deliver_local(msg[1], msg[2])
-                        continue
-                    if len(msg) == 7 and msg[0] == MSG_CALL:
-                        inst = actors.get(msg[1])
-                        if inst is not None:
-                            try:
-                                inst.handle_call(msg, origin, fr.buffers)
-                            except Exception:  # noqa: BLE001 - must not kill the node
-                                log.exception("error handling a call from %s", conn.peer)
-                            continue
                 if type(msg) is not tuple or not msg:
                     log.warning("closing connection from %s: not a protocol message (%s)",
                                 conn.peer, type(msg).__name__)

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from netns_helpers import make_fake_sysfs
 
 from hpcmesh.transport import netif
 from hpcmesh.transport.netif import (
@@ -30,26 +31,13 @@ def make_tree(root: Path, ifaces: dict, routes: list[tuple[str, str, str, str]],
               hcas: dict[str, list[str]] | None = None) -> tuple[Path, Path]:
     """Build <root>/sys and <root>/proc; ifaces: name -> (type, operstate[, flags])."""
     sys_root, proc_root = root / "sys", root / "proc"
-    for name, spec in ifaces.items():
-        d = sys_root / "class" / "net" / name
-        d.mkdir(parents=True)
-        (d / "type").write_text(f"{spec[0]}\n")
-        (d / "operstate").write_text(f"{spec[1]}\n")
-        if len(spec) > 2:
-            (d / "flags").write_text(f"{spec[2]}\n")
+    make_fake_sysfs(sys_root, ifaces, hcas)
     (proc_root / "net").mkdir(parents=True)
     lines = ["Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT"]
     for iface, dest, gw, mask in routes:
         lines.append("\t".join([iface, _hex_le(dest), _hex_le(gw), "0003", "0", "0", "0",
                                 _hex_le(mask), "0", "0", "0"]))
     (proc_root / "net" / "route").write_text("\n".join(lines) + "\n")
-    for hca, states in (hcas or {}).items():
-        d = sys_root / "class" / "infiniband" / hca
-        d.mkdir(parents=True)
-        for i, state in enumerate(states, 1):
-            p = d / "ports" / str(i)
-            p.mkdir(parents=True)
-            (p / "state").write_text(state + "\n")
     return sys_root, proc_root
 
 

@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from ..transport.addresses import new_secret
 from .errors import SupervisionError, describe_exit
-from .future import Future
+from . import placement
+from .future import Future, set_wait_hook
 from .host_agent import HostAgent
 from .node import MSG_DELIVER, Node, NodeRef, current_node, set_current_node
 from .tuning import tune_malloc
@@ -71,11 +72,15 @@ class ClientRuntime:
     and be their owner (``__supervise__``)."""
 
     def __init__(self, secret: bytes | None = None, node: Node | None = None):
+        self._follower: placement.CallerFollower | None = None
         if node is None:
             tune_malloc(arena_max=1)     # before the loop thread starts: see tuning.py
             self.secret = secret or new_secret()
             self.node = Node.start_in_thread(self.secret, role="client", name="client")
             self.node.run_sync(self._setup())
+            if placement.enabled():
+                self._follower = placement.CallerFollower(self.node._thread.native_id)
+                set_wait_hook(self._follower.follow)
         else:
             self.secret = node.secret
             self.node = node
@@ -220,6 +225,10 @@ class ClientRuntime:
         global _runtime
         if self._local_agent is not None:
             self._local_agent.kill_all()
+        if self._follower is not None:
+            set_wait_hook(None)
+            self._follower.release()
+            self._follower = None
         if self.node.role != "proc":     # an actor process's node belongs to that process
             self.node.shutdown_thread(2.0)
         if _runtime is self:

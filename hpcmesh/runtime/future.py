@@ -31,6 +31,16 @@ def unregister_loop_thread(loop: asyncio.AbstractEventLoop) -> None:
     _runtime_threads.discard(tid)
 
 
+_wait_hook: Callable[[], None] | None = None   # see set_wait_hook
+
+
+def set_wait_hook(hook: Callable[[], None] | None) -> None:
+    """``hook()`` is called by a thread about to block on a Future that another thread
+    will settle (the runtime uses it to place its thread: see placement.py)."""
+    global _wait_hook
+    _wait_hook = hook
+
+
 def on_runtime_thread() -> bool:
     """True on a thread running an hpcmesh event loop (where blocking would deadlock)."""
     return threading.get_ident() in _runtime_threads
@@ -106,6 +116,8 @@ class Future:
                     "Future.get() called on the hpcmesh event-loop thread would deadlock; "
                     "use `await future` inside async endpoints (or make the endpoint a "
                     "plain `def`: sync endpoints run on their own thread and may block)")
+            if _wait_hook is not None:
+                _wait_hook()
             lock = threading.Lock()
             lock.acquire()
             self.add_done_callback(lambda _f: lock.release())
@@ -120,6 +132,8 @@ class Future:
             loop = asyncio.get_running_loop()
             afut = loop.create_future()
             owner_tid = _loop_thread_ids.get(id(loop))
+            if _wait_hook is not None and owner_tid is None:
+                _wait_hook()
 
             def wake(f: "Future") -> None:
                 if threading.get_ident() == owner_tid:

@@ -1,0 +1,135 @@
+"""The controller's runtime thread follows the core of the thread that waits for it
+(hpcmesh/runtime/placement.py): real threads, real affinity masks."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from hpcmesh.runtime import future as future_mod
+from hpcmesh.runtime import placement
+from hpcmesh.runtime.future import Future
+
+
+class _Parked:
+    """A thread that sleeps until told to stop; its native id and original mask."""
+
+    def __init__(self):
+        self.ready = threading.Event()
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+        self.ready.wait(5)
+        self.tid = self.t.native_id
+
+    def _run(self):
+        self.ready.set()
+        self.stop.wait(30)
+
+    def close(self):
+        self.stop.set()
+        self.t.join(5)
+
+
+@pytest.fixture
+def parked():
+    p = _Parked()
+    yield p
+    p.close()
+
+
+def test_follow_moves_the_thread_to_the_waiters_core_and_release_gives_cores_back(parked):
+    before = os.sched_getaffinity(parked.tid)
+    f = placement.CallerFollower(parked.tid)
+    f.follow()
+    assert f.cpu in os.sched_getaffinity(0), "followed a core this process may not use"
+    assert os.sched_getaffinity(parked.tid) == {f.cpu}
+    f.release()
+    assert os.sched_getaffinity(parked.tid) == before
+    f.follow()                                   # released: following is over
+    assert os.sched_getaffinity(parked.tid) == before
+
+
+def test_follow_calls_the_kernel_only_when_the_core_changed(parked, monkeypatch):
+    f = placement.CallerFollower(parked.tid)
+    calls = []
+    real = os.sched_setaffinity
+    monkeypatch.setattr(placement.os, "sched_setaffinity",
+                        lambda tid, cpus: (calls.append(set(cpus)), real(tid, cpus)))
+    monkeypatch.setattr(placement, "_getcpu", lambda: 0)
+    for _ in range(5):
+        f.follow()
+    assert calls == [{0}]
+    f.release()
+
+
+def test_a_thread_that_is_gone_stops_the_following_without_an_error():
+    p = _Parked()
+    tid = p.tid
+    f = placement.CallerFollower(tid)
+    p.close()
+    # The tid is free now (it could be reused by a new thread, but not within this test).
+    f.cpu = -1
+    f.follow()
+    assert f.active is False
+
+
+def test_get_and_foreign_await_call_the_wait_hook_and_a_settled_future_does_not():
+    seen = []
+    future_mod.set_wait_hook(lambda: seen.append(threading.get_ident()))
+    try:
+        done = Future()
+        done.set_result(1)
+        assert done.get() == 1
+        assert seen == []                       # nothing to wait for: no hook
+
+        pending = Future()
+        threading.Timer(0.05, pending.set_result, (2,)).start()
+        assert pending.get(timeout=5) == 2
+        assert seen == [threading.get_ident()]
+
+        async def wait_on_other_loop():
+            f = Future()
+            threading.Timer(0.05, f.set_result, (3,)).start()
+            return await f
+        assert asyncio.run(wait_on_other_loop()) == 3
+        assert len(seen) == 2
+    finally:
+        future_mod.set_wait_hook(None)
+
+
+def test_the_client_runtime_thread_follows_its_caller_and_can_be_turned_off(tmp_path):
+    """In a fresh controller: after a round trip, the runtime thread is on one core that
+    the caller may use; with HPCMESH_FOLLOW_CALLER=0 its mask is left alone."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, os\n"
+        "from hpcmesh.actor import Actor, endpoint, this_host\n"
+        "from hpcmesh.runtime.client import client_runtime\n"
+        "class A(Actor):\n"
+        "    @endpoint\n"
+        "    async def ping(self):\n"
+        "        return 1\n"
+        "pm = this_host().spawn_procs(per_host={'gpus': 1})\n"
+        "a = pm.spawn('a', A)\n"
+        "assert a.ping.call_one().get(timeout=60) == 1\n"
+        "rt = client_runtime().node._thread.native_id\n"
+        "print(json.dumps([sorted(os.sched_getaffinity(rt)), sorted(os.sched_getaffinity(0))]))\n"
+        "pm.stop().get(timeout=30)\n")
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rt_cores, my_cores = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(rt_cores) == 1 and set(rt_cores) <= set(my_cores)
+
+    env["HPCMESH_FOLLOW_CALLER"] = "0"
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rt_cores, my_cores = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rt_cores == my_cores

@@ -4,9 +4,11 @@
 import asyncio
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -67,12 +69,37 @@ def test_follow_calls_the_kernel_only_when_the_core_changed(parked, monkeypatch)
     f.release()
 
 
+def test_a_bulk_message_gives_the_thread_its_cores_back_for_a_while(parked, monkeypatch):
+    before = os.sched_getaffinity(parked.tid)
+    f = placement.CallerFollower(parked.tid)
+    try:
+        f.follow()
+        assert len(os.sched_getaffinity(parked.tid)) == 1
+        placement.note_buffers([b"x" * 1000, memoryview(bytearray(1000))])   # small
+        assert len(os.sched_getaffinity(parked.tid)) == 1
+        placement.note_buffers([pickle.PickleBuffer(bytearray(placement.BULK_BYTES))])
+        assert os.sched_getaffinity(parked.tid) == before
+        f.follow()                                   # within the quiet time: stays free
+        assert os.sched_getaffinity(parked.tid) == before
+        monkeypatch.setattr(placement.time, "monotonic",
+                            lambda: f.quiet_until + 1.0)     # the quiet time is over
+        f.follow()
+        assert len(os.sched_getaffinity(parked.tid)) == 1
+    finally:
+        f.release()
+    assert os.sched_getaffinity(parked.tid) == before
+    assert f not in placement._followers
+
+
 def test_a_thread_that_is_gone_stops_the_following_without_an_error():
     p = _Parked()
     tid = p.tid
     f = placement.CallerFollower(tid)
     p.close()
-    # The tid is free now (it could be reused by a new thread, but not within this test).
+    # join() returns a moment before the OS thread is gone: wait for its /proc entry.
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
+        time.sleep(0.01)
     f.cpu = -1
     f.follow()
     assert f.active is False

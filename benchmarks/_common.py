@@ -29,9 +29,9 @@ def config(quick: bool) -> dict:
     """Iteration counts; the same for every system."""
     if quick:
         return dict(lat_iters=2000, warmup=200, gather_iters=300, pipe_reps=2, bulk_reps=2,
-                    bringup_reps=1)
+                    bringup_reps=1, paired_rounds=2)
     return dict(lat_iters=5000, warmup=500, gather_iters=1000, pipe_reps=3, bulk_reps=4,
-                bringup_reps=3)
+                bringup_reps=3, paired_rounds=5)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,6 +53,27 @@ def lat_stats(samples_ns: list[int]) -> dict:
     p99 = s[min(n - 1, int(round(0.99 * (n - 1))))]
     return {"n": n, "med_us": statistics.median(s) / 1e3, "p99_us": p99 / 1e3,
             "mean_us": statistics.fmean(s) / 1e3, "min_us": s[0] / 1e3}
+
+
+async def paired(one, many, rounds: int, block: int = 200) -> dict:
+    """Latency of ``await one()`` and ``await many()`` measured in alternating blocks.
+
+    The VM's speed drifts by a third over minutes; two workloads timed one after the
+    other can land in different phases, so their ratio mixes the workload with the
+    drift. Alternating blocks of ``block`` calls puts both in the same phases."""
+    s_one: list[int] = []
+    s_many: list[int] = []
+    for _ in range(block):                       # warm-up, not timed
+        await one()
+        await many()
+    for _ in range(rounds):
+        for fn, out in ((one, s_one), (many, s_many)):
+            for _ in range(block):
+                t0 = now()
+                await fn()
+                out.append(now() - t0)
+    a, b = lat_stats(s_one), lat_stats(s_many)
+    return {"one": a, "many": b, "ratio": b["med_us"] / a["med_us"], "block": block}
 
 
 def mbps(payload_bytes: int, seconds: float) -> float:

@@ -4,6 +4,10 @@ Frames are a 4-byte big-endian length prefix plus the payload (32 bytes, the
 same ``SMALL`` payload the actor benchmarks send). The server runs in a child
 process started with ``subprocess`` (not fork of this interpreter's state).
 
+Also ``gather4_paired``: one round trip against a gather over 4 servers (4 processes,
+``asyncio.gather`` of 4 round trips), in alternating blocks: what the gather ratio is
+for plain asyncio on this machine.
+
 Variants (the first is *the* floor the table's ratios use):
   tcp/asyncio  - stock asyncio event loop on both sides, TCP over 127.0.0.1, TCP_NODELAY
   tcp/uvloop   - same with uvloop on both sides (only if uvloop is importable)
@@ -82,17 +86,65 @@ async def _client(kind: str, where, iters: int, warmup: int) -> dict:
     return C.lat_stats(samples)
 
 
-def run_variant(kind: str, use_uvloop: bool, iters: int, warmup: int) -> dict:
-    tmp = tempfile.mkdtemp(prefix="hpcmesh-bench-")
-    path = os.path.join(tmp, "echo.sock")
+async def _client_gather(ports: list[int], rounds: int) -> dict:
+    """call_one vs a gather over 4 servers, in alternating blocks (as the actor runs)."""
+    conns = []
+    for port in ports:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conns.append((reader, writer))
+    frame = _LEN.pack(len(C.SMALL)) + C.SMALL
+
+    async def rt(reader, writer) -> bytes:
+        writer.write(frame)
+        head = await reader.readexactly(4)
+        return await reader.readexactly(_LEN.unpack(head)[0])
+    out = await C.paired(lambda: rt(*conns[0]),
+                         lambda: asyncio.gather(*(rt(*c) for c in conns)), rounds)
+    for _, writer in conns:
+        writer.close()
+    return out
+
+
+def _start_server(kind: str, use_uvloop: bool, path: str) -> tuple[subprocess.Popen, object]:
     srv = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--server", kind,
                             "1" if use_uvloop else "0", path],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = srv.stdout.readline().split()
+    if not line or line[0] != "READY":
+        srv.kill()
+        raise RuntimeError(f"echo server did not start ({line!r})")
+    return srv, (path if kind == "unix" else int(line[1]))
+
+
+def _stop_server(srv: subprocess.Popen) -> None:
+    srv.stdin.close()
     try:
-        line = srv.stdout.readline().split()
-        if not line or line[0] != "READY":
-            raise RuntimeError(f"echo server did not start ({line!r})")
-        where = path if kind == "unix" else int(line[1])
+        srv.wait(5)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+
+
+def run_gather(rounds: int) -> dict:
+    servers = []
+    try:
+        for _ in range(4):
+            servers.append(_start_server("tcp", False, ""))
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(_client_gather([w for _, w in servers], rounds))
+        finally:
+            loop.close()
+    finally:
+        for srv, _ in servers:
+            _stop_server(srv)
+
+
+def run_variant(kind: str, use_uvloop: bool, iters: int, warmup: int) -> dict:
+    tmp = tempfile.mkdtemp(prefix="hpcmesh-bench-")
+    path = os.path.join(tmp, "echo.sock")
+    srv, where = _start_server(kind, use_uvloop, path)
+    try:
         if use_uvloop:
             import uvloop
             loop = uvloop.new_event_loop()
@@ -103,11 +155,7 @@ def run_variant(kind: str, use_uvloop: bool, iters: int, warmup: int) -> dict:
         finally:
             loop.close()
     finally:
-        srv.stdin.close()
-        try:
-            srv.wait(5)
-        except subprocess.TimeoutExpired:
-            srv.kill()
+        _stop_server(srv)
         try:
             os.unlink(path)
             os.rmdir(tmp)
@@ -135,6 +183,7 @@ def main() -> None:
     for kind, uv, key in variants:
         rep.run(key, lambda kind=kind, uv=uv, key=key:
                 rep.put(key, run_variant(kind, uv, cfg["lat_iters"], cfg["warmup"])))
+    rep.run("gather4_paired", lambda: rep.put("gather4_paired", run_gather(cfg["paired_rounds"])))
     rep.emit()
 
 

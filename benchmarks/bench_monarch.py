@@ -134,6 +134,9 @@ def steady(rep: C.Report, cfg: dict) -> None:
     rep.run("gather4", lambda: rep.put("gather4", gather(mesh.slice(gpus=slice(0, 4)).echo, 4,
                                                          cfg)))
     rep.run("gather8", lambda: rep.put("gather8", gather(mesh.echo, 8, cfg)))
+    four = mesh.slice(gpus=slice(0, 4)).echo
+    rep.run("gather4_paired", lambda: rep.put("gather4_paired", asyncio.run(C.paired(
+        lambda: ep.call_one(C.SMALL), lambda: four.call(C.SMALL), cfg["paired_rounds"]))))
 
     def pipe(fn, key):
         fn(ep, 1000)

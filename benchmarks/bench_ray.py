@@ -150,6 +150,10 @@ def steady(rep: C.Report, cfg: dict) -> None:
     rep.run("rt_sync", lambda: rep.put("rt_sync", lat_sync(a, cfg)))
     rep.run("gather4", lambda: rep.put("gather4", gather(actors[:4], cfg)))
     rep.run("gather8", lambda: rep.put("gather8", gather(actors, cfg)))
+    rep.run("gather4_paired", lambda: rep.put("gather4_paired", asyncio.run(C.paired(
+        lambda: a.echo.remote(C.SMALL),
+        lambda: asyncio.gather(*(b.echo.remote(C.SMALL) for b in actors[:4])),
+        cfg["paired_rounds"]))))
 
     def pipe(fn, key):
         fn(a, 1000)

@@ -91,6 +91,31 @@ def test_a_bulk_message_gives_the_thread_its_cores_back_for_a_while(parked, monk
     assert f not in placement._followers
 
 
+def test_a_runtime_thread_that_starts_a_process_is_not_pinned_meanwhile():
+    """Children inherit the starting thread's affinity: a pinned runtime thread would
+    put every actor process on one core."""
+    me = threading.get_native_id()
+    before = os.sched_getaffinity(0)
+    f = placement.CallerFollower(me)       # this thread plays the runtime thread
+    try:
+        f.follow()
+        assert os.sched_getaffinity(0) == {f.cpu}
+        with placement.spawning():
+            assert os.sched_getaffinity(0) == before
+            f.cpu = -1
+            f.follow()                     # a waiter elsewhere: must not pin meanwhile
+            assert os.sched_getaffinity(0) == before
+            child = subprocess.run([sys.executable, "-c",
+                                    "import os; print(sorted(os.sched_getaffinity(0)))"],
+                                   capture_output=True, text=True, timeout=60)
+        assert json.loads(child.stdout) == sorted(before)
+        f.follow()                         # after the block, following resumes
+        assert os.sched_getaffinity(0) == {f.cpu}
+    finally:
+        f.release()
+    assert os.sched_getaffinity(0) == before
+
+
 def test_a_thread_that_is_gone_stops_the_following_without_an_error():
     p = _Parked()
     tid = p.tid
@@ -131,7 +156,8 @@ def test_get_and_foreign_await_call_the_wait_hook_and_a_settled_future_does_not(
 
 def test_the_client_runtime_thread_follows_its_caller_and_can_be_turned_off(tmp_path):
     """In a fresh controller: after a round trip, the runtime thread is on one core that
-    the caller may use; with HPCMESH_FOLLOW_CALLER=0 its mask is left alone."""
+    the caller may use, and the actor processes may use every core the controller may;
+    with HPCMESH_FOLLOW_CALLER=0 the runtime thread's mask is left alone."""
     script = tmp_path / "probe.py"
     script.write_text(
         "import json, os\n"
@@ -139,24 +165,33 @@ def test_the_client_runtime_thread_follows_its_caller_and_can_be_turned_off(tmp_
         "from hpcmesh.runtime.client import client_runtime\n"
         "class A(Actor):\n"
         "    @endpoint\n"
-        "    async def ping(self):\n"
-        "        return 1\n"
-        "pm = this_host().spawn_procs(per_host={'gpus': 1})\n"
+        "    async def cores(self):\n"
+        "        return sorted(os.sched_getaffinity(0))\n"
+        "from hpcmesh.runtime import future\n"
+        "client_runtime()\n"
+        "if future._wait_hook is not None:\n"
+        "    future._wait_hook()   # pinned before any process is started, not by chance\n"
+        "pm = this_host().spawn_procs(per_host={'gpus': 2})\n"
         "a = pm.spawn('a', A)\n"
-        "assert a.ping.call_one().get(timeout=60) == 1\n"
+        "actor_cores = a.cores.call().get(timeout=60).values()\n"
+        "pm2 = this_host().spawn_procs(per_host={'gpus': 1})\n"
+        "actor_cores += pm2.spawn('b', A).cores.call().get(timeout=60).values()\n"
         "rt = client_runtime().node._thread.native_id\n"
-        "print(json.dumps([sorted(os.sched_getaffinity(rt)), sorted(os.sched_getaffinity(0))]))\n"
-        "pm.stop().get(timeout=30)\n")
+        "print(json.dumps([sorted(os.sched_getaffinity(rt)), sorted(os.sched_getaffinity(0)),\n"
+        "                  actor_cores]))\n"
+        "pm.stop().get(timeout=30)\n"
+        "pm2.stop().get(timeout=30)\n")
     env = dict(os.environ)
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    rt_cores, my_cores = json.loads(out.stdout.strip().splitlines()[-1])
+    rt_cores, my_cores, actor_cores = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(rt_cores) == 1 and set(rt_cores) <= set(my_cores)
+    assert actor_cores == [my_cores] * 3
 
     env["HPCMESH_FOLLOW_CALLER"] = "0"
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    rt_cores, my_cores = json.loads(out.stdout.strip().splitlines()[-1])
-    assert rt_cores == my_cores
+    rt_cores, my_cores, actor_cores = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rt_cores == my_cores and actor_cores == [my_cores] * 3

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
                         build_environment)
+from . import placement
 from .errors import describe_exit
 from .node import MSG_DELIVER, Node, NodeRef, PortRef
 from .zygote import ZygoteClient, ZygoteProcess
@@ -200,9 +201,10 @@ class HostAgent:
 
     def _exec(self, cmd: BootstrapCommand, env: dict[str, str], label: str) -> subprocess.Popen:
         try:
-            return subprocess.Popen(cmd.argv(), env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, close_fds=True)
+            with placement.spawning():
+                return subprocess.Popen(cmd.argv(), env=env, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True, close_fds=True)
         except FileNotFoundError as e:
             raise FileNotFoundError(
                 f"bootstrap program {cmd.program!r} for {label} does not exist on host "

@@ -13,6 +13,9 @@ runtime thread is moved to the core that thread is running on, with one
 The waiting thread itself is never pinned: threads it starts (OpenMP, torch) inherit
 its affinity, and it keeps all of its cores.
 
+Children inherit the affinity of the thread that starts them, so the runtime thread
+starts processes inside ``spawning()``, which unpins it for that moment.
+
 Large messages are the exception: copying 64 MiB in and out of a socket goes faster
 when the runtime thread and the actor process copy on two cores at once (measured:
 3.8 against 5.2 GB/s). A message with out-of-band buffers of ``BULK_BYTES`` or more
@@ -26,10 +29,12 @@ Linux it does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import sys
+import threading
 import time
 
 log = logging.getLogger("hpcmesh.placement")
@@ -66,14 +71,16 @@ def enabled() -> bool:
 class CallerFollower:
     """Moves one thread (the runtime's) to the core of whichever thread waits for it."""
 
-    __slots__ = ("tid", "cpu", "active", "quiet_until", "_cores")
+    __slots__ = ("tid", "cpu", "active", "quiet_until", "_cores", "_lock", "_spawning")
 
     def __init__(self, runtime_tid: int):
         self.tid = runtime_tid      # a native thread id (threading.get_native_id)
-        self.cpu = -1               # the core it was last moved to; -1: not pinned
+        self.cpu = -1               # the core it is pinned to; -1: not pinned
         self.active = _getcpu is not None
         self.quiet_until = 0.0      # no pinning before this time.monotonic() (bulk)
         self._cores = os.sched_getaffinity(runtime_tid) if self.active else set()
+        self._lock = threading.Lock()    # pinning against spawning (slow paths only)
+        self._spawning = 0
         if self.active:
             _followers.append(self)
 
@@ -82,16 +89,24 @@ class CallerFollower:
         cpu = _getcpu()
         if cpu == self.cpu or not self.active or cpu < 0 or time.monotonic() < self.quiet_until:
             return
-        self.cpu = cpu
-        try:
-            os.sched_setaffinity(self.tid, (cpu,))
-        except OSError as e:
-            # The thread is gone, or a cpuset changed under us: stop following.
-            log.debug("the runtime thread no longer follows its callers: %s", e)
-            self.release()
+        with self._lock:
+            if self._spawning or not self.active:
+                return
+            self.cpu = cpu
+            try:
+                os.sched_setaffinity(self.tid, (cpu,))
+            except OSError as e:
+                # The thread is gone, or a cpuset changed under us: stop following.
+                log.debug("the runtime thread no longer follows its callers: %s", e)
+                self.active = False
+                self._unpin_locked()
 
     def unpin(self) -> None:
         """Give the runtime thread its cores back until the next wait that pins it."""
+        with self._lock:
+            self._unpin_locked()
+
+    def _unpin_locked(self) -> None:
         if self.cpu != -1:
             self.cpu = -1
             try:
@@ -101,12 +116,33 @@ class CallerFollower:
 
     def release(self) -> None:
         """Stop following; the runtime thread gets back the cores it had at the start."""
-        if self.active:
+        with self._lock:
             self.active = False
-            if self in _followers:
-                _followers.remove(self)
-            self.cpu = 0        # so that unpin restores the cores
-            self.unpin()
+            self._unpin_locked()
+        if self in _followers:
+            _followers.remove(self)
+
+
+@contextlib.contextmanager
+def spawning():
+    """Wrap the start of a child process (or thread) on a runtime thread.
+
+    A child inherits the affinity of the thread that starts it: started from a pinned
+    runtime thread, every actor process would be stuck on one core. Inside this block
+    the calling thread, if it is a followed runtime thread, is not pinned."""
+    me = threading.get_native_id()
+    f = next((f for f in _followers if f.tid == me), None)
+    if f is None:
+        yield
+        return
+    with f._lock:
+        f._spawning += 1
+        f._unpin_locked()
+    try:
+        yield
+    finally:
+        with f._lock:
+            f._spawning -= 1
 
 
 def note_buffers(buffers) -> None:

@@ -174,14 +174,17 @@ class ZygoteClient:
         import asyncio
         import itertools
         import subprocess
+
+        from . import placement
         self._asyncio = asyncio
         self.loop = loop
         self.on_exit = on_exit
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ, **{ZYGOTE_FD_VAR: str(theirs.fileno())})
-        self.popen = subprocess.Popen([sys.executable, "-m", "hpcmesh.runtime.zygote"],
-                                      pass_fds=[theirs.fileno()], env=env,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        with placement.spawning():
+            self.popen = subprocess.Popen([sys.executable, "-m", "hpcmesh.runtime.zygote"],
+                                          pass_fds=[theirs.fileno()], env=env,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
         theirs.close()
         self.sock = ours
         self._reader = MessageReader()

@@ -28,9 +28,9 @@ MARKER = "BENCHJSON "
 def config(quick: bool) -> dict:
     """Iteration counts; the same for every system."""
     if quick:
-        return dict(lat_iters=2000, warmup=200, gather_iters=300, pipe_reps=2, bulk_reps=2,
+        return dict(lat_iters=2000, warmup=200, gather_iters=300, pipe_reps=2, bulk_reps=3,
                     bringup_reps=1, paired_rounds=2)
-    return dict(lat_iters=5000, warmup=500, gather_iters=1000, pipe_reps=3, bulk_reps=4,
+    return dict(lat_iters=5000, warmup=500, gather_iters=1000, pipe_reps=3, bulk_reps=6,
                 bringup_reps=3, paired_rounds=5)
 
 

@@ -55,25 +55,26 @@ def lat_stats(samples_ns: list[int]) -> dict:
             "mean_us": statistics.fmean(s) / 1e3, "min_us": s[0] / 1e3}
 
 
-async def paired(one, many, rounds: int, block: int = 200) -> dict:
-    """Latency of ``await one()`` and ``await many()`` measured in alternating blocks.
+async def paired(a, b, rounds: int, block: int = 200) -> dict:
+    """Latency of ``await a()`` and ``await b()`` measured in alternating blocks;
+    ``ratio`` is b's median over a's.
 
     The VM's speed drifts by a third over minutes; two workloads timed one after the
     other can land in different phases, so their ratio mixes the workload with the
     drift. Alternating blocks of ``block`` calls puts both in the same phases."""
-    s_one: list[int] = []
-    s_many: list[int] = []
+    s_a: list[int] = []
+    s_b: list[int] = []
     for _ in range(block):                       # warm-up, not timed
-        await one()
-        await many()
+        await a()
+        await b()
     for _ in range(rounds):
-        for fn, out in ((one, s_one), (many, s_many)):
+        for fn, out in ((a, s_a), (b, s_b)):
             for _ in range(block):
                 t0 = now()
                 await fn()
                 out.append(now() - t0)
-    a, b = lat_stats(s_one), lat_stats(s_many)
-    return {"one": a, "many": b, "ratio": b["med_us"] / a["med_us"], "block": block}
+    sa, sb = lat_stats(s_a), lat_stats(s_b)
+    return {"a": sa, "b": sb, "ratio": sb["med_us"] / sa["med_us"], "block": block}
 
 
 def mbps(payload_bytes: int, seconds: float) -> float:

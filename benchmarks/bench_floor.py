@@ -86,27 +86,30 @@ async def _client(kind: str, where, iters: int, warmup: int) -> dict:
     return C.lat_stats(samples)
 
 
-async def _client_gather(ports: list[int], rounds: int) -> dict:
-    """call_one vs a gather over 4 servers, in alternating blocks (as the actor runs)."""
-    conns = []
-    for port in ports:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conns.append((reader, writer))
+async def open_echo(port: int):
+    """A TCP connection to an echo server; returns (round_trip, close)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     frame = _LEN.pack(len(C.SMALL)) + C.SMALL
 
-    async def rt(reader, writer) -> bytes:
+    async def round_trip() -> bytes:
         writer.write(frame)
         head = await reader.readexactly(4)
         return await reader.readexactly(_LEN.unpack(head)[0])
-    out = await C.paired(lambda: rt(*conns[0]),
-                         lambda: asyncio.gather(*(rt(*c) for c in conns)), rounds)
-    for _, writer in conns:
-        writer.close()
+    return round_trip, writer.close
+
+
+async def _client_gather(ports: list[int], rounds: int) -> dict:
+    """call_one vs a gather over 4 servers, in alternating blocks (as the actor runs)."""
+    conns = [await open_echo(port) for port in ports]
+    out = await C.paired(conns[0][0], lambda: asyncio.gather(*(rt() for rt, _ in conns)),
+                         rounds)
+    for _, close in conns:
+        close()
     return out
 
 
-def _start_server(kind: str, use_uvloop: bool, path: str) -> tuple[subprocess.Popen, object]:
+def start_server(kind: str, use_uvloop: bool, path: str) -> tuple[subprocess.Popen, object]:
     srv = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--server", kind,
                             "1" if use_uvloop else "0", path],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -117,7 +120,7 @@ def _start_server(kind: str, use_uvloop: bool, path: str) -> tuple[subprocess.Po
     return srv, (path if kind == "unix" else int(line[1]))
 
 
-def _stop_server(srv: subprocess.Popen) -> None:
+def stop_server(srv: subprocess.Popen) -> None:
     srv.stdin.close()
     try:
         srv.wait(5)
@@ -129,7 +132,7 @@ def run_gather(rounds: int) -> dict:
     servers = []
     try:
         for _ in range(4):
-            servers.append(_start_server("tcp", False, ""))
+            servers.append(start_server("tcp", False, ""))
         loop = asyncio.new_event_loop()
         try:
             return loop.run_until_complete(_client_gather([w for _, w in servers], rounds))
@@ -137,13 +140,13 @@ def run_gather(rounds: int) -> dict:
             loop.close()
     finally:
         for srv, _ in servers:
-            _stop_server(srv)
+            stop_server(srv)
 
 
 def run_variant(kind: str, use_uvloop: bool, iters: int, warmup: int) -> dict:
     tmp = tempfile.mkdtemp(prefix="hpcmesh-bench-")
     path = os.path.join(tmp, "echo.sock")
-    srv, where = _start_server(kind, use_uvloop, path)
+    srv, where = start_server(kind, use_uvloop, path)
     try:
         if use_uvloop:
             import uvloop
@@ -155,7 +158,7 @@ def run_variant(kind: str, use_uvloop: bool, iters: int, warmup: int) -> dict:
         finally:
             loop.close()
     finally:
-        _stop_server(srv)
+        stop_server(srv)
         try:
             os.unlink(path)
             os.rmdir(tmp)

@@ -14,6 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
+import bench_floor  # noqa: E402
 
 T_IMPORT0 = time.perf_counter()
 import hpcmesh  # noqa: E402
@@ -78,6 +79,23 @@ def lat_sync(ep, cfg) -> dict:
             samples.append(t1 - t0)
     assert r == x
     return C.lat_stats(samples)
+
+
+def await_vs_floor(ep, cfg) -> dict:
+    """The floor's round trip (an asyncio echo server in its own process) and call_one
+    (await), in alternating blocks from one event loop: the same phases of the machine."""
+    srv, port = bench_floor.start_server("tcp", False, "")
+    try:
+        async def go():
+            floor_rt, close = await bench_floor.open_echo(port)
+            try:
+                return await C.paired(floor_rt, lambda: ep.call_one(C.SMALL),
+                                      cfg["paired_rounds"])
+            finally:
+                close()
+        return asyncio.run(go())
+    finally:
+        bench_floor.stop_server(srv)
 
 
 def gather(ep, n_expected: int, cfg) -> dict:
@@ -155,6 +173,7 @@ def steady(rep: C.Report, cfg: dict) -> None:
     four = mesh.slice(gpus=slice(0, 4)).echo
     rep.run("gather4_paired", lambda: rep.put("gather4_paired", asyncio.run(C.paired(
         lambda: ep.call_one(C.SMALL), lambda: four.call(C.SMALL), cfg["paired_rounds"]))))
+    rep.run("await_paired", lambda: rep.put("await_paired", await_vs_floor(ep, cfg)))
 
     def pipe(fn, key):
         fn(ep, 1000)   # warm-up

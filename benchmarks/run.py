@@ -37,13 +37,16 @@ PEERS = {"monarch": ("torchmonarch==0.7.0", "monarch.actor"),
 ROWS = [
     ("rt_await.med_us", "call_one await, median (µs)", "lower"),
     ("rt_await.p99_us", "call_one await, p99 (µs)", "lower"),
+    ("await_paired.a.med_us", "alternating blocks: the floor's round trip, median (µs)", "lower"),
+    ("await_paired.b.med_us", "alternating blocks: call_one await beside it, median (µs)", "lower"),
+    ("await_paired.ratio", "alternating blocks: call_one await / floor", "lower"),
     ("rt_sync.med_us", "call_one sync .get(), median (µs)", "lower"),
     ("rt_sync.p99_us", "call_one sync .get(), p99 (µs)", "lower"),
     ("sync_minus_await_us", "sync .get() minus await, medians (µs)", "lower"),
     ("gather4.med_us", "call() gather over 4, median (µs)", "lower"),
     ("gather4_ratio", "gather 4 / one call_one (await)", "lower"),
-    ("gather4_paired.one.med_us", "alternating blocks: call_one await, median (µs)", "lower"),
-    ("gather4_paired.many.med_us", "alternating blocks: gather over 4, median (µs)", "lower"),
+    ("gather4_paired.a.med_us", "alternating blocks: call_one await, median (µs)", "lower"),
+    ("gather4_paired.b.med_us", "alternating blocks: gather over 4, median (µs)", "lower"),
     ("gather4_paired.ratio", "alternating blocks: gather 4 / call_one", "lower"),
     ("gather8.med_us", "call() gather over 8, median (µs)", "lower"),
     ("gather8_ratio", "gather 8 / one call_one (await)", "lower"),
@@ -56,7 +59,7 @@ ROWS = [
     ("import_s", "import time (s)", "lower"),
 ]
 FLOOR_ROWS = {"rt_await.med_us", "rt_await.p99_us", "rt_sync.med_us", "rt_sync.p99_us",
-              "gather4_paired.one.med_us", "gather4_paired.many.med_us", "gather4_paired.ratio"}
+              "gather4_paired.a.med_us", "gather4_paired.b.med_us", "gather4_paired.ratio"}
 
 
 def get(d: dict, dotted: str):
@@ -280,9 +283,10 @@ def table(all_res: dict, skipped: dict) -> str:
 
 
 TARGETS = [
-    ("call_one(await) <= 1.3x floor", lambda r, f: (get(r, "rt_await.med_us"),
-                                                    get(f, "rt_await.med_us")),
-     lambda v, fv: (v / fv <= 1.3, f"{v:.1f} µs = {v / fv:.2f}× floor ({fv:.1f} µs)")),
+    ("call_one(await) <= 1.3x floor", lambda r, f: (
+        (get(r, "await_paired.ratio"), get(r, "await_paired.b.med_us"),
+         get(r, "await_paired.a.med_us")), (get(r, "rt_await.med_us"), get(f, "rt_await.med_us"))),
+     lambda p, sep: _judge_await(p, sep)),
     ("sync .get() adds <= 10 µs", lambda r, f: (r.get("sync_minus_await_us"), 1),
      lambda v, _: (v <= 10, f"{v:+.1f} µs vs await")),
     ("gather over 4 <= 1.5x one call_one", lambda r, f: (
@@ -301,6 +305,18 @@ TARGETS = [
      lambda v, _: (v <= 0.25, f"1st {v:.3f} s, 2nd {r_second:.3f} s")),
 ]
 r_second = float("nan")
+
+
+def _judge_await(paired: tuple, separate: tuple) -> tuple[bool, str]:
+    """Judged in alternating blocks when measured (same phases of the machine), with the
+    separately timed figures beside; else on the separate ones."""
+    v, fv = separate
+    sep = f"{v:.1f} µs = {v / fv:.2f}× floor ({fv:.1f} µs)" if v and fv else ""
+    ratio, mine, floor = paired
+    if ratio is None:
+        return (v / fv <= 1.3, sep) if v and fv else (False, "not measured")
+    text = f"{ratio:.2f}× in alternating blocks ({mine:.1f} vs {floor:.1f} µs)"
+    return ratio <= 1.3, text + (f"; timed separately {sep}" if sep else "")
 
 
 def targets(all_res: dict) -> str:

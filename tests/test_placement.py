@@ -116,6 +116,27 @@ def test_a_runtime_thread_that_starts_a_process_is_not_pinned_meanwhile():
     assert os.sched_getaffinity(0) == before
 
 
+def test_a_forked_child_forgets_the_runtime_thread_of_its_parent(parked):
+    """Its thread ids are the parent's: following there would move the parent's thread."""
+    f = placement.CallerFollower(parked.tid)
+    future_mod.set_wait_hook(f.follow)
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:                      # the child: report and leave at once
+            os.write(w, b"%d %d" % (future_mod._wait_hook is None, len(placement._followers)))
+            os._exit(0)
+        os.close(w)
+        got = os.read(r, 100)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert got == b"1 0"
+        assert future_mod._wait_hook is not None and f in placement._followers   # parent
+    finally:
+        future_mod.set_wait_hook(None)
+        f.release()
+
+
 def test_a_thread_that_is_gone_stops_the_following_without_an_error():
     p = _Parked()
     tid = p.tid

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 from typing import Any, Callable
 
@@ -39,6 +40,10 @@ def set_wait_hook(hook: Callable[[], None] | None) -> None:
     will settle (the runtime uses it to place its thread: see placement.py)."""
     global _wait_hook
     _wait_hook = hook
+
+
+if hasattr(os, "register_at_fork"):      # a forked child has no runtime thread to place
+    os.register_at_fork(after_in_child=lambda: set_wait_hook(None))
 
 
 def on_runtime_thread() -> bool:

@@ -63,6 +63,15 @@ BULK_QUIET_S = 0.05
 _followers: list["CallerFollower"] = []     # this process's (the client runtime's)
 
 
+def _forget_in_child() -> None:
+    # A forked child has no runtime thread, and the ids it would move are its parent's.
+    _followers.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def enabled() -> bool:
     """Whether the runtime thread should follow its callers (Linux, not turned off)."""
     return _getcpu is not None and os.environ.get("HPCMESH_FOLLOW_CALLER", "1") != "0"

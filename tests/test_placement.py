@@ -4,7 +4,6 @@
 import asyncio
 import json
 import os
-import pickle
 import subprocess
 import sys
 import threading
@@ -67,28 +66,6 @@ def test_follow_calls_the_kernel_only_when_the_core_changed(parked, monkeypatch)
         f.follow()
     assert calls == [{0}]
     f.release()
-
-
-def test_a_bulk_message_gives_the_thread_its_cores_back_for_a_while(parked, monkeypatch):
-    before = os.sched_getaffinity(parked.tid)
-    f = placement.CallerFollower(parked.tid)
-    try:
-        f.follow()
-        assert len(os.sched_getaffinity(parked.tid)) == 1
-        placement.note_buffers([b"x" * 1000, memoryview(bytearray(1000))])   # small
-        assert len(os.sched_getaffinity(parked.tid)) == 1
-        placement.note_buffers([pickle.PickleBuffer(bytearray(placement.BULK_BYTES))])
-        assert os.sched_getaffinity(parked.tid) == before
-        f.follow()                                   # within the quiet time: stays free
-        assert os.sched_getaffinity(parked.tid) == before
-        monkeypatch.setattr(placement.time, "monotonic",
-                            lambda: f.quiet_until + 1.0)     # the quiet time is over
-        f.follow()
-        assert len(os.sched_getaffinity(parked.tid)) == 1
-    finally:
-        f.release()
-    assert os.sched_getaffinity(parked.tid) == before
-    assert f not in placement._followers
 
 
 def test_a_runtime_thread_that_starts_a_process_is_not_pinned_meanwhile():

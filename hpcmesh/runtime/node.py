@@ -29,7 +29,6 @@ from ..transport import serialization, tls
 from ..transport.addresses import Address
 from ..transport.connection import Connection, ConnectionClosed, Listener, dial
 from .errors import SupervisionError
-from . import placement
 from .future import Future, register_loop_thread, unregister_loop_thread
 
 log = logging.getLogger("hpcmesh.runtime")
@@ -303,7 +302,6 @@ class Node:
         if conn is not None and not p.backlog and not conn.closed:
             try:
                 if bufs:
-                    placement.note_buffers(bufs)
                     conn.send_frame(meta, bufs, cork=len(p.inflight) > 1)
                 else:
                     conn.send_msg(meta, len(p.inflight) > 1)
@@ -497,8 +495,6 @@ class Node:
         for fr in frames:
             try:
                 if fr.count == 1:
-                    if fr.buffers:
-                        placement.note_buffers(fr.buffers)
                     msgs = (serialization.loads(fr.meta, fr.buffers),)
                 else:
                     msgs = serialization.loads_batch(fr.meta, fr.count)

@@ -16,15 +16,9 @@ its affinity, and it keeps all of its cores.
 Children inherit the affinity of the thread that starts them, so the runtime thread
 starts processes inside ``spawning()``, which unpins it for that moment.
 
-Large messages are the exception: copying 64 MiB in and out of a socket goes faster
-when the runtime thread and the actor process copy on two cores at once (measured:
-3.8 against 5.2 GB/s). A message with out-of-band buffers of ``BULK_BYTES`` or more
-gives the runtime thread all its cores back, and waits then leave it alone for
-``BULK_QUIET_S``.
-
-Measured on a 2-vCPU VM (benchmarks/RESULTS.md): call_one 145 -> 122 µs, a call()
-over 4 actors 250 -> 185 µs. ``HPCMESH_FOLLOW_CALLER=0`` turns it off; elsewhere than
-Linux it does nothing.
+Measured on a 2-vCPU VM (benchmarks/RESULTS.md): call_one 142-164 -> 121-123 µs, a
+call() over 4 actors 252 -> 202 µs; 64 MiB transfers unchanged.
+``HPCMESH_FOLLOW_CALLER=0`` turns it off; elsewhere than Linux it does nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +29,6 @@ import logging
 import os
 import sys
 import threading
-import time
 
 log = logging.getLogger("hpcmesh.placement")
 
@@ -54,11 +47,6 @@ def _sched_getcpu():
 
 
 _getcpu = _sched_getcpu()
-
-#: Out-of-band buffers this large (bytes, in one message) make a transfer "bulk".
-BULK_BYTES = 1 << 20
-#: After a bulk message, how long waits do not pin the runtime thread (seconds).
-BULK_QUIET_S = 0.05
 
 _followers: list["CallerFollower"] = []     # this process's (the client runtime's)
 
@@ -80,13 +68,12 @@ def enabled() -> bool:
 class CallerFollower:
     """Moves one thread (the runtime's) to the core of whichever thread waits for it."""
 
-    __slots__ = ("tid", "cpu", "active", "quiet_until", "_cores", "_lock", "_spawning")
+    __slots__ = ("tid", "cpu", "active", "_cores", "_lock", "_spawning")
 
     def __init__(self, runtime_tid: int):
         self.tid = runtime_tid      # a native thread id (threading.get_native_id)
         self.cpu = -1               # the core it is pinned to; -1: not pinned
         self.active = _getcpu is not None
-        self.quiet_until = 0.0      # no pinning before this time.monotonic() (bulk)
         self._cores = os.sched_getaffinity(runtime_tid) if self.active else set()
         self._lock = threading.Lock()    # pinning against spawning (slow paths only)
         self._spawning = 0
@@ -96,7 +83,7 @@ class CallerFollower:
     def follow(self) -> None:
         """Called by a thread about to wait for the runtime thread."""
         cpu = _getcpu()
-        if cpu == self.cpu or not self.active or cpu < 0 or time.monotonic() < self.quiet_until:
+        if cpu == self.cpu or not self.active or cpu < 0:
             return
         with self._lock:
             if self._spawning or not self.active:
@@ -109,11 +96,6 @@ class CallerFollower:
                 log.debug("the runtime thread no longer follows its callers: %s", e)
                 self.active = False
                 self._unpin_locked()
-
-    def unpin(self) -> None:
-        """Give the runtime thread its cores back until the next wait that pins it."""
-        with self._lock:
-            self._unpin_locked()
 
     def _unpin_locked(self) -> None:
         if self.cpu != -1:
@@ -153,18 +135,3 @@ def spawning():
         with f._lock:
             f._spawning -= 1
 
-
-def note_buffers(buffers) -> None:
-    """A message with these out-of-band buffers is being sent or was received: if it is
-    bulk, leave the runtime thread free to copy on any core for a while."""
-    if not _followers:
-        return
-    total = 0
-    for b in buffers:
-        total += (b if isinstance(b, memoryview) else memoryview(b)).nbytes
-    if total < BULK_BYTES:
-        return
-    until = time.monotonic() + BULK_QUIET_S
-    for f in _followers:
-        f.quiet_until = until
-        f.unpin()

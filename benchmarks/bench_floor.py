@@ -65,31 +65,14 @@ def server_main(kind: str, use_uvloop: bool, where: str) -> None:
 
 
 # ------------------------------------------------------------------------ client side
-async def _client(kind: str, where, iters: int, warmup: int) -> dict:
+async def open_echo(kind: str, where):
+    """A connection to an echo server (``where``: a TCP port or a Unix socket path);
+    returns (round_trip, close)."""
     if kind == "unix":
         reader, writer = await asyncio.open_unix_connection(where)
     else:
         reader, writer = await asyncio.open_connection("127.0.0.1", where)
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    frame = _LEN.pack(len(C.SMALL)) + C.SMALL
-    samples = []
-    for i in range(warmup + iters):
-        t0 = C.now()
-        writer.write(frame)
-        head = await reader.readexactly(4)
-        body = await reader.readexactly(_LEN.unpack(head)[0])
-        t1 = C.now()
-        if i >= warmup:
-            samples.append(t1 - t0)
-    assert body == C.SMALL
-    writer.close()
-    return C.lat_stats(samples)
-
-
-async def open_echo(port: int):
-    """A TCP connection to an echo server; returns (round_trip, close)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     frame = _LEN.pack(len(C.SMALL)) + C.SMALL
 
     async def round_trip() -> bytes:
@@ -99,9 +82,23 @@ async def open_echo(port: int):
     return round_trip, writer.close
 
 
+async def _client(kind: str, where, iters: int, warmup: int) -> dict:
+    round_trip, close = await open_echo(kind, where)
+    samples = []
+    for i in range(warmup + iters):
+        t0 = C.now()
+        body = await round_trip()
+        t1 = C.now()
+        if i >= warmup:
+            samples.append(t1 - t0)
+    assert body == C.SMALL
+    close()
+    return C.lat_stats(samples)
+
+
 async def _client_gather(ports: list[int], rounds: int) -> dict:
     """call_one vs a gather over 4 servers, in alternating blocks (as the actor runs)."""
-    conns = [await open_echo(port) for port in ports]
+    conns = [await open_echo("tcp", port) for port in ports]
     out = await C.paired(conns[0][0], lambda: asyncio.gather(*(rt() for rt, _ in conns)),
                          rounds)
     for _, close in conns:

@@ -87,7 +87,7 @@ def await_vs_floor(ep, cfg) -> dict:
     srv, port = bench_floor.start_server("tcp", False, "")
     try:
         async def go():
-            floor_rt, close = await bench_floor.open_echo(port)
+            floor_rt, close = await bench_floor.open_echo("tcp", port)
             try:
                 return await C.paired(floor_rt, lambda: ep.call_one(C.SMALL),
                                       cfg["paired_rounds"])

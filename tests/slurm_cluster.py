@@ -8,6 +8,7 @@ bridge ``hpcm-br0``) and each compute node ``nodeK`` is a network namespace
 This module registers no fixtures; import it from a conftest, e.g.::
 
     import pytest
+from ci_gate import skip_or_fail
     from tests.slurm_cluster import require_cluster
 
     @pytest.fixture
@@ -131,6 +132,4 @@ def require_cluster() -> None:
         f"Start it with `{UP_COMMAND}` (check: tests/cluster/status.sh, "
         f"stop: {DOWN_COMMAND}; see tests/cluster/README.md)."
     )
-    if os.environ.get("CI"):
-        pytest.fail(msg, pytrace=False)
-    pytest.skip(msg)
+    skip_or_fail(msg)

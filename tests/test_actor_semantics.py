@@ -6,6 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from ci_gate import import_or_skip
 from output_recorder import Recorder as _Recorder
 
 from hpcmesh.actor import (Actor, ActorError, ActorMesh, Channel, ValueMesh, context,
@@ -465,7 +466,7 @@ def test_unpicklable_argument_or_result_is_a_serialization_error(workers):
 
 
 def test_large_array_argument_and_result_cross_the_wire(workers):
-    np = pytest.importorskip("numpy")
+    np = import_or_skip("numpy")
     arr = np.arange(3_000_000, dtype=np.float32).reshape(1000, 3000)
     back = workers.slice(hosts=0, gpus=1).sync_echo.call_one(arr).get(timeout=30)
     assert back[0] == "w"

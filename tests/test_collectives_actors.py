@@ -1,8 +1,9 @@
 """Collectives from inside real actors: rendezvous comes from the controller."""
 
 import pytest
+from ci_gate import import_or_skip
 
-torch = pytest.importorskip("torch")
+torch = import_or_skip("torch")
 
 from hpcmesh.actor import Actor, current_rank, default_bootstrap_cmd, endpoint, this_host
 

@@ -22,17 +22,16 @@ import types
 from pathlib import Path
 
 import pytest
+from ci_gate import import_or_skip, skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # pytest puts only tests/ on sys.path
     sys.path.insert(0, str(ROOT))
 
-torch = pytest.importorskip("torch")
-dist = pytest.importorskip("torch.distributed")
+torch = import_or_skip("torch")
+dist = import_or_skip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
-    if os.environ.get("CI"):    # the pinned torch has gloo: in CI this means a broken install
-        pytest.fail("torch.distributed with gloo is required", pytrace=False)
-    pytest.skip("torch.distributed with gloo is required", allow_module_level=True)
+    skip_or_fail("torch.distributed with gloo is required")
 
 from hpcmesh import collectives as C  # noqa: E402
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ci_gate import requires, skip_or_fail
 from proc_helpers import wait_gone
 
 from hpcmesh.actor import Actor, SupervisionError, context, endpoint
@@ -42,7 +43,7 @@ _NO_MPI = (None if MPIEXEC and importlib.util.find_spec("mpi4py") else
 
 def needs_mpi(fn):
     """Marked ``mpi``; skipped (with the reason) where no MPI launcher is installed."""
-    return pytest.mark.mpi(pytest.mark.skipif(_NO_MPI is not None, reason=_NO_MPI or "")(fn))
+    return pytest.mark.mpi(requires(_NO_MPI)(fn))
 
 
 GRACE = 2.0
@@ -386,9 +387,7 @@ def _skip_if_no_allocation(lr: Launched) -> None:
     err = lr.err.read_text(errors="replace")
     if "Unable to allocate resources" in err or "Immediate execution impossible" in err:
         why = f"the Slurm test cluster is busy: {err.strip().splitlines()[-1]}"
-        if os.environ.get("CI"):
-            pytest.fail(why)      # in CI the cluster is ours alone: busy means broken
-        pytest.skip(why)
+        skip_or_fail(why)         # in CI the cluster is ours alone: busy means broken
 
 
 @needs_mpi

@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 
 import pytest
-
+from ci_gate import IN_CI
 from netns_helpers import PY, Lab, cleanup_stale, clean_env, make_fake_sysfs
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0 and not os.environ.get("CI"),
+    pytest.mark.skipif(os.geteuid() != 0 and not IN_CI,
                        reason="needs root (network namespaces); set CI=1 to require it"),
     pytest.mark.timeout(60),    # hard stop; each test is designed to take < 20 s
 ]

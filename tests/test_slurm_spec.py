@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ci_gate import requires
 
 from hpcmesh.slurm.render import render_sbatch, sbatch_submit_command, sbatch_test_only_command
 from hpcmesh.slurm.spec import (
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "configs" / "job_spec.example.yaml"
 WORKER = ["{python}", "-m", "hpcmesh", "worker", "--mesh", "{mesh}", "--attach", "tcp://login1:7000"]
 BASH = shutil.which("bash")
+needs_bash = requires(None if BASH else "bash is not installed")
 
 
 def spec_error(text: str, source: str = "spec.yaml") -> SpecError:
@@ -517,7 +519,7 @@ def test_sbatch_commands():
 # the rendered script as bash sees it
 
 
-@pytest.mark.skipif(BASH is None, reason="bash is not installed")
+@needs_bash
 @pytest.mark.parametrize("client", [None, ["sh", "-c", "exit 3"]])
 def test_rendered_script_parses_with_bash_n(tmp_path, client):
     script = tmp_path / "job.sh"
@@ -570,7 +572,7 @@ TWO_WITH_ENV = TWO_MESHES.replace("    gpus_per_node: 8\n  generators",
                                   "    gpus_per_node: 8\n    env: {OWN: t}\n  generators")
 
 
-@pytest.mark.skipif(BASH is None, reason="bash is not installed")
+@needs_bash
 def test_rendered_script_runs_each_mesh_and_returns_first_failure(tmp_path):
     script = render_sbatch(parse_job_spec(TWO_WITH_ENV), ["{python}", "-c", "pass"],
                            env={"SHARED": "s v"})
@@ -584,7 +586,7 @@ def test_rendered_script_runs_each_mesh_and_returns_first_failure(tmp_path):
     ])
 
 
-@pytest.mark.skipif(BASH is None, reason="bash is not installed")
+@needs_bash
 def test_rendered_script_forwards_the_preemption_signal(tmp_path):
     script = render_sbatch(parse_job_spec(TWO_MESHES), ["w"])
     rc, log = _run_with_fake_srun(tmp_path, script, send_usr1=True)
@@ -592,7 +594,7 @@ def test_rendered_script_forwards_the_preemption_signal(tmp_path):
     assert rc == 42  # the steps' status after the signal, not bash's 128+n from `wait`
 
 
-@pytest.mark.skipif(BASH is None, reason="bash is not installed")
+@needs_bash
 def test_rendered_script_with_client_ends_with_client_status(tmp_path):
     script = render_sbatch(parse_job_spec("nodes: 1\n"), ["w"],
                            client_command=["sh", "-c", 'echo "client $HPCMESH_BATCH_JOB" >> "$FAKE_LOG"; exit 3'])

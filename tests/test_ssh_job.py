@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+from ci_gate import skip_or_fail
 from proc_helpers import wait_gone
 
 from hpcmesh.actor import Actor, endpoint
@@ -26,21 +27,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _skip_or_fail(msg: str):
-    if os.environ.get("CI"):
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     """A private sshd: 127.0.0.1 only, key auth only, its own host key; yields ssh options."""
     if not os.path.exists(SSHD) or not shutil.which("ssh") or not shutil.which("ssh-keygen"):
-        _skip_or_fail("sshd/ssh/ssh-keygen not installed (apt-get install openssh-server "
+        skip_or_fail("sshd/ssh/ssh-keygen not installed (apt-get install openssh-server "
                       "openssh-client)")
     if not os.path.isdir("/run/sshd"):
         if os.geteuid() != 0:
-            _skip_or_fail("sshd needs its privilege-separation directory /run/sshd (root)")
+            skip_or_fail("sshd needs its privilege-separation directory /run/sshd (root)")
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     d = tmp_path_factory.mktemp("sshd")
     os.chmod(d, 0o700)
@@ -66,13 +61,13 @@ def sshd(tmp_path_factory):
         deadline = time.monotonic() + 20
         while True:
             if proc.poll() is not None:
-                _skip_or_fail(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
+                skip_or_fail(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
             r = subprocess.run(["ssh", "-o", "BatchMode=yes", "-p", str(port), *opts,
                                 "127.0.0.1", "true"], capture_output=True, timeout=20)
             if r.returncode == 0:
                 break
             if time.monotonic() > deadline:
-                _skip_or_fail(f"cannot ssh to the private sshd: {r.stderr.decode()[-300:]}")
+                skip_or_fail(f"cannot ssh to the private sshd: {r.stderr.decode()[-300:]}")
             time.sleep(0.2)
         yield {"port": port, "args": opts}
     finally:

@@ -8,9 +8,10 @@ import sys
 import time
 
 import pytest
+from ci_gate import import_or_skip
 from proc_helpers import wait_gone
 
-pytest.importorskip("submitit")
+import_or_skip("submitit")
 
 from hpcmesh.actor import Actor, endpoint  # noqa: E402
 from hpcmesh.job import SubmititJob  # noqa: E402

@@ -17,15 +17,16 @@ import threading
 import time
 
 import pytest
+from ci_gate import requires
 
 from hpcmesh.transport import tls
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Outside CI a machine without the openssl command skips these; in CI they run (and fail
 # if it is missing: tests/cluster/up.sh installs it).
-needs_openssl = pytest.mark.skipif(
-    shutil.which("openssl") is None and not os.environ.get("CI"),
-    reason="the openssl command makes the test certificates (apt-get install openssl)")
+needs_openssl = requires(
+    None if shutil.which("openssl") else
+    "the openssl command makes the test certificates (apt-get install openssl)")
 
 
 # ------------------------------------------------------------------------------------------

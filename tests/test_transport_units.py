@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from ci_gate import import_or_skip
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -376,7 +377,7 @@ def test_big_bytes_travel_out_of_band_small_ones_inline():
 
 
 def test_cpu_tensors_travel_out_of_band():
-    torch = pytest.importorskip("torch")
+    torch = import_or_skip("torch")
     t = torch.randn(256, 1024)
     back, meta, bufs = _roundtrip([t, 5])
     assert len(bufs) == 1 and _nbytes(bufs[0]) == t.numel() * 4
@@ -390,7 +391,7 @@ def test_cpu_tensors_travel_out_of_band():
 
 
 def test_bf16_tensor_and_requires_grad_round_trip():
-    torch = pytest.importorskip("torch")
+    torch = import_or_skip("torch")
     t = torch.randn(64, 33).to(torch.bfloat16)
     back, _, bufs = _roundtrip(t)
     assert back.dtype == torch.bfloat16 and back.shape == t.shape and torch.equal(back, t)
@@ -404,7 +405,7 @@ def test_bf16_tensor_and_requires_grad_round_trip():
 
 
 def test_tensor_inside_a_cloudpickled_message_is_still_out_of_band():
-    torch = pytest.importorskip("torch")
+    torch = import_or_skip("torch")
     t = torch.arange(100_000, dtype=torch.int32)
     f = lambda: 1  # noqa: E731  (forces the cloudpickle path)
     back, meta, bufs = _roundtrip((f, t))

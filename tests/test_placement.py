@@ -175,7 +175,7 @@ def test_the_client_runtime_thread_follows_its_caller_and_can_be_turned_off(tmp_
         "actor_cores = a.cores.call().get(timeout=60).values()\n"
         "pm2 = this_host().spawn_procs(per_host={'gpus': 1})\n"
         "actor_cores += pm2.spawn('b', A).cores.call().get(timeout=60).values()\n"
-        "rt = client_runtime().node._thread.native_id\n"
+        "rt = client_runtime().node.loop_native_tid\n"
         "print(json.dumps([sorted(os.sched_getaffinity(rt)), sorted(os.sched_getaffinity(0)),\n"
         "                  actor_cores]))\n"
         "pm.stop().get(timeout=30)\n"

@@ -79,7 +79,7 @@ class ClientRuntime:
             self.node = Node.start_in_thread(self.secret, role="client", name="client")
             self.node.run_sync(self._setup())
             if placement.enabled():
-                self._follower = placement.CallerFollower(self.node._thread.native_id)
+                self._follower = placement.CallerFollower(self.node.loop_native_tid)
                 set_wait_hook(self._follower.follow)
         else:
             self.secret = node.secret

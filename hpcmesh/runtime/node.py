@@ -99,6 +99,8 @@ class Node:
         self.info = {"role": role, "name": name, "pid": os.getpid(),
                      "host": socket.gethostname(), **(info or {})}
         self.loop_tid = threading.get_ident() if _running_loop() is loop else None
+        #: The loop thread's kernel id (for its CPU affinity: see placement.py).
+        self.loop_native_tid = threading.get_native_id() if _running_loop() is loop else None
         self._listeners: list[Listener] = []
         self.addresses: tuple[str, ...] = ()
         self._peers: dict[str, _Peer] = {}
@@ -133,6 +135,7 @@ class Node:
             asyncio.set_event_loop(loop)
             node = cls(secret, loop, role=role, name=name, info=info)
             node.loop_tid = threading.get_ident()
+            node.loop_native_tid = threading.get_native_id()
             register_loop_thread(loop)
             try:
                 node.listen(list(listen))

@@ -243,3 +243,30 @@ def test_processes_start_in_the_agents_current_directory(tmp_path, monkeypatch):
     finally:
         forked.stop().get(timeout=30)
         execd.stop().get(timeout=30)
+
+
+def test_processes_get_their_own_group_in_the_controllers_session():
+    """Forked or exec'd, a process leads a process group of its own (the agent's ``killpg``
+    reaches what it starts; a terminal's Ctrl-C does not) but stays in the controller's
+    session: a new session would also mean a new scheduler autogroup (see zygote._child)."""
+    from hpcmesh.actor import Actor, BootstrapCommand, endpoint, this_host
+
+    class Ids(Actor):
+        @endpoint
+        def ids(self):
+            import os as _os
+            return _os.getpid(), _os.getpgid(0), _os.getsid(0)
+
+    forked = this_host().spawn_procs({"gpus": 2})
+    execd = this_host().spawn_procs({"gpus": 1}, bootstrap_command=BootstrapCommand(
+        "/bin/sh", ["-c", 'exec "$0" "$@"', sys.executable, "-m", "hpcmesh.runtime.proc"]))
+    try:
+        seen = (forked.spawn("i", Ids).ids.call().get(timeout=30).values()
+                + execd.spawn("i", Ids).ids.call().get(timeout=30).values())
+    finally:
+        forked.stop().get(timeout=30)
+        execd.stop().get(timeout=30)
+    assert len(seen) == 3
+    for pid, pgid, sid in seen:
+        assert pgid == pid, (pid, pgid)
+        assert sid == os.getsid(0), (pid, sid, os.getsid(0))

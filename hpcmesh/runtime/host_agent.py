@@ -204,7 +204,7 @@ class HostAgent:
             with placement.spawning():
                 return subprocess.Popen(cmd.argv(), env=env, stdin=subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        start_new_session=True, close_fds=True)
+                                        process_group=0, close_fds=True)   # as zygote._child
         except FileNotFoundError as e:
             raise FileNotFoundError(
                 f"bootstrap program {cmd.program!r} for {label} does not exist on host "
@@ -334,7 +334,7 @@ class HostAgent:
 
     def _kill(self, p: _Proc, sig: int) -> None:
         try:
-            os.killpg(p.popen.pid, sig)   # the process and anything it started in its session
+            os.killpg(p.popen.pid, sig)   # the process and anything it started in its group
         except ProcessLookupError:
             pass
         except PermissionError:

@@ -9,6 +9,7 @@ import pytest
 
 from hpcmesh.actor import (Actor, ActorError, BootstrapCommand, SupervisionError, context,
                            default_bootstrap_cmd, endpoint, this_host)
+from proc_helpers import wait_gone
 
 
 class Counter(Actor):
@@ -153,3 +154,30 @@ def test_missing_bootstrap_program_is_a_clear_error():
     c = pm.spawn("x", Counter, 0)
     with pytest.raises(FileNotFoundError, match="/nonexistent/python.*does not exist"):
         c.incr.call().get(timeout=30)
+
+
+def test_exit_without_waiting_for_stop_is_quiet_and_leaves_no_process(tmp_path):
+    """A script may end right after ``procs.stop()`` without waiting on its Future: the
+    runtime's exit handler finishes or cancels what is in flight, without asyncio's
+    "Task was destroyed but it is pending" or "never awaited" warnings."""
+    import subprocess
+    import sys
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from hpcmesh.actor import Actor, endpoint, this_host\n"
+        "class A(Actor):\n"
+        "    @endpoint\n"
+        "    def pid(self):\n"
+        "        import os\n"
+        "        return os.getpid()\n"
+        "procs = this_host().spawn_procs(per_host={'gpus': 3})\n"
+        "print(*procs.spawn('a', A).pid.call().get(timeout=30).values())\n"
+        "procs.stop()\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, PYTHONWARNINGS="default"))
+    assert out.returncode == 0, out.stderr
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 3
+    assert "destroyed but it is pending" not in out.stderr, out.stderr
+    assert "never awaited" not in out.stderr, out.stderr
+    assert wait_gone(pids, 5) == []

@@ -147,6 +147,7 @@ class Node:
             ready.set()
             try:
                 loop.run_forever()
+                _finish_leftover_tasks(loop)
             finally:
                 unregister_loop_thread(loop)
                 loop.close()
@@ -802,6 +803,18 @@ def failure(exc: BaseException) -> _Failure:
 
 def format_exception(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _finish_leftover_tasks(loop: asyncio.AbstractEventLoop, timeout: float = 1.0) -> None:
+    """Cancel the tasks still pending on a stopped loop and let them unwind (as
+    ``asyncio.run`` does), so none is destroyed pending: for example the ``stop()`` of a
+    script that exits without waiting for it."""
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not tasks:
+        return
+    for t in tasks:
+        t.cancel()
+    loop.run_until_complete(asyncio.wait(tasks, timeout=timeout))
 
 
 def _running_loop():

@@ -261,12 +261,14 @@ class ZygoteClient:
         self._pending.clear()
 
     def close(self) -> None:
-        """Stop the zygote (its children are not touched)."""
+        """Stop the zygote (its children are not touched) and reap it."""
+        import subprocess
         if self.alive:
             self._died()
         try:
             self.popen.kill()
-        except ProcessLookupError:
+            self.popen.wait(timeout=2.0)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
 
 

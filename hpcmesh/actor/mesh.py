@@ -649,7 +649,8 @@ class Endpoint:
                 name, payload = self._name, (args, kwargs)
                 futs = [node.call_actor(t, st.actor_id, name, payload, r, ext)
                         for r, t in targets]
-                return gather(futs, lambda vals: ValueMesh(result_shape, vals))
+                return gather(futs, lambda vals: ValueMesh(result_shape, vals),
+                              node.poll_for_rest)
         mesh = self._mesh
         members, ext = self._members()
         result_shape = Shape.from_extent(mesh._shape.extent)
@@ -661,7 +662,8 @@ class Endpoint:
 
         def go() -> Future:
             futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
-            return gather(futs, lambda vals: ValueMesh(result_shape, vals))
+            return gather(futs, lambda vals: ValueMesh(result_shape, vals),
+                          _node().poll_for_rest)
         return mesh._when_ready(go)
 
     def broadcast(self, *args, **kwargs) -> None:

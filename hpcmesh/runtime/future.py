@@ -107,6 +107,11 @@ class Future:
     def done(self) -> bool:
         return bool(self._state)
 
+    def waited_on(self) -> bool:
+        """True if a callback is registered and not run yet: an ``await``, a ``get()``, or
+        a chained Future waits for this one."""
+        return self._callbacks is not None
+
     def exception(self) -> BaseException | None:
         return self._exc
 
@@ -199,10 +204,14 @@ def failed(exc: BaseException) -> Future:
     return f
 
 
-def gather(futures: list[Future], finish: Callable[[list], Any] | None = None) -> Future:
+def gather(futures: list[Future], finish: Callable[[list], Any] | None = None,
+           on_first: Callable[[Future], None] | None = None) -> Future:
     """A Future of the list of results (or of ``finish(results)``); fails with the first
     failure. Results may arrive on several threads at once: the count of those still
-    missing is taken with ``next()`` on a shared counter, which is atomic."""
+    missing is taken with ``next()`` on a shared counter, which is atomic.
+
+    ``on_first(out)`` runs once, on the thread that sets it, when the first of several
+    results arrives (the runtime polls for the rest then: see ``Node.poll_for_rest``)."""
     out = Future()
     n = len(futures)
     if n == 0:
@@ -219,7 +228,10 @@ def gather(futures: list[Future], finish: Callable[[list], Any] | None = None) -
                 out.set_exception(f._exc)
                 return
             results[i] = f._value
-            if next(arrived) == n:
+            k = next(arrived)
+            if k == 1 and on_first is not None and n > 1:
+                on_first(out)
+            if k == n:
                 if finish is None:
                     out.set_result(results)
                     return

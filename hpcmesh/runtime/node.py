@@ -19,6 +19,7 @@ import pickle
 import socket
 import tempfile
 import threading
+import time
 import traceback
 import uuid
 from collections import deque
@@ -85,6 +86,22 @@ def runtime_dir() -> str:
     return d
 
 
+def _fanin_poll_window() -> float:
+    raw = os.environ.get("HPCMESH_FANIN_POLL_US", "250")
+    try:
+        us = float(raw)
+    except ValueError:
+        us = -1.0
+    if not us >= 0:
+        raise ValueError(f"HPCMESH_FANIN_POLL_US must be a number of microseconds >= 0 "
+                         f"(0 turns the polling off), not {raw!r}")
+    return us * 1e-6
+
+
+#: How long the loop thread polls for the rest of a fan-in once its first reply is in.
+FANIN_POLL_WINDOW = _fanin_poll_window()
+
+
 class Node:
     """The per-process runtime. Create with ``Node.start_in_thread`` (controller) or
     construct inside a running loop (workers)."""
@@ -121,6 +138,8 @@ class Node:
         self.tls: tls.TLSSettings | None = None
         self._tls_contexts: tuple | None = None
         self.use_tls(tls.settings())     # HPCMESH_TLS_CA: set for everything a job starts
+        self._fanins: list[tuple[Future, float]] = []   # polled for: (fan-in, deadline)
+        self._polling = False
 
     # -- construction ---------------------------------------------------------------
     @classmethod
@@ -350,6 +369,43 @@ class Node:
             self.close_port(pid)
             fut.set_exception(e)
         return fut
+
+    def poll_for_rest(self, fanin: Future, window: float | None = None) -> None:
+        """Keep this loop polling its sockets, instead of sleeping between replies, until
+        ``fanin`` settles or ``window`` seconds (``HPCMESH_FANIN_POLL_US``) have passed.
+
+        Called when the first reply of a call() to several actors is in: the others are
+        usually a few tens of µs behind. Sleeping between them costs a wake-up per reply,
+        paid by the replying actor (an interprocessor interrupt, ~8 µs here) and by this
+        thread; a fan-in over 4 actors takes ~10 % less time when the rest is polled for.
+        Each turn yields the core (``sched_yield``) to whatever else is runnable on it, so
+        the polling takes no time from the actors, only idle time; it is bounded by the
+        window, so a slow member costs at most that much CPU.
+
+        Only while somebody waits for ``fanin`` (``await`` or ``get()`` registered): a
+        caller still running, for example still sending the fan-out when the first reply
+        is in, would compete with the polling for the GIL and the core (measured: that
+        undoes the gain). So it does nothing off the loop thread, where the one setting
+        the first result is the caller itself."""
+        window = FANIN_POLL_WINDOW if window is None else window
+        if (window <= 0 or threading.get_ident() != self.loop_tid or fanin.done()
+                or not fanin.waited_on()):
+            return
+        self._fanins.append((fanin, time.perf_counter() + window))
+        if not self._polling:
+            self._polling = True
+            self.loop.call_soon(self._poll)
+
+    def _poll(self) -> None:
+        """One polling turn: a ready callback makes the loop's next wait for I/O a poll."""
+        now = time.perf_counter()
+        self._fanins = [f for f in self._fanins if not f[0].done() and f[1] > now]
+        if self._fanins and not self.closed:
+            _yield_core()
+            self.loop.call_soon(self._poll)
+        else:
+            self._fanins.clear()
+            self._polling = False
 
     def _flush_backlog(self, p: _Peer) -> None:
         """Loop thread: send queued frames if connected, else dial."""
@@ -815,6 +871,9 @@ def _finish_leftover_tasks(loop: asyncio.AbstractEventLoop, timeout: float = 1.0
     for t in tasks:
         t.cancel()
     loop.run_until_complete(asyncio.wait(tasks, timeout=timeout))
+
+
+_yield_core = getattr(os, "sched_yield", lambda: None)
 
 
 def _running_loop():

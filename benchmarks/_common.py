@@ -26,12 +26,17 @@ MARKER = "BENCHJSON "
 
 
 def config(quick: bool) -> dict:
-    """Iteration counts; the same for every system."""
+    """Iteration counts; the same for every system.
+
+    ``paired_rounds``: rounds of alternating 200-call blocks (see ``paired``). The VM's
+    phases last from ~100 ms to seconds, longer than a block: 5 rounds (1000 calls of each,
+    ~0.3 s for hpcmesh) left the ratio of one run 0.1-0.2 away from the next; 20 rounds
+    sample more phases."""
     if quick:
         return dict(lat_iters=2000, warmup=200, gather_iters=300, pipe_reps=2, bulk_reps=3,
-                    bringup_reps=1, paired_rounds=2)
+                    bringup_reps=1, paired_rounds=4)
     return dict(lat_iters=5000, warmup=500, gather_iters=1000, pipe_reps=3, bulk_reps=6,
-                bringup_reps=3, paired_rounds=5)
+                bringup_reps=3, paired_rounds=20)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

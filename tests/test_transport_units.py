@@ -419,3 +419,49 @@ def test_unpicklable_argument_names_what_failed():
     msg = str(ei.value)
     assert "arguments of Counter.incr" in msg and "lock" in msg
     assert isinstance(ei.value, TypeError)
+
+
+def test_lone_sends_from_another_thread_keep_order_through_a_full_socket():
+    """A caller's lone request goes out in one send(); when the socket is full, the rest
+    of it waits for the loop's writer, and later requests queue behind it, in order."""
+    import asyncio
+    import socket
+
+    from hpcmesh.transport.connection import Connection
+    loop = asyncio.new_event_loop()
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    a.setblocking(False)
+    box = {}
+    ready = threading.Event()
+
+    def run_loop() -> None:
+        box["conn"] = Connection(loop, a, "peer", lambda c, f: None, lambda c, e: None,
+                                 threading.get_ident())
+        ready.set()
+        loop.run_forever()
+    t = threading.Thread(target=run_loop)
+    t.start()
+    ready.wait()
+    conn = box["conn"]
+    n, body = 400, b"y" * 3000      # each under the lone limit; together far over the buffer
+    try:
+        for i in range(n):
+            conn.send_obj((i, body), len(body) + 32)
+        dec, got = FrameDecoder(), []
+        b.settimeout(10)
+        while len(got) < n:
+            chunk = b.recv(65536)
+            assert chunk, "connection closed early"
+            for frame in dec.feed(chunk):
+                item = pickle.loads(frame.meta)
+                got.extend(item if frame.count > 1 else [item])
+        assert [g[0] for g in got] == list(range(n))
+        assert all(g[1] == body for g in got)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+        loop.close()
+        a.close()
+        b.close()

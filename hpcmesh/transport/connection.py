@@ -23,7 +23,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 from .addresses import Address, parse_address
-from .framing import MAX_BATCH_COUNT, FrameDecoder, FrameError, encode_batch, encode_frame
+from .framing import (MAX_BATCH_COUNT, FrameDecoder, FrameError, encode_batch, encode_frame,
+                      encode_lone)
 from .handshake import Handshake, HandshakeError
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ _MAX_BATCH = 128
 _BATCH_BYTES = 256 * 1024
 #: A caller thread writes its batch itself once it holds this many messages.
 _CALLER_FLUSH = 256
+_LONE_BYTES = 8192      # a lone message up to this size goes out joined, in one send()
 HANDSHAKE_TIMEOUT = 10.0
 #: The first byte of a TLS record carrying a handshake (a ClientHello); the hpcmesh
 #: handshake starts with its magic instead, so a listener tells them apart.
@@ -162,8 +164,11 @@ class Connection:
         with self._lock:
             batch = self._batch
             if not (on_loop or cork or batch or self._out or self._writer_on):
-                self._out.extend(encode_batch([item]))
-                self._write_locked(foreign=True)
+                if size <= _LONE_BYTES and self._tls is None:
+                    self._send_lone(encode_lone(item))
+                else:
+                    self._out.extend(encode_batch([item]))
+                    self._write_locked(foreign=True)
                 return
             batch.append(item)
             self._batch_bytes += size
@@ -247,6 +252,20 @@ class Connection:
                 self._close_batch()
             if not self._writer_on and not self._closed:
                 self._write_locked()
+
+    def _send_lone(self, data: bytes) -> None:
+        """Lock held, nothing queued, another thread: a caller's lone request, written at
+        once with one ``send()``. What the socket does not take (or an error) goes
+        through ``_write_locked``, which queues it for the loop's writer (or closes)."""
+        try:
+            n = self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            n = 0       # _write_locked meets the error again and closes the connection
+        if n < len(data):
+            self._out.append(memoryview(data)[n:] if n else data)
+            self._write_locked(foreign=True)
 
     def _write_locked(self, foreign: bool = False) -> None:
         out = self._out

@@ -421,9 +421,11 @@ def test_unpicklable_argument_names_what_failed():
     assert isinstance(ei.value, TypeError)
 
 
-def test_lone_sends_from_another_thread_keep_order_through_a_full_socket():
-    """A caller's lone request goes out in one send(); when the socket is full, the rest
-    of it waits for the loop's writer, and later requests queue behind it, in order."""
+@pytest.mark.parametrize("sender", ["caller thread", "loop thread"])
+def test_lone_frames_keep_order_through_a_full_socket(sender):
+    """A lone request from a caller's thread, or a lone reply flushed on the loop thread,
+    goes out in one send(); when the socket is full, the rest of it waits for the loop's
+    writer, and later messages queue behind it, in order."""
     import asyncio
     import socket
 
@@ -446,9 +448,16 @@ def test_lone_sends_from_another_thread_keep_order_through_a_full_socket():
     ready.wait()
     conn = box["conn"]
     n, body = 400, b"y" * 3000      # each under the lone limit; together far over the buffer
+
+    def reply(i: int) -> None:       # as an actor's reply: queued, then flushed at once
+        conn.send_obj((i, body), len(body) + 32, flushed_by_caller=True)
+        conn.flush_now()
     try:
         for i in range(n):
-            conn.send_obj((i, body), len(body) + 32)
+            if sender == "caller thread":
+                conn.send_obj((i, body), len(body) + 32)
+            else:
+                loop.call_soon_threadsafe(reply, i)
         dec, got = FrameDecoder(), []
         b.settimeout(10)
         while len(got) < n:

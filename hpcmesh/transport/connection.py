@@ -240,7 +240,14 @@ class Connection:
         (a lone reply should not wait for the next turn of the loop)."""
         if (self._batch or self._out or self._tls_out) and not self._writer_on and not self._closed:
             with self._lock:
-                if self._batch:
+                batch = self._batch
+                if (len(batch) == 1 and not self._out and not self._writer_on
+                        and self._batch_bytes <= _LONE_BYTES and self._tls is None):
+                    self._batch = []            # the usual case: one reply, sent joined
+                    self._batch_bytes = 0
+                    self._send_lone(encode_lone(batch[0]), foreign=False)
+                    return
+                if batch:
                     self._close_batch()
                 if not self._writer_on:
                     self._write_locked()
@@ -253,10 +260,11 @@ class Connection:
             if not self._writer_on and not self._closed:
                 self._write_locked()
 
-    def _send_lone(self, data: bytes) -> None:
-        """Lock held, nothing queued, another thread: a caller's lone request, written at
-        once with one ``send()``. What the socket does not take (or an error) goes
-        through ``_write_locked``, which queues it for the loop's writer (or closes)."""
+    def _send_lone(self, data: bytes, foreign: bool = True) -> None:
+        """Lock held, nothing queued: one small frame (a caller's lone request, or a lone
+        reply), written at once with one ``send()``. What the socket does not take (or an
+        error) goes through ``_write_locked``, which queues it for the loop's writer (or
+        closes). ``foreign``: not on the loop thread."""
         try:
             n = self.sock.send(data)
         except (BlockingIOError, InterruptedError):
@@ -265,7 +273,7 @@ class Connection:
             n = 0       # _write_locked meets the error again and closes the connection
         if n < len(data):
             self._out.append(memoryview(data)[n:] if n else data)
-            self._write_locked(foreign=True)
+            self._write_locked(foreign=foreign)
 
     def _write_locked(self, foreign: bool = False) -> None:
         out = self._out

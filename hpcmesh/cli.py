@@ -513,8 +513,9 @@ def run_agent(listen: list[str], attach: list[str], secret: bytes, grace: float 
     """
     from .runtime import worker as W
     from .runtime.node import _new_loop, current_node
+    from .settings import env_number
 
-    grace = float(os.environ.get("HPCMESH_LEASE_GRACE", "30")) if grace is None else grace
+    grace = env_number("HPCMESH_LEASE_GRACE", 30) if grace is None else grace
     loop = _new_loop()
     asyncio.set_event_loop(loop)
     why: list[str] = []

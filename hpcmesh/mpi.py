@@ -85,6 +85,7 @@ from .runtime.errors import SupervisionError
 from .runtime.future import gather
 from .runtime.node import Node, NodeRef, set_current_node
 from .runtime.proc import ProcRuntime
+from .settings import env_number
 from .shapes import Extent, Point, Shape
 from .transport.addresses import new_secret
 
@@ -500,7 +501,7 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--address-file", help="mode B: rank 0 writes the job's secret and "
                    "addresses here (mode 0600) for hpcmesh.mpi.attach_to_mpi()")
     p.add_argument("--attach-timeout", type=float,
-                   default=float(os.environ.get("HPCMESH_MPI_ATTACH_TIMEOUT", "120")),
+                   default=env_number("HPCMESH_MPI_ATTACH_TIMEOUT", 120),
                    help="exit if no controller connects within this many seconds (default "
                    "%(default)s, env HPCMESH_MPI_ATTACH_TIMEOUT)")
     p.add_argument("--grace", type=float, default=None,
@@ -592,7 +593,7 @@ class _Rank:
                 print(f"hpcmesh.mpi: {problem}", file=sys.stderr, flush=True)
             return self._finish(2)
         grace = args.grace if args.grace is not None else \
-            float(os.environ.get("HPCMESH_LEASE_GRACE", "10"))
+            env_number("HPCMESH_LEASE_GRACE", 10)
         # 2. a proc node on every rank
         error = None
         try:

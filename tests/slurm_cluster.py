@@ -8,7 +8,6 @@ bridge ``hpcm-br0``) and each compute node ``nodeK`` is a network namespace
 This module registers no fixtures; import it from a conftest, e.g.::
 
     import pytest
-from ci_gate import skip_or_fail
     from tests.slurm_cluster import require_cluster
 
     @pytest.fixture
@@ -25,7 +24,7 @@ import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
-import pytest
+from ci_gate import skip_or_fail
 
 __all__ = [
     "CLUSTER_NAME",

@@ -24,6 +24,7 @@ from ..runtime.context import _current as _current_context
 from ..runtime.errors import SupervisionError
 from ..runtime.future import Future, failed, forward, gather, on_runtime_thread
 from ..runtime.node import MSG_CALL, Node, NodeRef, current_node
+from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization, tls
 from ..transport.serialization import is_plain
@@ -33,7 +34,7 @@ from .endpoint import ENDPOINT_ATTR, check_endpoint_names
 
 _mesh_counter = itertools.count()
 #: Seconds ProcMesh.stop() waits for a clean exit before SIGTERM, then SIGKILL.
-DEFAULT_STOP_GRACE = float(os.environ.get("HPCMESH_STOP_GRACE", "5"))
+DEFAULT_STOP_GRACE = env_number("HPCMESH_STOP_GRACE", 5)
 log = logging.getLogger("hpcmesh.actor")
 
 

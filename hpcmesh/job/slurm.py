@@ -52,6 +52,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.mesh import HostMesh, HostRef, attach_to_workers
 from ..runtime.bootstrap import BootstrapCommand
+from ..settings import env_number
 from ..shapes import Extent, Shape
 from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue, parse_sbatch_parsable,
                              parse_squeue, squeue_job_unknown)
@@ -563,8 +564,7 @@ class SlurmJob(JobTrait):
         elif not os.path.isabs(spec.log_dir):
             spec = dataclasses.replace(spec, log_dir=os.path.abspath(spec.log_dir))
         self.spec = spec
-        self.grace = float(grace if grace is not None
-                           else os.environ.get("HPCMESH_LEASE_GRACE", "60"))
+        self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 60)
         self.timeout = float(job_start_timeout if job_start_timeout is not None else timeout)
         self.progress = progress
         # filled by apply()

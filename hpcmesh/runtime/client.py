@@ -15,6 +15,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..settings import env_number
 from ..transport.addresses import new_secret
 from .errors import SupervisionError, describe_exit
 from . import placement
@@ -89,7 +90,7 @@ class ClientRuntime:
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
-        self.lease_grace = float(os.environ.get("HPCMESH_LEASE_GRACE", "10"))
+        self.lease_grace = env_number("HPCMESH_LEASE_GRACE", 10)
         self._print_lock = threading.Lock()
         set_current_node(self.node)
         atexit.register(self.shutdown)

@@ -26,6 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..settings import env_number
 from ..transport import serialization, tls
 from ..transport.addresses import Address
 from ..transport.connection import Connection, ConnectionClosed, Listener, dial
@@ -49,7 +50,7 @@ MSG_FAIL = 4       # (FAIL, port_id, exception)  -- reply carrying an error
 
 #: How long a caller waits for a precise exit report after a connection drops
 #: before failing pending work with a generic "connection lost".
-LOST_PEER_REPORT_WAIT = float(os.environ.get("HPCMESH_LOST_PEER_WAIT", "1.0"))
+LOST_PEER_REPORT_WAIT = env_number("HPCMESH_LOST_PEER_WAIT", 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,20 +87,9 @@ def runtime_dir() -> str:
     return d
 
 
-def _fanin_poll_window() -> float:
-    raw = os.environ.get("HPCMESH_FANIN_POLL_US", "250")
-    try:
-        us = float(raw)
-    except ValueError:
-        us = -1.0
-    if not us >= 0:
-        raise ValueError(f"HPCMESH_FANIN_POLL_US must be a number of microseconds >= 0 "
-                         f"(0 turns the polling off), not {raw!r}")
-    return us * 1e-6
-
-
 #: How long the loop thread polls for the rest of a fan-in once its first reply is in.
-FANIN_POLL_WINDOW = _fanin_poll_window()
+FANIN_POLL_WINDOW = env_number("HPCMESH_FANIN_POLL_US", 250, unit="microseconds",
+                               note="0 turns the polling off") * 1e-6
 
 
 class Node:

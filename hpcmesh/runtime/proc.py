@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 
+from ..settings import env_number
 from ..transport import serialization
 from ..transport.addresses import secret_from_env
 from .actor_host import ActorHost
@@ -155,7 +156,7 @@ async def _amain() -> int:
     controller_addrs = [a for a in env.get("HPCMESH_CONTROLLER", "").split(",") if a]
     controller = NodeRef(env.get("HPCMESH_CONTROLLER_ID", ""), tuple(controller_addrs))
     host = env.get("HPCMESH_ADVERTISE_HOST", "127.0.0.1")
-    grace = float(env.get("HPCMESH_LEASE_GRACE", "10"))
+    grace = env_number("HPCMESH_LEASE_GRACE", 10, env=env)
     loop = asyncio.get_running_loop()
     register_loop_thread(loop)
     node = Node(secret, loop, role="proc", name=name,

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 
+from ..settings import env_number
 from ..transport import tls
 from ..transport.addresses import parse_address, secret_from_env
 from .future import register_loop_thread
@@ -134,7 +135,7 @@ def run_worker_loop_forever(address: str | list[str] = "tcp://0.0.0.0:0", *,
         raise ValueError("the worker needs the job secret: set HPCMESH_SECRET (hex) or "
                          "HPCMESH_SECRET_FILE (a file of mode 0600), or pass secret=")
     listen = [address] if isinstance(address, str) else list(address)
-    grace = float(os.environ.get("HPCMESH_LEASE_GRACE", "30")) if grace is None else grace
+    grace = env_number("HPCMESH_LEASE_GRACE", 30) if grace is None else grace
     tls_settings = tls.settings(ca)
     if tls_settings is not None:
         # The agent's node reads it at start, and every process it spawns inherits it.

@@ -22,6 +22,7 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Callable
 
+from ..settings import env_number
 from .addresses import Address, parse_address
 from .framing import (MAX_BATCH_COUNT, FrameDecoder, FrameError, encode_batch, encode_frame,
                       encode_lone)
@@ -353,7 +354,7 @@ class Connection:
 #: A TCP peer whose host vanished (power loss, network cut: no FIN, no RST) is noticed
 #: after about this many seconds of silence, through kernel keepalive probes (no traffic
 #: of ours, no cost on the message path). 0 turns it off.
-KEEPALIVE_S = float(os.environ.get("HPCMESH_KEEPALIVE", "4"))
+KEEPALIVE_S = env_number("HPCMESH_KEEPALIVE", 4, note="0 turns it off")
 
 
 #: Unix-socket buffer size: the default (~200 KiB) turns a 64 MiB message into ~1000

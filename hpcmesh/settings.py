@@ -1,0 +1,29 @@
+"""Numeric ``HPCMESH_*`` settings read from the environment.
+
+A mistyped value should stop the program with a message that names the variable and what
+it accepts, not with Python's bare "could not convert string to float". Pure: imports
+nothing from hpcmesh, so every layer may use it."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+
+def env_number(name: str, default: float, *, unit: str = "seconds", minimum: float = 0.0,
+               note: str = "", env: Mapping[str, str] | None = None) -> float:
+    """``float(env[name])`` (``os.environ`` by default), or ``default`` when the variable
+    is unset or empty. ``ValueError`` naming the variable if it is not a number
+    >= ``minimum``; ``note`` is added to that message (for example what 0 means)."""
+    raw = (os.environ if env is None else env).get(name, "")
+    if raw.strip() == "":
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= minimum:        # also refuses nan
+        extra = f" ({note})" if note else ""
+        raise ValueError(f"{name} must be a number of {unit} >= {minimum:g}{extra}, "
+                         f"not {raw!r}")
+    return value

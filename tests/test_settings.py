@@ -1,0 +1,37 @@
+"""Numeric HPCMESH_* settings: defaults, and errors that name the variable."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpcmesh.settings import env_number
+
+
+def test_unset_or_empty_gives_the_default_and_numbers_parse():
+    assert env_number("HPCMESH_X", 5, env={}) == 5.0
+    assert env_number("HPCMESH_X", 5, env={"HPCMESH_X": "  "}) == 5.0
+    assert env_number("HPCMESH_X", 5, env={"HPCMESH_X": "0.25"}) == 0.25
+    assert env_number("HPCMESH_X", 5, env={"HPCMESH_X": "0"}) == 0.0
+    assert env_number("HPCMESH_X", 5, env={"HPCMESH_X": "inf"}) == float("inf")
+
+
+@pytest.mark.parametrize("raw", ["soon", "-1", "nan", "1,5"])
+def test_bad_values_name_the_variable_the_unit_and_the_value(raw):
+    with pytest.raises(ValueError) as e:
+        env_number("HPCMESH_X", 5, unit="microseconds", note="0 turns it off",
+                   env={"HPCMESH_X": raw})
+    assert str(e.value) == (f"HPCMESH_X must be a number of microseconds >= 0 "
+                            f"(0 turns it off), not {raw!r}")
+
+
+@pytest.mark.parametrize("var, module", [("HPCMESH_STOP_GRACE", "hpcmesh.actor"),
+                                         ("HPCMESH_KEEPALIVE", "hpcmesh.transport.connection"),
+                                         ("HPCMESH_LOST_PEER_WAIT", "hpcmesh.runtime.node")])
+def test_a_mistyped_setting_stops_the_import_with_its_name(var, module):
+    out = subprocess.run([sys.executable, "-c", f"import {module}"],
+                         env=dict(os.environ, **{var: "5s"}), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode != 0
+    assert f"{var} must be a number of seconds >= 0" in out.stderr and "'5s'" in out.stderr

@@ -344,6 +344,18 @@ class AttachSetup:
                 pytest.fail(f"no {name!r} from the client within {timeout} s\n{self.logs()}")
             time.sleep(0.02)
 
+    def wait_worker_log(self, text: str, timeout: float) -> str:
+        """The worker's output once it contains ``text``: the worker logs its attach after
+        connecting, so the client may see the attach first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.worker_log.read_text(errors="replace") if self.worker_log.exists() else ""
+            if text in out:
+                return out
+            if time.monotonic() > deadline:
+                pytest.fail(f"the worker's output never said {text!r}\n{self.logs()}")
+            time.sleep(0.02)
+
     def worker_t0(self) -> float:
         m = re.search(r"^T0 ([\d.]+)$", self.worker_log.read_text(), re.M)
         assert m, self.logs()
@@ -374,9 +386,8 @@ def _check_attached_end_to_end(s: AttachSetup, first: str, second: str,
     assert re.fullmatch(rf"tcp://10\.89\.{o}\.2:[1-9]\d*", att["agent_addresses"][0]), att
     assert att["conn_peer"].startswith(f"10.89.{o}.2:"), att
 
-    wlog = s.worker_log.read_text()
     # the worker kept exactly the string the client advertised
-    assert f"attached to client at {second}\n" in wlog, s.logs()
+    wlog = s.wait_worker_log(f"attached to client at {second}\n", 5)
     if worker_dialed_first:
         assert f"cannot attach to {first}" in wlog, s.logs()
 

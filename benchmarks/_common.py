@@ -8,6 +8,7 @@ venv's python; it prints exactly one line ``BENCHJSON {...}`` on stdout.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -58,6 +59,94 @@ def lat_stats(samples_ns: list[int]) -> dict:
     p99 = s[min(n - 1, int(round(0.99 * (n - 1))))]
     return {"n": n, "med_us": statistics.median(s) / 1e3, "p99_us": p99 / 1e3,
             "mean_us": statistics.fmean(s) / 1e3, "min_us": s[0] / 1e3}
+
+
+# ---------------------------------------------------------------------------------------
+# The workloads, written once: each system passes its own way of making a call.
+# ---------------------------------------------------------------------------------------
+def latency(call, warmup: int, n: int, check=None) -> dict:
+    """Latency of ``call()`` (blocking): ``n`` timed calls after ``warmup`` untimed ones;
+    ``check(last result)`` must hold."""
+    samples = []
+    for i in range(warmup + n):
+        t0 = now()
+        r = call()
+        t1 = now()
+        if i >= warmup:
+            samples.append(t1 - t0)
+    assert check is None or check(r), r
+    return lat_stats(samples)
+
+
+def latency_await(make, warmup: int, n: int, check=None) -> dict:
+    """``latency`` for ``await make()``, in a fresh event loop."""
+    async def go():
+        samples = []
+        for i in range(warmup + n):
+            t0 = now()
+            r = await make()
+            t1 = now()
+            if i >= warmup:
+                samples.append(t1 - t0)
+        assert check is None or check(r), r
+        return lat_stats(samples)
+    return asyncio.run(go())
+
+
+def gather_latency(make, cfg: dict, n_expected: int, count=len) -> dict:
+    """``await make()`` of a call to ``n_expected`` actors; ``count(result)`` must be that."""
+    return latency_await(make, max(50, cfg["gather_iters"] // 10), cfg["gather_iters"],
+                         lambda result: count(result) == n_expected)
+
+
+def pipelined(issue, wait_all, n: int) -> float:
+    """Calls per second: ``n`` calls issued back to back, then ``wait_all(handles)``."""
+    t0 = time.perf_counter()
+    handles = [issue() for _ in range(n)]
+    wait_all(handles)
+    return n / (time.perf_counter() - t0)
+
+
+def pipelined_await(issue, n: int) -> float:
+    """``pipelined``, awaiting each handle in order from an event loop."""
+    async def go():
+        t0 = time.perf_counter()
+        handles = [issue() for _ in range(n)]
+        for h in handles:
+            await h
+        return n / (time.perf_counter() - t0)
+    return asyncio.run(go())
+
+
+def pipelined_stats(rate, reps: int) -> dict:
+    """``rate(n)`` once with 1000 calls to warm up, then ``reps`` times with PIPELINE_N."""
+    rate(1000)
+    rates = [rate(PIPELINE_N) for _ in range(reps)]
+    return {"msgs_per_s_med": sorted(rates)[len(rates) // 2], "msgs_per_s_best": max(rates),
+            "n": PIPELINE_N}
+
+
+def bulk_round_trip(call, payload, reps: int, same_type: bool = False,
+                    release: bool = False) -> dict:
+    """MB/s of ``call(payload)`` returning the payload. Two warm-ups: the timed loop keeps
+    the previous reply alive while the next arrives, so the steady state holds two
+    replies; the second warm-up allocates the second. ``release``: drop each reply before
+    the next call (Ray: frees its object-store copy)."""
+    size = payload.nbytes if hasattr(payload, "nbytes") else len(payload)
+    for _ in range(2):
+        out = call(payload)                     # (and a correctness check)
+    osize = out.nbytes if hasattr(out, "nbytes") else len(out)
+    assert osize == size and (not same_type or type(out) is type(payload)), (type(out), osize)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = call(payload)
+        times.append(time.perf_counter() - t0)
+        if release:
+            del out
+    best, med = min(times), sorted(times)[len(times) // 2]
+    return {"MBps_med": mbps(size, med), "MBps_best": mbps(size, best), "s_med": med,
+            "reps": reps}
 
 
 async def paired(a, b, rounds: int, block: int = 200) -> dict:

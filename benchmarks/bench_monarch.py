@@ -14,6 +14,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
+from _monarch_style import (bulk, gather, lat_await, lat_sync,  # noqa: E402
+                            pipelined_async, pipelined_sync)
 
 T_IMPORT0 = time.perf_counter()
 import monarch  # noqa: E402
@@ -43,86 +45,6 @@ def bringup(rep: C.Report) -> None:
         rep.put(key, dt)
 
 
-def lat_await(ep, cfg) -> dict:
-    async def go():
-        samples = []
-        x = C.SMALL
-        for i in range(cfg["warmup"] + cfg["lat_iters"]):
-            t0 = C.now()
-            r = await ep.call_one(x)
-            t1 = C.now()
-            if i >= cfg["warmup"]:
-                samples.append(t1 - t0)
-        assert r == x
-        return C.lat_stats(samples)
-    return asyncio.run(go())
-
-
-def lat_sync(ep, cfg) -> dict:
-    samples = []
-    x = C.SMALL
-    for i in range(cfg["warmup"] + cfg["lat_iters"]):
-        t0 = C.now()
-        r = ep.call_one(x).get()
-        t1 = C.now()
-        if i >= cfg["warmup"]:
-            samples.append(t1 - t0)
-    assert r == x
-    return C.lat_stats(samples)
-
-
-def gather(ep, n_expected: int, cfg) -> dict:
-    async def go():
-        samples = []
-        x = C.SMALL
-        warm = max(50, cfg["gather_iters"] // 10)
-        for i in range(warm + cfg["gather_iters"]):
-            t0 = C.now()
-            vm = await ep.call(x)
-            t1 = C.now()
-            if i >= warm:
-                samples.append(t1 - t0)
-        assert len(list(vm.values())) == n_expected
-        return C.lat_stats(samples)
-    return asyncio.run(go())
-
-
-def pipelined_sync(ep, n: int) -> float:
-    x = C.SMALL
-    t0 = time.perf_counter()
-    futs = [ep.call_one(x) for _ in range(n)]
-    for f in futs:
-        f.get()
-    return n / (time.perf_counter() - t0)
-
-
-def pipelined_async(ep, n: int) -> float:
-    async def go():
-        x = C.SMALL
-        t0 = time.perf_counter()
-        futs = [ep.call_one(x) for _ in range(n)]
-        for f in futs:
-            await f
-        return n / (time.perf_counter() - t0)
-    return asyncio.run(go())
-
-
-def bulk(ep, payload, reps: int) -> dict:
-    size = payload.nbytes if hasattr(payload, "nbytes") else len(payload)
-    for _ in range(2):     # two warm-ups, as in bench_hpcmesh.bulk
-        out = ep.call_one(payload).get()
-    osize = out.nbytes if hasattr(out, "nbytes") else len(out)
-    assert osize == size, (type(out), osize)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = ep.call_one(payload).get()
-        times.append(time.perf_counter() - t0)
-    best, med = min(times), sorted(times)[len(times) // 2]
-    return {"MBps_med": C.mbps(size, med), "MBps_best": C.mbps(size, best), "s_med": med,
-            "reps": reps}
-
-
 def steady(rep: C.Report, cfg: dict) -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 8})
     mesh = procs.spawn("echo", Echo)
@@ -139,13 +61,10 @@ def steady(rep: C.Report, cfg: dict) -> None:
     rep.run("gather4_paired", lambda: rep.put("gather4_paired", asyncio.run(C.paired(
         lambda: ep.call_one(C.SMALL), lambda: four.call(C.SMALL), cfg["paired_rounds"]))))
 
-    def pipe(fn, key):
-        fn(ep, 1000)
-        rates = [fn(ep, C.PIPELINE_N) for _ in range(cfg["pipe_reps"])]
-        rep.put(key, {"msgs_per_s_med": sorted(rates)[len(rates) // 2],
-                      "msgs_per_s_best": max(rates), "n": C.PIPELINE_N})
-    rep.run("pipelined_sync", pipe, pipelined_sync, "pipelined_sync")
-    rep.run("pipelined_async", pipe, pipelined_async, "pipelined_async")
+    def pipe(key, fn):
+        rep.put(key, C.pipelined_stats(lambda n: fn(ep, n), cfg["pipe_reps"]))
+    rep.run("pipelined_sync", pipe, "pipelined_sync", pipelined_sync)
+    rep.run("pipelined_async", pipe, "pipelined_async", pipelined_async)
     payload = os.urandom(C.BULK_BYTES)
     rep.run("bulk_bytes", lambda: rep.put("bulk_bytes", bulk(ep, payload, cfg["bulk_reps"])))
     payload = None      # free the 64 MiB before the tensor run

@@ -60,83 +60,30 @@ def bringup(rep: C.Report) -> None:
 
 
 def lat_await(a, cfg) -> dict:
-    async def go():
-        samples = []
-        x = C.SMALL
-        for i in range(cfg["warmup"] + cfg["lat_iters"]):
-            t0 = C.now()
-            r = await a.echo.remote(x)
-            t1 = C.now()
-            if i >= cfg["warmup"]:
-                samples.append(t1 - t0)
-        assert r == x
-        return C.lat_stats(samples)
-    return asyncio.run(go())
+    return C.latency_await(lambda: a.echo.remote(C.SMALL), cfg["warmup"], cfg["lat_iters"],
+                           lambda r: r == C.SMALL)
 
 
 def lat_sync(a, cfg) -> dict:
-    samples = []
-    x = C.SMALL
-    for i in range(cfg["warmup"] + cfg["lat_iters"]):
-        t0 = C.now()
-        r = ray.get(a.echo.remote(x))
-        t1 = C.now()
-        if i >= cfg["warmup"]:
-            samples.append(t1 - t0)
-    assert r == x
-    return C.lat_stats(samples)
+    return C.latency(lambda: ray.get(a.echo.remote(C.SMALL)), cfg["warmup"], cfg["lat_iters"],
+                     lambda r: r == C.SMALL)
 
 
 def gather(actors, cfg) -> dict:
-    async def go():
-        samples = []
-        x = C.SMALL
-        warm = max(50, cfg["gather_iters"] // 10)
-        for i in range(warm + cfg["gather_iters"]):
-            t0 = C.now()
-            vals = await asyncio.gather(*(a.echo.remote(x) for a in actors))
-            t1 = C.now()
-            if i >= warm:
-                samples.append(t1 - t0)
-        assert len(vals) == len(actors)
-        return C.lat_stats(samples)
-    return asyncio.run(go())
+    return C.gather_latency(lambda: asyncio.gather(*(a.echo.remote(C.SMALL) for a in actors)),
+                            cfg, len(actors))
 
 
 def pipelined_sync(a, n: int) -> float:
-    x = C.SMALL
-    t0 = time.perf_counter()
-    refs = [a.echo.remote(x) for _ in range(n)]
-    ray.get(refs)
-    return n / (time.perf_counter() - t0)
+    return C.pipelined(lambda: a.echo.remote(C.SMALL), ray.get, n)
 
 
 def pipelined_async(a, n: int) -> float:
-    async def go():
-        x = C.SMALL
-        t0 = time.perf_counter()
-        refs = [a.echo.remote(x) for _ in range(n)]
-        for r in refs:
-            await r
-        return n / (time.perf_counter() - t0)
-    return asyncio.run(go())
+    return C.pipelined_await(lambda: a.echo.remote(C.SMALL), n)
 
 
 def bulk(a, payload, reps: int) -> dict:
-    size = payload.nbytes if hasattr(payload, "nbytes") else len(payload)
-    for _ in range(2):     # two warm-ups, as in bench_hpcmesh.bulk
-        out = ray.get(a.echo.remote(payload))
-    osize = out.nbytes if hasattr(out, "nbytes") else len(out)
-    assert osize == size, (type(out), osize)
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = ray.get(a.echo.remote(payload))
-        times.append(time.perf_counter() - t0)
-        del out
-    best, med = min(times), sorted(times)[len(times) // 2]
-    return {"MBps_med": C.mbps(size, med), "MBps_best": C.mbps(size, best), "s_med": med,
-            "reps": reps}
+    return C.bulk_round_trip(lambda p: ray.get(a.echo.remote(p)), payload, reps, release=True)
 
 
 def steady(rep: C.Report, cfg: dict) -> None:
@@ -156,13 +103,10 @@ def steady(rep: C.Report, cfg: dict) -> None:
         lambda: asyncio.gather(*(b.echo.remote(C.SMALL) for b in actors[:4])),
         cfg["paired_rounds"]))))
 
-    def pipe(fn, key):
-        fn(a, 1000)
-        rates = [fn(a, C.PIPELINE_N) for _ in range(cfg["pipe_reps"])]
-        rep.put(key, {"msgs_per_s_med": sorted(rates)[len(rates) // 2],
-                      "msgs_per_s_best": max(rates), "n": C.PIPELINE_N})
-    rep.run("pipelined_sync", pipe, pipelined_sync, "pipelined_sync")
-    rep.run("pipelined_async", pipe, pipelined_async, "pipelined_async")
+    def pipe(key, fn):
+        rep.put(key, C.pipelined_stats(lambda n: fn(a, n), cfg["pipe_reps"]))
+    rep.run("pipelined_sync", pipe, "pipelined_sync", pipelined_sync)
+    rep.run("pipelined_async", pipe, "pipelined_async", pipelined_async)
     payload = os.urandom(C.BULK_BYTES)
     rep.run("bulk_bytes", lambda: rep.put("bulk_bytes", bulk(a, payload, cfg["bulk_reps"])))
     payload = None      # free the 64 MiB before the tensor run

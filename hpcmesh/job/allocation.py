@@ -27,6 +27,7 @@ import time
 import weakref
 from typing import Any, Sequence
 
+from ..settings import env_number
 from ..slurm.parsing import Allocation, SlurmParseError, clean_env_for_nested_srun
 from .base import JobState, JobTrait
 from .slurm import (SlurmError, SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, _need, _run,
@@ -77,8 +78,7 @@ class SlurmAllocation(JobTrait):
         self.cpus_per_task = cpus_per_task
         self.srun_args = list(srun_args)
         self.python_exe = python_exe or sys.executable
-        self.grace = float(grace if grace is not None
-                           else os.environ.get("HPCMESH_LEASE_GRACE", "30"))
+        self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 30)
         self.timeout = float(timeout)
         self.log_dir = os.path.abspath(log_dir)
         self.env = dict(env or {})

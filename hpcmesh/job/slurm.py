@@ -280,8 +280,8 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
     initial_wait = args.initial_wait
     if attach and initial_wait is None:
         # if the client is gone before we started, do not hold the nodes
-        initial_wait = args.grace if args.grace is not None else float(
-            env.get("HPCMESH_LEASE_GRACE", "30"))
+        initial_wait = args.grace if args.grace is not None else env_number(
+            "HPCMESH_LEASE_GRACE", 30, env=env)
     reason = run_worker_loop_forever(listen, attach=attach, grace=args.grace,
                                      initial_wait=initial_wait, advertise_host=ips[0],
                                      ready_file=ready)

@@ -57,7 +57,6 @@ job spec) can report ``file:line`` too, via :meth:`HostsConfig.error`.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import re
@@ -349,10 +348,8 @@ def parse_worker_address(address: str) -> tuple[str, str, int | None]:
         raise ValueError(f"worker {address!r}: bad IPv6 address ({exc})") from None
     scheme = parts.scheme.lower()
     if scheme not in WORKER_SCHEMES:
-        close = difflib.get_close_matches(scheme, WORKER_SCHEMES, n=1, cutoff=0.5)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"worker {address!r}: unknown scheme {parts.scheme!r}; "
-                         f"allowed: {', '.join(WORKER_SCHEMES)}{hint}")
+        raise ValueError(f"worker {address!r}: unknown scheme {parts.scheme!r}"
+                         f"{allowed_suffix(WORKER_SCHEMES, scheme, cutoff=0.5)}")   # http -> tcp
     if parts.query or parts.fragment:
         raise ValueError(f"worker {address!r}: unexpected '?' or '#' part; {expected}")
     if scheme == "unix":

@@ -79,13 +79,15 @@ def nearest_line(lines: Mapping[str, int], key: str) -> int | None:
     return None
 
 
-def allowed_suffix(allowed: Sequence[str], guess: str | None = None) -> str:
-    """``"; allowed: a, b (did you mean 'b'?)"`` (empty without ``allowed``)."""
+def allowed_suffix(allowed: Sequence[str], guess: str | None = None,
+                   cutoff: float = 0.6) -> str:
+    """``"; allowed: a, b (did you mean 'b'?)"`` (empty without ``allowed``); ``cutoff``:
+    how close ``guess`` must be (difflib's ratio) to be suggested."""
     if not allowed:
         return ""
     text = "; allowed: " + ", ".join(allowed)
     if guess is not None:
-        close = difflib.get_close_matches(guess, list(allowed), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(guess, list(allowed), n=1, cutoff=cutoff)
         if close:
             text += f" (did you mean {close[0]!r}?)"
     return text

@@ -58,25 +58,20 @@ def _apply_network(cfg: HostsConfig) -> None:
     os.environ["HPCMESH_IFNAME"] = cfg.network_ifname
 
 
-def _check_tls(cfg: HostsConfig) -> Any:
-    """The ``ca=`` for attaching, or None. TLS needs the agents started with the same
-    setting: static workers get it on their command line (``hpcmesh worker --ca``); the
-    agents Slurm starts inherit it from this process's environment (``HPCMESH_TLS_CA``,
-    through sbatch/srun) and SSHJob passes it on their command line, so it is turned on
-    here before anything is launched."""
+def _use_tls(cfg: HostsConfig) -> None:
+    """Turn TLS on for this client before anything is launched or attached. The agents
+    need the same setting: the ones Slurm starts inherit it from this process's
+    environment (``HPCMESH_TLS_CA``, through sbatch/srun), SSHJob passes it on their
+    command line, and static workers were started with ``hpcmesh worker --ca``."""
     if not cfg.tls:
-        return None
-    ca = cfg.tls_ca or "trust_all_connections"
-    if cfg.scheduler == "static":
-        return ca
-    if cfg.scheduler in ("slurm", "local", "ssh"):
-        from .actor.mesh import use_tls
-        use_tls(ca)
-        return ca
-    raise NotImplementedError(
-        f"{cfg.where('transport')}: transport.tls is not supported for scheduler "
-        f"{cfg.scheduler}; hpcmesh authenticates every connection with the per-job secret "
-        f"(HMAC). Remove the transport block (or set tls: false)")
+        return
+    from .actor.mesh import use_tls
+    from .transport.tls import TLSConfigError
+    try:
+        use_tls(cfg.tls_ca or "trust_all_connections")
+    except TLSConfigError as e:
+        key = "transport.ca" if cfg.tls_ca else "transport"
+        raise cfg.error(key, f"{key}: {e}", value=cfg.tls_ca) from None
 
 
 def _looks_like_path(var: str) -> bool:
@@ -105,7 +100,7 @@ def hosts_from_config(var: str = "HPCMESH_HOSTS", path: str | os.PathLike | None
             return _adopt_allocation([], timeout)
         return local_host_mesh()
     _apply_network(cfg)
-    ca = _check_tls(cfg)
+    _use_tls(cfg)
     if cfg.scheduler == "local":
         return local_host_mesh(cfg.processes_per_host)
     if cfg.scheduler == "slurm":
@@ -113,7 +108,7 @@ def hosts_from_config(var: str = "HPCMESH_HOSTS", path: str | os.PathLike | None
             return _adopt_allocation(cfg.srun_args, timeout)
         return _submit_slurm(cfg, timeout)
     if cfg.scheduler == "static":
-        return _attach_static(cfg, ca, timeout)
+        return _attach_static(cfg, timeout)
     if cfg.scheduler == "ssh":
         return _ssh(cfg, timeout)
     raise ConfigError(f"unknown scheduler {cfg.scheduler!r}", source=cfg.source)  # unreachable
@@ -151,13 +146,13 @@ def _submit_slurm(cfg: HostsConfig, timeout):
     return getattr(state, next(iter(spec.meshes)))    # extent {"hosts": N}
 
 
-def _attach_static(cfg: HostsConfig, ca, timeout):
+def _attach_static(cfg: HostsConfig, timeout):
     from .actor.mesh import attach_to_workers
     from .job.slurm import make_host_mesh
     from .transport.addresses import secret_from_env
     secret = secret_from_env()
     try:
-        mesh = attach_to_workers(list(cfg.workers), secret=secret, ca=ca,
+        mesh = attach_to_workers(list(cfg.workers), secret=secret,
                                  timeout=timeout if timeout is not None else 30.0)
     except Exception as e:  # noqa: BLE001 - name the file and the key
         raise ConnectionError(f"{cfg.where('workers')}: cannot attach to the workers "

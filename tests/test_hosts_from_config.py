@@ -189,18 +189,49 @@ def test_ssh_goes_to_sshjob(no_slurm, monkeypatch):
         hosts_from_config()
 
 
-def test_transport_tls_turns_tls_on_for_the_client_and_what_it_starts(no_slurm, monkeypatch):
-    import hpcmesh.actor.mesh as mesh_mod
-    seen = []
-    monkeypatch.setattr(mesh_mod, "use_tls", seen.append)
+def test_transport_tls_turns_tls_on_for_the_client_and_what_it_starts(no_slurm):
+    """In a fresh interpreter (TLS changes the client runtime the rest of the suite shares):
+    the client's node encrypts, and HPCMESH_TLS_CA is in the environment its agents and
+    processes inherit; the local mesh it returns works."""
     cfg = _write(no_slurm / "tls.yaml", """
         scheduler: local
         transport:
           tls: true
     """)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import os
+        from hpcmesh.hosts import hosts_from_config
+        from hpcmesh.runtime.client import client_runtime
+        from hpcmesh.actor import Actor, endpoint
+
+        class Env(Actor):
+            @endpoint
+            def tls(self):
+                return os.environ.get("HPCMESH_TLS_CA")
+
+        hosts = hosts_from_config()
+        print("client", client_runtime().node.tls is not None, os.environ["HPCMESH_TLS_CA"])
+        procs = hosts.spawn_procs(per_host={"gpus": 1})
+        print("proc", procs.spawn("e", Env).tls.call().get(timeout=30).values())
+        procs.stop().get(timeout=30)
+        """)], env=dict(os.environ, HPCMESH_HOSTS=cfg), capture_output=True, text=True,
+        timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "client True trust_all_connections" in out.stdout, out.stdout
+    assert "proc ['trust_all_connections']" in out.stdout, out.stdout
+
+
+def test_transport_ca_that_cannot_work_names_the_config_line(no_slurm, monkeypatch):
+    cfg = _write(no_slurm / "tlsca.yaml", """
+        scheduler: local
+        transport:
+          ca: no-such-ca.pem
+    """)
     monkeypatch.setenv("HPCMESH_HOSTS", cfg)
-    assert hosts_from_config().size() >= 1
-    assert seen == ["trust_all_connections"]
+    with pytest.raises(ConfigError) as e:
+        hosts_from_config()
+    msg = str(e.value)
+    assert msg.startswith(f"{cfg}:3: transport.ca: ") and "no-such-ca.pem" in msg, msg
 
 
 # ---------------------------------------------------------------------------------------

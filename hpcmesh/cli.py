@@ -574,13 +574,15 @@ def cmd_worker(args) -> int:
             raise UsageError(f"worker: --attach: {e}") from None
     if args.grace is not None and args.grace < 0:
         raise UsageError("worker: --grace must be >= 0")
-    if args.ca:
-        from .transport import tls
-        try:
-            settings = tls.settings(args.ca)
-        except tls.TLSConfigError as e:
-            raise UsageError(f"worker: --ca: {e}") from None
-        os.environ.update(settings.env())   # the agent's node and its processes read it
+    from .transport import tls
+    try:
+        settings = tls.settings(args.ca)        # None: $HPCMESH_TLS_CA, as --help says
+        if settings is not None:
+            tls.server_context(settings)        # the agent listens: its certificate must load
+    except tls.TLSConfigError as e:
+        raise UsageError(f"worker: --ca/{tls.ENV_CA}: {e}") from None
+    if settings is not None:
+        os.environ.update(settings.env())       # the agent's node and its processes read it
     from .runtime.worker import default_advertise_host
     advertise = args.advertise_host or default_advertise_host(listen)
     reason = run_agent(listen, attach, secret, args.grace, args.initial_wait, advertise,

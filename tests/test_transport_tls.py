@@ -209,13 +209,31 @@ def test_ca_bundle_end_to_end_and_an_untrusted_agent(tmp_path):
         agent.stop()
 
 
-def test_worker_cli_names_a_bad_ca(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "hpcmesh", "worker", "--ca",
-                        str(tmp_path / "missing.pem")],
+@pytest.mark.parametrize("given", ["option", "environment"])
+def test_worker_cli_names_a_bad_ca(tmp_path, given):
+    """From --ca or from HPCMESH_TLS_CA (its default): a usage error, exit status 2."""
+    missing = str(tmp_path / "missing.pem")
+    env = dict(os.environ, HPCMESH_SECRET="ab" * 32, PYTHONPATH=ROOT)
+    argv = [sys.executable, "-m", "hpcmesh", "worker"]
+    if given == "option":
+        argv += ["--ca", missing]
+    else:
+        env[tls.ENV_CA] = missing
+    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"--ca/{tls.ENV_CA}" in r.stderr and "missing.pem" in r.stderr, r.stderr
+    assert "no such file" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_worker_cli_names_a_missing_certificate(tmp_path):
+    """A CA bundle without this host's certificate beside it: said before the agent starts."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked before the certificate\n")
+    r = subprocess.run([sys.executable, "-m", "hpcmesh", "worker", "--ca", str(ca)],
                        env=dict(os.environ, HPCMESH_SECRET="ab" * 32, PYTHONPATH=ROOT),
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0
-    assert "--ca" in r.stderr and "missing.pem" in r.stderr and "no such file" in r.stderr
+    assert r.returncode == 2, r.stderr
+    assert "no certificate at" in r.stderr and tls.ENV_CERT in r.stderr, r.stderr
 
 
 @needs_openssl

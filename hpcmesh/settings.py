@@ -11,10 +11,11 @@ from typing import Mapping
 
 
 def env_number(name: str, default: float, *, unit: str = "seconds", minimum: float = 0.0,
-               note: str = "", env: Mapping[str, str] | None = None) -> float:
+               maximum: float = float("inf"), note: str = "",
+               env: Mapping[str, str] | None = None) -> float:
     """``float(env[name])`` (``os.environ`` by default), or ``default`` when the variable
-    is unset or empty. ``ValueError`` naming the variable if it is not a number
-    >= ``minimum``; ``note`` is added to that message (for example what 0 means)."""
+    is unset or empty. ``ValueError`` naming the variable if it is not a number from
+    ``minimum`` to ``maximum``; ``note`` is added to that message (what 0 means, say)."""
     raw = (os.environ if env is None else env).get(name, "")
     if raw.strip() == "":
         return float(default)
@@ -22,8 +23,9 @@ def env_number(name: str, default: float, *, unit: str = "seconds", minimum: flo
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value >= minimum:        # also refuses nan
+    if not minimum <= value <= maximum:        # also refuses nan
+        bound = f">= {minimum:g}" if maximum == float("inf") else \
+            f"from {minimum:g} to {maximum:g}"
         extra = f" ({note})" if note else ""
-        raise ValueError(f"{name} must be a number of {unit} >= {minimum:g}{extra}, "
-                         f"not {raw!r}")
+        raise ValueError(f"{name} must be a number of {unit} {bound}{extra}, not {raw!r}")
     return value

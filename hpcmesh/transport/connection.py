@@ -353,8 +353,9 @@ class Connection:
 
 #: A TCP peer whose host vanished (power loss, network cut: no FIN, no RST) is noticed
 #: after about this many seconds of silence, through kernel keepalive probes (no traffic
-#: of ours, no cost on the message path). 0 turns it off.
-KEEPALIVE_S = env_number("HPCMESH_KEEPALIVE", 4, note="0 turns it off")
+#: of ours, no cost on the message path). 0 turns it off. At most 254: half of it is the
+#: idle time, the rest the count of 1 s probes, which Linux caps at 127.
+KEEPALIVE_S = env_number("HPCMESH_KEEPALIVE", 4, maximum=254, note="0 turns it off")
 
 
 #: Unix-socket buffer size: the default (~200 KiB) turns a 64 MiB message into ~1000

@@ -182,6 +182,7 @@ def test_trust_all_connections_end_to_end(tmp_path):
         r = _client(agent.url, agent.secret, None)
         assert r.returncode != 0
         assert "cannot attach to host agent" in r.stderr, r.stderr
+        assert "give this end the same ca= / HPCMESH_TLS_CA" in r.stderr, r.stderr
         r = _client(agent.url, agent.secret, tls.TRUST_ALL)
         assert "ECHO True" in r.stdout, r.stdout + r.stderr
     finally:

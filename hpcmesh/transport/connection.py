@@ -165,7 +165,7 @@ class Connection:
         with self._lock:
             batch = self._batch
             if not (on_loop or cork or batch or self._out or self._writer_on):
-                if size <= _LONE_BYTES and self._tls is None:
+                if size <= _LONE_BYTES:
                     self._send_lone(encode_lone(item))
                 else:
                     self._out.extend(encode_batch([item]))
@@ -243,7 +243,7 @@ class Connection:
             with self._lock:
                 batch = self._batch
                 if (len(batch) == 1 and not self._out and not self._writer_on
-                        and self._batch_bytes <= _LONE_BYTES and self._tls is None):
+                        and self._batch_bytes <= _LONE_BYTES):
                     self._batch = []            # the usual case: one reply, sent joined
                     self._batch_bytes = 0
                     self._send_lone(encode_lone(batch[0]), foreign=False)
@@ -265,13 +265,14 @@ class Connection:
         """Lock held, nothing queued: one small frame (a caller's lone request, or a lone
         reply), written at once with one ``send()``. What the socket does not take (or an
         error) goes through ``_write_locked``, which queues it for the loop's writer (or
-        closes). ``foreign``: not on the loop thread."""
-        try:
-            n = self.sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            n = 0
-        except OSError:
-            n = 0       # _write_locked meets the error again and closes the connection
+        closes); under TLS all of it does, to be encrypted. ``foreign``: not on the loop
+        thread."""
+        n = 0
+        if self._tls is None:
+            try:
+                n = self.sock.send(data)
+            except OSError:     # full (BlockingIOError), or failed: _write_locked meets
+                pass            # a real error again and closes the connection
         if n < len(data):
             self._out.append(memoryview(data)[n:] if n else data)
             self._write_locked(foreign=foreign)
@@ -347,6 +348,7 @@ class Connection:
         except OSError:
             pass
         self._out.clear()
+        self._tls_out.clear()
         self._batch = []
         self._on_close(self, exc)
 
@@ -454,7 +456,10 @@ async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: floa
         while not hs.done:
             data = await recv()
             if not data:
-                raise HandshakeError("peer closed the connection during the handshake")
+                raise HandshakeError(
+                    "peer closed the connection during the handshake" + (
+                        "" if session is not None else " (if it runs with TLS, give this end "
+                        "the same ca= / HPCMESH_TLS_CA; else check the job secret)"))
             reply, leftover = hs.receive(data)
             if reply:
                 await send(reply)
@@ -539,6 +544,7 @@ class Listener:
 
     async def _authenticate(self, sock: socket.socket, peer) -> None:
         name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or str(self.address))
+        deadline = self.loop.time() + HANDSHAKE_TIMEOUT     # one budget for sniff + handshake
         try:
             tls_ctx = self._tls_ctx() if self.address.scheme == "tcp" else None
             first = await asyncio.wait_for(self.loop.sock_recv(sock, 4096), HANDSHAKE_TIMEOUT)
@@ -549,14 +555,17 @@ class Listener:
                     "peer did not start TLS, which this node requires (give both ends the "
                     "same ca= / HPCMESH_TLS_CA)")
             leftover, session = await _run_handshake(
-                self.loop, sock, Handshake(self._secret, dialer=False), HANDSHAKE_TIMEOUT,
-                tls_ctx, server_side=True, first=first)
+                self.loop, sock, Handshake(self._secret, dialer=False),
+                max(0.0, deadline - self.loop.time()), tls_ctx, server_side=True, first=first)
         except (HandshakeError, OSError, asyncio.TimeoutError) as e:
             reason = str(e) or type(e).__name__
             log.warning("dropped unauthenticated connection from %s on %s: %s", name,
                         self.address, reason)
             sock.close()
             return
+        except BaseException:       # cancelled (the node is closing), or a bug: no leak
+            sock.close()
+            raise
         self._on_accept(sock, name, leftover, session)
 
     def close(self) -> None:

@@ -173,6 +173,10 @@ def _speaks_tls(url: str) -> bool:
 
 @needs_openssl
 def test_trust_all_connections_end_to_end(tmp_path):
+    import glob
+    import tempfile
+    leftovers = os.path.join(tempfile.gettempdir(), "hpcmesh-tls-*")
+    before = set(glob.glob(leftovers))
     agent = _Agent(tmp_path, tls.TRUST_ALL)
     try:
         assert _speaks_tls(agent.url)
@@ -188,6 +192,8 @@ def test_trust_all_connections_end_to_end(tmp_path):
     finally:
         out = agent.output()
     assert "did not start TLS, which this node requires" in out, out
+    # every process made its throwaway key pair, and none is left on disk
+    assert set(glob.glob(leftovers)) <= before, set(glob.glob(leftovers)) - before
 
 
 @needs_openssl

@@ -103,7 +103,7 @@ def client_context(s: TLSSettings) -> ssl.SSLContext:
 
 
 _self_signed_lock = threading.Lock()
-_self_signed: tuple[str, str] | None = None
+_self_signed: tuple[bytes, bytes] | None = None     # this process's (cert, key) PEM
 
 
 def server_context(s: TLSSettings) -> ssl.SSLContext:
@@ -111,42 +111,61 @@ def server_context(s: TLSSettings) -> ssl.SSLContext:
     import ssl
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    cert, key = (s.cert, s.key) if not s.trust_all else _throwaway_certificate()
-    for what, path in (("certificate", cert), ("private key", key)):
+    if s.trust_all:
+        _load_throwaway_certificate(ctx)
+        return ctx
+    for what, path in (("certificate", s.cert), ("private key", s.key)):
         if not path or not os.path.isfile(path):
             raise TLSConfigError(
                 f"TLS with ca={s.ca}: no {what} at {path} for this process to present; set "
                 f"{ENV_CERT} and {ENV_KEY} (PEM files signed by that CA), or use "
                 f"ca={TRUST_ALL!r}")
     try:
-        ctx.load_cert_chain(cert, key)
+        ctx.load_cert_chain(s.cert, s.key)
     except (ssl.SSLError, OSError) as e:
-        raise TLSConfigError(f"cannot load the TLS certificate {cert} / key {key}: {e}") from e
+        raise TLSConfigError(f"cannot load the TLS certificate {s.cert} / key {s.key}: "
+                             f"{e}") from e
     return ctx
 
 
-def _throwaway_certificate() -> tuple[str, str]:
-    """A self-signed certificate for this process (trust_all mode verifies nothing)."""
+def _load_throwaway_certificate(ctx: ssl.SSLContext) -> None:
+    """Load this process's self-signed certificate (trust_all mode verifies nothing).
+
+    Made once per process with ``openssl`` and kept in memory; it touches the disk only
+    inside a private temporary directory removed at once (``load_cert_chain`` reads
+    files), so no private key is left behind, even by a process that ends in
+    ``os._exit``."""
     global _self_signed
     with _self_signed_lock:
         if _self_signed is None:
-            d = tempfile.mkdtemp(prefix="hpcmesh-tls-")
-            cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
-            try:
-                subprocess.run(
-                    ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                     "ec_paramgen_curve:prime256v1", "-nodes", "-days", "30", "-subj",
-                     "/CN=hpcmesh", "-keyout", key, "-out", cert],
-                    check=True, capture_output=True, timeout=30)
-            except FileNotFoundError:
-                raise TLSConfigError(f"ca={TRUST_ALL!r} needs the `openssl` command to make "
-                                     f"a throwaway certificate; install openssl, or pass "
-                                     f"a CA bundle with {ENV_CERT}/{ENV_KEY}") from None
-            except subprocess.CalledProcessError as e:
-                raise TLSConfigError(f"openssl could not make a certificate: "
-                                     f"{e.stderr.decode(errors='replace').strip()}") from None
-            _self_signed = (cert, key)
-        return _self_signed
+            with tempfile.TemporaryDirectory(prefix="hpcmesh-tls-") as d:
+                cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+                try:
+                    subprocess.run(
+                        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                         "ec_paramgen_curve:prime256v1", "-nodes", "-days", "30", "-subj",
+                         "/CN=hpcmesh", "-keyout", key, "-out", cert],
+                        check=True, capture_output=True, timeout=30)
+                except FileNotFoundError:
+                    raise TLSConfigError(f"ca={TRUST_ALL!r} needs the `openssl` command to "
+                                         f"make a throwaway certificate; install openssl, or "
+                                         f"pass a CA bundle with {ENV_CERT}/{ENV_KEY}") from None
+                except subprocess.CalledProcessError as e:
+                    raise TLSConfigError(f"openssl could not make a certificate: "
+                                         f"{e.stderr.decode(errors='replace').strip()}") from None
+                except subprocess.TimeoutExpired:
+                    raise TLSConfigError(f"openssl took over 30 s to make a throwaway "
+                                         f"certificate for ca={TRUST_ALL!r}") from None
+                with open(cert, "rb") as fc, open(key, "rb") as fk:
+                    _self_signed = (fc.read(), fk.read())
+        cert_pem, key_pem = _self_signed
+    with tempfile.TemporaryDirectory(prefix="hpcmesh-tls-") as d:
+        cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+        for path, data in ((cert, cert_pem), (key, key_pem)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        ctx.load_cert_chain(cert, key)
 
 
 class TLSSession:
@@ -199,6 +218,3 @@ class TLSSession:
             return self.obj.read(view.nbytes, view)
         except self._want_read:
             return 0
-
-    def pending(self) -> int:
-        return self.obj.pending()

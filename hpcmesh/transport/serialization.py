@@ -32,15 +32,6 @@ class _NeedsCloudpickle(Exception):
     pass
 
 
-def _rebuild_bytes(buf) -> bytes:
-    # Over a connection the frame decoder hands read-only buffers back as ``bytes``
-    # (framing.READONLY_FLAG), read in place, and pickle passes a read-only buffer through
-    # unchanged: then ``buf`` is already the result and this returns it without a copy.
-    if type(buf) is bytes:
-        return buf
-    return bytes(buf)
-
-
 def _rebuild_tensor(buf, dtype, shape, requires_grad):
     import torch
     flat = torch.frombuffer(buf, dtype=torch.uint8) if len(buf) else torch.empty(0, dtype=torch.uint8)
@@ -81,7 +72,10 @@ class _BigBytes:
     def __reduce_ex__(self, protocol):
         if isinstance(self.data, bytearray):
             return bytearray, (pickle.PickleBuffer(self.data),)
-        return _rebuild_bytes, (pickle.PickleBuffer(self.data),)
+        # Over a connection the frame decoder hands a read-only buffer back as ``bytes``
+        # (framing.READONLY_FLAG), read in place; ``bytes()`` of a bytes object is that
+        # same object, so the payload is not copied again.
+        return bytes, (pickle.PickleBuffer(self.data),)
 
 
 def _wrap_big(obj):

@@ -68,6 +68,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from .transport.tls import TRUST_ALL
 from .yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
                          nearest_line)
 
@@ -91,7 +92,6 @@ SCHEDULER_KEYS: dict[str, tuple[str, ...]] = {
 }
 NETWORK_KEYS = ("ifname", "cidr")
 TRANSPORT_KEYS = ("tls", "ca")
-TRUST_ALL = "trust_all_connections"
 WORKER_SCHEMES = ("tcp", "unix")
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")

@@ -66,9 +66,9 @@ def _use_tls(cfg: HostsConfig) -> None:
     if not cfg.tls:
         return
     from .actor.mesh import use_tls
-    from .transport.tls import TLSConfigError
+    from .transport.tls import TRUST_ALL, TLSConfigError
     try:
-        use_tls(cfg.tls_ca or "trust_all_connections")
+        use_tls(cfg.tls_ca or TRUST_ALL)
     except TLSConfigError as e:
         key = "transport.ca" if cfg.tls_ca else "transport"
         raise cfg.error(key, f"{key}: {e}", value=cfg.tls_ca) from None

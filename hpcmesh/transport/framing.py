@@ -122,11 +122,16 @@ def encode_frame(meta: bytes, buffers: list = ()) -> list:
     return [head, meta]
 
 
+def _stream(item) -> bytes:
+    """A message's pickle stream: ``item`` if it is one already, else pickled now."""
+    return item if type(item) is bytes else pickle.dumps(item, 5)
+
+
 def encode_lone(item) -> bytes:
     """One small buffer-less message as a whole frame in one ``bytes`` (header and body
     joined: one ``send()`` of it costs less than ``sendmsg`` of two pieces). ``item`` as in
     ``encode_batch``."""
-    m = item if type(item) is bytes else pickle.dumps(item, 5)
+    m = _stream(item)
     return _HEAD.pack(len(m), 0, 1) + m
 
 
@@ -140,9 +145,7 @@ def encode_batch(items: list) -> list:
     read one by one without their lengths: each starts its pickle memo at zero)."""
     n = len(items)
     if n == 1:
-        m = items[0]
-        if type(m) is not bytes:
-            m = pickle.dumps(m, 5)
+        m = _stream(items[0])
         return [_HEAD.pack(len(m), 0, 1), m]
     if n > MAX_BATCH_COUNT:
         raise FrameError(f"too many messages in one batch: {n} > {MAX_BATCH_COUNT}")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_helpers import wait_gone
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_SPEC = REPO / "configs" / "job_spec.example.yaml"
@@ -185,15 +186,7 @@ def test_worker_serves_a_client_and_dies_cleanly_on_sigterm(tmp_path):
         assert agent.wait(15) == 0
         assert time.monotonic() - t0 < 10
         assert "received SIGTERM" in agent.stderr.read()
-        for pid in pids:
-            deadline = time.monotonic() + 10
-            while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        break
-                time.sleep(0.05)
-            else:
-                assert not os.path.exists(f"/proc/{pid}"), f"process {pid} survived its agent"
+        assert wait_gone(pids, 10) == [], "processes survived their agent"
     finally:
         if agent.poll() is None:
             agent.kill()

@@ -2,12 +2,12 @@
 
 import os
 import sys
-import time
 
 import pytest
 
 from hpcmesh.actor import ActorError, this_host
 from hpcmesh.job.exec import exec_command, exec_python, point_label, subdir_for
+from proc_helpers import wait_gone
 
 
 def _collect():
@@ -15,17 +15,6 @@ def _collect():
     return lines, (lambda label, stream, line: lines.append((label, stream, line)))
 
 
-def _gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except OSError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_subdir_and_label():
@@ -122,4 +111,4 @@ def test_spawned_processes_are_stopped():
     assert exec_command(this_host(), "true", per_host={"p": 2}).get(timeout=60) == 0
     new = [rt.procs[n] for n in set(rt.procs) - before]
     assert len(new) == 2 and all(r.pid for r in new)
-    assert all(_gone(r.pid) for r in new)
+    assert wait_gone([r.pid for r in new], 10) == []

@@ -433,18 +433,24 @@ async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: floa
     async def send(data: bytes) -> None:
         await loop.sock_sendall(sock, session.encrypt([data]) if session is not None else data)
 
+    def plaintext(data: bytes = b"") -> bytes:
+        """Feed ciphertext; all the plaintext the session has now (b"": needs more)."""
+        out, buf = b"", bytearray(65536)
+        while n := session.decrypt_into(data, memoryview(buf)):
+            out += bytes(buf[:n])
+            data = b""
+        return out
+
     async def recv() -> bytes:
         if session is None:
             return await recv_raw()
-        buf = bytearray(65536)
-        while True:
-            n = session.decrypt_into(b"", memoryview(buf))
-            if n:
-                return bytes(buf[:n])
-            data = await recv_raw()
-            if not data:
+        data = plaintext()
+        while not data:
+            raw = await recv_raw()
+            if not raw:
                 return b""
-            session.incoming.write(data)
+            data = plaintext(raw)
+        return data
 
     async def go() -> bytes:
         if session is not None:
@@ -464,9 +470,7 @@ async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: floa
             if reply:
                 await send(reply)
         if session is not None:         # plaintext already decrypted past the handshake
-            buf = bytearray(65536)
-            while n := session.decrypt_into(b"", memoryview(buf)):
-                leftover += bytes(buf[:n])
+            leftover += plaintext()
         return leftover
     return await asyncio.wait_for(go(), timeout), session
 

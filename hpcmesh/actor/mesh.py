@@ -195,9 +195,12 @@ class HostMesh(MeshTrait):
             by_host.setdefault(i // per, []).append((rec.name, cmd, _label(point), i))
         first_agent = self._hosts[host_ranks[0]].agent
 
+        launched = Future()
+
         def spawn_all(rdv: Future) -> None:
             """Once host 0 named MASTER_ADDR/PORT, ask every host's agent to start its share."""
             master = rdv._value if rdv.exception() is None else None
+            answers = []
             for hi, reqs in by_host.items():
                 host = self._hosts[host_ranks[hi]]
                 recs = [r for r in records if r.agent == host.agent]
@@ -209,6 +212,13 @@ class HostMesh(MeshTrait):
                 except BaseException as e:  # noqa: BLE001 - fail these procs, never hang them
                     f = failed(e)
                 f.add_done_callback(lambda fut, recs=recs: on_spawned(fut, recs))
+                answers.append(f)
+            # stop() waits for this: the agents have answered, whether they started all
+            if not answers:
+                launched.set_result(None)
+            left = itertools.count(len(answers) - 1, -1)
+            for a in answers:
+                a.add_done_callback(lambda _a: next(left) == 0 and launched.set_result(None))
 
         def on_spawned(f: Future, recs: list[ProcRecord]) -> None:
             if f.exception() is not None:
@@ -220,7 +230,8 @@ class HostMesh(MeshTrait):
                 if r.name in info:
                     r.pid, r.log_paths = info[r.name]
         node.rpc(first_agent, "reserve_port").add_done_callback(spawn_all)
-        state = _ProcMeshState(mesh_name, records, gather([r.ready for r in records]), self)
+        state = _ProcMeshState(mesh_name, records, gather([r.ready for r in records]), self,
+                               launched)
         return ProcMesh(state, Shape.from_extent(extent))
 
     def __repr__(self) -> str:
@@ -305,11 +316,13 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
 # ProcMesh
 # ---------------------------------------------------------------------------------------
 class _ProcMeshState:
-    def __init__(self, name: str, records: list[ProcRecord], ready: Future, hosts: HostMesh):
+    def __init__(self, name: str, records: list[ProcRecord], ready: Future, hosts: HostMesh,
+                 launched: Future):
         self.name = name
         self.records = records
         self.ready = ready
         self.hosts = hosts
+        self.launched = launched  # settles once every agent answered the spawn request
         self.stopped = False
 
 
@@ -407,6 +420,14 @@ class ProcMesh(_SharedStateMesh):
         async def stop_all():
             loop = asyncio.get_running_loop()
             deadline = loop.time() + grace
+            if not st.launched.done():
+                # Still starting: wait for the agents' answer, or a process they are about
+                # to start would miss the stop and outlive it (until its lease ran out).
+                try:
+                    await asyncio.wait_for(_as_asyncio(st.launched), grace)
+                except asyncio.TimeoutError:
+                    log.warning("stopping %r: the host agents did not finish starting its "
+                                "processes within %.1f s", st.name, grace)
 
             async def ask(r: ProcRecord):
                 if r.node is None or r.failure is not None:

@@ -335,9 +335,9 @@ class HostAgent:
     def _kill(self, p: _Proc, sig: int) -> None:
         try:
             os.killpg(p.popen.pid, sig)   # the process and anything it started in its group
-        except ProcessLookupError:
-            pass
-        except PermissionError:
+        except (ProcessLookupError, PermissionError):
+            # No group yet (an exec'd program that has not reached its setpgid) or not ours:
+            # the process itself still gets the signal.
             try:
                 p.popen.send_signal(sig)
             except ProcessLookupError:

@@ -165,12 +165,22 @@ async def _amain() -> int:
     set_current_node(node)
     rt = ProcRuntime(node, controller, grace)
     loop.add_signal_handler(signal.SIGTERM, rt.on_sigterm)
-    try:
-        await node.connect_first(controller_addrs, expect=controller.node_id or None)
-    except ConnectionError as e:
+    # A SIGTERM while still connecting (a mesh stopped as it starts) ends the process now:
+    # there are no actors to clean up yet.
+    connecting = asyncio.ensure_future(
+        node.connect_first(controller_addrs, expect=controller.node_id or None))
+    stopped = asyncio.ensure_future(rt.done.wait())
+    await asyncio.wait((connecting, stopped), return_when=asyncio.FIRST_COMPLETED)
+    if not connecting.done():
+        connecting.cancel()
+    elif connecting.exception() is not None:
+        stopped.cancel()
+        e = connecting.exception()
+        if not isinstance(e, ConnectionError):
+            raise e
         print(f"hpcmesh proc {name}: cannot reach the controller: {e}", file=sys.stderr)
         return 4
-    await rt.done.wait()
+    await stopped
     node.close()
     return rt.exit_code
 

@@ -147,6 +147,12 @@ def _handle(sock: socket.socket, msg: tuple, reader: MessageReader) -> None:
     if pid == 0:
         sock.close()
         _child(env, cwd, out_fd, err_fd)
+    try:
+        # The child does this too; doing it here as well means the group exists before the
+        # agent hears of the pid, so a killpg right away (a stop during start) finds it.
+        os.setpgid(pid, pid)
+    except OSError:
+        pass    # the child did it first and exec'd, or has exited already
     os.close(out_fd)
     os.close(err_fd)
     sock.sendall(encode(("spawned", req_id, pid)))

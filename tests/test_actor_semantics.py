@@ -9,7 +9,7 @@ import pytest
 from ci_gate import import_or_skip
 from output_recorder import Recorder as _Recorder
 
-from hpcmesh.actor import (Actor, ActorError, ActorMesh, Channel, ValueMesh, context,
+from hpcmesh.actor import (Actor, ActorError, ActorMesh, Channel, Future, ValueMesh, context,
                            current_rank, current_size, endpoint, this_host)
 from hpcmesh.runtime.node import current_node
 
@@ -109,7 +109,7 @@ class Worker(Actor):
                 "message_rank": c.message_rank.rank,
                 "current_rank": current_rank().rank,
                 "current_size": current_size(),
-                "gpus": current_rank()["gpus"]}
+                "gpus": c.actor_instance.rank["gpus"]}
 
     @endpoint
     async def delayed(self, i, delay):
@@ -125,7 +125,7 @@ class Worker(Actor):
     @endpoint
     def send_to_port(self, port, n):
         for i in range(n):
-            port.send((current_rank().rank, i))
+            port.send((context().actor_instance.rank.rank, i))
         return n
 
     @endpoint
@@ -367,14 +367,20 @@ def test_choose_spreads_over_members(workers):
     assert {row.pid.choose().get(timeout=10) for _ in range(6)} <= row_pids
 
 
-def test_stream_sync_iteration(workers):
-    got = list(workers.delayed.stream(7, 0.01))
-    assert got == [7, 7, 7, 7]
+def test_stream_sync_iteration_gives_settled_futures(workers):
+    # as in Monarch: `for f in ep.stream()` gives Futures, each already settled
+    futs = list(workers.delayed.stream(7, 0.01))
+    assert all(isinstance(f, Future) and f.done() for f in futs)
+    assert [f.get() for f in futs] == [7, 7, 7, 7]
+
+    async def awaited():
+        return [await f for f in futs]
+    assert asyncio.run(awaited()) == [7, 7, 7, 7]
 
 
 def test_stream_yields_in_arrival_order(workers):
     # member r answers after (3 - r) * 0.15 s: the stream gives the fastest first
-    assert list(workers.rank_delayed.stream(0.15)) == [3, 2, 1, 0]
+    assert [f.get() for f in workers.rank_delayed.stream(0.15)] == [3, 2, 1, 0]
 
     async def collect():
         return [v async for v in workers.rank_delayed.stream(0.15)]
@@ -386,7 +392,10 @@ def test_stream_async_iteration_and_errors(workers):
         return [v async for v in s]
     assert asyncio.run(collect(workers.async_echo.stream(3))) == [("w", 3)] * 4
     with pytest.raises(ActorError, match="broadcast went wrong"):
-        list(workers.boom.stream())
+        asyncio.run(collect(workers.boom.stream()))
+    # iterating synchronously, the failure is in the Future it gives
+    failures = [f.exception() for f in workers.boom.stream()]
+    assert len(failures) == 4 and all(isinstance(e, ActorError) for e in failures)
 
 
 def test_channel_port_passed_to_actor(workers):
@@ -480,8 +489,9 @@ def test_actor_rank_versus_message_rank_through_views(workers):
         assert v["actor_rank"] == 2 * h + 1
         assert v["actor_extent"] == {"hosts": 2, "gpus": 2}
         assert v["message"] == {"hosts": h} and v["message_rank"] == h
-        assert v["current_rank"] == 2 * h + 1
-        assert v["current_size"] == {"hosts": 2, "gpus": 2}
+        # current_rank()/current_size() follow the message, as in Monarch
+        assert v["current_rank"] == h
+        assert v["current_size"] == {"hosts": 2}
         assert v["gpus"] == 1
         assert point.rank == h
     flat = workers.flatten("rank").slice(rank=slice(1, 4, 2)).where.call().get(timeout=10)

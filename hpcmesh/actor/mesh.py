@@ -743,7 +743,8 @@ class Endpoint:
         return mesh._when_ready(go)
 
     def stream(self, *args, **kwargs) -> "ResultStream":
-        """Call every member; iterate the values (sync or async) in arrival order."""
+        """Call every member; the results in arrival order: ``async for`` gives the values,
+        ``for`` gives settled Futures (as Monarch's ``stream`` does)."""
         mesh = self._mesh
         members, ext = self._members()
         stream = ResultStream(len(members))
@@ -781,8 +782,12 @@ def _report_broadcast_failure(mesh: ActorMesh, endpoint: str, exc: BaseException
 
 
 class ResultStream:
-    """Values of a ``stream()`` call in the order they arrive; iterate with ``for`` or
-    ``async for``. A member that failed raises its error when its turn comes."""
+    """Results of a ``stream()`` call in the order they arrive.
+
+    ``async for v in stream`` gives the values; a member that failed raises its error when
+    its turn comes. ``for f in stream`` gives each member's Future once it is settled, so a
+    Monarch program's ``for f in ep.stream(): f.get()`` runs unchanged, and one failure
+    does not end the loop."""
 
     def __init__(self, n: int):
         self._n = n
@@ -818,7 +823,7 @@ class ResultStream:
                 while len(self._done) <= i:
                     self._cond.wait()
                 f = self._done[i]
-            yield f.get()
+            yield f
 
     async def __aiter__(self):
         loop = asyncio.get_running_loop()

@@ -58,8 +58,12 @@ def context() -> Context:
 
 
 def current_rank() -> Point:
-    return context().actor_instance.rank
+    """This actor's point in the mesh the current message was sent to (as in Monarch):
+    through ``mesh.slice(gpus=1)`` it is the point in that slice. The point in the mesh the
+    actor was spawned in is ``context().actor_instance.rank``."""
+    return context().message_rank
 
 
 def current_size() -> dict[str, int]:
-    return dict(context().actor_instance.rank.extent)
+    """The sizes of the mesh the current message was sent to, by dimension."""
+    return dict(context().message_rank.extent)

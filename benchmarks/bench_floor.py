@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -156,11 +157,7 @@ def run_variant(kind: str, use_uvloop: bool, iters: int, warmup: int) -> dict:
             loop.close()
     finally:
         stop_server(srv)
-        try:
-            os.unlink(path)
-            os.rmdir(tmp)
-        except OSError:
-            pass
+        shutil.rmtree(tmp, ignore_errors=True)   # the socket may be gone already
 
 
 def main() -> None:

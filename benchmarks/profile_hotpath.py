@@ -57,7 +57,8 @@ def main() -> None:
     from hpcmesh.runtime.bootstrap import default_bootstrap_cmd
     workload = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else (20 if workload.startswith("bulk") else 5000)
-    out = os.path.join(tempfile.mkdtemp(prefix="hpcmesh-prof-"), "prof")
+    scratch = tempfile.TemporaryDirectory(prefix="hpcmesh-prof-")   # removed at exit
+    out = os.path.join(scratch.name, "prof")
     base = default_bootstrap_cmd()
     cmd = base.__class__(sys.executable, [os.path.abspath(__file__), "--worker"],
                          {"BENCH_PROFILE_OUT": out, "PYTHONPATH": HERE + os.pathsep +

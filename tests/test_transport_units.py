@@ -474,3 +474,19 @@ def test_lone_frames_keep_order_through_a_full_socket(sender):
         loop.close()
         a.close()
         b.close()
+
+
+def test_tls_writer_takes_queued_pieces_a_chunk_at_a_time():
+    # TLS encrypts what is queued a chunk at a time; a big buffer is split, never copied
+    from collections import deque
+
+    from hpcmesh.transport.connection import _take
+    big = bytearray(range(256)) * 40                 # 10240 bytes
+    out = deque([b"head", memoryview(big), b"tail"])
+    chunks = []
+    while out:
+        chunks.append(b"".join(bytes(p) for p in _take(out, 4096)))
+    assert b"".join(chunks) == b"head" + bytes(big) + b"tail"
+    assert [len(c) for c in chunks] == [4096, 4096, 2056]
+    taken = _take(deque([memoryview(big)]), 100)
+    assert taken[0].obj is big                        # a view into the caller's buffer

@@ -52,11 +52,35 @@ class ConnectionClosed(ConnectionError):
     """The peer went away (or sent garbage and was dropped)."""
 
 
+_NOTHING = memoryview(b"")
+_TLS_READ = 256 * 1024      # ciphertext read per recv
+_TLS_CHUNK = 256 * 1024     # plaintext encrypted per step
+
+
+def _take(out: deque, limit: int) -> list:
+    """Pop queued pieces from ``out`` up to about ``limit`` bytes; a bigger piece is split
+    and its rest stays first in the queue."""
+    taken, size = [], 0
+    while out and size < limit:
+        head = out[0]
+        n = len(head) if isinstance(head, bytes) else memoryview(head).nbytes
+        if size + n <= limit:
+            taken.append(out.popleft())
+            size += n
+        else:
+            view = memoryview(head).cast("B")
+            rest = limit - size
+            taken.append(view[:rest])
+            out[0] = view[rest:]
+            size = limit
+    return taken
+
+
 class Connection:
     __slots__ = ("loop", "sock", "peer", "_decoder", "_on_frames", "_on_close", "_lock",
                  "_out", "_flush_scheduled", "_writer_on", "_closed", "_loop_tid",
                  "_pending_frames", "_batch", "_batch_bytes", "info", "_tls", "_tls_out",
-                 "__weakref__")
+                 "_tls_in", "__weakref__")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, peer: str,
                  on_frames: Callable, on_close: Callable, loop_tid: int,
@@ -78,7 +102,8 @@ class Connection:
         self._batch: list = []       # small pickled messages not yet framed, in send order
         self._batch_bytes = 0
         self._tls = tls                 # encrypt/decrypt through this (TCP with TLS on)
-        self._tls_out = bytearray()     # ciphertext not yet written
+        self._tls_out = _NOTHING        # ciphertext encrypted and not yet written
+        self._tls_in: bytearray | None = None   # the reused receive buffer for ciphertext
         self.info: dict = {}
         if leftover:
             try:
@@ -128,18 +153,28 @@ class Connection:
         return True
 
     def _read_tls(self, frames: list) -> bool:
-        data = self.sock.recv(256 * 1024)
-        if not data:
-            return False
+        """Read ciphertext into one reused buffer (a fresh 256 KiB ``recv`` per read costs
+        an allocation each time) and decrypt it straight into the decoder's buffer."""
+        buf = self._tls_in
+        if buf is None:
+            buf = self._tls_in = bytearray(_TLS_READ)
         dec = self._decoder
-        with self._lock:        # the SSL object is shared with writers on other threads
-            while True:
-                view = dec.next_buffer()
-                n = self._tls.decrypt_into(data, view)
-                data = b""
-                if n == 0:
-                    return True
-                frames.extend(dec.advance(n))
+        for _ in range(64):
+            got = self.sock.recv_into(buf)
+            if got == 0:
+                return False
+            data = memoryview(buf)[:got]
+            with self._lock:    # the SSL object is shared with writers on other threads
+                while True:
+                    view = dec.next_buffer()
+                    n = self._tls.decrypt_into(data, view)
+                    data = b""
+                    if n == 0:
+                        break
+                    frames.extend(dec.advance(n))
+            if got < _TLS_READ:
+                break
+        return True
 
     # -- writing ---------------------------------------------------------------
     def send_msg(self, meta: bytes, cork: bool = False) -> None:
@@ -311,15 +346,23 @@ class Connection:
                 self.loop.call_soon(self.close, ConnectionClosed(str(e)))
 
     def _write_tls(self) -> None:
-        """Lock held: encrypt what is queued, then write ciphertext until the socket is full
-        (BlockingIOError goes to the caller, as for plain writes)."""
-        pending = self._tls_out
-        if self._out:
-            pending += self._tls.encrypt(self._out)
-            self._out.clear()
-        while pending:
-            n = self.sock.send(pending)
-            del pending[:n]
+        """Lock held: encrypt what is queued ``_TLS_CHUNK`` bytes at a time and write each
+        piece of ciphertext until the socket is full (BlockingIOError goes to the caller, as
+        for plain writes; the rest stays queued, plaintext or ciphertext).
+
+        A chunk at a time, so the peer decrypts the first chunk while this side encrypts the
+        next, and a 64 MiB buffer is never turned into one 64 MiB piece of ciphertext that
+        each partial write would have to shift down (that made TLS bulk transfers
+        quadratic)."""
+        out = self._out
+        send = self.sock.send
+        while True:
+            while self._tls_out:
+                n = send(self._tls_out)
+                self._tls_out = self._tls_out[n:]
+            if not out:
+                return
+            self._tls_out = memoryview(self._tls.encrypt(_take(out, _TLS_CHUNK)))
 
     def _add_writer(self) -> None:
         if not self._closed:
@@ -348,7 +391,7 @@ class Connection:
         except OSError:
             pass
         self._out.clear()
-        self._tls_out.clear()
+        self._tls_out = _NOTHING
         self._batch = []
         self._on_close(self, exc)
 

@@ -5,27 +5,33 @@ from ci_gate import import_or_skip
 
 torch = import_or_skip("torch")
 
-from hpcmesh.actor import Actor, current_rank, default_bootstrap_cmd, endpoint, this_host
+from hpcmesh.actor import Actor, context, default_bootstrap_cmd, endpoint, this_host
+
+
+def _spawn_rank() -> int:
+    """The member's rank in the mesh it was spawned in (current_rank() follows the message:
+    through a slice it is the rank in that slice)."""
+    return context().actor_instance.rank.rank
 
 
 class Reducer(Actor):
     @endpoint
     def all_reduce(self, dims, extent=None):
         from hpcmesh import collectives
-        t = torch.full((4,), float(current_rank().rank + 1))
+        t = torch.full((4,), float(_spawn_rank() + 1))
         collectives.all_reduce(t, dims=dims, extent=extent, timeout=30)
         return t.tolist()
 
     @endpoint
     def all_gather(self, dims):
         from hpcmesh import collectives
-        t = torch.tensor([current_rank().rank])
+        t = torch.tensor([_spawn_rank()])
         return [int(x) for x in collectives.all_gather(t, dims=dims, timeout=30)]
 
     @endpoint
     def broadcast(self, dims):
         from hpcmesh import collectives
-        t = torch.tensor([float(current_rank().rank)])
+        t = torch.tensor([float(_spawn_rank())])
         collectives.broadcast(t, src=0, dims=dims, timeout=30)
         return t.item()
 

@@ -22,7 +22,7 @@ from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.context import Rendezvous
 from ..runtime.context import _current as _current_context
 from ..runtime.errors import SupervisionError
-from ..runtime.future import Future, failed, forward, gather, on_runtime_thread
+from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
 from ..runtime.node import MSG_CALL, Node, NodeRef, current_node
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
@@ -317,12 +317,14 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
 # ---------------------------------------------------------------------------------------
 class _ProcMeshState:
     def __init__(self, name: str, records: list[ProcRecord], ready: Future, hosts: HostMesh,
-                 launched: Future):
+                 launched: Future | None = None):
         self.name = name
         self.records = records
         self.ready = ready
         self.hosts = hosts
-        self.launched = launched  # settles once every agent answered the spawn request
+        # settles once every agent answered the spawn request (None: started by someone
+        # else, e.g. an MPI launcher, before the mesh existed)
+        self.launched = launched if launched is not None else completed(None)
         self.stopped = False
 
 

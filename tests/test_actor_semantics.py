@@ -516,6 +516,43 @@ def test_endpoint_name_collisions_are_refused_at_class_definition():
         pm.stop().get(timeout=30)
 
 
+def test_endpoints_may_take_the_names_of_hpcmesh_only_mesh_attributes(procs):
+    # Monarch has no ActorMesh.name/points/to_table, and Monarch programs use such names
+    class Named(Actor):
+        @endpoint
+        def name(self):
+            return "endpoint name"
+
+        @endpoint
+        def points(self):
+            return context().actor_instance.rank.rank
+
+        @endpoint
+        def to_table(self):
+            return "endpoint table"
+
+        @endpoint
+        def class_name(self):
+            return "endpoint class_name"
+
+    named = procs.spawn("named", Named)
+    assert set(named.name.call().get(timeout=10).values()) == {"endpoint name"}
+    assert sorted(named.points.call().get(timeout=10).values()) == [0, 1, 2, 3]
+    assert named.slice(hosts=0, gpus=1).to_table.call_one().get(timeout=10) == "endpoint table"
+    assert set(named.class_name.call().get(timeout=10).values()) == {"endpoint class_name"}
+    assert "named" in repr(named) and "Named" in repr(named)
+    # on a mesh without such endpoints the attributes are the mesh's own
+    plain = procs.spawn("plain", _Plain)
+    assert plain.name == "plain"
+    assert len(plain.points()) == 4 and "hosts" in plain.to_table()
+
+
+class _Plain(Actor):
+    @endpoint
+    def ping(self):
+        return "pong"
+
+
 def test_non_endpoint_method_is_a_clear_error(workers):
     with pytest.raises(AttributeError, match="no endpoint 'helper'.*sync_echo"):
         workers.helper

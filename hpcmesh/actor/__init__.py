@@ -4,10 +4,11 @@
 """
 
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
-from ..runtime.context import Context, context, current_rank, current_size
+from ..runtime.context import Context, context, current_actor_name, current_rank, current_size
 from ..runtime.errors import ActorError, SupervisionError
 from ..runtime.future import Future
 from ..shapes import Extent, Point
+from .accumulator import Accumulator
 from .channel import Channel, Port, PortReceiver
 from .endpoint import Actor, endpoint
 from .mesh import (ActorMesh, HostMesh, ProcMesh, ValueMesh, attach_to_workers, this_host)
@@ -18,4 +19,5 @@ __all__ = [
     "HostMesh", "ProcMesh", "ActorMesh", "ValueMesh", "Future", "Channel", "Port",
     "PortReceiver", "context", "current_rank", "current_size", "Context", "ActorError",
     "SupervisionError", "BootstrapCommand", "default_bootstrap_cmd", "Extent", "Point",
+    "Accumulator", "current_actor_name",
 ]

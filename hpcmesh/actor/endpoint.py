@@ -8,9 +8,14 @@ from typing import Any, Callable
 from ..runtime.actor_host import ENDPOINT_ATTR, EndpointInfo
 from ..shapes import MESH_ATTRIBUTE_NAMES
 
+#: ActorMesh attributes that hpcmesh adds to Monarch's: an endpoint may take one of these
+#: names (Monarch programs do, e.g. ``def name(self)``), and on that actor mesh the endpoint
+#: takes the attribute's place.
+GIVES_WAY_TO_ENDPOINTS = frozenset({"name", "points", "to_table"})
+
 #: Names an endpoint may not take: they are attributes of the ActorMesh it is called through.
-RESERVED_ENDPOINT_NAMES = frozenset(MESH_ATTRIBUTE_NAMES | {
-    "stop", "initialized", "name", "class_name", "endpoints"})
+RESERVED_ENDPOINT_NAMES = frozenset(
+    (MESH_ATTRIBUTE_NAMES | {"stop", "initialized", "name"}) - GIVES_WAY_TO_ENDPOINTS)
 
 
 def endpoint(fn: Callable | None = None, *, concurrent: bool = False, propagate: Any = None,

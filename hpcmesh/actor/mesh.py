@@ -529,8 +529,25 @@ class _ActorMeshState:
                 forward(inner, out)
 
 
+def _gives_way(attr: str) -> property:
+    """``attr`` of an ActorMesh, unless the actor class has an endpoint of that name: then
+    the endpoint (see ``GIVES_WAY_TO_ENDPOINTS``)."""
+    own = getattr(_SharedStateMesh, attr)
+
+    def get(self):
+        if attr in self._state.endpoints:
+            return self.__dict__.get(attr) or self.__getattr__(attr)
+        return own.__get__(self, type(self))
+    return property(get, doc=f"The mesh's {attr!r}, or the endpoint of that name if the "
+                             f"actor class has one.")
+
+
 class ActorMesh(_SharedStateMesh):
     """One actor per process; attribute access gives an endpoint to call."""
+
+    name = _gives_way("name")
+    points = _gives_way("points")
+    to_table = _gives_way("to_table")
 
     def __getattr__(self, item: str) -> "Endpoint":
         if item.startswith("__") or item in ("_state", "_shape"):
@@ -563,7 +580,8 @@ class ActorMesh(_SharedStateMesh):
                                      st.proc_names, st.nodes, self._shape)
 
     def __repr__(self) -> str:
-        return f"ActorMesh({self.name!r}, {self._state.class_name}, {dict(self.extent)})"
+        st = self._state
+        return f"ActorMesh({st.name!r}, {st.class_name}, {dict(self.extent)})"
 
     # -- sending ---------------------------------------------------------------------
     def _payload(self, endpoint: str, args: tuple, kwargs: dict) -> tuple[Any, list | None]:
@@ -652,7 +670,8 @@ class Endpoint:
         shape = mesh._shape
         if shape.nelem != 1:
             raise ValueError(
-                f"call_one() needs a mesh of exactly one actor, but {mesh.name!r} has extent "
+                f"call_one() needs a mesh of exactly one actor, but {mesh._state.name!r} has "
+                f"extent "
                 f"{dict(shape.extent)} ({shape.nelem} actors); use call() or slice it first, "
                 f"e.g. mesh.slice(**{{dim: 0 for dim in mesh.extent}})")
         members, ext = mesh._members()
@@ -778,9 +797,9 @@ class Endpoint:
 
 def _report_broadcast_failure(mesh: ActorMesh, endpoint: str, exc: BaseException) -> None:
     log.error("broadcast %s.%s to actor mesh %r failed: %s", mesh._state.class_name, endpoint,
-              mesh.name, exc)
+              mesh._state.name, exc)
     print(f"hpcmesh: broadcast failed: {mesh._state.class_name}.{endpoint} to actor mesh "
-          f"{mesh.name!r}: {exc}", file=sys.stderr, flush=True)
+          f"{mesh._state.name!r}: {exc}", file=sys.stderr, flush=True)
 
 
 class ResultStream:

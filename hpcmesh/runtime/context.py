@@ -57,6 +57,15 @@ def context() -> Context:
     return _client_context
 
 
+def current_actor_name() -> str:
+    """Which actor is running, for logs: its mesh's name and its rank in it (``"trainers[3]"``);
+    ``"client"`` on the controller. (Monarch's function of this name returns its actor id.)"""
+    inst = context().actor_instance
+    if not inst.actor_id:
+        return inst.mesh_name
+    return f"{inst.mesh_name}[{inst.rank.rank}]"
+
+
 def current_rank() -> Point:
     """This actor's point in the mesh the current message was sent to (as in Monarch):
     through ``mesh.slice(gpus=1)`` it is the point in that slice. The point in the mesh the

@@ -95,6 +95,11 @@ def steady(rep: C.Report, cfg: dict) -> None:
         lambda: ep.call_one(C.SMALL), lambda: four.call(C.SMALL), cfg["paired_rounds"]))))
     rep.run("await_paired", lambda: rep.put("await_paired", await_vs_floor(ep, cfg)))
 
+    async def sync_get():       # a blocking .get() in the loop's thread, as sync code does
+        ep.call_one(C.SMALL).get()
+    rep.run("sync_paired", lambda: rep.put("sync_paired", asyncio.run(C.paired(
+        lambda: ep.call_one(C.SMALL), sync_get, cfg["paired_rounds"]))))
+
     def pipe(key, fn):
         rep.put(key, C.pipelined_stats(lambda n: fn(ep, n), cfg["pipe_reps"]))
     rep.run("pipelined_sync", pipe, "pipelined_sync", pipelined_sync)

@@ -194,3 +194,35 @@ def test_the_client_runtime_thread_follows_its_caller_and_can_be_turned_off(tmp_
     assert out.returncode == 0, out.stderr
     rt_cores, my_cores, actor_cores = json.loads(out.stdout.strip().splitlines()[-1])
     assert rt_cores == my_cores and actor_cores == [my_cores] * 3
+
+
+def test_threads_the_runtime_loop_starts_after_it_is_pinned_get_every_core(tmp_path):
+    """libuv's resolver pool and the loop's default executor start threads from the runtime
+    thread; once it is pinned, they would inherit the pin."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import asyncio, json, os, threading\n"
+        "from hpcmesh.runtime.client import client_runtime\n"
+        "from hpcmesh.runtime import future\n"
+        "node = client_runtime().node\n"
+        "future._wait_hook()                      # the runtime thread is pinned now\n"
+        "rt = node.loop_native_tid\n"
+        "async def use_helpers():\n"
+        "    loop = asyncio.get_running_loop()\n"
+        "    await loop.getaddrinfo('localhost', None)\n"
+        "    return await loop.run_in_executor(None, threading.get_native_id)\n"
+        "helper = node.run_sync(use_helpers(), 30)\n"
+        "tids = [int(t) for t in os.listdir('/proc/self/task')]\n"
+        "print(json.dumps({'rt': sorted(os.sched_getaffinity(rt)),\n"
+        "                  'mine': sorted(os.sched_getaffinity(0)),\n"
+        "                  'helper': sorted(os.sched_getaffinity(helper)),\n"
+        "                  'others': [sorted(os.sched_getaffinity(t)) for t in tids if t != rt]}))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if len(got["mine"]) < 2:
+        pytest.skip("one core: nothing to pin away from")
+    assert len(got["rt"]) == 1                       # the runtime thread follows its caller
+    assert got["helper"] == got["mine"]
+    assert all(cores == got["mine"] for cores in got["others"]), got

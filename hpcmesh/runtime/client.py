@@ -97,6 +97,7 @@ class ClientRuntime:
 
     async def _setup(self) -> None:
         self.node.listen(_listen_addresses(self.node.unix_address()))
+        await placement.start_helper_threads_unpinned(self.node.loop)
 
     # -- local host agent ------------------------------------------------------------
     def local_agent(self) -> NodeRef:

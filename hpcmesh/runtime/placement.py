@@ -114,6 +114,28 @@ class CallerFollower:
             _followers.remove(self)
 
 
+async def start_helper_threads_unpinned(loop) -> None:
+    """Run on the runtime thread before it is first pinned: the threads its event loop
+    starts later must not inherit the pin.
+
+    asyncio's default executor (``run_in_executor(None, ...)``, ``getaddrinfo`` on the
+    stock loop) starts its threads lazily: it gets one whose threads take back every
+    core as they start. libuv (uvloop) starts all of its pool threads at the first job:
+    one ``getaddrinfo`` now starts them while this thread still has every core."""
+    if not enabled():
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    cores = os.sched_getaffinity(0)
+    loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="hpcmesh-loop-executor",
+                                                 initializer=os.sched_setaffinity,
+                                                 initargs=(0, cores)))
+    if type(loop).__module__.startswith("uvloop"):
+        try:
+            await loop.getaddrinfo("localhost", None)
+        except OSError:
+            pass    # no resolver here: the pool is started all the same
+
+
 @contextlib.contextmanager
 def spawning():
     """Wrap the start of a child process (or thread) on a runtime thread.

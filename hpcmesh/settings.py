@@ -11,11 +11,12 @@ from typing import Mapping
 
 
 def env_number(name: str, default: float, *, unit: str = "seconds", minimum: float = 0.0,
-               maximum: float = float("inf"), note: str = "",
+               maximum: float = float("inf"), note: str = "", integer: bool = False,
                env: Mapping[str, str] | None = None) -> float:
     """``float(env[name])`` (``os.environ`` by default), or ``default`` when the variable
     is unset or empty. ``ValueError`` naming the variable if it is not a number from
-    ``minimum`` to ``maximum``; ``note`` is added to that message (what 0 means, say)."""
+    ``minimum`` to ``maximum`` (a whole one with ``integer``); ``note`` is added to that
+    message (what 0 means, say)."""
     raw = (os.environ if env is None else env).get(name, "")
     if raw.strip() == "":
         return float(default)
@@ -23,9 +24,12 @@ def env_number(name: str, default: float, *, unit: str = "seconds", minimum: flo
         value = float(raw)
     except ValueError:
         value = float("nan")
+    if integer and value == value and value != int(value):
+        value = float("nan")                   # 2.5 arenas: refused like a typo
     if not minimum <= value <= maximum:        # also refuses nan
         bound = f">= {minimum:g}" if maximum == float("inf") else \
             f"from {minimum:g} to {maximum:g}"
         extra = f" ({note})" if note else ""
-        raise ValueError(f"{name} must be a number of {unit} {bound}{extra}, not {raw!r}")
+        kind = "a whole number" if integer else "a number"
+        raise ValueError(f"{name} must be {kind} of {unit} {bound}{extra}, not {raw!r}")
     return value

@@ -43,3 +43,20 @@ def test_a_mistyped_setting_stops_the_import_with_its_name(var, module):
                          timeout=60)
     assert out.returncode != 0
     assert f"{var} must be a number of seconds " in out.stderr and "'5s'" in out.stderr
+
+
+def test_a_whole_number_setting_refuses_fractions():
+    assert env_number("HPCMESH_X", 1, integer=True, env={"HPCMESH_X": "3"}) == 3
+    for raw in ("2.5", "two"):
+        with pytest.raises(ValueError, match=rf"HPCMESH_X must be a whole number of arenas >= 0, "
+                                             rf"not '{raw}'"):
+            env_number("HPCMESH_X", 1, unit="arenas", integer=True, env={"HPCMESH_X": raw})
+
+
+def test_malloc_arenas_setting_is_checked_where_the_client_starts():
+    out = subprocess.run([sys.executable, "-c",
+                          "from hpcmesh.runtime.client import client_runtime; client_runtime()"],
+                         env=dict(os.environ, HPCMESH_MALLOC_ARENAS="lots"), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode != 0
+    assert "HPCMESH_MALLOC_ARENAS must be a whole number of malloc arenas" in out.stderr

@@ -26,6 +26,8 @@ import ctypes
 import ctypes.util
 import os
 
+from ..settings import env_number
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
@@ -51,10 +53,8 @@ def tune_malloc(mmap_threshold: int = 256 * 1024**2, trim_threshold: int = 1024*
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     ok = mallopt(_M_MMAP_THRESHOLD, min(mmap_threshold, 2**31 - 1))
     ok &= mallopt(_M_TRIM_THRESHOLD, min(trim_threshold, 2**31 - 1))
-    try:
-        arena_max = int(os.environ.get("HPCMESH_MALLOC_ARENAS", arena_max))
-    except ValueError:
-        pass
+    arena_max = int(env_number("HPCMESH_MALLOC_ARENAS", arena_max, unit="malloc arenas",
+                               maximum=4096, integer=True, note="0: glibc's default"))
     if arena_max > 0:
         ok &= mallopt(_M_ARENA_MAX, arena_max)
     return bool(ok)

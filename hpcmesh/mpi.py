@@ -232,7 +232,7 @@ class MPIProcRuntime(ProcRuntime):
     # -- stop: rank 0 stays until stop_procs has seen the others go ---------------------
     async def stop(self) -> int:
         self.stopping = True
-        await self.stop_actors(list(self.node.actors))
+        await self.actor_services.stop_actors(list(self.node.actors))
         if self.agent is None:
             self.node.loop.call_later(0.02, self.done.set)
         else:

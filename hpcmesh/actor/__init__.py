@@ -11,7 +11,8 @@ from ..shapes import Extent, Point
 from .accumulator import Accumulator
 from .channel import Channel, Port, PortReceiver
 from .endpoint import Actor, endpoint
-from .mesh import (ActorMesh, HostMesh, ProcMesh, ValueMesh, attach_to_workers, this_host)
+from .mesh import (ActorMesh, HostMesh, ProcMesh, ValueMesh, attach_to_workers, this_host,
+                   this_proc)
 from ..runtime.worker import run_worker_loop_forever
 
 __all__ = [
@@ -19,5 +20,5 @@ __all__ = [
     "HostMesh", "ProcMesh", "ActorMesh", "ValueMesh", "Future", "Channel", "Port",
     "PortReceiver", "context", "current_rank", "current_size", "Context", "ActorError",
     "SupervisionError", "BootstrapCommand", "default_bootstrap_cmd", "Extent", "Point",
-    "Accumulator", "current_actor_name",
+    "Accumulator", "current_actor_name", "this_proc",
 ]

@@ -12,11 +12,14 @@ import asyncio
 import itertools
 import logging
 import os
+import pickle
+import socket
 import sys
 import threading
 import uuid
 from typing import Any, Callable, Iterator
 
+from ..runtime.actor_services import ActorServices
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.context import Rendezvous
@@ -250,10 +253,43 @@ def _torchrun_env(rank: int, extent: Extent, per_host: int,
     return env
 
 
+def _class_in_this_process(cls: type) -> bytes:
+    """An actor class for an actor in this very process: by reference, so the actor runs
+    the class itself and shares its module's state; by value only if it cannot be found
+    by name (a class defined inside a function)."""
+    try:
+        blob = pickle.dumps(cls, protocol=5)
+        if pickle.loads(blob) is cls:
+            return blob
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass
+    return serialization.dumps_by_value(cls)
+
+
+def this_proc() -> ProcMesh:
+    """This process as a ProcMesh of one, with no dimensions (Monarch's ``this_proc()``).
+
+    Actors spawned on it live in this process: their async endpoints run on its hpcmesh
+    event loop (the controller's runtime thread, or an actor process's loop), sync ones on
+    a thread of their own, and they share this process's memory. Calls to them go through
+    the same Futures as to any actor. ``stop()`` stops the actors spawned through this
+    handle; the process goes on."""
+    node = _node()
+    ActorServices.attach(node)
+    rec = ProcRecord(f"this_proc-{os.getpid()}-{uuid.uuid4().hex[:8]}", "this_proc",
+                     Point(0, Extent({})), node.ref, "0")
+    rec.node = node.ref
+    rec.pid = os.getpid()
+    rec.host = socket.gethostname()
+    rec.ready.set_result(node.ref)
+    state = _ProcMeshState("this_proc", [rec], gather([rec.ready]), None)
+    state.in_this_process = True
+    return ProcMesh(state, Shape.from_extent(Extent({})))
+
+
 def this_host() -> HostMesh:
     """The local host as a HostMesh with no dimensions."""
     rt = client_runtime()
-    import socket
     ref = HostRef(rt.local_agent(), socket.gethostname())
     return HostMesh([ref], Shape.from_extent(Extent({})), "this_host")
 
@@ -326,6 +362,8 @@ class _ProcMeshState:
         # else, e.g. an MPI launcher, before the mesh existed)
         self.launched = launched if launched is not None else completed(None)
         self.stopped = False
+        self.in_this_process = False    # this_proc(): stop() stops its actors, not the process
+        self.actor_meshes: list = []    # the _ActorMeshStates spawned on it
 
 
 class _SharedStateMesh(MeshTrait):
@@ -372,7 +410,8 @@ class ProcMesh(_SharedStateMesh):
             serialization.dumps((args, kwargs), f"arguments of {actor_class.__name__}()")
         endpoints = {n for n in dir(actor_class)
                      if getattr(getattr(actor_class, n, None), ENDPOINT_ATTR, None) is not None}
-        cls_blob = serialization.dumps_by_value(actor_class)
+        cls_blob = (_class_in_this_process(actor_class) if self._state.in_this_process
+                    else serialization.dumps_by_value(actor_class))
         node = _node()
         actor_id = uuid.uuid4().hex
         recs = [self._state.records[g] for g in self._shape.ranks()]
@@ -384,6 +423,7 @@ class ProcMesh(_SharedStateMesh):
         state.owner = _owner()
         if rt is not None:
             rt.actor_meshes[actor_id] = state     # so an unhandled failure below it finds it
+        self._state.actor_meshes.append(state)
 
         def start() -> Future:
             nodes = [r.node for r in recs]
@@ -414,6 +454,18 @@ class ProcMesh(_SharedStateMesh):
         recs = [st.records[g] for g in self._shape.ranks()]
         node = _node()
         grace = DEFAULT_STOP_GRACE if grace is None else float(grace)
+        if st.in_this_process:        # our own process: stop the actors spawned on it
+            st.stopped = True
+            rec = recs[0]
+
+            def stopped(_count) -> dict:
+                for am in st.actor_meshes:
+                    am.failed = SupervisionError(
+                        f"actor mesh {am.name!r} was stopped with the this_proc() mesh it was "
+                        f"spawned on", am.name, rec.point, rec.host, rec.pid, "stopped")
+                return {rec.name: 0}
+            return node.rpc(rec.node, "stop_actors",
+                            [am.actor_id for am in st.actor_meshes]).then(stopped)
         for r in recs:
             r.stopping = True
         if self._shape.nelem == len(st.records):

@@ -121,6 +121,7 @@ class Node:
         self._port_ids = itertools.count(1)
         self.services: dict[str, Callable] = {}
         self.actors: dict[str, Any] = {}          # actor_id -> ActorInstance (worker side)
+        self.actor_services: Any = None           # set by ActorServices.attach
         self.on_peer_hello: list[Callable] = []   # (node, peer_ref, info, conn)
         self.on_peer_closed: list[Callable] = []  # (node, peer_id, exc)
         self.closed = False
@@ -827,6 +828,8 @@ class Node:
             return
         def stop() -> None:
             self.close()
+            for host in self.actors.values():
+                host.stopped = True     # actors living here (this_proc()) end with the loop
             self.loop.stop()
         try:
             self.loop.call_soon_threadsafe(stop)

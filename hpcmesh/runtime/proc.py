@@ -12,19 +12,15 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import sys
 
 from ..settings import env_number
-from ..transport import serialization
 from ..transport.addresses import secret_from_env
-from .actor_host import ActorHost
+from .actor_services import ActorServices
 from .bootstrap import PROCESS_NAME_VAR
-from .context import ActorInstance, Context, Rendezvous, _current
-from .errors import ActorError
 from .future import register_loop_thread
 from .tuning import tune_malloc
-from .node import Node, NodeRef, PortRef, _new_loop, format_exception, set_current_node
+from .node import Node, NodeRef, _new_loop, set_current_node
 
 log = logging.getLogger("hpcmesh.proc")
 
@@ -40,11 +36,9 @@ class ProcRuntime:
         self.exit_code = 0
         self._lease_timer: asyncio.TimerHandle | None = None
         self._stopping: asyncio.Task | None = None
+        self.actor_services = ActorServices.attach(node)
         node.services.update({
-            "spawn_actor": self.spawn_actor,
             "stop": self.stop,
-            "stop_actors": self.stop_actors,
-            "reserve_port": self.reserve_port,
             "ping": lambda: os.getpid(),
         })
         node.on_peer_closed.append(self._on_peer_closed)
@@ -75,47 +69,8 @@ class ProcRuntime:
                 pass
 
     # -- services -------------------------------------------------------------------
-    async def spawn_actor(self, actor_id: str, mesh_name: str, cls_blob: bytes, args: tuple,
-                          kwargs: dict, point, rendezvous: Rendezvous | None,
-                          supervisor: PortRef | None) -> int:
-        cls = serialization.loads(cls_blob)
-        instance = ActorInstance(rank=point, actor_id=actor_id, mesh_name=mesh_name,
-                                 class_name=cls.__name__, proc_name=self.node.name,
-                                 rendezvous=rendezvous)
-        obj = cls.__new__(cls)
-        instance.actor = obj
-        host = ActorHost(self.node, instance, obj, supervisor)
-
-        def construct() -> None:
-            token = _current.set(Context(instance, point))
-            try:
-                obj.__init__(*args, **kwargs)
-            finally:
-                _current.reset(token)
-        try:
-            await self.node.loop.run_in_executor(host.executor(), construct)
-        except Exception as e:  # noqa: BLE001
-            raise ActorError(type(e).__qualname__, str(e), format_exception(e), point,
-                             cls.__name__, "__init__") from None
-        self.node.actors[actor_id] = host
-        if rendezvous is not None and point.rank == 0 and \
-                getattr(sys.modules.get("torch"), "distributed", None) is not None:
-            # The actor uses torch: member 0 serves the mesh's collective store now, so
-            # groups that leave member 0 out (slices) can still meet.
-            await self.node.loop.run_in_executor(host.executor(), _serve_collectives, instance)
-        return os.getpid()
-
-    async def stop_actors(self, actor_ids: list[str]) -> int:
-        n = 0
-        for aid in actor_ids:
-            host = self.node.actors.pop(aid, None)
-            if host is not None:
-                await host.stop()
-                n += 1
-        return n
-
     async def stop(self) -> int:
-        await self.stop_actors(list(self.node.actors))
+        await self.actor_services.stop_actors(list(self.node.actors))
         from .client import existing_client_runtime
         rt = existing_client_runtime()
         if rt is not None and rt.node is self.node:
@@ -128,22 +83,6 @@ class ProcRuntime:
         if self._stopping is None and not self.done.is_set():
             self.exit_code = 128 + signal.SIGTERM
             self._stopping = self.node.loop.create_task(self.stop())
-
-    def reserve_port(self, host: str) -> int:
-        """A free TCP port on this host for a rendezvous (torch.distributed store)."""
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, 0))
-            return s.getsockname()[1]
-
-
-def _serve_collectives(instance: ActorInstance) -> None:
-    try:
-        from .. import collectives
-        collectives.attach(instance)
-    except Exception as e:  # noqa: BLE001 - collectives then fail with their own clear error
-        log.warning("could not start the collective store for %s: %s", instance.mesh_name, e)
-
 
 async def _amain() -> int:
     env = os.environ

@@ -1,0 +1,95 @@
+"""The services that let a node host actors: spawn one, stop some, reserve a port.
+
+An actor process offers them to its controller (``proc.py``); the controller's own node
+offers them too once ``this_proc()`` is used, so actors can live in the controller's
+process (as Monarch's ``this_proc().spawn(...)`` does).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+from ..transport import serialization
+from .actor_host import ActorHost
+from .context import ActorInstance, Context, Rendezvous, _current
+from .errors import ActorError
+from .node import Node, PortRef, format_exception
+
+log = logging.getLogger("hpcmesh.proc")
+
+
+class ActorServices:
+    """``spawn_actor``, ``stop_actors`` and ``reserve_port`` on one node."""
+
+    def __init__(self, node: Node):
+        self.node = node
+        node.services.update({
+            "spawn_actor": self.spawn_actor,
+            "stop_actors": self.stop_actors,
+            "reserve_port": self.reserve_port,
+        })
+
+    @classmethod
+    def attach(cls, node: Node) -> "ActorServices":
+        """The node's ActorServices, made on first use."""
+        existing = node.actor_services
+        if existing is None:
+            existing = node.actor_services = cls(node)
+        return existing
+
+    async def spawn_actor(self, actor_id: str, mesh_name: str, cls_blob: bytes, args: tuple,
+                          kwargs: dict, point, rendezvous: Rendezvous | None,
+                          supervisor: PortRef | None) -> int:
+        cls = serialization.loads(cls_blob)
+        instance = ActorInstance(rank=point, actor_id=actor_id, mesh_name=mesh_name,
+                                 class_name=cls.__name__, proc_name=self.node.name,
+                                 rendezvous=rendezvous)
+        obj = cls.__new__(cls)
+        instance.actor = obj
+        host = ActorHost(self.node, instance, obj, supervisor)
+
+        def construct() -> None:
+            token = _current.set(Context(instance, point))
+            try:
+                obj.__init__(*args, **kwargs)
+            finally:
+                _current.reset(token)
+        try:
+            await self.node.loop.run_in_executor(host.executor(), construct)
+        except Exception as e:  # noqa: BLE001
+            raise ActorError(type(e).__qualname__, str(e), format_exception(e), point,
+                             cls.__name__, "__init__") from None
+        self.node.actors[actor_id] = host
+        if rendezvous is not None and point.rank == 0 and \
+                getattr(sys.modules.get("torch"), "distributed", None) is not None:
+            # The actor uses torch: member 0 serves the mesh's collective store now, so
+            # groups that leave member 0 out (slices) can still meet.
+            await self.node.loop.run_in_executor(host.executor(), _serve_collectives, instance)
+        return os.getpid()
+
+    async def stop_actors(self, actor_ids: list[str]) -> int:
+        n = 0
+        for aid in actor_ids:
+            host = self.node.actors.pop(aid, None)
+            if host is not None:
+                await host.stop()
+                n += 1
+        return n
+
+    def reserve_port(self, host: str) -> int:
+        """A free TCP port on this host for a rendezvous (torch.distributed store)."""
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, 0))
+            return s.getsockname()[1]
+
+
+def _serve_collectives(instance: ActorInstance) -> None:
+    try:
+        from .. import collectives
+        collectives.attach(instance)
+    except Exception as e:  # noqa: BLE001 - collectives then fail with their own clear error
+        log.warning("could not start the collective store for %s: %s", instance.mesh_name, e)

@@ -845,6 +845,11 @@ class MeshTrait:
         """Number of members, or the size of one dimension, or the product over a tuple of them."""
         return self._shape.size(dim)
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The size of each dimension, by name (Monarch's ``mesh.sizes``)."""
+        return dict(self._shape.extent)
+
     def slice(self, **selectors: int | slice | range) -> Self:
         return self._new_with_shape(self._shape.slice(**selectors))
 

@@ -9,8 +9,8 @@ import pytest
 from ci_gate import import_or_skip
 from output_recorder import Recorder as _Recorder
 
-from hpcmesh.actor import (Actor, ActorError, ActorMesh, Channel, Future, ValueMesh, context,
-                           current_rank, current_size, endpoint, this_host)
+from hpcmesh.actor import (Actor, ActorError, ActorMesh, Channel, Future, SupervisionError,
+                           ValueMesh, context, current_rank, current_size, endpoint, this_host)
 from hpcmesh.runtime.node import current_node
 
 
@@ -611,3 +611,30 @@ def test_await_and_get_from_threads_concurrently(procs):
 def test_is_actor_mesh(workers):
     assert isinstance(workers, ActorMesh)
     assert len(workers) == 4 and workers.size("gpus") == 2
+
+
+class _Stoppable(Actor):
+    def __init__(self, marker_dir):
+        self.marker_dir = marker_dir
+
+    @endpoint
+    def rank(self):
+        return context().actor_instance.rank.rank
+
+    def __cleanup__(self, exc=None):
+        rank = context().actor_instance.rank.rank
+        with open(os.path.join(self.marker_dir, f"cleanup-{rank}"), "w") as f:
+            f.write("done")
+
+
+def test_actor_mesh_stop_stops_its_actors_and_leaves_the_processes(procs, tmp_path):
+    stoppable = procs.spawn("stoppable", _Stoppable, str(tmp_path))
+    assert stoppable.rank.call().get(timeout=10).get(3) == 3
+    assert stoppable.sizes == {"hosts": 2, "gpus": 2}
+    assert stoppable.slice(hosts=1).stop("done with it").get(timeout=30) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"cleanup-{r}" for r in range(4)]
+    with pytest.raises(SupervisionError, match="'stoppable' was stopped: done with it"):
+        stoppable.rank.call().get(timeout=10)
+    # the processes serve other actor meshes still
+    again = procs.spawn("again", _Stoppable, str(tmp_path))
+    assert again.rank.call().get(timeout=10).values() == [0, 1, 2, 3]

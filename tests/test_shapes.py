@@ -709,7 +709,8 @@ class TestMeshTrait:
 
     def test_attribute_names(self) -> None:
         assert MESH_ATTRIBUTE_NAMES == frozenset(
-            {"extent", "size", "slice", "rename", "split", "flatten", "to_table", "points"}
+            {"extent", "size", "slice", "rename", "split", "flatten", "to_table", "points",
+             "sizes"}
         )
         assert isinstance(MESH_ATTRIBUTE_NAMES, frozenset)
 

@@ -108,6 +108,10 @@ class ValueMesh(MeshTrait):
             return self._values[self._shape.ranks()[key]]
         return self._values[self._shape.global_index(key)]
 
+    def get(self, rank: int) -> Any:
+        """The value of the member with flat ``rank`` in this view (Monarch's ``get``)."""
+        return self[rank]
+
     def item(self, **coords: int) -> Any:
         view = self.slice(**coords) if coords else self
         if view._shape.nelem != 1 or len(view._shape.extent):
@@ -611,6 +615,25 @@ class ActorMesh(_SharedStateMesh):
                 f"{', '.join(sorted(st.endpoints)) or '(none)'}")
         ep = self.__dict__[item] = Endpoint(self, item)   # views are immutable: keep it
         return ep
+
+    def stop(self, reason: str = "stopped by the client") -> Future:
+        """Stop every actor of this actor mesh (the whole mesh, whatever this view selects):
+        their ``__cleanup__`` runs, their processes go on. Later calls raise a
+        ``SupervisionError`` naming the mesh and ``reason``. A Future of None."""
+        st = self._state
+        node = _node()
+
+        def stop_all(nodes: list[NodeRef]) -> Future:
+            calls = [node.rpc(n, "stop_actors", [st.actor_id]) for n in dict.fromkeys(nodes)]
+            return gather(calls)
+
+        def mark(f: Future) -> Future:
+            st.failed = SupervisionError(f"actor mesh {st.name!r} was stopped: {reason}",
+                                         st.name)
+            if f.exception() is not None and not isinstance(f.exception(), SupervisionError):
+                return failed(f.exception())
+            return completed(None)
+        return _chain_any(_chain(st.ready, lambda: stop_all(st.nodes)), mark)
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         """[(rank in this view, global index)] and the view's extent as plain items (cached)."""

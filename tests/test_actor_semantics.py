@@ -638,3 +638,58 @@ def test_actor_mesh_stop_stops_its_actors_and_leaves_the_processes(procs, tmp_pa
     # the processes serve other actor meshes still
     again = procs.spawn("again", _Stoppable, str(tmp_path))
     assert again.rank.call().get(timeout=10).values() == [0, 1, 2, 3]
+
+
+class _Answerer(Actor):
+    """Endpoints that answer through the response port they are given."""
+
+    def __init__(self):
+        self.held = []
+
+    @endpoint(explicit_response_port=True)
+    def rank_twice(self, port, base):
+        port.send(base + context().actor_instance.rank.rank)
+        port.send("a second answer is dropped")
+
+    @endpoint(explicit_response_port=True)
+    async def later(self, port, tag):
+        self.held.append((port, tag))
+
+    @endpoint
+    def release(self):
+        for port, tag in self.held:
+            port.send(f"{tag} released")
+        n, self.held = len(self.held), []
+        return n
+
+    @endpoint(explicit_response_port=True)
+    def refuse(self, port, how):
+        if how == "port":
+            port.exception(ValueError("refused through the port"))
+        else:
+            raise KeyError("raised before answering")
+
+    @endpoint(explicit_response_port=True)
+    async def hand_over(self, port, other):
+        await other.answer_for.call_one(port)
+
+    @endpoint
+    def answer_for(self, port):
+        port.send("answered by another actor")
+
+
+def test_explicit_response_port_endpoints(procs):
+    answerers = procs.spawn("answerers", _Answerer)
+    assert answerers.rank_twice.call(10).get(timeout=10).values() == [10, 11, 12, 13]
+    one = answerers.slice(hosts=0, gpus=1)
+    pending = one.later.call_one("x")
+    assert one.release.call_one().get(timeout=10) == 1
+    assert pending.get(timeout=10) == "x released"
+    with pytest.raises(ValueError, match="refused through the port"):
+        one.refuse.call_one("port").get(timeout=10)
+    with pytest.raises(ActorError, match="KeyError.*raised before answering"):
+        one.refuse.call_one("raise").get(timeout=10)
+    answerers.rank_twice.broadcast(0)          # nobody waits: the answers go nowhere
+    other = answerers.slice(hosts=1, gpus=0)
+    assert one.hand_over.call_one(other).get(timeout=10) == "answered by another actor"
+    assert one.rank_twice.call_one(5).get(timeout=10) == 6   # still serving

@@ -5,24 +5,38 @@ from __future__ import annotations
 from collections import deque
 
 from ..runtime.future import Future
-from ..runtime.node import MSG_DELIVER, PortRef
+from ..runtime.node import MSG_DELIVER, MSG_FAIL, PortRef
 from .mesh import _node
 
 
 class Port:
-    """Send end of a channel; picklable, works from any process of the job."""
+    """Send end of a channel; picklable, works from any process of the job.
+
+    Also the response port of an ``explicit_response_port`` endpoint; there it has no
+    ``ref`` when the call was a ``broadcast()`` (nobody waits), and drops what it is sent."""
     __slots__ = ("ref",)
 
-    def __init__(self, ref: PortRef):
+    def __init__(self, ref: PortRef | None):
         self.ref = ref
 
     def send(self, value) -> None:
-        _node().send(self.ref.node, (MSG_DELIVER, self.ref.port_id, value), "port message")
+        if self.ref is not None:
+            _node().send(self.ref.node, (MSG_DELIVER, self.ref.port_id, value), "port message")
+
+    def exception(self, exc: BaseException) -> None:
+        """Fail the receiving end with ``exc`` (a caller waiting on a response port gets it
+        raised)."""
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"Port.exception() takes an exception, got {type(exc).__name__}")
+        if self.ref is not None:
+            _node().send(self.ref.node, (MSG_FAIL, self.ref.port_id, exc), "port error")
 
     def __reduce__(self):
         return Port, (self.ref,)
 
     def __repr__(self) -> str:
+        if self.ref is None:
+            return "Port(nobody waits)"
         return f"Port({self.ref.node.node_id[:8]}:{self.ref.port_id})"
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable
 
 from ..runtime.actor_host import ENDPOINT_ATTR, EndpointInfo
+from ..runtime.node import ANSWERED_THROUGH_PORT
 from ..shapes import MESH_ATTRIBUTE_NAMES
 
 #: ActorMesh attributes that hpcmesh adds to Monarch's: an endpoint may take one of these
@@ -24,22 +26,45 @@ def endpoint(fn: Callable | None = None, *, concurrent: bool = False, propagate:
 
     ``concurrent=True`` lets several calls of it run at once (async endpoints);
     by default an actor handles one message at a time.
+
+    ``explicit_response_port=True`` (as in Monarch): the method gets a ``Port`` before its
+    arguments and answers through it (``port.send(value)``, or ``port.exception(exc)``),
+    now or later, from any actor it hands the port to; what it returns is not sent. The
+    caller's Future takes the first answer. If the method raises before answering, the
+    caller gets the ``ActorError``. For a ``broadcast()`` the port drops what it is sent.
     """
-    if explicit_response_port:
-        raise NotImplementedError("explicit_response_port endpoints are not supported yet; "
-                                  "pass a Port from Channel.open() as an argument instead")
 
     def mark(f: Callable) -> Callable:
         if not callable(f):
             raise TypeError(f"@endpoint decorates methods, got {type(f).__name__}")
         is_async = inspect.iscoroutinefunction(f)
-        setattr(f, ENDPOINT_ATTR, EndpointInfo(f.__name__, concurrent, is_async,
-                                               inspect.isasyncgenfunction(f)))
         if inspect.isasyncgenfunction(f):
             raise TypeError(f"endpoint {f.__qualname__} is an async generator; return a value, "
                             f"or send items through a Port")
+        if explicit_response_port:
+            f = _answering_through_port(f, is_async)
+        setattr(f, ENDPOINT_ATTR, EndpointInfo(f.__name__, concurrent, is_async, False,
+                                               response_port=explicit_response_port))
         return f
     return mark(fn) if fn is not None else mark
+
+
+def _answering_through_port(f: Callable, is_async: bool) -> Callable:
+    """``f(self, port, *args)`` called as the runtime calls a response-port endpoint: with
+    the reply PortRef first, and nothing sent back from its return value."""
+    from .channel import Port
+
+    if is_async:
+        @functools.wraps(f)
+        async def run(self, reply, *args, **kwargs):
+            await f(self, Port(reply), *args, **kwargs)
+            return ANSWERED_THROUGH_PORT
+    else:
+        @functools.wraps(f)
+        def run(self, reply, *args, **kwargs):
+            f(self, Port(reply), *args, **kwargs)
+            return ANSWERED_THROUGH_PORT
+    return run
 
 
 def check_endpoint_names(cls: type) -> None:

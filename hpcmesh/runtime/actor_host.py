@@ -26,7 +26,7 @@ from .context import ActorInstance, Context, _current
 from .errors import ActorError
 from ..shapes import Extent, Point
 from ..transport import serialization
-from .node import MSG_DELIVER, Node, PortRef, failure, format_exception
+from .node import MSG_DELIVER, Node, NodeRef, PortRef, failure, format_exception
 
 log = logging.getLogger("hpcmesh.actor")
 
@@ -36,14 +36,18 @@ _YIELD_EVERY = 128
 
 
 class EndpointInfo:
-    """Attached to functions by ``@endpoint``."""
-    __slots__ = ("name", "concurrent", "is_async", "is_asyncgen")
+    """Attached to functions by ``@endpoint``. ``response_port``: the function takes the
+    caller's reply port (a PortRef, None for a broadcast) before its arguments and answers
+    through it (Monarch's ``explicit_response_port``)."""
+    __slots__ = ("name", "concurrent", "is_async", "is_asyncgen", "response_port")
 
-    def __init__(self, name: str, concurrent: bool, is_async: bool, is_asyncgen: bool = False):
+    def __init__(self, name: str, concurrent: bool, is_async: bool, is_asyncgen: bool = False,
+                 response_port: bool = False):
         self.name = name
         self.concurrent = concurrent
         self.is_async = is_async
         self.is_asyncgen = is_asyncgen
+        self.response_port = response_port
 
 
 def endpoint_names(cls) -> list[str]:
@@ -131,6 +135,12 @@ class ActorHost:
                        RuntimeError(f"actor {self.instance.mesh_name} has been stopped"))
             return
         fn, info = m
+        if info.response_port:
+            try:
+                msg, buffers = self._with_response_port(msg, origin, buffers), []
+            except BaseException as e:  # noqa: BLE001 - undecodable arguments
+                self._fail(msg[2], origin, msg[4], e)
+                return
         if info.concurrent:
             task = self.node.loop.create_task(self._execute(msg, origin, buffers, fn, info))
             self._tasks.add(task)
@@ -143,6 +153,19 @@ class ActorHost:
         if not self._busy:
             self._busy = True
             self._wake_mailbox()
+
+    def _with_response_port(self, msg: tuple, origin: str | None, buffers: list) -> tuple:
+        """The call with the caller's reply port (a PortRef) put before its arguments."""
+        _, actor_id, endpoint, payload, reply, rank, extent_items = msg
+        args, kwargs = (payload if type(payload) is tuple
+                        else serialization.loads(payload, buffers))
+        port = None
+        if reply is not None and origin is not None:
+            peer = self.node._peers.get(origin)
+            where = self.node.ref if origin == self.node.node_id else (
+                peer.ref if peer is not None and peer.ref is not None else NodeRef(origin, ()))
+            port = PortRef(where, reply)
+        return (msg[0], actor_id, endpoint, ((port, *args), kwargs), reply, rank, extent_items)
 
     def _mailbox_task(self) -> asyncio.Task:
         if self._runner is None:

@@ -656,8 +656,9 @@ class Node:
 
     def reply_to(self, origin: str | None, port_id: int | None, value: Any) -> None:
         """Answer a call: deliver ``value`` (or a failure) to port ``port_id`` of the
-        node the call came from."""
-        if port_id is None or origin is None:
+        node the call came from (``ANSWERED_THROUGH_PORT``: the endpoint answered
+        through its response port itself, nothing to send)."""
+        if port_id is None or origin is None or value is ANSWERED_THROUGH_PORT:
             return
         if type(value) is not _Failure:
             # Fast path: the caller's connection is up and nothing is queued before us.
@@ -836,6 +837,20 @@ class Node:
         except RuntimeError:
             return
         self._thread.join(timeout)
+
+
+class _AnsweredThroughPort:
+    """What an ``explicit_response_port`` endpoint returns: it answered through its port."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ANSWERED_THROUGH_PORT"
+
+    def __reduce__(self):
+        return "ANSWERED_THROUGH_PORT"     # the one instance, even inside a shipped class
+
+
+ANSWERED_THROUGH_PORT = _AnsweredThroughPort()
 
 
 class _Failure:

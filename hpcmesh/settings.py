@@ -6,6 +6,7 @@ nothing from hpcmesh, so every layer may use it."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Mapping
 
@@ -24,7 +25,7 @@ def env_number(name: str, default: float, *, unit: str = "seconds", minimum: flo
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if integer and value == value and value != int(value):
+    if integer and not (math.isfinite(value) and value.is_integer()):
         value = float("nan")                   # 2.5 arenas: refused like a typo
     if not minimum <= value <= maximum:        # also refuses nan
         bound = f">= {minimum:g}" if maximum == float("inf") else \

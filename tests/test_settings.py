@@ -47,7 +47,7 @@ def test_a_mistyped_setting_stops_the_import_with_its_name(var, module):
 
 def test_a_whole_number_setting_refuses_fractions():
     assert env_number("HPCMESH_X", 1, integer=True, env={"HPCMESH_X": "3"}) == 3
-    for raw in ("2.5", "two"):
+    for raw in ("2.5", "two", "inf", "1e400"):
         with pytest.raises(ValueError, match=rf"HPCMESH_X must be a whole number of arenas >= 0, "
                                              rf"not '{raw}'"):
             env_number("HPCMESH_X", 1, unit="arenas", integer=True, env={"HPCMESH_X": raw})

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -88,3 +89,26 @@ def test_a_script_with_actors_in_its_own_process_exits_quietly(tmp_path):
                          timeout=60, env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert out.returncode == 0 and out.stdout.strip() == "pong", out.stderr
     assert out.stderr == "", out.stderr      # no "Task was destroyed but it is pending"
+
+
+def test_a_blocked_sync_endpoint_in_this_process_does_not_hold_the_exit(tmp_path):
+    script = tmp_path / "blocked.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        from hpcmesh.actor import Actor, endpoint, this_proc
+
+        class Stuck(Actor):
+            @endpoint
+            def block(self):
+                time.sleep(120)
+
+        s = this_proc().spawn("s", Stuck)
+        s.block.broadcast()
+        time.sleep(0.3)            # the actor's thread is inside block() now
+        print("main done", flush=True)
+    """))
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert out.returncode == 0 and "main done" in out.stdout, out.stderr
+    assert time.monotonic() - t0 < 20      # not the 120 s of the endpoint

@@ -490,3 +490,41 @@ def test_tls_writer_takes_queued_pieces_a_chunk_at_a_time():
     assert [len(c) for c in chunks] == [4096, 4096, 2056]
     taken = _take(deque([memoryview(big)]), 100)
     assert taken[0].obj is big                        # a view into the caller's buffer
+
+
+def test_tls_writer_keeps_order_and_state_across_full_socket_writes():
+    # _write_tls against a socket that takes a few bytes, then is full: what was not
+    # written stays queued (plaintext or ciphertext) and goes out in order on the next try
+    from collections import deque
+
+    from hpcmesh.transport import connection as cmod
+
+    class Trickle:
+        def __init__(self):
+            self.got = bytearray()
+            self.budget = 0
+
+        def send(self, data):
+            if self.budget <= 0:
+                raise BlockingIOError
+            n = min(len(data), self.budget)
+            self.budget -= n
+            self.got += bytes(data[:n])
+            return n
+
+    class Clear:          # stands in for TLSSession: "encrypts" to the same bytes
+        def encrypt(self, pieces):
+            return b"".join(bytes(p) for p in pieces)
+
+    conn = object.__new__(cmod.Connection)
+    conn.sock, conn._tls, conn._tls_out = Trickle(), Clear(), cmod._NOTHING
+    big = bytes(range(256)) * 4096                       # 1 MiB, more than one chunk
+    conn._out = deque([b"head", memoryview(big), b"tail"])
+    for budget in (3, 100_000, 7, 300_000, 1, 10**7):
+        conn.sock.budget = budget
+        try:
+            conn._write_tls()
+        except BlockingIOError:
+            pass
+    assert bytes(conn.sock.got) == b"head" + big + b"tail"
+    assert not conn._out and not conn._tls_out

@@ -31,7 +31,9 @@ def endpoint(fn: Callable | None = None, *, concurrent: bool = False, propagate:
     arguments and answers through it (``port.send(value)``, or ``port.exception(exc)``),
     now or later, from any actor it hands the port to; what it returns is not sent. The
     caller's Future takes the first answer. If the method raises before answering, the
-    caller gets the ``ActorError``. For a ``broadcast()`` the port drops what it is sent.
+    caller gets the ``ActorError``; an error after the answer is lost. For a
+    ``broadcast()`` the port drops what it is sent. The caller's Future fails if the actor
+    it called dies, not if another actor it handed the port to does: wait with a timeout.
     """
 
     def mark(f: Callable) -> Callable:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import operator
 import os
 import pickle
 import socket
@@ -38,6 +39,7 @@ from .endpoint import ENDPOINT_ATTR, check_endpoint_names
 _mesh_counter = itertools.count()
 #: Seconds ProcMesh.stop() waits for a clean exit before SIGTERM, then SIGKILL.
 DEFAULT_STOP_GRACE = env_number("HPCMESH_STOP_GRACE", 5)
+LAUNCH_WAIT = 60.0      # stop() of a mesh still starting waits this long for the agents
 log = logging.getLogger("hpcmesh.actor")
 
 
@@ -110,7 +112,7 @@ class ValueMesh(MeshTrait):
 
     def get(self, rank: int) -> Any:
         """The value of the member with flat ``rank`` in this view (Monarch's ``get``)."""
-        return self[rank]
+        return self[operator.index(rank)]
 
     def item(self, **coords: int) -> Any:
         view = self.slice(**coords) if coords else self
@@ -427,7 +429,8 @@ class ProcMesh(_SharedStateMesh):
         state.owner = _owner()
         if rt is not None:
             rt.actor_meshes[actor_id] = state     # so an unhandled failure below it finds it
-        self._state.actor_meshes.append(state)
+        if self._state.in_this_process:
+            self._state.actor_meshes.append(state)
 
         def start() -> Future:
             nodes = [r.node for r in recs]
@@ -481,11 +484,13 @@ class ProcMesh(_SharedStateMesh):
             if not st.launched.done():
                 # Still starting: wait for the agents' answer, or a process they are about
                 # to start would miss the stop and outlive it (until its lease ran out).
+                # Not bounded by the grace (which may be 0): by how long a start may take.
                 try:
-                    await asyncio.wait_for(_as_asyncio(st.launched), grace)
+                    await asyncio.wait_for(_as_asyncio(st.launched), LAUNCH_WAIT)
                 except asyncio.TimeoutError:
                     log.warning("stopping %r: the host agents did not finish starting its "
-                                "processes within %.1f s", st.name, grace)
+                                "processes within %.0f s", st.name, LAUNCH_WAIT)
+                deadline = loop.time() + grace      # the grace is for stopping
 
             async def ask(r: ProcRecord):
                 if r.node is None or r.failure is not None:

@@ -13,8 +13,11 @@ import asyncio
 import contextvars
 import inspect
 import logging
+import queue
+import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
+from concurrent.futures import Future as ConcurrentFuture
 try:    # asyncio's own bookkeeping of the running task: lets a call run inline as the
     # mailbox task (3.11-3.13 have these; without them every call goes through the task)
     from asyncio.tasks import _enter_task, _leave_task
@@ -50,6 +53,51 @@ class EndpointInfo:
         self.response_port = response_port
 
 
+class ActorThread(Executor):
+    """The one thread an actor's sync endpoints (and its constructor) run on.
+
+    A daemon thread, unlike ThreadPoolExecutor's, which the interpreter joins at exit: an
+    actor living in the controller's process (``this_proc()``) whose endpoint blocks must
+    not keep the controller from exiting. (An actor process ends with ``os._exit``.)"""
+
+    def __init__(self, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit(self, fn, /, *args, **kwargs) -> ConcurrentFuture:
+        if self._closed:
+            raise RuntimeError("the actor's thread has been shut down")
+        fut: ConcurrentFuture = ConcurrentFuture()
+        self._jobs.put((fut, fn, args, kwargs))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fut, fn, args, kwargs = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                fut.set_exception(e)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._closed = True
+        if cancel_futures:
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+        self._jobs.put(None)
+
+
 def endpoint_names(cls) -> list[str]:
     return sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_ATTR, None))
 
@@ -75,7 +123,7 @@ class ActorHost:
         self._waker: asyncio.Future | None = None  # what the parked mailbox task awaits
         self._busy = False          # the mailbox task is running a call (others must queue)
         self._handoff: tuple | None = None         # an inline call that suspended
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: ActorThread | None = None
         self._tasks: set = set()
         self._methods: dict[str, tuple] = {}
         self._extents: dict[tuple, Extent] = {}
@@ -96,9 +144,9 @@ class ActorHost:
             m = self._methods[name] = (fn, info)
         return m
 
-    def executor(self) -> ThreadPoolExecutor:
+    def executor(self) -> "ActorThread":
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"actor-{self.cls.__name__}")
+            self._executor = ActorThread(f"actor-{self.cls.__name__}")
         return self._executor
 
     def _message_context(self, rank: int, extent_items: tuple | None) -> Context:

@@ -335,12 +335,12 @@ class HostAgent:
     def _kill(self, p: _Proc, sig: int) -> None:
         try:
             os.killpg(p.popen.pid, sig)   # the process and anything it started in its group
-        except (ProcessLookupError, PermissionError):
-            # No group yet (an exec'd program that has not reached its setpgid) or not ours:
-            # the process itself still gets the signal.
+        except ProcessLookupError:
+            pass    # the group exists from before the pid is known (see zygote.py): all gone
+        except PermissionError:
             try:
                 p.popen.send_signal(sig)
-            except ProcessLookupError:
+            except OSError:
                 pass
 
     def kill_all(self) -> None:

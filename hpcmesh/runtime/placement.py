@@ -114,6 +114,15 @@ class CallerFollower:
             _followers.remove(self)
 
 
+def _take_cores(cores: set) -> None:
+    """A helper thread's first act: every core the process had (best effort: an initializer
+    that raised would break the executor for good)."""
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError:
+        pass
+
+
 async def start_helper_threads_unpinned(loop) -> None:
     """Run on the runtime thread before it is first pinned: the threads its event loop
     starts later must not inherit the pin.
@@ -127,8 +136,7 @@ async def start_helper_threads_unpinned(loop) -> None:
     from concurrent.futures import ThreadPoolExecutor
     cores = os.sched_getaffinity(0)
     loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="hpcmesh-loop-executor",
-                                                 initializer=os.sched_setaffinity,
-                                                 initargs=(0, cores)))
+                                                 initializer=_take_cores, initargs=(cores,)))
     if type(loop).__module__.startswith("uvloop"):
         try:
             await loop.getaddrinfo("localhost", None)

@@ -386,13 +386,14 @@ class Connection:
             self.loop.remove_writer(self.sock.fileno())
         except (ValueError, OSError):
             pass
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-        self._out.clear()
-        self._tls_out = _NOTHING
-        self._batch = []
+        with self._lock:    # a writer on another thread may be walking the queue
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+            self._out.clear()
+            self._tls_out = _NOTHING
+            self._batch = []
         self._on_close(self, exc)
 
 

@@ -283,8 +283,8 @@ def test_bad_magic():
 
 def test_other_wire_version_is_named():
     hs = Handshake(SECRET, dialer=False)
-    with pytest.raises(HandshakeError, match="wire version 1, this process speaks version 2"):
-        hs.receive(b"HPCMESH1" + os.urandom(32))
+    with pytest.raises(HandshakeError, match="wire version 2, this process speaks version 3"):
+        hs.receive(b"HPCMESH2" + os.urandom(32))
 
 
 def test_short_secret_refused():

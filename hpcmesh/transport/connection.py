@@ -509,7 +509,8 @@ async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: floa
                 raise HandshakeError(
                     "peer closed the connection during the handshake" + (
                         "" if session is not None else " (if it runs with TLS, give this end "
-                        "the same ca= / HPCMESH_TLS_CA; else check the job secret)"))
+                        "the same ca= / HPCMESH_TLS_CA; else check the job secret, and that both "
+                        "ends run the same hpcmesh version)"))
             reply, leftover = hs.receive(data)
             if reply:
                 await send(reply)

@@ -47,7 +47,7 @@ def test_actors_spawned_on_this_proc_run_in_this_process():
     pid, seen = local.where.call_one().get(timeout=10)
     assert pid == os.getpid() and seen == 1 and _SHARED == ["seen"]   # same memory
     assert pm.stop().get(timeout=10) == {pm._state.records[0].name: 0}
-    with pytest.raises(SupervisionError, match="'local' was stopped with the this_proc"):
+    with pytest.raises(SupervisionError, match="'local' was stopped: the this_proc\\(\\) mesh"):
         local.incr.call_one().get(timeout=10)
     with pytest.raises(RuntimeError, match="has been stopped"):
         pm.spawn("again", Local)

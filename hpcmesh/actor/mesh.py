@@ -463,16 +463,9 @@ class ProcMesh(_SharedStateMesh):
         grace = DEFAULT_STOP_GRACE if grace is None else float(grace)
         if st.in_this_process:        # our own process: stop the actors spawned on it
             st.stopped = True
-            rec = recs[0]
-
-            def stopped(_count) -> dict:
-                for am in st.actor_meshes:
-                    am.failed = SupervisionError(
-                        f"actor mesh {am.name!r} was stopped with the this_proc() mesh it was "
-                        f"spawned on", am.name, rec.point, rec.host, rec.pid, "stopped")
-                return {rec.name: 0}
-            return node.rpc(rec.node, "stop_actors",
-                            [am.actor_id for am in st.actor_meshes]).then(stopped)
+            return gather([_stop_actor_mesh(am, "the this_proc() mesh it was spawned on was "
+                                                "stopped") for am in st.actor_meshes],
+                          lambda _: {r.name: 0 for r in recs})
         for r in recs:
             r.stopping = True
         if self._shape.nelem == len(st.records):
@@ -590,6 +583,24 @@ class _ActorMeshState:
                 forward(inner, out)
 
 
+def _stop_actor_mesh(st: _ActorMeshState, reason: str) -> Future:
+    """Stop the actors of one actor mesh on every process that hosts them, then fail later
+    calls to it with a SupervisionError naming ``reason``. A Future of None (a member whose
+    process is gone already counts as stopped)."""
+    node = _node()
+
+    def stop_all() -> Future:
+        return gather([node.rpc(n, "stop_actors", [st.actor_id])
+                       for n in dict.fromkeys(st.nodes)])
+
+    def mark(f: Future) -> Future:
+        st.failed = SupervisionError(f"actor mesh {st.name!r} was stopped: {reason}", st.name)
+        if f.exception() is not None and not isinstance(f.exception(), SupervisionError):
+            return failed(f.exception())
+        return completed(None)
+    return _chain_any(_chain(st.ready, stop_all), mark)
+
+
 def _gives_way(attr: str) -> property:
     """``attr`` of an ActorMesh, unless the actor class has an endpoint of that name: then
     the endpoint (see ``GIVES_WAY_TO_ENDPOINTS``)."""
@@ -625,20 +636,7 @@ class ActorMesh(_SharedStateMesh):
         """Stop every actor of this actor mesh (the whole mesh, whatever this view selects):
         their ``__cleanup__`` runs, their processes go on. Later calls raise a
         ``SupervisionError`` naming the mesh and ``reason``. A Future of None."""
-        st = self._state
-        node = _node()
-
-        def stop_all(nodes: list[NodeRef]) -> Future:
-            calls = [node.rpc(n, "stop_actors", [st.actor_id]) for n in dict.fromkeys(nodes)]
-            return gather(calls)
-
-        def mark(f: Future) -> Future:
-            st.failed = SupervisionError(f"actor mesh {st.name!r} was stopped: {reason}",
-                                         st.name)
-            if f.exception() is not None and not isinstance(f.exception(), SupervisionError):
-                return failed(f.exception())
-            return completed(None)
-        return _chain_any(_chain(st.ready, lambda: stop_all(st.nodes)), mark)
+        return _stop_actor_mesh(self._state, reason)
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         """[(rank in this view, global index)] and the view's extent as plain items (cached)."""
@@ -751,8 +749,8 @@ class Endpoint:
         if shape.nelem != 1:
             raise ValueError(
                 f"call_one() needs a mesh of exactly one actor, but {mesh._state.name!r} has "
-                f"extent "
-                f"{dict(shape.extent)} ({shape.nelem} actors); use call() or slice it first, "
+                f"extent {dict(shape.extent)} ({shape.nelem} actors); use call() or slice it "
+                f"first, "
                 f"e.g. mesh.slice(**{{dim: 0 for dim in mesh.extent}})")
         members, ext = mesh._members()
         g = members[0][1]

@@ -221,8 +221,7 @@ def test_threads_the_runtime_loop_starts_after_it_is_pinned_get_every_core(tmp_p
                          timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    if len(got["mine"]) < 2:
-        pytest.skip("one core: nothing to pin away from")
+    # (on a one-core machine these hold trivially; CI's machine has two)
     assert len(got["rt"]) == 1                       # the runtime thread follows its caller
     assert got["helper"] == got["mine"]
     assert all(cores == got["mine"] for cores in got["others"]), got

@@ -23,3 +23,23 @@ def test_worker_process_entry_does_not_import_torch():
 def test_jobs_and_cli_do_not_import_torch():
     mods = _modules_after("import hpcmesh.job, hpcmesh.cli, hpcmesh.hosts")
     assert "torch" not in mods
+
+
+def test_hosts_from_config_from_the_seed_and_monarch_paths():
+    # the seed writes `from monarch.job import hosts_from_config`; Monarch programs also take
+    # it from monarch.actor: both paths give the one function
+    import hpcmesh
+    import hpcmesh.actor
+    import hpcmesh.hosts
+    from hpcmesh.actor import hosts_from_config as from_actor
+    from hpcmesh.job import hosts_from_config as from_job
+    assert from_job is from_actor is hpcmesh.hosts.hosts_from_config is hpcmesh.hosts_from_config
+    assert "hosts_from_config" in hpcmesh.job.__all__
+    # the actor facade hands it out lazily: importing hpcmesh.actor alone loads no job layer
+    assert "hpcmesh.job" not in _modules_after("import hpcmesh.actor")
+    try:
+        hpcmesh.actor.no_such_name
+    except AttributeError as e:
+        assert "no_such_name" in str(e)
+    else:
+        raise AssertionError("hpcmesh.actor.no_such_name should raise AttributeError")

@@ -367,18 +367,6 @@ def test_python_that_does_not_exist_fails_fast(cluster):
     assert not _listed(jid)
 
 
-def test_agents_that_never_attach_time_out(cluster):
-    # a begin time in the future keeps the job pending: it can never attach in time
-    job = _job("timeout", cluster, slurm_args=["--begin=now+1hour"], timeout=3)
-    with pytest.raises(SlurmStartTimeout) as ei:
-        job.apply()
-    msg = str(ei.value)
-    jid = job.job_ids[0]
-    assert f"Slurm job {jid}" in msg and "PENDING (BeginTime)" in msg
-    assert "it was cancelled" in msg and f"{PREFIX}-timeout-{jid}.out" in msg
-    assert not _listed(jid)
-
-
 def test_allocation_with_malformed_nodelist(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-")

@@ -18,6 +18,7 @@ from hpcmesh.slurm.parsing import (
     clean_env_for_nested_srun,
     command_for_sacct,
     command_for_squeue,
+    command_for_squeue_start,
     compress_hostlist,
     expand_hostlist,
     normalize_state,
@@ -27,6 +28,7 @@ from hpcmesh.slurm.parsing import (
     parse_sbatch_parsable,
     parse_slurm_duration,
     parse_squeue,
+    parse_squeue_start,
     parse_tasks_per_node,
     sacct_unavailable,
     squeue_job_unknown,
@@ -550,3 +552,19 @@ def test_text_fixtures_match_the_recorded_json(json_name, text_name):
         assert r.name == job["name"]
         assert r.num_nodes == _number(job["node_count"])
         assert r.partition == job["partition"]
+
+
+def test_parse_squeue_start_recorded_22_05():
+    # before the backfill scheduler planned it, a job pending on Resources has no estimate
+    before = parse_squeue_start(fixture("squeue-start-22.05-recorded-before-backfill.txt"))
+    assert before == {"21": "2026-12-02T06:00:00"}
+    after = parse_squeue_start(fixture("squeue-start-22.05-recorded-after-backfill.txt"))
+    assert after == {"20": "2026-12-01T20:01:35", "21": "2026-12-02T06:00:00"}
+
+
+def test_parse_squeue_start_forms_and_errors():
+    assert parse_squeue_start("JOBID|START_TIME\n\n7|Unknown\n8|N/A\n9|(null)\n") == {}
+    assert command_for_squeue_start(["7", "8"]) == [
+        "squeue", "--start", "--noheader", "--format=%i|%S", "--jobs=7,8"]
+    with pytest.raises(SlurmParseError, match="expected '<jobid>|<start>'"):
+        parse_squeue_start("7 2026-12-01T20:01:35\n")

@@ -22,3 +22,12 @@ __all__ = [
     "SupervisionError", "BootstrapCommand", "default_bootstrap_cmd", "Extent", "Point",
     "Accumulator", "current_actor_name", "this_proc",
 ]
+
+
+def __getattr__(name: str):
+    # hosts_from_config belongs to the job layer above this one; Monarch programs import it
+    # from here too, so the facade hands it out lazily instead of importing upward at load.
+    if name == "hosts_from_config":
+        from ..hosts import hosts_from_config
+        return hosts_from_config
+    raise AttributeError(f"module 'hpcmesh.actor' has no attribute {name!r}")

@@ -22,3 +22,8 @@ from .ssh import LoginJob, SSHJob  # noqa: E402
 from .submitit_job import SubmititJob  # noqa: E402
 
 __all__ += ["BashActor", "exec_command", "exec_python", "LoginJob", "SSHJob", "SubmititJob"]
+
+# the seed's import path (``from monarch.job import hosts_from_config``)
+from ..hosts import hosts_from_config  # noqa: E402
+
+__all__ += ["hosts_from_config"]

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from ..settings import env_number
 from ..slurm.parsing import Allocation, SlurmParseError, clean_env_for_nested_srun
 from .base import JobState, JobTrait
+from .start_limits import check_seconds
 from .slurm import (SlurmError, SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, _need, _run,
                     _tail, _Progress, agent_command, agent_token, client_attach_addresses,
                     make_host_mesh)
@@ -79,7 +80,8 @@ class SlurmAllocation(JobTrait):
         self.srun_args = list(srun_args)
         self.python_exe = python_exe or sys.executable
         self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 30)
-        self.timeout = float(timeout)
+        # no queue here (the allocation is ours): one limit, on the srun step's bring-up
+        self.timeout = check_seconds("SlurmAllocation", "timeout", timeout)
         self.log_dir = os.path.abspath(log_dir)
         self.env = dict(env or {})
         self.progress = progress

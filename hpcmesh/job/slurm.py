@@ -11,8 +11,10 @@ How it works (``apply()``):
    listen on the node's chosen interface (``hpcmesh.transport.netif``) and dial
    back to this client, saying hello with the job token.
 3. While the job is pending, ``squeue`` (text format, never JSON) shows
-   progress; a job that ends before every agent attached fails at once with
-   its id, state, reason and log; a start timeout cancels the job.
+   progress (state, reason, Slurm's expected start); a job that ends before every
+   agent attached fails at once with its id, state, reason and log. Waiting in the
+   queue is never a failure unless ``job_start_timeout`` says so; bring-up after
+   RUNNING has its own ``timeout``, and passing either cancels the job.
 
 The agents hold a lease: once no controller has been connected for ``grace``
 seconds they exit, the steps end, the batch script ends and the job
@@ -38,6 +40,7 @@ import dataclasses
 import glob
 import json
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -54,12 +57,14 @@ from ..actor.mesh import HostMesh, HostRef, attach_to_workers
 from ..runtime.bootstrap import BootstrapCommand
 from ..settings import env_number
 from ..shapes import Extent, Shape
-from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue, parse_sbatch_parsable,
-                             parse_squeue, squeue_job_unknown)
+from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue,
+                             command_for_squeue_start, parse_sbatch_parsable, parse_squeue,
+                             parse_squeue_start, squeue_job_unknown)
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
 from .base import DEFAULT_CACHE, JobState, JobTrait
 from .local import in_batch_job
+from .start_limits import StartLimits, check_seconds
 
 log = logging.getLogger("hpcmesh.job.slurm")
 
@@ -132,6 +137,16 @@ def squeue_jobs(job_ids: Sequence[str]) -> dict[str, JobRecord]:
         raise SlurmError(f"squeue failed (exit {proc.returncode}): "
                          f"{(proc.stderr or proc.stdout).strip()}")
     return {r.job_id: r for r in parse_squeue(proc.stdout)}
+
+
+def squeue_expected_starts(job_ids: Sequence[str]) -> dict[str, str]:
+    """Slurm's estimated start of pending jobs (``squeue --start``); {} when it has none
+    or cannot say (progress only: never a reason to fail)."""
+    try:
+        proc = _run(command_for_squeue_start(list(job_ids)), timeout=20)
+        return parse_squeue_start(proc.stdout) if proc.returncode == 0 else {}
+    except (SlurmError, SlurmParseError):
+        return {}
 
 
 def scancel(job_ids: Sequence[str], *, wait: float = 60.0) -> None:
@@ -518,7 +533,13 @@ class SlurmJob(JobTrait):
     Differences from Monarch: ``python_exe`` defaults to this interpreter (right when
     login and compute nodes share the software tree); ``grace`` is the agents' lease
     (seconds without a controller before they exit, default ``$HPCMESH_LEASE_GRACE`` or
-    60); ``timeout`` is how long ``apply`` waits for the agents (default 300 s).
+    60).
+
+    Waiting: the queue wait has no limit unless ``job_start_timeout`` (seconds from
+    submission to every agent attached) sets one, as in Monarch; ``timeout`` (default
+    300 s) bounds the bring-up once the job is RUNNING. Either passing cancels the job
+    and raises :class:`SlurmStartTimeout`; so does Ctrl-C (KeyboardInterrupt), which says
+    which job it cancelled.
     """
 
     def __init__(self, meshes: Mapping[str, Any] | None = None, python_exe: str | None = None,
@@ -533,7 +554,7 @@ class SlurmJob(JobTrait):
                  requeue: bool = False, grace: float | None = None, timeout: float = 300.0,
                  same_allocation: bool = True, spec: JobSpec | None = None,
                  progress: bool | None = None, monarch_port: int | None = None,
-                 job_start_timeout: int | None = None):
+                 job_start_timeout: float | None = None):
         super().__init__()
         del monarch_port  # Monarch's fixed worker port: hpcmesh ports are ephemeral
         if spec is None:
@@ -565,7 +586,13 @@ class SlurmJob(JobTrait):
             spec = dataclasses.replace(spec, log_dir=os.path.abspath(spec.log_dir))
         self.spec = spec
         self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 60)
-        self.timeout = float(job_start_timeout if job_start_timeout is not None else timeout)
+        self.timeout = check_seconds(
+            "SlurmJob", "timeout", timeout,
+            hint="it bounds the bring-up once the job runs; the queue wait is bounded by "
+                 "job_start_timeout (default None: no limit)")
+        self.job_start_timeout = check_seconds(
+            "SlurmJob", "job_start_timeout", job_start_timeout,
+            none_means="wait in the queue for as long as Slurm keeps the job pending")
         self.progress = progress
         # filled by apply()
         self.job_ids: list[str] = []
@@ -695,10 +722,15 @@ class SlurmJob(JobTrait):
                       file=sys.stderr)
                 return
             self._wait_for_agents(waiters, hello_times)
-        except BaseException:
+        except BaseException as exc:
             if self.job_ids:
                 try:
                     scancel(self.job_ids, wait=30)
+                    if isinstance(exc, KeyboardInterrupt):
+                        # Ctrl-C asks nothing: the user wants out, and a job left in the queue
+                        # would later hold nodes for an agent lease with nobody to serve
+                        print(f"\nhpcmesh: interrupted; cancelled Slurm job "
+                              f"{', '.join(self.job_ids)}", file=sys.stderr, flush=True)
                 except SlurmError as e:
                     log.warning("could not cancel job(s) %s: %s", self.job_ids, e)
             for w in waiters.values():
@@ -733,9 +765,10 @@ class SlurmJob(JobTrait):
         progress = _Progress(self.progress)
         t_submit = self.timings["submit"]
         mono0 = time.monotonic()
-        deadline = mono0 + self.timeout
+        limits = StartLimits(self.timeout, getattr(self, "job_start_timeout", None), mono0)
         ids = list(self.job_ids)
-        state = {"records": {}, "next": 0.0, "interval": 0.1, "running_at": None}
+        state = {"records": {}, "next": 0.0, "interval": 0.1, "running_at": None,
+                 "starts": {}, "next_start": 0.0}
 
         def attached() -> int:
             return sum(w.attached for w in waiters.values())
@@ -745,8 +778,11 @@ class SlurmJob(JobTrait):
             if now >= state["next"]:
                 recs = squeue_jobs(ids)
                 state["records"] = recs
-                # fast at first (to see RUNNING early), then back off to spare slurmctld
-                state["interval"] = min(state["interval"] * 1.5, 2.0)
+                pending = [j for j in ids if j in recs and recs[j].state == "PENDING"]
+                # fast at first (to see RUNNING early), then back off to spare slurmctld;
+                # a job that waits in the queue is asked less often still
+                cap = 5.0 if pending else 2.0
+                state["interval"] = min(state["interval"] * 1.5, cap)
                 state["next"] = time.monotonic() + state["interval"]
                 for jid in ids:
                     r = recs.get(jid)
@@ -758,13 +794,25 @@ class SlurmJob(JobTrait):
                             all(recs.get(j) is not None and recs[j].state == "RUNNING"
                                 for j in ids):
                         state["running_at"] = time.time()
+                        limits.mark_running(time.monotonic())
+                if pending and time.monotonic() >= state["next_start"]:
+                    state["starts"] = squeue_expected_starts(pending)
+                    state["next_start"] = time.monotonic() + 15.0
+            if hello_times:
+                limits.mark_running(time.monotonic())   # an agent runs, so the job does
+            which = limits.expired(time.monotonic())
+            if which is not None and attached() < total:
+                self._fail_timeout(waiters, total, limits.describe(which))
             recs = state["records"]
             states = sorted({f"{r.state}" + (f" ({r.reason})" if r.reason and r.reason not in
                                              ("None", "(null)") else "")
                              for r in recs.values()}) or ["SUBMITTED"]
+            starts = [state["starts"][j] for j in ids if j in state["starts"]
+                      and recs.get(j) is not None and recs[j].state == "PENDING"]
             n = attached()
-            key = (tuple(states), n)
-            text = (f"job {','.join(ids)} {' '.join(states)} {n}/{total} hosts attached "
+            key = (tuple(states), n, tuple(starts))
+            est = f" expected start {min(starts)}" if starts else ""
+            text = (f"job {','.join(ids)} {' '.join(states)}{est} {n}/{total} hosts attached "
                     f"{time.monotonic() - mono0:.1f}s")
             progress.show(key, text)
 
@@ -772,11 +820,8 @@ class SlurmJob(JobTrait):
         try:
             poll()
             for mesh, w in waiters.items():
-                left = deadline - time.monotonic()
-                try:
-                    hosts = w.wait(max(left, 0.0), poll=poll, poll_interval=0.05)
-                except TimeoutError:
-                    self._fail_timeout(waiters, total)
+                # no deadline of its own: poll() raises once a limit in `limits` has passed
+                hosts = w.wait(math.inf, poll=poll, poll_interval=0.05)
                 self.agent_addresses[mesh] = [list(h.agent.addresses) for h in hosts]
                 self._live_hosts[mesh] = hosts
             state["next"] = 0.0
@@ -824,7 +869,7 @@ class SlurmJob(JobTrait):
             f"attached; job log: {self._log_hint(idx)}" +
             (f"\nlast lines of its stderr:\n{tail}" if tail else ""))
 
-    def _fail_timeout(self, waiters: dict, total: int) -> None:
+    def _fail_timeout(self, waiters: dict, total: int, limit: str) -> None:
         n = sum(w.attached for w in waiters.values())
         recs = {}
         try:
@@ -842,8 +887,8 @@ class SlurmJob(JobTrait):
         except SlurmError as e:
             cancelled = f"cancelling it failed: {e}"
         raise SlurmStartTimeout(
-            f"only {n} of {total} host agents of Slurm job {', '.join(ids)} attached within "
-            f"{self.timeout:.0f} s (job state: {states}); {cancelled}; job log: "
+            f"only {n} of {total} host agents of Slurm job {', '.join(ids)} attached {limit} "
+            f"(job state: {states}); {cancelled}; job log: "
             f"{self._log_hint()}")
 
     # -- state ----------------------------------------------------------------------
@@ -911,44 +956,64 @@ class SlurmJob(JobTrait):
         counts = [c for c in (_restart_count(j) for j in self.job_ids) if c is not None]
         return max(counts) if counts else self.restart_count
 
-    def _wait_ready_files(self, mesh: str, timeout: float | None = None) -> list[list[str]]:
-        """Addresses of ``mesh``'s agents from their ready files, in Slurm task order."""
+    def _wait_ready_files(self, mesh: str) -> list[list[str]]:
+        """Addresses of ``mesh``'s agents from their ready files, in Slurm task order.
+
+        After a requeue the job waits in the queue again: that wait is not bounded (nor
+        counted against the bring-up ``timeout``) unless the job is gone from Slurm."""
         if not self.job_dir:
             raise SlurmError(f"job {self.job_id} has no job folder recorded; cannot find its "
                              f"agents")
         expected = self._expected(mesh)
-        timeout = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
+        ids = self._ids()
+        limits = StartLimits(self.timeout, None, time.monotonic())
+        if in_batch_job() or not ids:
+            limits.mark_running(time.monotonic())   # we run inside the job itself
+        progress = _Progress(self.progress)
         pattern = os.path.join(self.job_dir, _ready_name(mesh, self.restart_count, "*"))
-        delay = 0.05
-        while True:
-            found = []
-            for path in glob.glob(pattern):
-                try:
-                    with open(path) as f:
-                        text = f.read()
-                except OSError:
-                    continue
-                if not text.endswith("\n"):
-                    continue          # still being written
-                procid = path.rsplit("-", 1)[1].split(".")[0]
-                found.append((int(procid) if procid.isdigit() else 0,
-                              [a for a in text.split() if a]))
-            if len(found) >= expected:
-                return [a for _, a in sorted(found)[:expected]]
-            if time.monotonic() > deadline:
-                recs = {}
-                try:
-                    recs = squeue_jobs(self._ids())
-                except SlurmError:
-                    pass
-                st = ", ".join(f"{j} {r.state}" for j, r in recs.items()) or "unknown"
-                raise SlurmStartTimeout(
-                    f"only {len(found)} of {expected} host agents of mesh {mesh!r} wrote their "
-                    f"ready file in {self.job_dir} within {timeout:.0f} s (job {self.job_id}: "
-                    f"{st}); job log: {self._log_hint()}")
-            time.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
+        delay, next_squeue, recs = 0.05, 0.0, {}
+        try:
+            while True:
+                found = []
+                for path in glob.glob(pattern):
+                    try:
+                        with open(path) as f:
+                            text = f.read()
+                    except OSError:
+                        continue
+                    if not text.endswith("\n"):
+                        continue          # still being written
+                    procid = path.rsplit("-", 1)[1].split(".")[0]
+                    found.append((int(procid) if procid.isdigit() else 0,
+                                  [a for a in text.split() if a]))
+                if len(found) >= expected:
+                    return [a for _, a in sorted(found)[:expected]]
+                if limits.running_at is None and time.monotonic() >= next_squeue:
+                    recs = squeue_jobs(ids)
+                    next_squeue = time.monotonic() + 2.0
+                    for jid in ids:
+                        r = recs.get(jid)
+                        if r is None or r.state not in ACTIVE_STATES:
+                            self._fail_ended(jid, r)
+                    if all(recs[j].state == "RUNNING" for j in ids):
+                        limits.mark_running(time.monotonic())
+                    progress.show(tuple((j, r.state, r.reason) for j, r in recs.items()),
+                                  f"job {','.join(ids)} " + " ".join(
+                                      f"{r.state}" + (f" ({r.reason})" if r.reason not in
+                                                      ("", "None") else "")
+                                      for r in recs.values()) +
+                                  f" waiting for the agents of mesh {mesh!r}")
+                if limits.expired(time.monotonic()):
+                    st = ", ".join(f"{j} {r.state}" for j, r in recs.items()) or "RUNNING"
+                    raise SlurmStartTimeout(
+                        f"only {len(found)} of {expected} host agents of mesh {mesh!r} wrote "
+                        f"their ready file in {self.job_dir} "
+                        f"{limits.describe('bring-up')} (job {self.job_id}: {st}); job log: "
+                        f"{self._log_hint()}")
+                time.sleep(delay)
+                delay = min(delay * 1.5, 1.0)
+        finally:
+            progress.done()
 
     # -- life cycle -------------------------------------------------------------------
     def _kill(self) -> None:

@@ -33,6 +33,7 @@ them from the cached state; ``kill()`` cancels the submission.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -43,6 +44,7 @@ from typing import Any, Mapping, Sequence
 from ..runtime.client import client_runtime
 from .attach import AttachTimeout, AttachWaiter
 from .base import JobTrait
+from .start_limits import StartLimits, check_seconds
 
 __all__ = ["SubmititJob"]
 
@@ -178,7 +180,9 @@ class SubmititJob(JobTrait):
     ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``slurm_setup``, ...);
     ``nodes``/``tasks_per_node`` are set by the job. ``grace``: how long agents wait
     for a client after the last one left. ``attach_timeout``: how long ``apply`` waits
-    for every agent (pending time included). ``listen``/``advertise_host``: passed to
+    for every agent once the job runs; the queue wait before has no limit unless
+    ``job_start_timeout`` (seconds from submission, pending time included) sets one, as in
+    :class:`SlurmJob`. ``listen``/``advertise_host``: passed to
     ``hpcmesh worker`` on the nodes (default: all interfaces / the chosen one).
     ``attach_addresses``: the client addresses the agents dial, in order (default: all of
     this client's, Unix socket first).
@@ -186,7 +190,8 @@ class SubmititJob(JobTrait):
 
     def __init__(self, meshes: Mapping[str, int] | None = None, folder: str = ".hpcmesh/submitit",
                  cluster: str | None = None, *, grace: float = 300.0,
-                 attach_timeout: float = 600.0, listen: str | None = None,
+                 attach_timeout: float = 600.0, job_start_timeout: float | None = None,
+                 listen: str | None = None,
                  advertise_host: str | None = None, progress: bool = True,
                  attach_addresses: Sequence[str] | None = None, **executor_params: Any):
         super().__init__()
@@ -210,7 +215,13 @@ class SubmititJob(JobTrait):
         self.folder = os.path.abspath(os.fspath(folder))
         self.cluster = cluster
         self.grace = float(grace)
-        self.attach_timeout = float(attach_timeout)
+        self.attach_timeout = check_seconds(
+            "SubmititJob", "attach_timeout", attach_timeout,
+            hint="it bounds the bring-up once the job runs; the queue wait is bounded by "
+                 "job_start_timeout (default None: no limit)")
+        self.job_start_timeout = check_seconds(
+            "SubmititJob", "job_start_timeout", job_start_timeout,
+            none_means="wait in the queue for as long as Slurm keeps the job pending")
         self.listen = listen
         self.advertise_host = advertise_host
         self.progress = progress
@@ -250,20 +261,23 @@ class SubmititJob(JobTrait):
         self._live_jobs: dict[str, Any] = {}
         waiters = {name: AttachWaiter(f"{tag}-{name}", n) for name, n in self.meshes.items()}
         t0 = time.monotonic()
+        limits = StartLimits(self.attach_timeout, self.job_start_timeout, t0)
+        if cluster != "slurm":
+            limits.mark_running(t0)        # no queue: the agents start at once
         try:
             for name, n in self.meshes.items():
                 self._submit(submitit, cluster, name, n, waiters[name].job_token, attach)
             hosts = {}
             for name, waiter in waiters.items():
-                left = max(1.0, self.attach_timeout - (time.monotonic() - t0))
-                try:
-                    hosts[name] = waiter.wait(left, poll=lambda name=name: self._poll(name))
-                except AttachTimeout as e:
-                    raise AttachTimeout(f"SubmititJob mesh {name!r} ({self.resolved_cluster}): "
-                                        f"{e}; {self._where_logs(name)}") from None
-        except BaseException:
+                # no deadline of its own: _poll raises once a limit in `limits` has passed
+                hosts[name] = waiter.wait(
+                    math.inf, poll=lambda name=name, w=waiter: self._poll(name, w, limits))
+        except BaseException as exc:
             self._cancel_all(wait=False)
             self._drop_secret()
+            if isinstance(exc, KeyboardInterrupt) and self.job_ids:
+                print(f"\nhpcmesh: interrupted; cancelled {self.resolved_cluster} job "
+                      f"{', '.join(self.job_ids.values())}", file=sys.stderr, flush=True)
             raise
         self._live_meshes = {name: self._host_mesh(name, refs) for name, refs in hosts.items()}
         self.attach_seconds = time.monotonic() - t0
@@ -313,12 +327,27 @@ class SubmititJob(JobTrait):
             print(f"hpcmesh: SubmititJob mesh {name!r}: submitted {cluster} job "
                   f"{self.job_ids[name]} ({n} agent(s))", file=sys.stderr, flush=True)
 
-    def _poll(self, name: str) -> None:
-        """Between attach waits: fail early if the submission is gone; show Slurm progress."""
+    def _poll(self, name: str, waiter: AttachWaiter, limits: StartLimits) -> None:
+        """Between attach waits: fail early if the submission is gone or a start limit has
+        passed; show Slurm progress."""
+        now = time.monotonic()
+        if waiter.attached:
+            limits.mark_running(now)
+        which = limits.expired(now)
+        if which is not None:
+            raise AttachTimeout(
+                f"SubmititJob mesh {name!r} ({self.resolved_cluster}): {waiter.attached} of "
+                f"{waiter.expected} host agents attached {limits.describe(which)}; "
+                f"{self._where_logs(name)}")
         cluster = self.resolved_cluster
         if cluster == "slurm":
+            if now < self.__dict__.get("_live_next_squeue", 0.0):
+                return          # squeue every 2 s at most (slurmctld serves everyone)
+            self._live_next_squeue = now + 2.0
             rec = self._squeue().get(self.job_ids[name])
             state = rec.state if rec is not None else None
+            if state == "RUNNING":
+                limits.mark_running(now)
             last = getattr(self, "_live_last_state", {}).get(name)
             if self.progress and rec is not None and (state, rec.reason) != last:
                 self.__dict__.setdefault("_live_last_state", {})[name] = (state, rec.reason)

@@ -620,6 +620,40 @@ def parse_squeue(text: str) -> list[JobRecord]:
     return records
 
 
+#: ``squeue --start --noheader --format=SQUEUE_START_FORMAT``: the scheduler's estimate
+SQUEUE_START_FORMAT = "%i|%S"
+_NO_ESTIMATE = {"", "N/A", "NONE", "UNKNOWN", "(NULL)"}
+
+
+def command_for_squeue_start(job_ids: Iterable[str | int] | str | int) -> list[str]:
+    """argv for the expected start time of pending jobs (read by :func:`parse_squeue_start`).
+
+    Slurm estimates a start only once the backfill scheduler has planned the job (or a
+    ``--begin`` time holds it); until then squeue prints ``N/A``.
+    """
+    return ["squeue", "--start", "--noheader", f"--format={SQUEUE_START_FORMAT}",
+            f"--jobs={_job_id_list(job_ids)}"]
+
+
+def parse_squeue_start(text: str) -> dict[str, str]:
+    """``squeue --start`` lines -> {job id: expected start as Slurm prints it,
+    ``2026-12-01T20:53:38``}; jobs without an estimate (``N/A``) are left out."""
+    out: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        job_id, sep, start = line.strip().partition("|")
+        if not sep:
+            raise SlurmParseError(f"squeue --start output line {lineno} {line!r}: expected "
+                                  f"'<jobid>|<start>' from --format={SQUEUE_START_FORMAT!r}")
+        if job_id.upper() == "JOBID":
+            continue
+        start = start.strip()
+        if start.upper() not in _NO_ESTIMATE:
+            out[job_id.strip()] = start
+    return out
+
+
 def squeue_job_unknown(stderr: str) -> bool:
     """True when squeue failed only because the job id is gone (purged after MinJobAge)."""
     return "invalid job id" in (stderr or "").lower()

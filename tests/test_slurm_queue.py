@@ -1,0 +1,203 @@
+"""Jobs that wait in a real queue (the Slurm test cluster, tests/cluster/README.md).
+
+A job pending behind another that holds every node is not cancelled for waiting, however
+short its bring-up ``timeout``; it attaches within seconds once the nodes free up. Ctrl-C
+while pending cancels it and says so; a SIGKILLed pending client leaves a job whose agents
+exit on their lease as soon as it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from hpcmesh.job import SlurmStartTimeout
+from hpcmesh.job.slurm import squeue_jobs
+from slurm_cluster import CLUSTER_NODES
+from test_slurm_e2e import PREFIX, PY, SCANCEL, _job, _listed, cluster  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slurm
+
+
+def _hold_every_node(name: str) -> str:
+    """Submit a job that holds every node of the cluster; returns its id once RUNNING."""
+    out = subprocess.run(
+        ["sbatch", "--parsable", f"--nodes={len(CLUSTER_NODES)}", "--exclusive", "--time=10",
+         f"--job-name={PREFIX}-{name}", "--output=/dev/null", "--wrap", "sleep 600"],
+        capture_output=True, text=True, timeout=30, check=True)
+    jid = out.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rec = squeue_jobs([jid]).get(jid)
+        if rec is not None and rec.state == "RUNNING":
+            return jid
+        time.sleep(0.2)
+    raise AssertionError(f"blocker job {jid} did not start: {squeue_jobs([jid])}")
+
+
+def _release(jid: str) -> float:
+    subprocess.run([SCANCEL, jid], timeout=30, check=True)
+    return time.monotonic()
+
+
+def _wait_state(jid: str, states: set[str], timeout: float) -> str | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = squeue_jobs([jid]).get(jid)
+        if rec is not None and rec.state in states:
+            return rec.state
+        time.sleep(0.2)
+    return None
+
+
+def test_queued_job_outlives_its_bring_up_timeout_then_attaches(cluster, capsys):
+    blocker = _hold_every_node("blocker")
+    job = _job("queued", cluster, timeout=5)
+    seen: dict = {}
+
+    def release_after_20s():
+        time.sleep(20)
+        seen["records"] = squeue_jobs(job.job_ids)
+        seen["released"] = _release(blocker)
+
+    releaser = threading.Thread(target=release_after_20s, daemon=True)
+    t0 = time.monotonic()
+    releaser.start()
+    try:
+        state = job.state(cached_path=None)
+        attached = time.monotonic()
+        releaser.join(30)
+        rec = seen["records"][job.job_id]
+        # 20 s in the queue with a 5 s bring-up timeout: pending, not cancelled
+        assert rec.state == "PENDING" and rec.reason in ("Resources", "Priority"), rec
+        wait = attached - seen["released"]
+        with capsys.disabled():
+            print(f"\nqueued {seen['released'] - t0:.1f} s behind a job holding every node; "
+                  f"attached {wait:.2f} s after the nodes were freed")
+        assert wait < 15
+        assert len(state.hosts.hostnames) == 1
+        procs = state.hosts.spawn_procs(per_host={"gpus": 1})
+        procs.initialized.get(timeout=60)
+        assert job.timings["submit_to_running_s"] >= 19
+        err = capsys.readouterr().err
+        assert f"job {job.job_id} PENDING (" in err, err
+        assert f"job {job.job_id} RUNNING" in err, err
+    finally:
+        if _listed(blocker):
+            _release(blocker)
+        job.kill()
+    assert not _listed(job.job_id)
+
+
+def test_job_start_timeout_bounds_the_queue_wait_when_set(cluster, capsys):
+    # a begin time in the future keeps the job pending; Slurm knows when it would start
+    job = _job("jst", cluster, slurm_args=["--begin=now+1hour"], timeout=1,
+               job_start_timeout=4)
+    t0 = time.monotonic()
+    with pytest.raises(SlurmStartTimeout) as ei:
+        job.apply()
+    took = time.monotonic() - t0
+    msg = str(ei.value)
+    jid = job.job_ids[0]
+    assert 4 <= took < 30
+    assert f"Slurm job {jid}" in msg and "PENDING (BeginTime)" in msg
+    assert "within 4 s of submission (job_start_timeout=4" in msg
+    assert "it was cancelled" in msg and f"{PREFIX}-jst-{jid}.out" in msg
+    assert not _listed(jid)
+    err = capsys.readouterr().err
+    assert f"job {jid} PENDING (BeginTime) expected start 20" in err, err
+
+
+def test_bring_up_timeout_counts_from_running(cluster):
+    # the job runs at once, but its setup keeps the agents from starting for 60 s
+    job = _job("slowsetup", cluster, setup=["sleep 60"], timeout=3)
+    t0 = time.monotonic()
+    with pytest.raises(SlurmStartTimeout) as ei:
+        job.apply()
+    took = time.monotonic() - t0
+    msg = str(ei.value)
+    jid = job.job_ids[0]
+    assert 3 <= took < 30, took
+    assert "within 3 s of the job starting to run (timeout=3" in msg, msg
+    assert f"{jid} RUNNING" in msg and "it was cancelled" in msg
+    assert not _listed(jid)
+
+
+def _client_script(cluster, name: str, grace: float, extra: str = "") -> str:
+    script = cluster / f"{name}.py"
+    script.write_text(textwrap.dedent(f"""
+        from hpcmesh.job import SlurmJob
+        job = SlurmJob(meshes={{"hosts": 1}}, job_name="{PREFIX}-{name}", grace={grace},
+                       log_dir="{cluster / 'logs'}", progress=True, timeout=5{extra})
+        job.apply()
+        print("ATTACHED", flush=True)
+    """))
+    return str(script)
+
+
+def _wait_pending_line(proc: subprocess.Popen, timeout: float = 60) -> str:
+    """Read the client's stderr until its progress shows the job pending; returns the id."""
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("hpcmesh: job ") and " PENDING (" in line:
+            return line.split()[2]
+    raise AssertionError("the client never showed a pending job:\n" + "".join(lines))
+
+
+def test_ctrl_c_while_pending_cancels_the_job_and_says_so(cluster):
+    script = _client_script(cluster, "ctrlc", grace=30, extra=', slurm_args=["--begin=now+1hour"]')
+    proc = subprocess.Popen([PY, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        jid = _wait_pending_line(proc)
+        assert _listed(jid)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+        assert f"hpcmesh: interrupted; cancelled Slurm job {jid}" in err, err
+        assert "KeyboardInterrupt" in err and proc.returncode != 0
+        assert not _listed(jid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigkilled_pending_client_leaves_no_job_holding_nodes(cluster):
+    blocker = _hold_every_node("blocker2")
+    script = _client_script(cluster, "pendkill", grace=3)
+    proc = subprocess.Popen([PY, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        jid = _wait_pending_line(proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        # the job stays queued (nobody could cancel it); once it runs, its agents find no
+        # client and exit after their initial wait (the lease grace), and the job completes
+        assert _listed(jid)
+        _release(blocker)
+        assert _wait_state(jid, {"RUNNING", "COMPLETING", "COMPLETED"}, 30), squeue_jobs([jid])
+        t_run = time.monotonic()
+        while _listed(jid) and time.monotonic() - t_run < 40:
+            time.sleep(0.2)
+        held = time.monotonic() - t_run
+        print(f"\njob {jid} of a SIGKILLed pending client held its node {held:.1f} s after it "
+              f"started (lease grace 3 s)")
+        assert not _listed(jid)
+        assert held < 3 + 15
+        assert squeue_jobs([jid])[jid].state == "COMPLETED"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if _listed(blocker):
+            _release(blocker)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Set up everything and run the whole test suite: venv, the Slurm test cluster
-# (needs root: it installs Debian's slurm packages and makes network namespaces), pytest.
+# Set up everything and run the whole test suite: Debian packages, venv, the Slurm test
+# cluster (needs root: it installs Debian's packages and makes network namespaces), pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+as_root bash scripts/system-packages.sh
 bash scripts/venv.sh
-if [ "$(id -u)" = 0 ]; then bash tests/cluster/up.sh; else sudo bash tests/cluster/up.sh; fi
+as_root bash tests/cluster/up.sh
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?

@@ -47,6 +47,11 @@ droot_make() {
         touch "$root/.debian-root-complete"
     fi
     cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+    # this machine's certificate authorities: the registries are reached through them (local
+    # ones in /usr/local/share/ca-certificates survive update-ca-certificates in the root)
+    mkdir -p "$root/etc/ssl/certs" "$root/usr/local/share/ca-certificates"
+    cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/" 2>/dev/null || true
+    cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
     # pip: the same indexes and on-disk wheels as this machine (bind-mounted read-only)
     local f
     for f in /etc/pip.conf /etc/xdg/pip /root/.config/pip; do

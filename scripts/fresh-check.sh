@@ -82,6 +82,11 @@ if [[ $WHAT == all ]]; then
         say "taking the host's test cluster down (the root's cluster uses the same names)"
         bash "$REPO/tests/cluster/down.sh" >>"$LOG" 2>&1
     fi
+    # and the root's Slurm 24.11 cluster takes the same ports as the host's
+    if [[ -d /var/lib/hpcmesh-slurm24-root ]]; then
+        say "taking the host's Slurm 24.11 test cluster down (same ports)"
+        KEEP_ROOT=1 bash "$REPO/tests/cluster/slurm24/down.sh" >>"$LOG" 2>&1 || true
+    fi
     run_in_root "command 2 (test suite)" ./scripts/test.sh || rc=1
     grep -E '(passed|failed|error)' "$LOG" | tail -n 3 >&2 || true
 fi

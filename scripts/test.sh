@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything and run the whole test suite: Debian packages, venv, the Slurm test
-# cluster (needs root: it installs Debian's packages and makes network namespaces), pytest.
+# cluster (needs root: it installs Debian's packages and makes network namespaces), pytest;
+# then the Slurm end-to-end tests again on a Slurm 24.11 cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -10,6 +11,16 @@ as_root bash tests/cluster/up.sh
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?
+# The same Slurm end-to-end tests against a second release: Slurm 24.11 (Debian 13's) in a
+# debootstrapped root beside the 22.05 cluster (tests/cluster/slurm24/; HPCMESH_SLURM24=0
+# leaves it out). Only for the whole suite, not when arguments pick tests.
+rc24=0
+if [ $# -eq 0 ] && [ "${HPCMESH_SLURM24:-1}" != 0 ]; then
+    echo "== the Slurm end-to-end tests on Slurm 24.11 =="
+    as_root bash tests/cluster/slurm24/test.sh
+    rc24=$?
+fi
 set -e
 # pytest's 5 means "no tests collected": that is a failure for us, not a pass.
-exit $rc
+[ $rc -ne 0 ] && exit $rc
+exit $rc24

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from ci_gate import skip_or_fail
 
 __all__ = [
+    "SLURM_RELEASE",
     "CLUSTER_NAME",
     "CLUSTER_NODES",
     "LOGIN_ADDR",
@@ -60,8 +61,8 @@ _OK_STATES = {"idle", "alloc", "mix", "comp", "plnd"}  # plnd: planned by backfi
 
 class ClusterNode(NamedTuple):
     name: str  # Slurm NodeName == hostname inside the node (e.g. "node1")
-    addr: str  # e.g. "10.77.0.11"
-    netns: str  # network namespace, e.g. "hpcm-node1"
+    addr: str  # e.g. "10.77.0.11" (24.11: 127.0.0.1)
+    netns: str | None  # network namespace, e.g. "hpcm-node1" (24.11: none)
 
 
 def _node_count() -> int:
@@ -77,10 +78,21 @@ def _node_count() -> int:
     return 3
 
 
-CLUSTER_NODES: tuple[ClusterNode, ...] = tuple(
-    ClusterNode(f"node{k}", f"10.77.0.{10 + k}", f"hpcm-node{k}")
-    for k in range(1, _node_count() + 1)
-)
+#: Which Slurm release the tests talk to: "22.05" (Debian 12's, the namespace cluster of
+#: tests/cluster/up.sh) or "24.11" (Debian 13's, tests/cluster/slurm24/: the tests then run
+#: inside its root, and every node is 127.0.0.1 with a hostname of its own).
+SLURM_RELEASE = os.environ.get("HPCMESH_TEST_SLURM", "22.05")
+if SLURM_RELEASE == "24.11":
+    CLUSTER_NAME = "hpcm2411"
+    UP_COMMAND = f"sudo {CLUSTER_DIR / 'slurm24' / 'up.sh'}"
+    DOWN_COMMAND = f"sudo {CLUSTER_DIR / 'slurm24' / 'down.sh'}"
+    CLUSTER_NODES: tuple[ClusterNode, ...] = tuple(
+        ClusterNode(f"node{k}", "127.0.0.1", None) for k in range(1, 4))
+else:
+    CLUSTER_NODES = tuple(
+        ClusterNode(f"node{k}", f"10.77.0.{10 + k}", f"hpcm-node{k}")
+        for k in range(1, _node_count() + 1)
+    )
 NODE_NAMES: tuple[str, ...] = tuple(n.name for n in CLUSTER_NODES)
 
 

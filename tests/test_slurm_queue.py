@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import SlurmStartTimeout
 from hpcmesh.job.slurm import squeue_jobs
 from slurm_cluster import CLUSTER_NODES
@@ -201,3 +202,79 @@ def test_sigkilled_pending_client_leaves_no_job_holding_nodes(cluster):
             proc.kill()
         if _listed(blocker):
             _release(blocker)
+
+
+class Trainer(Actor):
+    """Counts steps; on a preemption notice it checkpoints to the shared filesystem."""
+
+    def __init__(self, ckpt: str):
+        import json
+        import os
+        self.ckpt = ckpt
+        self.step = json.load(open(ckpt))["step"] if os.path.exists(ckpt) else 0
+
+    @endpoint
+    def train(self, steps: int) -> int:
+        self.step += steps
+        return self.step
+
+    @endpoint
+    def checkpoint(self) -> dict:
+        import json
+        import os
+        from hpcmesh.job import slurm_notice
+        with open(self.ckpt + ".tmp", "w") as f:
+            json.dump({"step": self.step}, f)
+        os.replace(self.ckpt + ".tmp", self.ckpt)
+        return {"step": self.step, "notices": len(slurm_notice() or [])}
+
+    @endpoint
+    def where(self) -> tuple:
+        import os
+        return os.environ["SLURM_JOB_ID"], os.environ.get("SLURM_RESTART_COUNT", "0")
+
+
+def _scontrol(*args: str) -> None:
+    subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30, check=True)
+
+
+def test_requeue_brings_the_mesh_back_after_a_checkpoint(cluster):
+    job = _job("requeue", cluster, requeue=True, grace=30)
+    ckpt = str(cluster / "trainer.ckpt")
+    state = job.state(cached_path=None)
+    try:
+        jid = job.job_id
+        trainer = state.hosts.spawn_procs().spawn("trainer", Trainer, ckpt)
+        assert trainer.train.call_one(5).get(timeout=60) == 5
+        assert trainer.where.call_one().get(timeout=30) == (jid, "0")
+
+        # preemption warning: the batch shell forwards the signal to the agents, which record
+        # it; the controller sees the notice and has the trainer checkpoint first
+        got = threading.Event()
+        notices = []
+        stop = job.watch_notices(lambda n: (notices.append(n), got.set()), interval=0.2)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", jid], timeout=30, check=True)
+        assert got.wait(30), "no preemption notice reached the controller"
+        stop.set()
+        assert notices[0]["signal"] == "SIGUSR1" and notices[0]["slurm_job_id"] == jid
+        saved = trainer.checkpoint.call_one().get(timeout=30)
+        assert saved == {"step": 5, "notices": 1}
+
+        # the requeue: Slurm ends the run and queues the job again, held for 120 s by a begin
+        # time; the test cluster lets it start at once (the admin's `StartTime=now`)
+        t_requeue = time.monotonic()
+        _scontrol("requeue", jid)
+        assert _wait_state(jid, {"PENDING"}, 30), squeue_jobs([jid])
+        _scontrol("update", f"jobid={jid}", "StartTime=now")
+        state = job.state(cached_path=None)          # reconnects to the new run's agents
+        trainer = state.hosts.spawn_procs().spawn("trainer", Trainer, ckpt)
+        assert trainer.train.call_one(1).get(timeout=60) == 6     # resumed from step 5
+        took = time.monotonic() - t_requeue
+        print(f"\nscontrol requeue -> a working call on the new allocation: {took:.1f} s")
+        assert job.restart_count == 1 and job.job_id == jid
+        assert trainer.where.call_one().get(timeout=30) == (jid, "1")
+        assert job.notices() is None                 # the warning belonged to the first run
+        assert took < 60
+    finally:
+        job.kill()
+    assert not _listed(jid)

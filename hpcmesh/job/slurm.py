@@ -993,7 +993,9 @@ class SlurmJob(JobTrait):
                     next_squeue = time.monotonic() + 2.0
                     for jid in ids:
                         r = recs.get(jid)
-                        if r is None or r.state not in ACTIVE_STATES:
+                        # COMPLETING: a requeued run is wound up before the job is queued
+                        # again (a job that really ends shows COMPLETED at the next look)
+                        if r is None or r.state not in ACTIVE_STATES | {"COMPLETING"}:
                             self._fail_ended(jid, r)
                     if all(recs[j].state == "RUNNING" for j in ids):
                         limits.mark_running(time.monotonic())

@@ -47,6 +47,9 @@ droot_make() {
         touch "$root/.debian-root-complete"
     fi
     cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+    # this machine's name resolves inside (munged looks it up)
+    grep -qw "$(hostname)" "$root/etc/hosts" 2>/dev/null ||
+        printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$(hostname)" >>"$root/etc/hosts"
     # this machine's certificate authorities: the registries are reached through them (local
     # ones in /usr/local/share/ca-certificates survive update-ca-certificates in the root)
     mkdir -p "$root/etc/ssl/certs" "$root/usr/local/share/ca-certificates"
@@ -73,6 +76,9 @@ droot_mounted() { mountpoint -q "$1"; }
 
 droot_mount() {
     local root=$1 d
+    # the root a mount point of its own: `unshare --mount` (ip netns exec, the Slurm lab's
+    # node namespaces) makes / rslave, which fails on a plain folder under chroot
+    droot_mounted "$root" || mount --bind "$root" "$root"
     droot_mounted "$root/proc" || mount -t proc proc "$root/proc"
     for d in sys dev; do
         droot_mounted "$root/$d" || { mount --rbind "/$d" "$root/$d" && mount --make-rslave "$root/$d"; }

@@ -58,8 +58,9 @@ from ..runtime.bootstrap import BootstrapCommand
 from ..settings import env_number
 from ..shapes import Extent, Shape
 from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue,
-                             command_for_squeue_start, parse_sbatch_parsable, parse_squeue,
-                             parse_squeue_start, squeue_job_unknown)
+                             command_for_squeue_start, parse_sbatch_parsable,
+                             parse_scontrol_restarts, parse_squeue, parse_squeue_start,
+                             squeue_job_unknown)
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
 from .base import DEFAULT_CACHE, JobState, JobTrait
@@ -176,13 +177,7 @@ def _restart_count(job_id: str) -> int | None:
         proc = _run(["scontrol", "-o", "show", "job", job_id], timeout=20)
     except SlurmError:
         return None
-    for word in proc.stdout.split():
-        if word.startswith("Restarts="):
-            try:
-                return int(word.split("=", 1)[1])
-            except ValueError:
-                return None
-    return None
+    return parse_scontrol_restarts(proc.stdout)
 
 
 def _tail(path: str, n: int = 15) -> str:

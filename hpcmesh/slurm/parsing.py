@@ -776,6 +776,20 @@ def sacct_unavailable(stderr: str) -> bool:
 
 
 # --------------------------------------------------------------------------
+# scontrol
+
+
+def parse_scontrol_restarts(text: str) -> int | None:
+    """``Restarts=N`` (how often the job was requeued) from ``scontrol -o show job ID``;
+    None when the output has no such field."""
+    for word in (text or "").split():
+        if word.startswith("Restarts="):
+            value = word.split("=", 1)[1]
+            return int(value) if value.isdigit() else None
+    return None
+
+
+# --------------------------------------------------------------------------
 # sbatch
 
 

@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
-  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq python3-venv python3-pip
-  else sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv python3-pip; fi
+  # python3-venv alone: the venv brings its own pip (pip's recommends would add a compiler)
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv
+  else sudo apt-get update -qq && sudo apt-get install -y -qq --no-install-recommends python3-venv; fi
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 extras=${HPCMESH_EXTRAS:-all}

@@ -32,10 +32,16 @@ say() { echo "[fresh-check] $*" | tee -a "$LOG" >&2; }
 : >"$LOG"
 
 host_cluster_was_up=0
+host_slurm24_was_up=0
 cleanup() {
     local rc=$?
-    if [[ -d $ROOT/work/hpcmesh ]] && [[ -x $ROOT/usr/bin/env ]]; then
+    # the root's clusters, only where it made them: its down.sh sees this kernel's
+    # namespaces, cgroups and /dev, so it must not run against the host's
+    if [[ -f $ROOT/var/lib/hpcmesh-testcluster/manifest ]]; then
         chroot "$ROOT" /usr/bin/env bash /work/hpcmesh/tests/cluster/down.sh >>"$LOG" 2>&1 || true
+    fi
+    if [[ -d $ROOT/var/lib/hpcmesh-slurm24-root ]]; then
+        chroot "$ROOT" /usr/bin/env bash /work/hpcmesh/tests/cluster/slurm24/down.sh >>"$LOG" 2>&1 || true
     fi
     if [[ ${KEEP_ROOT:-0} == 1 ]]; then
         droot_kill "$ROOT"; droot_umount "$ROOT"
@@ -47,12 +53,18 @@ cleanup() {
         say "bringing the host's test cluster back up"
         bash "$REPO/tests/cluster/up.sh" >>"$LOG" 2>&1 || say "host cluster did not come back (see $LOG)"
     fi
+    if ((host_slurm24_was_up)); then
+        say "bringing the host's Slurm 24.11 test cluster back up"
+        bash "$REPO/tests/cluster/slurm24/up.sh" >>"$LOG" 2>&1 || say "it did not come back (see $LOG)"
+    fi
     exit $rc
 }
 trap cleanup EXIT
 
 t0=$(date +%s)
-rm -rf "$ROOT"          # a fresh root every time: a reused one would hide a missing step
+# a fresh root every time (a reused one would hide a missing step); droot_remove unmounts
+# what a killed earlier run left mounted there, and refuses to delete through a mount
+droot_remove "$ROOT" || exit 1
 droot_make "$ROOT" bookworm
 say "minimal Debian 12 root ready at $ROOT in $(( $(date +%s) - t0 )) s (no python3: $( [[ -e $ROOT/usr/bin/python3 ]] && echo no || echo yes ))"
 
@@ -84,6 +96,7 @@ if [[ $WHAT == all ]]; then
     fi
     # and the root's Slurm 24.11 cluster takes the same ports as the host's
     if [[ -d /var/lib/hpcmesh-slurm24-root ]]; then
+        mountpoint -q /var/lib/hpcmesh-slurm24-root/proc && host_slurm24_was_up=1
         say "taking the host's Slurm 24.11 test cluster down (same ports)"
         KEEP_ROOT=1 bash "$REPO/tests/cluster/slurm24/down.sh" >>"$LOG" 2>&1 || true
     fi

@@ -793,8 +793,9 @@ class SlurmJob(JobTrait):
                 if pending and time.monotonic() >= state["next_start"]:
                     state["starts"] = squeue_expected_starts(pending)
                     state["next_start"] = time.monotonic() + 15.0
-            if hello_times:
-                limits.mark_running(time.monotonic())   # an agent runs, so the job does
+            if hello_times and len(ids) == 1:
+                # an agent runs, so its job does (with several jobs, squeue must see all)
+                limits.mark_running(time.monotonic())
             which = limits.expired(time.monotonic())
             if which is not None and attached() < total:
                 self._fail_timeout(waiters, total, limits.describe(which))
@@ -983,7 +984,7 @@ class SlurmJob(JobTrait):
                                   [a for a in text.split() if a]))
                 if len(found) >= expected:
                     return [a for _, a in sorted(found)[:expected]]
-                if limits.running_at is None and time.monotonic() >= next_squeue:
+                if ids and time.monotonic() >= next_squeue:   # a job may end (or be requeued)
                     recs = squeue_jobs(ids)
                     next_squeue = time.monotonic() + 2.0
                     for jid in ids:

@@ -261,9 +261,12 @@ class SubmititJob(JobTrait):
         self._live_jobs: dict[str, Any] = {}
         waiters = {name: AttachWaiter(f"{tag}-{name}", n) for name, n in self.meshes.items()}
         t0 = time.monotonic()
-        limits = StartLimits(self.attach_timeout, self.job_start_timeout, t0)
+        # one job per mesh, so each has its own bring-up clock (submitted together)
+        limits = {name: StartLimits(self.attach_timeout, self.job_start_timeout, t0)
+                  for name in self.meshes}
         if cluster != "slurm":
-            limits.mark_running(t0)        # no queue: the agents start at once
+            for lim in limits.values():
+                lim.mark_running(t0)       # no queue: the agents start at once
         try:
             for name, n in self.meshes.items():
                 self._submit(submitit, cluster, name, n, waiters[name].job_token, attach)
@@ -271,12 +274,12 @@ class SubmititJob(JobTrait):
             for name, waiter in waiters.items():
                 # no deadline of its own: _poll raises once a limit in `limits` has passed
                 hosts[name] = waiter.wait(
-                    math.inf, poll=lambda name=name, w=waiter: self._poll(name, w, limits))
+                    math.inf, poll=lambda name=name, w=waiter: self._poll(name, w, limits[name]))
         except BaseException as exc:
             self._cancel_all(wait=False)
             self._drop_secret()
             if isinstance(exc, KeyboardInterrupt) and self.job_ids:
-                print(f"\nhpcmesh: interrupted; cancelled {self.resolved_cluster} job "
+                print(f"\nhpcmesh: interrupted; asked {self.resolved_cluster} to cancel job "
                       f"{', '.join(self.job_ids.values())}", file=sys.stderr, flush=True)
             raise
         self._live_meshes = {name: self._host_mesh(name, refs) for name, refs in hosts.items()}
@@ -341,9 +344,10 @@ class SubmititJob(JobTrait):
                 f"{self._where_logs(name)}")
         cluster = self.resolved_cluster
         if cluster == "slurm":
-            if now < self.__dict__.get("_live_next_squeue", 0.0):
+            next_squeue = self.__dict__.setdefault("_live_next_squeue", {})
+            if now < next_squeue.get(name, 0.0):
                 return          # squeue every 2 s at most (slurmctld serves everyone)
-            self._live_next_squeue = now + 2.0
+            next_squeue[name] = now + 2.0
             rec = self._squeue().get(self.job_ids[name])
             state = rec.state if rec is not None else None
             if state == "RUNNING":

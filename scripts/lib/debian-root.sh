@@ -36,7 +36,7 @@ droot_make() {
     local mirror; mirror=$(droot_mirror)
     if [[ ! -x $root/usr/bin/apt-get || ! -f $root/.debian-root-complete ]]; then
         droot_need_debootstrap
-        rm -rf "$root"
+        droot_remove "$root" || return 1       # never rm -rf through a mount of the host
         mkdir -p "$root"
         droot_log "debootstrap --variant=minbase $suite $root $mirror"
         debootstrap --variant=minbase "$suite" "$root" "$mirror" >"$root.debootstrap.log" 2>&1 || {
@@ -78,7 +78,9 @@ droot_mount() {
     local root=$1 d
     # the root a mount point of its own: `unshare --mount` (ip netns exec, the Slurm lab's
     # node namespaces) makes / rslave, which fails on a plain folder under chroot
-    droot_mounted "$root" || mount --bind "$root" "$root"
+    # private: nothing mounted under it propagates back to the host, or out of a
+    # bind of it (the mounts below are made slaves of the host's, not peers)
+    droot_mounted "$root" || { mount --bind "$root" "$root" && mount --make-rprivate "$root"; }
     droot_mounted "$root/proc" || mount -t proc proc "$root/proc"
     for d in sys dev; do
         droot_mounted "$root/$d" || { mount --rbind "/$d" "$root/$d" && mount --make-rslave "$root/$d"; }
@@ -93,6 +95,7 @@ droot_mount() {
 
 droot_kill() {
     local root; root=$(readlink -f "$1")
+    [[ -n $root && $root != / ]] || { droot_log "refusing to kill the processes of '$1'"; return 1; }
     local pids=() p r
     for p in /proc/[0-9]*; do
         r=$(readlink "$p/root" 2>/dev/null) || continue
@@ -104,23 +107,33 @@ droot_kill() {
     kill -KILL "${pids[@]}" 2>/dev/null || true
 }
 
+droot_mounts_under() {  # root -> the mount points at or below it, deepest first
+    awk -v r="$1" '$2 == r || index($2, r "/") == 1 {print $2}' /proc/self/mounts | sort -r
+}
+
 droot_umount() {
     local root; root=$(readlink -f "$1")
-    local m
-    # deepest first; lazy as a last resort (a busy /dev/pts under an rbind)
-    while read -r m; do
-        umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
-    done < <(awk -v r="$root" '$2 == r || index($2, r "/") == 1 {print $2}' /proc/self/mounts | sort -r)
+    [[ -n $root && $root != / ]] || return 1
+    local m pass
+    # deepest first; lazy as a last resort (a busy /dev/pts under an rbind); again until
+    # none is left (unmounting one can uncover another mounted beneath it)
+    for pass in 1 2 3 4 5; do
+        [[ -n $(droot_mounts_under "$root") ]] || return 0
+        while read -r m; do
+            umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+        done < <(droot_mounts_under "$root")
+    done
+    [[ -z $(droot_mounts_under "$root") ]]
 }
 
 droot_remove() {
     local root=$1
-    [[ -d $root ]] || return 0
-    droot_kill "$root"
-    droot_umount "$root"
-    if awk -v r="$(readlink -f "$root")" 'index($2, r) == 1 {found=1} END {exit !found}' /proc/self/mounts; then
-        droot_log "still mounted under $root; not deleting it"
+    [[ -d $root ]] || { rm -f "$root.debootstrap.log"; return 0; }
+    droot_kill "$root" || return 1
+    droot_umount "$root" || true
+    if [[ -n $(droot_mounts_under "$(readlink -f "$root")") ]]; then
+        droot_log "still mounted under $root; not deleting it: $(droot_mounts_under "$(readlink -f "$root")" | tr '\n' ' ')"
         return 1
     fi
-    rm -rf "$root" "$root.debootstrap.log"
+    rm -rf --one-file-system "$root" "$root.debootstrap.log"
 }

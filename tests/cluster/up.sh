@@ -145,6 +145,11 @@ done
 # 4. name resolution
 # --------------------------------------------------------------------------
 node_lines=$(for ((k = 1; k <= N; k++)); do echo "$(hpcm_node_addr "$k") node$k"; done)
+# localhost must resolve on the login node too (the tests and asyncio's resolver ask for
+# it); a machine whose /etc/hosts lacks it gets it inside our block, which down.sh removes
+if ! hpcm_strip_hosts_block </etc/hosts | grep -qE '^[[:space:]]*127\.0\.0\.1[[:space:]].*\blocalhost\b'; then
+    node_lines=$(printf '127.0.0.1 localhost\n%s' "$node_lines")
+fi
 # root namespace (= login node): marked block with the compute nodes only
 # ($LOGIN_HOST keeps resolving to 127.x here, like on many real login nodes)
 tmp=$(mktemp)

@@ -282,9 +282,12 @@ def test_bad_magic():
 
 
 def test_other_wire_version_is_named():
+    from hpcmesh.transport.handshake import MAGIC
+    ours = int(MAGIC[-1:])
     hs = Handshake(SECRET, dialer=False)
-    with pytest.raises(HandshakeError, match="wire version 2, this process speaks version 3"):
-        hs.receive(b"HPCMESH2" + os.urandom(32))
+    with pytest.raises(HandshakeError,
+                       match=f"wire version {ours - 1}, this process speaks version {ours}"):
+        hs.receive(MAGIC[:-1] + str(ours - 1).encode() + os.urandom(32))
 
 
 def test_short_secret_refused():
@@ -528,3 +531,13 @@ def test_tls_writer_keeps_order_and_state_across_full_socket_writes():
             pass
     assert bytes(conn.sock.got) == b"head" + big + b"tail"
     assert not conn._out and not conn._tls_out
+
+
+def test_frame_limits_are_checked_where_the_frame_is_built():
+    from hpcmesh.transport.framing import (DEFAULT_MAX_META, MAX_BUFFERS, FrameError,
+                                           check_frame_limits)
+    check_frame_limits(100, [b"x"] * MAX_BUFFERS)          # at the limits: fine
+    with pytest.raises(FrameError, match=f"{MAX_BUFFERS + 1} > {MAX_BUFFERS}.*np.stack"):
+        check_frame_limits(100, [b"x"] * (MAX_BUFFERS + 1))
+    with pytest.raises(FrameError, match=f"over the limit of {DEFAULT_MAX_META} bytes"):
+        check_frame_limits(DEFAULT_MAX_META + 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..runtime.future import Future
-from ..runtime.node import MSG_DELIVER, MSG_FAIL, PortRef
+from ..runtime.node import MSG_FAIL, PortRef
 from .mesh import _node
 
 
@@ -20,8 +20,10 @@ class Port:
         self.ref = ref
 
     def send(self, value) -> None:
+        """Deliver ``value`` to the receiver (in send order); one that cannot be pickled
+        raises here, one the receiver cannot unpickle fails only that message there."""
         if self.ref is not None:
-            _node().send(self.ref.node, (MSG_DELIVER, self.ref.port_id, value), "port message")
+            _node().send_value(self.ref, value, "port message")
 
     def exception(self, exc: BaseException) -> None:
         """Fail the receiving end with ``exc`` (a caller waiting on a response port gets it

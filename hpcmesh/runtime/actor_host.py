@@ -29,7 +29,8 @@ from .context import ActorInstance, Context, _current
 from .errors import ActorError
 from ..shapes import Extent, Point
 from ..transport import serialization
-from .node import MSG_DELIVER, Node, NodeRef, PortRef, failure, format_exception
+from .node import (MSG_DELIVER, Node, NodeRef, PortRef, ReplyNotSent, describe_exception,
+                   failure, format_exception)
 
 log = logging.getLogger("hpcmesh.actor")
 
@@ -271,7 +272,7 @@ class ActorHost:
             self._fail(endpoint, origin, reply, e)
         else:
             if reply is not None:
-                self.node.reply_to(origin, reply, value)
+                self._reply(endpoint, origin, reply, value)
 
     async def _run_mailbox(self) -> None:
         """The actor's mailbox task: parked while the actor is idle; finishes an endpoint
@@ -310,7 +311,7 @@ class ActorHost:
             self._failed(e, endpoint, origin, reply)
         else:
             if reply is not None:
-                self.node.reply_to(origin, reply, value)
+                self._reply(endpoint, origin, reply, value)
 
     async def _drain(self) -> None:
         queue = self._queue
@@ -344,7 +345,10 @@ class ActorHost:
                 self._failed(e, endpoint, origin, reply)
             else:
                 if reply is not None:
-                    reply_to(origin, reply, value)
+                    try:
+                        reply_to(origin, reply, value)
+                    except ReplyNotSent as e:   # (inline: the pipelined hot path)
+                        self._unsent(endpoint, origin, reply, e)
             finally:
                 _current.reset(token)
 
@@ -368,7 +372,7 @@ class ActorHost:
             self._failed(e, endpoint, origin, reply)
         else:
             if reply is not None:
-                self.node.reply_to(origin, reply, value)
+                self._reply(endpoint, origin, reply, value)
         finally:
             _current.reset(token)
 
@@ -385,11 +389,26 @@ class ActorHost:
         self._fail(endpoint, origin, reply, exc)
 
     # -- replies ---------------------------------------------------------------------
+    def _reply(self, endpoint: str, origin: str | None, reply: int, value: Any) -> None:
+        """Send an endpoint's result; one that cannot be sent fails that call instead."""
+        try:
+            self.node.reply_to(origin, reply, value)
+        except ReplyNotSent as e:
+            self._unsent(endpoint, origin, reply, e)
+
+    def _unsent(self, endpoint: str, origin: str | None, reply: int, exc: ReplyNotSent
+                ) -> None:
+        """The endpoint returned, but its result cannot travel: the caller gets the
+        serialization error (not an ActorError: the endpoint itself did not raise), naming
+        the endpoint and the actor."""
+        where = f"{self.cls.__name__}.{endpoint} of {self.instance.mesh_name}[{self.instance.rank.rank}]"
+        self.node.reply_to(origin, reply, failure(ReplyNotSent(f"{where}: {exc}")))
+
     def _fail(self, endpoint: str, origin: str | None, reply: int | None,
               exc: BaseException) -> None:
         err = exc if isinstance(exc, ActorError) and exc.point is not None else ActorError(
-            type(exc).__qualname__, str(exc), format_exception(exc), self.instance.rank,
-            self.cls.__name__, endpoint)
+            type(exc).__qualname__, describe_exception(exc, with_type=False),
+            format_exception(exc), self.instance.rank, self.cls.__name__, endpoint)
         if reply is not None:
             self.node.reply_to(origin, reply, failure(err))
             return

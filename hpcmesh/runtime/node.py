@@ -30,6 +30,7 @@ from ..settings import env_number
 from ..transport import serialization, tls
 from ..transport.addresses import Address
 from ..transport.connection import Connection, ConnectionClosed, Listener, dial
+from ..transport.framing import check_frame_limits
 from .errors import SupervisionError
 from .future import Future, register_loop_thread, unregister_loop_thread
 
@@ -44,9 +45,47 @@ MSG_CALL = 1       # (CALL, actor_id, endpoint, payload, reply_port_id|None, ran
 #                   frame, or the (args, kwargs) tuple itself when it holds only builtin
 #                   values (pickled with the envelope); the reply goes to the sending
 #                   node's port reply_port_id.
-MSG_DELIVER = 2    # (DELIVER, port_id, value)
+MSG_DELIVER = 2    # (DELIVER, port_id, value)  -- value pickled with the envelope: plain
+#                   results, runtime events, channel messages
 MSG_RPC = 3        # (RPC, service, args, reply PortRef|None)
 MSG_FAIL = 4       # (FAIL, port_id, exception)  -- reply carrying an error
+MSG_RESULT = 5     # (RESULT, port_id, pickled value) -- a reply whose value is pickled on
+#                   its own, its out-of-band buffers in the frame: the receiver unpickles
+#                   it apart from the envelope, so a value it cannot unpickle fails that
+#                   one call; every endpoint result that is not plain goes this way
+
+
+class ReplyNotSent(serialization.SerializationError):
+    """A result that could not be pickled or framed for its caller (the call fails with
+    this; the connection and the actor are unharmed)."""
+
+
+def encode_result(port_id: int, value: Any, what: str = "result") -> tuple[bytes, list]:
+    """The frame (meta, out-of-band buffers) that answers port ``port_id`` with ``value``:
+    one encoding for every reply path. Anything that goes wrong here, a value that does
+    not pickle, whose ``__reduce__`` raises, too many buffers for a frame, no memory,
+    raises :class:`ReplyNotSent` before a byte is queued."""
+    try:
+        if is_plain(value):
+            return pickle.dumps((MSG_DELIVER, port_id, value), _PROTOCOL), []
+        inner, bufs = serialization.dumps(value, what)
+        check_frame_limits(len(inner) + 32, bufs)
+        return serialization.dumps_envelope((MSG_RESULT, port_id, inner)), bufs
+    except Exception as e:  # noqa: BLE001 - whatever it was, this one call fails with it
+        raise ReplyNotSent(f"the {what} ({type(value).__name__}) could not be sent: "
+                           f"{describe_exception(e)}") from None
+
+
+def describe_exception(exc: BaseException, with_type: bool = True) -> str:
+    """``Type: message`` of an exception (or the message alone), even one whose
+    ``__str__`` raises: error paths must not fail on the error they report."""
+    try:
+        text = str(exc)
+    except Exception as e:  # noqa: BLE001
+        text = f"<str() of this {type(exc).__name__} raised {type(e).__name__}>"
+    if not with_type:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 #: How long a caller waits for a precise exit report after a connection drops
 #: before failing pending work with a generic "connection lost".
@@ -143,15 +182,19 @@ class Node:
         def main() -> None:
             loop = _new_loop()
             asyncio.set_event_loop(loop)
-            node = cls(secret, loop, role=role, name=name, info=info)
-            node.loop_tid = threading.get_ident()
-            node.loop_native_tid = threading.get_native_id()
-            register_loop_thread(loop)
             try:
+                # anything that fails before the loop runs (a bad TLS setting read by the
+                # constructor, a port in use) goes to the caller, who would wait forever
+                node = cls(secret, loop, role=role, name=name, info=info)
+                node.loop_tid = threading.get_ident()
+                node.loop_native_tid = threading.get_native_id()
+                register_loop_thread(loop)
                 node.listen(list(listen))
             except BaseException as e:  # noqa: BLE001
                 box["error"] = e
                 ready.set()
+                unregister_loop_thread(loop)
+                loop.close()
                 return
             box["node"] = node
             ready.set()
@@ -307,11 +350,19 @@ class Node:
                 msg = serialization.loads(serialization.dumps_envelope(msg))   # no sharing
             self.call_soon(self._dispatch_local, msg, buffers or ())
             return
-        p = self._peers.get(target.node_id) or self.peer(target)
         if buffers is None:
             meta, bufs = serialization.dumps(msg, what)
         else:
             meta, bufs = serialization.dumps_envelope(msg), buffers
+        self._send_encoded(target, meta, bufs)
+
+    def _send_encoded(self, target: NodeRef, meta: bytes, bufs: list) -> None:
+        """Send one encoded frame (as ``send``); to this node itself it is decoded and
+        dispatched on the loop."""
+        if target.node_id == self.node_id:
+            self.call_soon(self._dispatch_local, serialization.loads(meta), bufs)
+            return
+        p = self._peers.get(target.node_id) or self.peer(target)
         conn = p.conn
         if conn is not None and not p.backlog and not conn.closed:
             try:
@@ -620,12 +671,33 @@ class Node:
             inst.handle_call(msg, origin, buffers)
         elif kind == MSG_DELIVER:
             self._deliver_local(msg[1], msg[2])
+        elif kind == MSG_RESULT:
+            try:
+                value = serialization.loads(msg[2], buffers)
+            except Exception as e:  # noqa: BLE001 - fails this one call, not the connection
+                value = _Failure(serialization.SerializationError(
+                    f"a result arrived from {self._peer_name(origin)} but cannot be "
+                    f"unpickled here: {describe_exception(e)}. A result must unpickle on the "
+                    f"caller (an exception class whose __init__ takes other arguments than "
+                    f"it passes to Exception.__init__ does not; return plain data)"))
+            self._deliver_local(msg[1], value)
         elif kind == MSG_FAIL:
             self._deliver_local(msg[1], _Failure(msg[2]))
         elif kind == MSG_RPC:
             self._handle_rpc(msg)
         else:
             log.warning("unknown message kind %r", kind)
+
+    def _peer_name(self, node_id: str | None) -> str:
+        """``name (host, pid N)`` of a peer from its hello, for messages a user reads."""
+        if node_id is None or node_id == self.node_id:
+            return "this process"
+        p = self._peers.get(node_id)
+        info = p.conn.info.get("peer_info") if p is not None and p.conn is not None else None
+        if not info:
+            return f"node {node_id[:8]}"
+        return (f"{info.get('name') or info.get('role') or 'node ' + node_id[:8]} "
+                f"({info.get('host', '?')}, pid {info.get('pid', '?')})")
 
     def _handle_rpc(self, msg: tuple) -> None:
         _, service, args, reply = msg
@@ -674,23 +746,16 @@ class Node:
                     except ConnectionClosed:
                         pass        # the caller is gone; its supervision says why
                     return
+                meta, bufs = encode_result(port_id, value)     # raises ReplyNotSent
                 try:
-                    if is_plain(value):
-                        meta, bufs = pickle.dumps((MSG_DELIVER, port_id, value), _PROTOCOL), ()
+                    if bufs:
+                        conn.send_frame(meta, bufs)
                     else:
-                        meta, bufs = serialization.dumps((MSG_DELIVER, port_id, value), "result")
-                except serialization.SerializationError as e:
-                    value = _Failure(e)
-                else:
-                    try:
-                        if bufs:
-                            conn.send_frame(meta, bufs)
-                        else:
-                            conn.send_msg(meta)
-                            self._replied.add(conn)
-                        return
-                    except ConnectionClosed:
-                        return      # the caller is gone; its supervision says why
+                        conn.send_msg(meta)
+                        self._replied.add(conn)
+                except ConnectionClosed:
+                    pass            # the caller is gone; its supervision says why
+                return
         if origin == self.node_id:
             target = self.ref
         else:
@@ -705,14 +770,26 @@ class Node:
         self.reply(PortRef(target, port_id), value)
 
     def reply(self, port: PortRef | None, value: Any) -> None:
+        """Deliver ``value`` to ``port`` (a result, a channel message); one that cannot be
+        sent fails the port instead."""
         if port is None:
             return
         try:
-            self.send(port.node, (MSG_DELIVER, port.port_id, value), "result")
-        except serialization.SerializationError as e:
+            self.send_value(port, value)
+        except ReplyNotSent as e:
             self._reply_error(port, e)
         except (ConnectionError, SupervisionError) as e:
             log.debug("cannot deliver reply to %s: %s", port.node.node_id[:8], e)
+
+    def send_value(self, port: PortRef, value: Any, what: str = "result") -> None:
+        """Send ``value`` to ``port``: to this process by reference, to another encoded as
+        a result (``encode_result``: the receiver unpickles it apart, so a value it cannot
+        read fails that port alone); raises ReplyNotSent before sending anything."""
+        if port.node.node_id == self.node_id:
+            self.call_soon(self._dispatch_local, (MSG_DELIVER, port.port_id, value))
+            return
+        meta, bufs = encode_result(port.port_id, value, what)
+        self._send_encoded(port.node, meta, bufs)
 
     def _reply_error(self, port: PortRef | None, exc: BaseException) -> None:
         if port is None:

@@ -41,7 +41,8 @@ DEFAULT_MAX_FRAME = 8 * 1024**3
 DEFAULT_MAX_META = 256 * 1024**2
 #: Buffers at least this large are read directly into their own bytearray.
 DIRECT_READ_THRESHOLD = 64 * 1024
-_MAX_BUFFERS = 65535
+#: Out-of-band buffers one frame can carry (the header counts them in 16 bits).
+MAX_BUFFERS = 65535
 #: The most messages one batch frame may hold.
 MAX_BATCH_COUNT = 65535
 #: Set in a ``buf_len`` for a read-only buffer: it is rebuilt as ``bytes``.
@@ -109,10 +110,28 @@ class Frame:
     count: int = 1      # pickle streams in meta (a batch when > 1)
 
 
+def check_frame_limits(meta_len: int, buffers: list = ()) -> None:
+    """Raise FrameError, naming the limit, for a frame a peer's decoder would refuse (it
+    closes the connection on one): checked where a frame is built, so that the sender's
+    one message fails instead."""
+    if len(buffers) > MAX_BUFFERS:
+        raise FrameError(f"too many out-of-band buffers for one frame: {len(buffers)} > "
+                         f"{MAX_BUFFERS} (a list of that many arrays, bytes or tensors; send "
+                         f"fewer, bigger ones: np.stack / torch.stack them)")
+    if meta_len > DEFAULT_MAX_META:
+        raise FrameError(f"the pickled message is {meta_len} bytes, over the limit of "
+                         f"{DEFAULT_MAX_META} bytes for the part that is not out-of-band "
+                         f"(big data travels best as bytes, numpy arrays or tensors)")
+    total = meta_len + sum(memoryview(b).nbytes for b in buffers)
+    if total > DEFAULT_MAX_FRAME:
+        raise FrameError(f"the message is {total} bytes, over the frame limit of "
+                         f"{DEFAULT_MAX_FRAME} bytes: send it in pieces")
+
+
 def encode_frame(meta: bytes, buffers: list = ()) -> list:
     """Return the pieces to write for one frame (header, meta, buffers as-is)."""
-    if len(buffers) > _MAX_BUFFERS:
-        raise FrameError(f"too many out-of-band buffers: {len(buffers)} > {_MAX_BUFFERS}")
+    if len(buffers) > MAX_BUFFERS:
+        check_frame_limits(len(meta), buffers)
     views = [b if isinstance(b, memoryview) else memoryview(b) for b in buffers]
     head = _HEAD.pack(len(meta), len(views), 1)
     if views:

@@ -19,7 +19,7 @@ import os
 
 #: "HPCMESH" and the wire version: 2 added batch frames and read-only buffer flags; 3 the
 #: response-port flag that travels with an actor class's endpoints.
-MAGIC = b"HPCMESH3"
+MAGIC = b"HPCMESH4"
 NONCE = 32
 MAC = 32
 SECRET_BYTES = 32

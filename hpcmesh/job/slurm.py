@@ -65,7 +65,7 @@ from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
 from .base import DEFAULT_CACHE, JobState, JobTrait
 from .local import in_batch_job
-from .start_limits import StartLimits, check_seconds
+from .start_limits import StartLimits, check_start_limits
 
 log = logging.getLogger("hpcmesh.job.slurm")
 
@@ -581,13 +581,8 @@ class SlurmJob(JobTrait):
             spec = dataclasses.replace(spec, log_dir=os.path.abspath(spec.log_dir))
         self.spec = spec
         self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 60)
-        self.timeout = check_seconds(
-            "SlurmJob", "timeout", timeout,
-            hint="it bounds the bring-up once the job runs; the queue wait is bounded by "
-                 "job_start_timeout (default None: no limit)")
-        self.job_start_timeout = check_seconds(
-            "SlurmJob", "job_start_timeout", job_start_timeout,
-            none_means="wait in the queue for as long as Slurm keeps the job pending")
+        self.timeout, self.job_start_timeout = check_start_limits(
+            "SlurmJob", "timeout", timeout, job_start_timeout)
         self.progress = progress
         # filled by apply()
         self.job_ids: list[str] = []

@@ -39,6 +39,18 @@ def check_seconds(owner: str, name: str, value: object, *, none_means: str | Non
     return seconds
 
 
+def check_start_limits(owner: str, bring_up_name: str, bring_up: object,
+                       job_start: object) -> tuple[float, float | None]:
+    """The two limits a queued job's constructor takes, checked: (bring-up seconds,
+    job_start_timeout seconds or None)."""
+    return (check_seconds(owner, bring_up_name, bring_up,
+                          hint="it bounds the bring-up once the job runs; the queue wait is "
+                               "bounded by job_start_timeout (default None: no limit)"),
+            check_seconds(owner, "job_start_timeout", job_start,
+                          none_means="wait in the queue for as long as Slurm keeps the job "
+                                     "pending"))
+
+
 @dataclass
 class StartLimits:
     """The two deadlines of one start (monotonic seconds)."""

@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 from ..runtime.client import client_runtime
 from .attach import AttachTimeout, AttachWaiter
 from .base import JobTrait
-from .start_limits import StartLimits, check_seconds
+from .start_limits import StartLimits, check_start_limits
 
 __all__ = ["SubmititJob"]
 
@@ -215,13 +215,8 @@ class SubmititJob(JobTrait):
         self.folder = os.path.abspath(os.fspath(folder))
         self.cluster = cluster
         self.grace = float(grace)
-        self.attach_timeout = check_seconds(
-            "SubmititJob", "attach_timeout", attach_timeout,
-            hint="it bounds the bring-up once the job runs; the queue wait is bounded by "
-                 "job_start_timeout (default None: no limit)")
-        self.job_start_timeout = check_seconds(
-            "SubmititJob", "job_start_timeout", job_start_timeout,
-            none_means="wait in the queue for as long as Slurm keeps the job pending")
+        self.attach_timeout, self.job_start_timeout = check_start_limits(
+            "SubmititJob", "attach_timeout", attach_timeout, job_start_timeout)
         self.listen = listen
         self.advertise_host = advertise_host
         self.progress = progress

@@ -199,3 +199,20 @@ def test_a_bad_tls_setting_reaches_the_caller_instead_of_hanging(tmp_path, ca, w
                        timeout=60, env=dict(os.environ, HPCMESH_TLS_CA=ca))
     assert time.monotonic() - t0 < 30
     assert r.returncode == 1 and "TLSConfigError" in r.stderr and words in r.stderr, r.stderr
+
+
+def test_future_get_timeout_forms():
+    # -1 used to wait for ever (Lock.acquire's "no limit") and inf raised OverflowError
+    import math
+    from hpcmesh.runtime.future import Future
+    f = Future()
+    threading.Timer(0.1, lambda: f.set_result(5)).start()
+    assert f.get(timeout=math.inf) == 5
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="no result within 0.05 s"):
+        Future().get(timeout=0.05)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(ValueError, match=r"Future.get\(timeout=-1\): timeout takes seconds >= 0"):
+        Future().get(timeout=-1)
+    with pytest.raises(TypeError, match=r"Future.get\(timeout='5'\)"):
+        Future().get(timeout="5")

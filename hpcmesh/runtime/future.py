@@ -35,6 +35,21 @@ def unregister_loop_thread(loop: asyncio.AbstractEventLoop) -> None:
 _wait_hook: Callable[[], None] | None = None   # see set_wait_hook
 
 
+def _lock_timeout(timeout: float | None) -> float:
+    """``Future.get``'s timeout as ``Lock.acquire`` takes it: None and ``inf`` wait for
+    ever (-1; acquire itself refuses ``inf`` with an OverflowError), 0 does not wait; a
+    negative or non-number timeout is a mistake (acquire would read -1 as "for ever")."""
+    if timeout is None:
+        return -1
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
+        raise TypeError(f"Future.get(timeout={timeout!r}): timeout takes seconds (a number "
+                        f">= 0, math.inf) or None to wait for ever")
+    if timeout < 0:
+        raise ValueError(f"Future.get(timeout={timeout!r}): timeout takes seconds >= 0, or "
+                         f"None to wait for ever")
+    return -1 if timeout == float("inf") or timeout > threading.TIMEOUT_MAX else timeout
+
+
 def set_wait_hook(hook: Callable[[], None] | None) -> None:
     """``hook()`` is called by a thread about to block on a Future that another thread
     will settle (the runtime uses it to place its thread: see placement.py)."""
@@ -128,10 +143,11 @@ class Future:
                     "plain `def`: sync endpoints run on their own thread and may block)")
             if _wait_hook is not None:
                 _wait_hook()
+            wait = _lock_timeout(timeout)
             lock = threading.Lock()
             lock.acquire()
             self.add_done_callback(lambda _f: lock.release())
-            if not lock.acquire(timeout=-1 if timeout is None else timeout):
+            if not lock.acquire(timeout=wait):
                 raise TimeoutError(f"no result within {timeout} s")
         if self._exc is not None:
             raise self._exc

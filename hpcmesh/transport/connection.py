@@ -15,6 +15,7 @@ calls) travel as one batch frame.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import socket
@@ -43,6 +44,14 @@ _BATCH_BYTES = 256 * 1024
 _CALLER_FLUSH = 256
 _LONE_BYTES = 8192      # a lone message up to this size goes out joined, in one send()
 HANDSHAKE_TIMEOUT = 10.0
+#: Accepted connections that may be in their handshake at once; more are closed at once
+#: (nobody needs the secret to open one, so they must not be able to use up the fds).
+MAX_UNAUTHENTICATED = 128
+#: Out of fds (EMFILE/ENFILE) or memory at accept: stop accepting this long, then retry.
+ACCEPT_PAUSE = 0.25
+#: A listener that turns connections away says so at most once per this many seconds.
+ACCEPT_LOG_INTERVAL = 10.0
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The first byte of a TLS record carrying a handshake (a ClientHello); the hpcmesh
 #: handshake starts with its magic instead, so a listener tells them apart.
 TLS_HANDSHAKE_BYTE = 0x16
@@ -577,6 +586,10 @@ class Listener:
         sock.listen(1024)
         sock.setblocking(False)
         self.sock = sock
+        self._unauthenticated = 0           # accepted, handshake not finished
+        self._refused = 0                   # turned away since the last log line
+        self._last_log = -1e9
+        self._paused = False
         loop.add_reader(sock.fileno(), self._on_readable)
 
     def _on_readable(self) -> None:
@@ -586,10 +599,48 @@ class Listener:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
-                log.warning("accept failed on %s: %s", self.address, e)
+                if e.errno in _OUT_OF_RESOURCES:
+                    # Out of file descriptors (or memory): the pending connection stays in
+                    # the backlog and the socket stays readable, so retrying now would spin.
+                    # Stop accepting for a moment; the handshake deadline frees fds.
+                    self._pause(f"accept failed: {e}")
+                else:
+                    log.warning("accept failed on %s: %s", self.address, e)
                 return
+            if self._unauthenticated >= MAX_UNAUTHENTICATED:
+                conn.close()        # no secret needed to get this far: a bound, not a queue
+                self._note_refused(f"{MAX_UNAUTHENTICATED} connections are still in their "
+                                   f"handshake")
+                continue
             _tune(conn)
+            self._unauthenticated += 1
             self.loop.create_task(self._authenticate(conn, peer))
+
+    def _note_refused(self, why: str) -> None:
+        """Count a turned-away connection; log at most once per LOG_INTERVAL."""
+        self._refused += 1
+        now = self.loop.time()
+        if now - self._last_log >= ACCEPT_LOG_INTERVAL:
+            log.warning("listener %s refusing connections: %s (%d refused in the last %.0f s)",
+                        self.address, why, self._refused,
+                        min(now - self._last_log, ACCEPT_LOG_INTERVAL))
+            self._last_log, self._refused = now, 0
+
+    def _pause(self, why: str) -> None:
+        self._note_refused(why)
+        if self._paused:
+            return
+        self._paused = True
+        try:
+            self.loop.remove_reader(self.sock.fileno())
+        except (ValueError, OSError):
+            return
+        self.loop.call_later(ACCEPT_PAUSE, self._resume)
+
+    def _resume(self) -> None:
+        self._paused = False
+        if self.sock.fileno() >= 0:
+            self.loop.add_reader(self.sock.fileno(), self._on_readable)
 
     async def _authenticate(self, sock: socket.socket, peer) -> None:
         name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or str(self.address))
@@ -607,14 +658,17 @@ class Listener:
                 self.loop, sock, Handshake(self._secret, dialer=False),
                 max(0.0, deadline - self.loop.time()), tls_ctx, server_side=True, first=first)
         except (HandshakeError, OSError, asyncio.TimeoutError) as e:
+            self._unauthenticated -= 1
             reason = str(e) or type(e).__name__
             log.warning("dropped unauthenticated connection from %s on %s: %s", name,
                         self.address, reason)
             sock.close()
             return
         except BaseException:       # cancelled (the node is closing), or a bug: no leak
+            self._unauthenticated -= 1
             sock.close()
             raise
+        self._unauthenticated -= 1
         self._on_accept(sock, name, leftover, session)
 
     def close(self) -> None:

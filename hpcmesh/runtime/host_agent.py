@@ -277,6 +277,7 @@ class HostAgent:
 
     def _exited(self, p: _Proc) -> None:
         p.returncode = p.popen.returncode
+        self._kill_leftovers(p)
         if p.open_streams == 0:
             self._report_exit(p)
         else:
@@ -287,7 +288,19 @@ class HostAgent:
         while p.popen.poll() is None:
             await asyncio.sleep(0.05)
         p.returncode = p.popen.returncode
+        self._kill_leftovers(p)
         self._report_exit(p)
+
+    @staticmethod
+    def _kill_leftovers(p: _Proc) -> None:
+        """The process is gone (stopped, crashed, SIGKILLed): so is whatever it started and
+        left in its process group (a subprocess of an actor, its children). The group
+        outlives its leader only through such members, so its id cannot have been reused.
+        A program that must outlive the mesh has to leave the group itself (setsid)."""
+        try:
+            os.killpg(p.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def _report_exit(self, p: _Proc) -> None:
         if p.exited.is_set():

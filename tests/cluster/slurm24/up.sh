@@ -24,7 +24,10 @@ log() { echo "[slurm24 up] $*"; }
 die() { echo "[slurm24 up] ERROR: $*" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || die "must run as root"
 
-if s24_healthy >/dev/null 2>&1 && [[ $(cat "$S24_STATE/repo" 2>/dev/null) == "$REPO" ]]; then
+# up, and the root sees this very tree (the same directory, not an older one at that path
+# that was deleted and cloned again)
+if s24_healthy >/dev/null 2>&1 && [[ $(cat "$S24_STATE/repo" 2>/dev/null) == "$REPO" ]] &&
+        [[ $(stat -c %d:%i "$REPO") == $(stat -c %d:%i "$S24_ROOT$REPO" 2>/dev/null) ]]; then
     log "Slurm $(s24 sinfo --version | awk '{print $2}') cluster already up:"
     s24 sinfo
     exit 0

@@ -44,8 +44,14 @@ def _hold_every_node(name: str) -> str:
 
 
 def _release(jid: str) -> float:
+    """scancel the blocker; returns when that was asked, after squeue has let it go (it
+    may sit in COMPLETING a few seconds, longer on 24.11, and the teardown checks)."""
     subprocess.run([SCANCEL, jid], timeout=30, check=True)
-    return time.monotonic()
+    asked = time.monotonic()
+    deadline = asked + 60
+    while _listed(jid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return asked
 
 
 def _wait_state(jid: str, states: set[str], timeout: float) -> str | None:

@@ -103,16 +103,19 @@ def test_queued_job_outlives_its_bring_up_timeout_then_attaches(cluster, capsys)
     assert not _listed(job.job_id)
 
 
+def _apply_times_out(job) -> tuple[float, str, str]:
+    """apply() must raise SlurmStartTimeout: (seconds it took, message, job id)."""
+    t0 = time.monotonic()
+    with pytest.raises(SlurmStartTimeout) as ei:
+        job.apply()
+    return time.monotonic() - t0, str(ei.value), job.job_ids[0]
+
+
 def test_job_start_timeout_bounds_the_queue_wait_when_set(cluster, capsys):
     # a begin time in the future keeps the job pending; Slurm knows when it would start
     job = _job("jst", cluster, slurm_args=["--begin=now+1hour"], timeout=1,
                job_start_timeout=4)
-    t0 = time.monotonic()
-    with pytest.raises(SlurmStartTimeout) as ei:
-        job.apply()
-    took = time.monotonic() - t0
-    msg = str(ei.value)
-    jid = job.job_ids[0]
+    took, msg, jid = _apply_times_out(job)
     assert 4 <= took < 30
     assert f"Slurm job {jid}" in msg and "PENDING (BeginTime)" in msg
     assert "within 4 s of submission (job_start_timeout=4" in msg
@@ -125,12 +128,7 @@ def test_job_start_timeout_bounds_the_queue_wait_when_set(cluster, capsys):
 def test_bring_up_timeout_counts_from_running(cluster):
     # the job runs at once, but its setup keeps the agents from starting for 60 s
     job = _job("slowsetup", cluster, setup=["sleep 60"], timeout=3)
-    t0 = time.monotonic()
-    with pytest.raises(SlurmStartTimeout) as ei:
-        job.apply()
-    took = time.monotonic() - t0
-    msg = str(ei.value)
-    jid = job.job_ids[0]
+    took, msg, jid = _apply_times_out(job)
     assert 3 <= took < 30, took
     assert "within 3 s of the job starting to run (timeout=3" in msg, msg
     assert f"{jid} RUNNING" in msg and "it was cancelled" in msg

@@ -11,7 +11,7 @@ Per scheduler: ``local`` is this host (``processes_per_host`` becomes the defaul
 inside one, else submits the file's ``job:`` spec (:class:`~hpcmesh.job.slurm.SlurmJob`)
 and waits for its agents; ``static`` attaches to running agents (``workers:``;
 secret from ``$HPCMESH_SECRET``/``$HPCMESH_SECRET_FILE``); ``ssh`` uses
-``hpcmesh.job.SSHJob`` when it exists.
+``hpcmesh.job.SSHJob``.
 
 The job behind a mesh (SlurmJob, SlurmAllocation) is ``mesh.job``; ``mesh.job.kill()``
 releases it (a SlurmAllocation's step also ends when this process exits).
@@ -161,20 +161,14 @@ def _attach_static(cfg: HostsConfig, timeout):
 
 
 def _ssh(cfg: HostsConfig, timeout):
-    from . import job as job_mod
-    ssh_cls = getattr(job_mod, "SSHJob", None)
-    if ssh_cls is None:
-        raise NotImplementedError(
-            f"{cfg.where('scheduler')}: scheduler ssh needs hpcmesh.job.SSHJob, which this "
-            f"hpcmesh does not have yet; use scheduler static with running `hpcmesh worker` "
-            f"agents, or slurm")
+    from .job.ssh import SSHJob
     kw: dict[str, Any] = {"hosts": list(cfg.hosts)}
     if cfg.python:
         kw["python_exe"] = cfg.python
     if cfg.ssh_args:
         kw["ssh_args"] = list(cfg.ssh_args)
     try:
-        job = ssh_cls(**kw)
+        job = SSHJob(**kw)
     except TypeError as e:
         raise NotImplementedError(f"{cfg.where('scheduler')}: hpcmesh.job.SSHJob does not take "
                                   f"{sorted(kw)} ({e})") from e

@@ -35,6 +35,8 @@ __all__ = [
     "Shape",
     "MeshTrait",
     "MESH_ATTRIBUTE_NAMES",
+    "DimKeyError",
+    "unravel",
 ]
 
 
@@ -43,7 +45,7 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 
-class _DimKeyError(KeyError):
+class DimKeyError(KeyError):
     """A KeyError whose ``str()`` is the plain message.
 
     Built-in ``KeyError`` shows its argument with ``repr`` (extra quotes); these
@@ -54,8 +56,8 @@ class _DimKeyError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def _unknown_dim(dim: object, labels: Sequence[str]) -> _DimKeyError:
-    return _DimKeyError(f"unknown dimension {dim!r}; mesh dimensions are {list(labels)}")
+def _unknown_dim(dim: object, labels: Sequence[str]) -> DimKeyError:
+    return DimKeyError(f"unknown dimension {dim!r}; mesh dimensions are {list(labels)}")
 
 
 def _as_int(value: object) -> int | None:
@@ -88,7 +90,8 @@ def _row_major_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     return tuple(strides)
 
 
-def _unravel(rank: int, sizes: Sequence[int]) -> tuple[int, ...]:
+def unravel(rank: int, sizes: Sequence[int]) -> tuple[int, ...]:
+    """Row-major coordinates of flat ``rank`` in a grid of ``sizes`` (the last varies fastest)."""
     coords = [0] * len(sizes)
     for i in range(len(sizes) - 1, -1, -1):
         rank, coords[i] = divmod(rank, sizes[i])
@@ -267,7 +270,7 @@ class Point(Mapping[str, int]):
             )
         object.__setattr__(self, "_rank", r)
         object.__setattr__(self, "_extent", extent)
-        object.__setattr__(self, "_coords", _unravel(r, extent._sizes))
+        object.__setattr__(self, "_coords", unravel(r, extent._sizes))
 
     @classmethod
     def from_coords(cls, coords: Mapping[str, int], extent: Extent | Mapping[str, int]) -> Point:
@@ -280,7 +283,7 @@ class Point(Mapping[str, int]):
         rank = 0
         for dim, size in zip(extent._labels, extent._sizes):
             if dim not in coords:
-                raise _DimKeyError(
+                raise DimKeyError(
                     f"missing coordinate for dimension {dim!r}; "
                     f"need all of {list(extent._labels)}"
                 )
@@ -323,7 +326,7 @@ class Point(Mapping[str, int]):
         try:
             return self._coords[self._extent._index[dim]]
         except (KeyError, TypeError):
-            raise _DimKeyError(
+            raise DimKeyError(
                 f"unknown dimension {dim!r}; valid dimensions are {list(self._extent._labels)}"
             ) from None
 
@@ -591,7 +594,7 @@ class Shape:
             rank = r
         if self._explicit is not None:
             return self._explicit[rank]
-        coords = _unravel(rank, self._sizes)
+        coords = unravel(rank, self._sizes)
         return self._offset + sum(c * s for c, s in zip(coords, self._strides))
 
     def rank_of(self, global_index: int) -> int:

@@ -18,7 +18,6 @@ import socket
 import sys
 import time
 import traceback
-import types
 from pathlib import Path
 
 import pytest
@@ -502,32 +501,31 @@ def test_timeout_from_argument_and_env(monkeypatch):
     assert _mc().timeout.total_seconds() == C.DEFAULT_TIMEOUT_S
 
 
-def test_module_functions_use_current_actor(monkeypatch):
-    class Point:
-        def __init__(self, rank, extent):
-            self.rank, self.extent = rank, extent
+def test_module_functions_use_current_actor():
+    # the context the runtime sets around an endpoint call is what the functions read
+    from hpcmesh.runtime.context import ActorInstance, Context, current_context_var
+    from hpcmesh.shapes import Extent, Point
 
-    inst = types.SimpleNamespace(rank=Point(0, {"hosts": 1, "gpus": 1}), rendezvous=None)
-    fake = types.ModuleType("hpcmesh.actor")
-    fake.context = lambda: types.SimpleNamespace(actor_instance=inst)
-    monkeypatch.setitem(sys.modules, "hpcmesh.actor", fake)
-    t = torch.ones(2)
-    assert C.all_reduce(t, "gpus") is t
-    assert C.group_members() == [0] and C.group_size("hosts") == 1 and C.group_rank() == 0
-    assert isinstance(inst._hpcmesh_collectives, C.MeshCollectives)
-    assert C.get_collectives() is inst._hpcmesh_collectives
-    with pytest.raises(KeyError, match="nodes"):
-        C.barrier("nodes")
+    point = Point(0, Extent({"hosts": 1, "gpus": 1}))
+    inst = ActorInstance(rank=point, actor_id="a", mesh_name="m")
+    token = current_context_var.set(Context(inst, point))
+    try:
+        t = torch.ones(2)
+        assert C.all_reduce(t, "gpus") is t
+        assert C.group_members() == [0] and C.group_size("hosts") == 1 and C.group_rank() == 0
+        assert isinstance(inst._hpcmesh_collectives, C.MeshCollectives)
+        assert C.get_collectives() is inst._hpcmesh_collectives
+        with pytest.raises(KeyError, match="nodes"):
+            C.barrier("nodes")
+    finally:
+        current_context_var.reset(token)
 
 
 def test_module_functions_outside_an_actor(monkeypatch):
-    fake = types.ModuleType("hpcmesh.actor")
-
     def context():
         raise RuntimeError("no actor here")
 
-    fake.context = context
-    monkeypatch.setitem(sys.modules, "hpcmesh.actor", fake)
+    monkeypatch.setattr(C, "context", context)
     with pytest.raises(RuntimeError, match="inside an actor"):
         C.all_reduce(torch.ones(1))
 

@@ -162,7 +162,7 @@ def test_slurm_job_spec_error_names_the_line(no_slurm, monkeypatch):
 
 
 def test_ssh_goes_to_sshjob(no_slurm, monkeypatch):
-    import hpcmesh.job
+    import hpcmesh.job.ssh
     calls = []
 
     class FakeSSHJob:
@@ -179,14 +179,10 @@ def test_ssh_goes_to_sshjob(no_slurm, monkeypatch):
         python: /opt/py/bin/python
     """)
     monkeypatch.setenv("HPCMESH_HOSTS", cfg)
-    monkeypatch.setattr(hpcmesh.job, "SSHJob", FakeSSHJob)
+    monkeypatch.setattr(hpcmesh.job.ssh, "SSHJob", FakeSSHJob)
     assert hosts_from_config() == "the-mesh"
     assert calls == [{"hosts": ["node1", "node2"], "python_exe": "/opt/py/bin/python",
                       "ssh_args": ["-o", "BatchMode=yes"]}]
-    monkeypatch.delattr(hpcmesh.job, "SSHJob")
-    with pytest.raises(NotImplementedError, match=r"ssh.yaml:1: scheduler ssh needs "
-                                                  r"hpcmesh.job.SSHJob"):
-        hosts_from_config()
 
 
 def test_transport_tls_turns_tls_on_for_the_client_and_what_it_starts(no_slurm):

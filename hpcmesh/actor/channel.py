@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..runtime.client import current_or_client_node
 from ..runtime.future import Future
 from ..runtime.node import MSG_FAIL, PortRef
-from .mesh import _node
 
 
 class Port:
@@ -23,7 +23,7 @@ class Port:
         """Deliver ``value`` to the receiver (in send order); one that cannot be pickled
         raises here, one the receiver cannot unpickle fails only that message there."""
         if self.ref is not None:
-            _node().send_value(self.ref, value, "port message")
+            current_or_client_node().send_value(self.ref, value, "port message")
 
     def exception(self, exc: BaseException) -> None:
         """Fail the receiving end with ``exc`` (a caller waiting on a response port gets it
@@ -31,7 +31,7 @@ class Port:
         if not isinstance(exc, BaseException):
             raise TypeError(f"Port.exception() takes an exception, got {type(exc).__name__}")
         if self.ref is not None:
-            _node().send(self.ref.node, (MSG_FAIL, self.ref.port_id, exc), "port error")
+            current_or_client_node().send(self.ref.node, (MSG_FAIL, self.ref.port_id, exc), "port error")
 
     def __reduce__(self):
         return Port, (self.ref,)
@@ -48,7 +48,7 @@ class PortReceiver:
     def __init__(self):
         self._values: deque = deque()
         self._waiters: deque[Future] = deque()
-        self.port = Port(_node().open_port(self._deliver))
+        self.port = Port(current_or_client_node().open_port(self._deliver))
 
     def _deliver(self, value) -> None:
         if self._waiters:
@@ -58,7 +58,7 @@ class PortReceiver:
 
     def recv(self) -> Future:
         f = Future()
-        node = _node()
+        node = current_or_client_node()
         if node.on_loop_thread():
             self._recv_into(f)
         else:
@@ -72,7 +72,7 @@ class PortReceiver:
             self._waiters.append(f)
 
     def close(self) -> None:
-        _node().close_port(self.port.ref)
+        current_or_client_node().close_port(self.port.ref)
 
 
 class Channel:

@@ -22,12 +22,13 @@ from typing import Any, Callable, Iterator
 
 from ..runtime.actor_services import ActorServices
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
-from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
+from ..runtime.client import (ProcRecord, client_runtime, current_or_client_node,
+                              existing_client_runtime)
 from ..runtime.context import Rendezvous
-from ..runtime.context import _current as _current_context
+from ..runtime.context import current_context_var
 from ..runtime.errors import SupervisionError
 from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
-from ..runtime.node import MSG_CALL, Node, NodeRef, current_node
+from ..runtime.node import MSG_CALL, Node, NodeRef
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization, tls
@@ -43,16 +44,9 @@ LAUNCH_WAIT = 60.0      # stop() of a mesh still starting waits this long for th
 log = logging.getLogger("hpcmesh.actor")
 
 
-def _node() -> Node:
-    node = current_node()
-    if node is None:
-        node = client_runtime().node
-    return node
-
-
 def _owner():
     """The actor spawning a mesh (it supervises what it spawns), or None on the client."""
-    ctx = _current_context.get()
+    ctx = current_context_var.get()
     return ctx.actor_instance if ctx is not None else None
 
 
@@ -280,7 +274,7 @@ def this_proc() -> ProcMesh:
     a thread of their own, and they share this process's memory. Calls to them go through
     the same Futures as to any actor. ``stop()`` stops the actors spawned through this
     handle; the process goes on."""
-    node = _node()
+    node = current_or_client_node()
     ActorServices.attach(node)
     rec = ProcRecord(f"this_proc-{os.getpid()}-{uuid.uuid4().hex[:8]}", "this_proc",
                      Point(0, Extent({})), node.ref, "0")
@@ -418,7 +412,7 @@ class ProcMesh(_SharedStateMesh):
                      if getattr(getattr(actor_class, n, None), ENDPOINT_ATTR, None) is not None}
         cls_blob = (_class_in_this_process(actor_class) if self._state.in_this_process
                     else serialization.dumps_by_value(actor_class))
-        node = _node()
+        node = current_or_client_node()
         actor_id = uuid.uuid4().hex
         recs = [self._state.records[g] for g in self._shape.ranks()]
         extent = self._shape.extent
@@ -459,7 +453,7 @@ class ProcMesh(_SharedStateMesh):
         SIGKILL. A Future of {process name: exit code}."""
         st = self._state
         recs = [st.records[g] for g in self._shape.ranks()]
-        node = _node()
+        node = current_or_client_node()
         grace = DEFAULT_STOP_GRACE if grace is None else float(grace)
         if st.in_this_process:        # our own process: stop the actors spawned on it
             st.stopped = True
@@ -587,7 +581,7 @@ def _stop_actor_mesh(st: _ActorMeshState, reason: str) -> Future:
     """Stop the actors of one actor mesh on every process that hosts them, then fail later
     calls to it with a SupervisionError naming ``reason``. A Future of None (a member whose
     process is gone already counts as stopped)."""
-    node = _node()
+    node = current_or_client_node()
 
     def stop_all() -> Future:
         return gather([node.rpc(n, "stop_actors", [st.actor_id])
@@ -677,7 +671,7 @@ class ActorMesh(_SharedStateMesh):
     def _send(self, g: int, rank: int, extent_items: tuple, endpoint: str,
               payload: tuple[Any, list | None], reply: bool) -> Future | None:
         st = self._state
-        node = _node()
+        node = current_or_client_node()
         target = st.nodes[g]
         if reply:
             fut, port_id = node.reply_future(target)
@@ -756,7 +750,7 @@ class Endpoint:
         g = members[0][1]
         st = mesh._state
         if st.live and self._route is None:
-            self._route = (_node(), st.nodes[g], st, st.actor_id, ext)
+            self._route = (current_or_client_node(), st.nodes[g], st, st.actor_id, ext)
         payload = mesh._payload(self._name, args, kwargs)
         return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True))
 
@@ -777,14 +771,14 @@ class Endpoint:
         result_shape = Shape.from_extent(mesh._shape.extent)
         st = mesh._state
         if st.live and self._routes is None:
-            self._routes = (_node(), st, [(r, st.nodes[g]) for r, g in members], ext,
+            self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members], ext,
                             result_shape)
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
             futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
             return gather(futs, lambda vals: ValueMesh(result_shape, vals),
-                          _node().poll_for_rest)
+                          current_or_client_node().poll_for_rest)
         return mesh._when_ready(go)
 
     def broadcast(self, *args, **kwargs) -> None:
@@ -827,7 +821,7 @@ class Endpoint:
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            node = _node()
+            node = current_or_client_node()
             start = next(st.rr)
             best = None
             for k in range(len(members)):

@@ -35,7 +35,8 @@ import sys
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
-from ..actor import Actor, Port, endpoint
+from ..actor.channel import Port
+from ..actor.endpoint import Actor, endpoint
 from ..runtime.client import client_runtime
 from ..runtime.context import context
 from ..runtime.future import Future

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - a future Python
     _enter_task = _leave_task = None
 from typing import Any
 
-from .context import ActorInstance, Context, _current
+from .context import ActorInstance, Context, current_context_var
 from .errors import ActorError
 from ..shapes import Extent, Point
 from ..transport import serialization
@@ -251,7 +251,7 @@ class ActorHost:
     def _start(self, msg: tuple, origin: str | None, buffers: list, fn) -> None:
         _, _, endpoint, payload, reply, rank, extent_items = msg
         ctx = self._contexts.get((rank, extent_items))
-        _current.set(ctx if ctx is not None else self._message_context(rank, extent_items))
+        current_context_var.set(ctx if ctx is not None else self._message_context(rank, extent_items))
         try:
             args, kwargs = (payload if type(payload) is tuple
                             else serialization.loads(payload, buffers))
@@ -335,7 +335,7 @@ class ActorHost:
                 continue
             _, _, endpoint, payload, reply, rank, extent_items = msg
             ctx = contexts.get((rank, extent_items))
-            token = _current.set(ctx if ctx is not None else
+            token = current_context_var.set(ctx if ctx is not None else
                                  self._message_context(rank, extent_items))
             try:
                 args, kwargs = (payload if type(payload) is tuple
@@ -350,13 +350,13 @@ class ActorHost:
                     except ReplyNotSent as e:   # (inline: the pipelined hot path)
                         self._unsent(endpoint, origin, reply, e)
             finally:
-                _current.reset(token)
+                current_context_var.reset(token)
 
     async def _execute(self, msg: tuple, origin: str | None, buffers: list, fn,
                        info: EndpointInfo) -> None:
         """One call as its own coroutine: concurrent endpoints and sync endpoints."""
         _, _, endpoint, payload, reply, rank, extent_items = msg
-        token = _current.set(self._message_context(rank, extent_items))
+        token = current_context_var.set(self._message_context(rank, extent_items))
         try:
             if type(payload) is tuple:      # builtin values, sent inline
                 args, kwargs = payload
@@ -374,7 +374,7 @@ class ActorHost:
             if reply is not None:
                 self._reply(endpoint, origin, reply, value)
         finally:
-            _current.reset(token)
+            current_context_var.reset(token)
 
     def _failed(self, exc: BaseException, endpoint: str, origin: str | None,
                 reply: int | None) -> None:
@@ -427,7 +427,7 @@ class ActorHost:
         self.stopped = True
         cleanup = getattr(self.obj, "__cleanup__", None)
         if cleanup is not None:
-            token = _current.set(Context(self.instance, self.instance.rank))
+            token = current_context_var.set(Context(self.instance, self.instance.rank))
             try:
                 sig = inspect.signature(cleanup)
                 res = cleanup(None) if len(sig.parameters) >= 1 else cleanup()
@@ -436,7 +436,7 @@ class ActorHost:
             except Exception:  # noqa: BLE001
                 log.exception("__cleanup__ of %s failed", self.cls.__name__)
             finally:
-                _current.reset(token)
+                current_context_var.reset(token)
         tasks = list(self._tasks) + ([self._runner] if self._runner is not None else [])
         for t in tasks:
             t.cancel()

@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 
 from ..transport import serialization
 from .actor_host import ActorHost
-from .context import ActorInstance, Context, Rendezvous, _current
+from .context import ActorInstance, Context, Rendezvous, current_context_var
 from .errors import ActorError
 from .node import Node, PortRef, format_exception
+from .rendezvous import needs_store, serve_store
 
 log = logging.getLogger("hpcmesh.proc")
 
@@ -52,22 +52,19 @@ class ActorServices:
         host = ActorHost(self.node, instance, obj, supervisor)
 
         def construct() -> None:
-            token = _current.set(Context(instance, point))
+            token = current_context_var.set(Context(instance, point))
             try:
                 obj.__init__(*args, **kwargs)
             finally:
-                _current.reset(token)
+                current_context_var.reset(token)
         try:
             await self.node.loop.run_in_executor(host.executor(), construct)
         except Exception as e:  # noqa: BLE001
             raise ActorError(type(e).__qualname__, str(e), format_exception(e), point,
                              cls.__name__, "__init__") from None
         self.node.actors[actor_id] = host
-        if rendezvous is not None and point.rank == 0 and \
-                getattr(sys.modules.get("torch"), "distributed", None) is not None:
-            # The actor uses torch: member 0 serves the mesh's collective store now, so
-            # groups that leave member 0 out (slices) can still meet.
-            await self.node.loop.run_in_executor(host.executor(), _serve_collectives, instance)
+        if needs_store(instance):
+            await self.node.loop.run_in_executor(host.executor(), serve_store, instance)
         return os.getpid()
 
     async def stop_actors(self, actor_ids: list[str]) -> int:
@@ -87,9 +84,3 @@ class ActorServices:
             return s.getsockname()[1]
 
 
-def _serve_collectives(instance: ActorInstance) -> None:
-    try:
-        from .. import collectives
-        collectives.attach(instance)
-    except Exception as e:  # noqa: BLE001 - collectives then fail with their own clear error
-        log.warning("could not start the collective store for %s: %s", instance.mesh_name, e)

@@ -85,6 +85,7 @@ class ClientRuntime:
         else:
             self.secret = node.secret
             self.node = node
+            node.on_stop.append(self.shutdown)    # the process stops: what it owns goes too
         self.procs: dict[str, ProcRecord] = {}
         self.actor_meshes: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
         self._local_agent: HostAgent | None = None
@@ -269,3 +270,10 @@ def client_runtime() -> ClientRuntime:
 
 def existing_client_runtime() -> ClientRuntime | None:
     return _runtime
+
+
+def current_or_client_node() -> Node:
+    """The node messages of this thread go out on: an actor process's own node, else the
+    controller's (its ClientRuntime started on first use)."""
+    node = current_node()
+    return node if node is not None else client_runtime().node

@@ -26,6 +26,7 @@ class ActorInstance:
     class_name: str = ""
     proc_name: str = ""
     rendezvous: Rendezvous | None = None
+    rendezvous_store: Any = None         # member 0's torch TCPStore (rendezvous.py)
     actor: Any = None                    # the user's object
     extras: dict = field(default_factory=dict)
 
@@ -40,14 +41,16 @@ class Context:
     message_rank: Point
 
 
-_current: contextvars.ContextVar[Context | None] = contextvars.ContextVar("hpcmesh_context",
-                                                                          default=None)
+#: The context of the endpoint (or constructor) running now; the runtime sets it around each
+#: call, ``context()`` reads it. None outside actors.
+current_context_var: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "hpcmesh_context", default=None)
 _client_context: Context | None = None
 
 
 def context() -> Context:
     """The current actor's context; on the controller, a context whose point has no dims."""
-    ctx = _current.get()
+    ctx = current_context_var.get()
     if ctx is not None:
         return ctx
     global _client_context

@@ -162,6 +162,9 @@ class Node:
         self.actors: dict[str, Any] = {}          # actor_id -> ActorInstance (worker side)
         self.actor_services: Any = None           # set by ActorServices.attach
         self.on_peer_hello: list[Callable] = []   # (node, peer_ref, info, conn)
+        # run when the process this node serves is told to stop (an actor process's
+        # ClientRuntime hooks in here, so processes its actors started stop with it)
+        self.on_stop: list[Callable[[], None]] = []
         self.on_peer_closed: list[Callable] = []  # (node, peer_id, exc)
         self.closed = False
         self._thread: threading.Thread | None = None

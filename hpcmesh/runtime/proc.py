@@ -71,10 +71,8 @@ class ProcRuntime:
     # -- services -------------------------------------------------------------------
     async def stop(self) -> int:
         await self.actor_services.stop_actors(list(self.node.actors))
-        from .client import existing_client_runtime
-        rt = existing_client_runtime()
-        if rt is not None and rt.node is self.node:
-            rt.shutdown()      # processes our actors started go with us
+        for hook in list(self.node.on_stop):
+            hook()             # e.g. the ClientRuntime: processes our actors started go with us
         self.node.loop.call_later(0.02, self.done.set)
         return os.getpid()
 

@@ -34,8 +34,12 @@ from hpcmesh.actor import Actor, endpoint  # noqa: E402
 from hpcmesh.actor.mesh import _rebuild_actor_mesh  # noqa: E402
 from hpcmesh.runtime.actor_host import ActorHost  # noqa: E402
 from hpcmesh.runtime.context import ActorInstance  # noqa: E402
-from hpcmesh.runtime.node import (MSG_CALL, MSG_DELIVER, Node, NodeRef, _new_loop,  # noqa: E402
+from hpcmesh.runtime.node import (MSG_CALL, MSG_DELIVER, Node, NodeRef,  # noqa: E402
                                   _Peer, set_current_node)
+try:    # the helper's home since the messages/loop split; older trees (A/B runs) had it here
+    from hpcmesh.runtime.loop import new_event_loop  # noqa: E402
+except ImportError:
+    from hpcmesh.runtime.node import _new_loop as new_event_loop  # noqa: E402
 from hpcmesh.shapes import Extent, Point, Shape  # noqa: E402
 from hpcmesh.transport.connection import Connection  # noqa: E402
 from hpcmesh.transport.framing import Frame, encode_batch  # noqa: E402
@@ -69,7 +73,7 @@ def _batch_frame(msgs: list[tuple]) -> Frame:
 
 
 def worker_side(batch: int, rounds: int) -> float:
-    loop = _new_loop()
+    loop = new_event_loop()
     asyncio.set_event_loop(loop)
 
     async def build() -> Node:

@@ -512,11 +512,12 @@ def run_agent(listen: list[str], attach: list[str], secret: bytes, grace: float 
     agent's process groups; this wrapper closes that gap.
     """
     from .runtime import worker as W
-    from .runtime.node import _new_loop, current_node
+    from .runtime.loop import new_event_loop
+    from .runtime.node import current_node
     from .settings import env_number
 
     grace = env_number("HPCMESH_LEASE_GRACE", 30) if grace is None else grace
-    loop = _new_loop()
+    loop = new_event_loop()
     asyncio.set_event_loop(loop)
     why: list[str] = []
 

@@ -6,7 +6,8 @@ from collections import deque
 
 from ..runtime.client import current_or_client_node
 from ..runtime.future import Future
-from ..runtime.node import MSG_FAIL, PortRef
+from ..runtime.messages import fail_msg
+from ..runtime.node import PortRef
 
 
 class Port:
@@ -31,7 +32,7 @@ class Port:
         if not isinstance(exc, BaseException):
             raise TypeError(f"Port.exception() takes an exception, got {type(exc).__name__}")
         if self.ref is not None:
-            current_or_client_node().send(self.ref.node, (MSG_FAIL, self.ref.port_id, exc), "port error")
+            current_or_client_node().send(self.ref.node, fail_msg(self.ref.port_id, exc), "port error")
 
     def __reduce__(self):
         return Port, (self.ref,)

@@ -7,7 +7,7 @@ import inspect
 from typing import Any, Callable
 
 from ..runtime.actor_host import ENDPOINT_ATTR, EndpointInfo
-from ..runtime.node import ANSWERED_THROUGH_PORT
+from ..runtime.messages import ANSWERED_THROUGH_PORT
 from ..shapes import MESH_ATTRIBUTE_NAMES
 
 #: ActorMesh attributes that hpcmesh adds to Monarch's: an endpoint may take one of these

@@ -28,7 +28,8 @@ from ..runtime.context import Rendezvous
 from ..runtime.context import current_context_var
 from ..runtime.errors import SupervisionError
 from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
-from ..runtime.node import MSG_CALL, Node, NodeRef
+from ..runtime.messages import call_msg
+from ..runtime.node import Node, NodeRef
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization, tls
@@ -678,7 +679,7 @@ class ActorMesh(_SharedStateMesh):
         else:
             fut, port_id = None, None
         args, bufs = payload
-        msg = (MSG_CALL, st.actor_id, endpoint, args, port_id, rank, extent_items)
+        msg = call_msg(st.actor_id, endpoint, args, port_id, rank, extent_items)
         try:
             node.send(target, msg, buffers=bufs or [])
         except (SupervisionError, ConnectionError) as e:
@@ -826,8 +827,7 @@ class Endpoint:
             best = None
             for k in range(len(members)):
                 r, g = members[(start + k) % len(members)]
-                peer = node._peers.get(st.nodes[g].node_id)
-                load = len(peer.inflight) if peer is not None else 0
+                load = node.load(st.nodes[g].node_id)
                 if best is None or load < best[0]:
                     best = (load, g, r)
                     if load == 0:

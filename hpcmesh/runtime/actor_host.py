@@ -28,9 +28,9 @@ from typing import Any
 from .context import ActorInstance, Context, current_context_var
 from .errors import ActorError
 from ..shapes import Extent, Point
-from ..transport import serialization
-from .node import (MSG_DELIVER, Node, NodeRef, PortRef, ReplyNotSent, describe_exception,
-                   failure, format_exception)
+from .messages import (EVENT_ENDPOINT_FAILED, ReplyNotSent, call_msg, decode_args, deliver_msg,
+                       describe_exception, failure, format_exception)
+from .node import Node, PortRef
 
 log = logging.getLogger("hpcmesh.actor")
 
@@ -206,15 +206,11 @@ class ActorHost:
     def _with_response_port(self, msg: tuple, origin: str | None, buffers: list) -> tuple:
         """The call with the caller's reply port (a PortRef) put before its arguments."""
         _, actor_id, endpoint, payload, reply, rank, extent_items = msg
-        args, kwargs = (payload if type(payload) is tuple
-                        else serialization.loads(payload, buffers))
+        args, kwargs = decode_args(payload, buffers)
         port = None
         if reply is not None and origin is not None:
-            peer = self.node._peers.get(origin)
-            where = self.node.ref if origin == self.node.node_id else (
-                peer.ref if peer is not None and peer.ref is not None else NodeRef(origin, ()))
-            port = PortRef(where, reply)
-        return (msg[0], actor_id, endpoint, ((port, *args), kwargs), reply, rank, extent_items)
+            port = PortRef(self.node.ref_of(origin), reply)
+        return call_msg(actor_id, endpoint, ((port, *args), kwargs), reply, rank, extent_items)
 
     def _mailbox_task(self) -> asyncio.Task:
         if self._runner is None:
@@ -253,8 +249,7 @@ class ActorHost:
         ctx = self._contexts.get((rank, extent_items))
         current_context_var.set(ctx if ctx is not None else self._message_context(rank, extent_items))
         try:
-            args, kwargs = (payload if type(payload) is tuple
-                            else serialization.loads(payload, buffers))
+            args, kwargs = decode_args(payload, buffers)
             coro = fn(self.obj, *args, **kwargs)
             try:
                 waiting_on = coro.send(None)
@@ -338,8 +333,7 @@ class ActorHost:
             token = current_context_var.set(ctx if ctx is not None else
                                  self._message_context(rank, extent_items))
             try:
-                args, kwargs = (payload if type(payload) is tuple
-                                else serialization.loads(payload, buffers))
+                args, kwargs = decode_args(payload, buffers)
                 value = await fn(obj, *args, **kwargs)
             except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
                 self._failed(e, endpoint, origin, reply)
@@ -358,10 +352,7 @@ class ActorHost:
         _, _, endpoint, payload, reply, rank, extent_items = msg
         token = current_context_var.set(self._message_context(rank, extent_items))
         try:
-            if type(payload) is tuple:      # builtin values, sent inline
-                args, kwargs = payload
-            else:
-                args, kwargs = serialization.loads(payload, buffers)
+            args, kwargs = decode_args(payload, buffers)
             if info.is_async:
                 value = await fn(self.obj, *args, **kwargs)
             else:
@@ -416,8 +407,8 @@ class ActorHost:
                   self.cls.__name__, endpoint, err)
         if self.supervisor is not None:
             try:
-                self.node.send(self.supervisor.node, (MSG_DELIVER, self.supervisor.port_id,
-                                                      ("endpoint_failed", self.instance.actor_id, err)))
+                self.node.send(self.supervisor.node, deliver_msg(
+                    self.supervisor.port_id, (EVENT_ENDPOINT_FAILED, self.instance.actor_id, err)))
             except Exception:  # noqa: BLE001
                 log.debug("could not report to supervisor", exc_info=True)
 

@@ -15,7 +15,8 @@ from ..transport import serialization
 from .actor_host import ActorHost
 from .context import ActorInstance, Context, Rendezvous, current_context_var
 from .errors import ActorError
-from .node import Node, PortRef, format_exception
+from .messages import format_exception
+from .node import Node, PortRef
 from .rendezvous import needs_store, serve_store
 
 log = logging.getLogger("hpcmesh.proc")

@@ -21,7 +21,9 @@ from .errors import SupervisionError, describe_exit
 from . import placement
 from .future import Future, set_wait_hook
 from .host_agent import HostAgent
-from .node import MSG_DELIVER, Node, NodeRef, current_node, set_current_node
+from .messages import (EVENT_CHILD_FAILED, EVENT_ENDPOINT_FAILED, EVENT_EXIT, EVENT_LOG,
+                       deliver_msg)
+from .node import Node, NodeRef, current_node, set_current_node
 from .tuning import tune_malloc
 
 log = logging.getLogger("hpcmesh.client")
@@ -121,13 +123,13 @@ class ClientRuntime:
 
     def _on_event(self, event: tuple) -> None:
         kind = event[0]
-        if kind == "log":
+        if kind == EVENT_LOG:
             self._print_log(*event[1:])
-        elif kind == "exit":
+        elif kind == EVENT_EXIT:
             self._on_exit(*event[1:])
-        elif kind == "child_failed":
+        elif kind == EVENT_CHILD_FAILED:
             self._on_child_failed(event[1], event[2])
-        elif kind == "endpoint_failed":
+        elif kind == EVENT_ENDPOINT_FAILED:
             _, actor_id, err = event
             log.error("a broadcast to actor mesh %s failed: %s", actor_id[:8], err)
             print(f"hpcmesh: broadcast failed: {err}", file=sys.stderr)
@@ -200,8 +202,8 @@ class ClientRuntime:
             sup = host.supervisor
             if sup is not None:
                 try:
-                    self.node.send(sup.node, (MSG_DELIVER, sup.port_id,
-                                              ("child_failed", owner.actor_id, event)))
+                    self.node.send(sup.node, deliver_msg(
+                        sup.port_id, (EVENT_CHILD_FAILED, owner.actor_id, event)))
                 except Exception:  # noqa: BLE001 - the owner's owner is gone too
                     log.warning("could not pass an unhandled failure up: %s", event)
         self.node.call_soon(lambda: self.node.loop.create_task(offer()))

@@ -21,7 +21,8 @@ from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, B
                         build_environment)
 from . import placement
 from .errors import describe_exit
-from .node import MSG_DELIVER, Node, NodeRef, PortRef
+from .messages import EVENT_EXIT, EVENT_LOG, deliver_msg
+from .node import Node, NodeRef, PortRef
 from .zygote import ZygoteClient, ZygoteProcess
 
 log = logging.getLogger("hpcmesh.agent")
@@ -263,8 +264,8 @@ class HostAgent:
             return
         text = [ln.decode("utf-8", "replace") for ln in lines]
         try:
-            self.node.send(p.events.node, (MSG_DELIVER, p.events.port_id,
-                                           ("log", p.name, stream, text)))
+            self.node.send(p.events.node, deliver_msg(p.events.port_id,
+                                                      (EVENT_LOG, p.name, stream, text)))
         except Exception:  # noqa: BLE001 - the controller is gone; the file still has it
             pass
 
@@ -309,9 +310,8 @@ class HostAgent:
         log.info("process %s (pid %d) ended: %s", p.name, p.popen.pid, describe_exit(p.returncode))
         if p.events is not None:
             try:
-                self.node.send(p.events.node, (MSG_DELIVER, p.events.port_id,
-                                               ("exit", p.name, p.popen.pid, p.returncode,
-                                                self.hostname)))
+                self.node.send(p.events.node, deliver_msg(p.events.port_id, (
+                    EVENT_EXIT, p.name, p.popen.pid, p.returncode, self.hostname)))
             except Exception:  # noqa: BLE001
                 pass
         self.procs.pop(p.name, None)

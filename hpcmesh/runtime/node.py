@@ -20,7 +20,6 @@ import socket
 import tempfile
 import threading
 import time
-import traceback
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,62 +29,17 @@ from ..settings import env_number
 from ..transport import serialization, tls
 from ..transport.addresses import Address
 from ..transport.connection import Connection, ConnectionClosed, Listener, dial
-from ..transport.framing import check_frame_limits
 from .errors import SupervisionError
 from .future import Future, register_loop_thread, unregister_loop_thread
+from .loop import finish_leftover_tasks, new_event_loop, running_loop
+from .loop import yield_core as _yield_core     # a module global: tests count the turns
+# the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
+from .messages import (ANSWERED_THROUGH_PORT, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
+                       MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, ReplyNotSent,
+                       call_msg, call_payload_size, deliver_msg, describe_exception,
+                       encode_result, fail_msg, frozen_size, hello_msg, rpc_msg)
 
 log = logging.getLogger("hpcmesh.runtime")
-_PROTOCOL = serialization.PROTOCOL
-is_plain = serialization.is_plain
-frozen_size = serialization.frozen_size
-
-MSG_HELLO = 0      # (HELLO, node_id, addresses, info)
-MSG_CALL = 1       # (CALL, actor_id, endpoint, payload, reply_port_id|None, rank, extent_items)
-#                   payload = pickled (args, kwargs) whose out-of-band buffers ride in the
-#                   frame, or the (args, kwargs) tuple itself when it holds only builtin
-#                   values (pickled with the envelope); the reply goes to the sending
-#                   node's port reply_port_id.
-MSG_DELIVER = 2    # (DELIVER, port_id, value)  -- value pickled with the envelope: plain
-#                   results, runtime events, channel messages
-MSG_RPC = 3        # (RPC, service, args, reply PortRef|None)
-MSG_FAIL = 4       # (FAIL, port_id, exception)  -- reply carrying an error
-MSG_RESULT = 5     # (RESULT, port_id, pickled value) -- a reply whose value is pickled on
-#                   its own, its out-of-band buffers in the frame: the receiver unpickles
-#                   it apart from the envelope, so a value it cannot unpickle fails that
-#                   one call; every endpoint result that is not plain goes this way
-
-
-class ReplyNotSent(serialization.SerializationError):
-    """A result that could not be pickled or framed for its caller (the call fails with
-    this; the connection and the actor are unharmed)."""
-
-
-def encode_result(port_id: int, value: Any, what: str = "result") -> tuple[bytes, list]:
-    """The frame (meta, out-of-band buffers) that answers port ``port_id`` with ``value``:
-    one encoding for every reply path. Anything that goes wrong here, a value that does
-    not pickle, whose ``__reduce__`` raises, too many buffers for a frame, no memory,
-    raises :class:`ReplyNotSent` before a byte is queued."""
-    try:
-        if is_plain(value):
-            return pickle.dumps((MSG_DELIVER, port_id, value), _PROTOCOL), []
-        inner, bufs = serialization.dumps(value, what)
-        check_frame_limits(len(inner) + 32, bufs)
-        return serialization.dumps_envelope((MSG_RESULT, port_id, inner)), bufs
-    except Exception as e:  # noqa: BLE001 - whatever it was, this one call fails with it
-        raise ReplyNotSent(f"the {what} ({type(value).__name__}) could not be sent: "
-                           f"{describe_exception(e)}") from None
-
-
-def describe_exception(exc: BaseException, with_type: bool = True) -> str:
-    """``Type: message`` of an exception (or the message alone), even one whose
-    ``__str__`` raises: error paths must not fail on the error they report."""
-    try:
-        text = str(exc)
-    except Exception as e:  # noqa: BLE001
-        text = f"<str() of this {type(exc).__name__} raised {type(e).__name__}>"
-    if not with_type:
-        return text
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 #: How long a caller waits for a precise exit report after a connection drops
 #: before failing pending work with a generic "connection lost".
@@ -144,9 +98,9 @@ class Node:
         self.node_id = uuid.uuid4().hex
         self.info = {"role": role, "name": name, "pid": os.getpid(),
                      "host": socket.gethostname(), **(info or {})}
-        self.loop_tid = threading.get_ident() if _running_loop() is loop else None
+        self.loop_tid = threading.get_ident() if running_loop() is loop else None
         #: The loop thread's kernel id (for its CPU affinity: see placement.py).
-        self.loop_native_tid = threading.get_native_id() if _running_loop() is loop else None
+        self.loop_native_tid = threading.get_native_id() if running_loop() is loop else None
         self._listeners: list[Listener] = []
         self.addresses: tuple[str, ...] = ()
         self._peers: dict[str, _Peer] = {}
@@ -183,7 +137,7 @@ class Node:
         box: dict = {}
 
         def main() -> None:
-            loop = _new_loop()
+            loop = new_event_loop()
             asyncio.set_event_loop(loop)
             try:
                 # anything that fails before the loop runs (a bad TLS setting read by the
@@ -203,7 +157,7 @@ class Node:
             ready.set()
             try:
                 loop.run_forever()
-                _finish_leftover_tasks(loop)
+                finish_leftover_tasks(loop)
             finally:
                 unregister_loop_thread(loop)
                 loop.close()
@@ -318,7 +272,7 @@ class Node:
             fut, p = reply
             if p is not None:
                 p.inflight.discard(port_id)
-            if type(value) is _Failure:
+            if type(value) is Failure:
                 fut.set_exception(value.exc)
             else:
                 fut.set_result(value)
@@ -396,19 +350,19 @@ class Node:
             self._replies[pid] = (fut, p)
             inflight = p.inflight
             inflight.add(pid)
-            msg = (MSG_CALL, actor_id, endpoint, payload, pid, rank, extent_items)
-            size = frozen_size(payload[0]) if not payload[1] else -1
+            msg = call_msg(actor_id, endpoint, payload, pid, rank, extent_items)
+            size = call_payload_size(payload)
             try:
                 if size >= 0:       # immutable: pickled later, with its batch
                     conn.send_obj(msg, size + 64, len(inflight) > 1)
                 else:
-                    conn.send_msg(pickle.dumps(msg, _PROTOCOL), len(inflight) > 1)
+                    conn.send_msg(pickle.dumps(msg, PROTOCOL), len(inflight) > 1)
                 return fut
             except ConnectionClosed:
                 self.close_port(pid)    # nothing was written: take the general path
         fut, pid = self.reply_future(target)
         try:
-            self.send(target, (MSG_CALL, actor_id, endpoint, payload, pid, rank, extent_items),
+            self.send(target, call_msg(actor_id, endpoint, payload, pid, rank, extent_items),
                       buffers=[])
         except (SupervisionError, ConnectionError) as e:
             self.close_port(pid)
@@ -568,7 +522,7 @@ class Node:
         return winner
 
     def _send_hello(self, conn: Connection) -> None:
-        meta, bufs = serialization.dumps((MSG_HELLO, self.node_id, self.addresses, self.info))
+        meta, bufs = serialization.dumps(hello_msg(self.node_id, self.addresses, self.info))
         conn.send_frame(meta, bufs)
 
     def _on_accept(self, sock, peer_name: str, leftover: bytes, tls=None) -> None:
@@ -667,7 +621,7 @@ class Node:
         if kind == MSG_CALL:
             inst = self.actors.get(msg[1])
             if inst is None:
-                self.reply_to(origin, msg[4], _Failure(LookupError(
+                self.reply_to(origin, msg[4], Failure(LookupError(
                     f"no actor {msg[1]} on this process ({self.name}); it was never spawned "
                     f"here or has been stopped")))
                 return
@@ -678,14 +632,14 @@ class Node:
             try:
                 value = serialization.loads(msg[2], buffers)
             except Exception as e:  # noqa: BLE001 - fails this one call, not the connection
-                value = _Failure(serialization.SerializationError(
+                value = Failure(serialization.SerializationError(
                     f"a result arrived from {self._peer_name(origin)} but cannot be "
                     f"unpickled here: {describe_exception(e)}. A result must unpickle on the "
                     f"caller (an exception class whose __init__ takes other arguments than "
                     f"it passes to Exception.__init__ does not; return plain data)"))
             self._deliver_local(msg[1], value)
         elif kind == MSG_FAIL:
-            self._deliver_local(msg[1], _Failure(msg[2]))
+            self._deliver_local(msg[1], Failure(msg[2]))
         elif kind == MSG_RPC:
             self._handle_rpc(msg)
         else:
@@ -735,7 +689,7 @@ class Node:
         through its response port itself, nothing to send)."""
         if port_id is None or origin is None or value is ANSWERED_THROUGH_PORT:
             return
-        if type(value) is not _Failure:
+        if type(value) is not Failure:
             # Fast path: the caller's connection is up and nothing is queued before us.
             p = self._peers.get(origin)
             conn = p.conn if p is not None else None
@@ -743,7 +697,7 @@ class Node:
                 size = frozen_size(value)
                 if size >= 0:       # immutable: pickled later, with the batch of replies
                     try:
-                        conn.send_obj((MSG_DELIVER, port_id, value), size + 16,
+                        conn.send_obj(deliver_msg(port_id, value), size + 16,
                                       flushed_by_caller=self._handling_frames)
                         self._replied.add(conn)
                     except ConnectionClosed:
@@ -767,7 +721,7 @@ class Node:
                 log.debug("cannot reply to unknown node %s", origin[:8])
                 return
             target = p.ref
-        if isinstance(value, _Failure):
+        if isinstance(value, Failure):
             self._reply_error(PortRef(target, port_id), value.exc)
             return
         self.reply(PortRef(target, port_id), value)
@@ -789,7 +743,7 @@ class Node:
         a result (``encode_result``: the receiver unpickles it apart, so a value it cannot
         read fails that port alone); raises ReplyNotSent before sending anything."""
         if port.node.node_id == self.node_id:
-            self.call_soon(self._dispatch_local, (MSG_DELIVER, port.port_id, value))
+            self.call_soon(self._dispatch_local, deliver_msg(port.port_id, value))
             return
         meta, bufs = encode_result(port.port_id, value, what)
         self._send_encoded(port.node, meta, bufs)
@@ -799,9 +753,9 @@ class Node:
             log.warning("unhandled error with nobody to tell: %s", exc)
             return
         try:
-            self.send(port.node, (MSG_FAIL, port.port_id, exc), "error")
+            self.send(port.node, fail_msg(port.port_id, exc), "error")
         except serialization.SerializationError:
-            self.send(port.node, (MSG_FAIL, port.port_id, RuntimeError(
+            self.send(port.node, fail_msg(port.port_id, RuntimeError(
                 f"{type(exc).__name__}: {exc}")), "error")
         except (ConnectionError, SupervisionError) as e:
             log.debug("cannot deliver error to %s: %s", port.node.node_id[:8], e)
@@ -811,7 +765,7 @@ class Node:
         fut, pid = self.reply_future(target if target.node_id != self.node_id else None)
         port = self.port_ref(pid)
         try:
-            self.send(target, (MSG_RPC, service, args, port), f"arguments of {service}")
+            self.send(target, rpc_msg(service, args, port), f"arguments of {service}")
         except BaseException as e:  # noqa: BLE001
             self.close_port(port)
             fut.set_exception(e)
@@ -865,13 +819,13 @@ class Node:
         meanwhile is either drained here or sees ``p.lost`` in ``reply_future``."""
         self._drop_backlog(p)
         inflight = p.inflight
-        failure = _Failure(exc)
+        failed = Failure(exc)
         while inflight:
             try:
                 pid = inflight.pop()
             except KeyError:
                 break
-            self._deliver_local(pid, failure)
+            self._deliver_local(pid, failed)
 
     def fail_peer(self, peer_id: str, exc: BaseException) -> None:
         """Fail everything pending on a peer now (a precise exit report arrived)."""
@@ -886,6 +840,19 @@ class Node:
                 conn.close()
         p.conn = None
         self._fail_inflight(p, exc)
+
+    def ref_of(self, node_id: str) -> NodeRef:
+        """How to reach node ``node_id``: this node, a peer we know the addresses of, or
+        its id alone (a peer that has not said hello yet: replies then wait for it)."""
+        if node_id == self.node_id:
+            return self.ref
+        p = self._peers.get(node_id)
+        return p.ref if p is not None and p.ref is not None else NodeRef(node_id, ())
+
+    def load(self, node_id: str) -> int:
+        """Replies this node still awaits from ``node_id`` (``choose()`` picks the least)."""
+        p = self._peers.get(node_id)
+        return len(p.inflight) if p is not None else 0
 
     def peer_connected(self, peer_id: str) -> bool:
         p = self._peers.get(peer_id)
@@ -917,69 +884,6 @@ class Node:
         except RuntimeError:
             return
         self._thread.join(timeout)
-
-
-class _AnsweredThroughPort:
-    """What an ``explicit_response_port`` endpoint returns: it answered through its port."""
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "ANSWERED_THROUGH_PORT"
-
-    def __reduce__(self):
-        return "ANSWERED_THROUGH_PORT"     # the one instance, even inside a shipped class
-
-
-ANSWERED_THROUGH_PORT = _AnsweredThroughPort()
-
-
-class _Failure:
-    """Marks a delivered value as an error for one-shot reply ports."""
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
-def failure(exc: BaseException) -> _Failure:
-    return _Failure(exc)
-
-
-def format_exception(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-
-
-def _finish_leftover_tasks(loop: asyncio.AbstractEventLoop, timeout: float = 1.0) -> None:
-    """Cancel the tasks still pending on a stopped loop and let them unwind (as
-    ``asyncio.run`` does), so none is destroyed pending: for example the ``stop()`` of a
-    script that exits without waiting for it."""
-    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    if not tasks:
-        return
-    for t in tasks:
-        t.cancel()
-    loop.run_until_complete(asyncio.wait(tasks, timeout=timeout))
-
-
-_yield_core = getattr(os, "sched_yield", lambda: None)
-
-
-def _running_loop():
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed and not disabled (HPCMESH_UVLOOP=0), else asyncio's default."""
-    if os.environ.get("HPCMESH_UVLOOP", "1") != "0":
-        try:
-            import uvloop
-            return uvloop.new_event_loop()
-        except ImportError:
-            pass
-    return asyncio.new_event_loop()
 
 
 _current_node: Node | None = None

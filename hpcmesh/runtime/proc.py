@@ -20,7 +20,8 @@ from .actor_services import ActorServices
 from .bootstrap import PROCESS_NAME_VAR
 from .future import register_loop_thread
 from .tuning import tune_malloc
-from .node import Node, NodeRef, _new_loop, set_current_node
+from .loop import new_event_loop
+from .node import Node, NodeRef, set_current_node
 
 log = logging.getLogger("hpcmesh.proc")
 
@@ -131,7 +132,7 @@ def main() -> None:
         logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
                             format="%(levelname)s %(name)s: %(message)s")
         tune_malloc()
-        loop = _new_loop()
+        loop = new_event_loop()
         asyncio.set_event_loop(loop)
         code = loop.run_until_complete(_amain())
     except KeyboardInterrupt:

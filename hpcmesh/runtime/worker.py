@@ -21,7 +21,8 @@ from ..transport import tls
 from ..transport.addresses import parse_address, secret_from_env
 from .future import register_loop_thread
 from .host_agent import HostAgent
-from .node import Node, _new_loop, set_current_node
+from .loop import new_event_loop
+from .node import Node, set_current_node
 
 log = logging.getLogger("hpcmesh.worker")
 
@@ -140,7 +141,7 @@ def run_worker_loop_forever(address: str | list[str] = "tcp://0.0.0.0:0", *,
     if tls_settings is not None:
         # The agent's node reads it at start, and every process it spawns inherits it.
         os.environ.update(tls_settings.env())
-    loop = _new_loop()
+    loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(serve(listen, list(attach), secret, grace, initial_wait,

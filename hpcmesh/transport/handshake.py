@@ -18,8 +18,10 @@ import hmac
 import os
 
 #: "HPCMESH" and the wire version: 2 added batch frames and read-only buffer flags; 3 the
-#: response-port flag that travels with an actor class's endpoints.
-MAGIC = b"HPCMESH4"
+#: response-port flag that travels with an actor class's endpoints; 4 MSG_RESULT (replies
+#: pickled apart from their envelope); 5 the message helpers' new home (runtime.messages:
+#: pickles name ANSWERED_THROUGH_PORT and ReplyNotSent by module).
+MAGIC = b"HPCMESH5"
 NONCE = 32
 MAC = 32
 SECRET_BYTES = 32

@@ -1,0 +1,148 @@
+"""Every message the runtime sends, in one place: codes, field order, builders, encodings.
+
+What travels is a flat tuple whose first field is a ``MSG_*`` code, pickled by the C
+pickler (``pickle.dumps`` of builtin values is the fastest encoding Python has; a class per
+message would cost a ``__reduce__`` per message and tie the wire to a class's layout, which
+is how an earlier wire version broke old peers). The tuples' layouts are defined here and
+nowhere else: build them with the ``*_msg`` functions, read a call's fields by unpacking in
+the order of ``call_msg``'s parameters. A change to any layout is a new
+``framing.MAGIC`` (peers of another version are refused at the handshake).
+
+No I/O here: the node (``node.py``) sends and receives these, the actor host reads calls.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any
+
+from ..transport import serialization
+from ..transport.framing import check_frame_limits
+
+PROTOCOL = serialization.PROTOCOL
+is_plain = serialization.is_plain
+frozen_size = serialization.frozen_size
+
+MSG_HELLO = 0      # (HELLO, node_id, addresses, info)
+MSG_CALL = 1       # (CALL, actor_id, endpoint, payload, reply_port_id|None, rank, extent_items)
+#                   payload = pickled (args, kwargs) whose out-of-band buffers ride in the
+#                   frame, or the (args, kwargs) tuple itself when it holds only builtin
+#                   values (pickled with the envelope); the reply goes to the sending
+#                   node's port reply_port_id.
+MSG_DELIVER = 2    # (DELIVER, port_id, value)  -- value pickled with the envelope: plain
+#                   results, runtime events, channel messages
+MSG_RPC = 3        # (RPC, service, args, reply PortRef|None)
+MSG_FAIL = 4       # (FAIL, port_id, exception)  -- reply carrying an error
+MSG_RESULT = 5     # (RESULT, port_id, pickled value) -- a reply whose value is pickled on
+#                   its own, its out-of-band buffers in the frame: the receiver unpickles
+#                   it apart from the envelope, so a value it cannot unpickle fails that
+#                   one call; every endpoint result that is not plain goes this way
+
+#: Where a call's fields sit (for the few places that read one field, not all).
+CALL_ACTOR, CALL_ENDPOINT, CALL_PAYLOAD, CALL_REPLY, CALL_RANK, CALL_EXTENT = range(1, 7)
+
+# Supervision events: what processes and actors report to their owner's events port, as
+# (kind, ...) tuples delivered with MSG_DELIVER.
+EVENT_LOG = "log"                          # (LOG, proc_name, stream, [lines])
+EVENT_EXIT = "exit"                        # (EXIT, proc_name, pid, returncode, hostname)
+EVENT_CHILD_FAILED = "child_failed"        # (CHILD_FAILED, owner actor_id, event)
+EVENT_ENDPOINT_FAILED = "endpoint_failed"  # (ENDPOINT_FAILED, actor_id, ActorError)
+
+
+def hello_msg(node_id: str, addresses: tuple[str, ...], info: dict) -> tuple:
+    return (MSG_HELLO, node_id, addresses, info)
+
+
+def call_msg(actor_id: str, endpoint: str, payload: Any, reply_port: int | None,
+             rank: int, extent_items: tuple | None) -> tuple:
+    return (MSG_CALL, actor_id, endpoint, payload, reply_port, rank, extent_items)
+
+
+def deliver_msg(port_id: int, value: Any) -> tuple:
+    return (MSG_DELIVER, port_id, value)
+
+
+def fail_msg(port_id: int, exc: BaseException) -> tuple:
+    return (MSG_FAIL, port_id, exc)
+
+
+def rpc_msg(service: str, args: tuple, reply: Any) -> tuple:
+    return (MSG_RPC, service, args, reply)
+
+
+def decode_args(payload: Any, buffers: list) -> tuple[tuple, dict]:
+    """A call's ``(args, kwargs)``: sent inline when it held only builtin values, else
+    pickled apart, with its out-of-band buffers in the frame."""
+    return payload if type(payload) is tuple else serialization.loads(payload, buffers)
+
+
+def call_payload_size(payload: tuple) -> int:
+    """How a call's builtin ``(args, kwargs)`` travels: its pickled size when the args are
+    immutable (pickled later, with the batch of messages it joins), -1 when it must be
+    pickled now (kwargs, or something mutable the caller may change after sending)."""
+    return frozen_size(payload[0]) if not payload[1] else -1
+
+
+class ReplyNotSent(serialization.SerializationError):
+    """A result that could not be pickled or framed for its caller (the call fails with
+    this; the connection and the actor are unharmed)."""
+
+
+def encode_result(port_id: int, value: Any, what: str = "result") -> tuple[bytes, list]:
+    """The frame (meta, out-of-band buffers) that answers port ``port_id`` with ``value``:
+    one encoding for every reply path. Anything that goes wrong here, a value that does
+    not pickle, whose ``__reduce__`` raises, too many buffers for a frame, no memory,
+    raises :class:`ReplyNotSent` before a byte is queued."""
+    try:
+        if is_plain(value):
+            return pickle.dumps((MSG_DELIVER, port_id, value), PROTOCOL), []
+        inner, bufs = serialization.dumps(value, what)
+        check_frame_limits(len(inner) + 32, bufs)
+        return serialization.dumps_envelope((MSG_RESULT, port_id, inner)), bufs
+    except Exception as e:  # noqa: BLE001 - whatever it was, this one call fails with it
+        raise ReplyNotSent(f"the {what} ({type(value).__name__}) could not be sent: "
+                           f"{describe_exception(e)}") from None
+
+
+def describe_exception(exc: BaseException, with_type: bool = True) -> str:
+    """``Type: message`` of an exception (or the message alone), even one whose
+    ``__str__`` raises: error paths must not fail on the error they report."""
+    try:
+        text = str(exc)
+    except Exception as e:  # noqa: BLE001
+        text = f"<str() of this {type(exc).__name__} raised {type(e).__name__}>"
+    if not with_type:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def format_exception(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+class Failure:
+    """Marks a value delivered to a reply port as an error (never sent as such: it
+    becomes a MSG_FAIL on the wire)."""
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def failure(exc: BaseException) -> Failure:
+    return Failure(exc)
+
+
+class _AnsweredThroughPort:
+    """What an ``explicit_response_port`` endpoint returns: it answered through its port."""
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ANSWERED_THROUGH_PORT"
+
+    def __reduce__(self):
+        return "ANSWERED_THROUGH_PORT"     # the one instance, even inside a shipped class
+
+
+ANSWERED_THROUGH_PORT = _AnsweredThroughPort()

@@ -34,12 +34,13 @@ from hpcmesh.actor import Actor, endpoint  # noqa: E402
 from hpcmesh.actor.mesh import _rebuild_actor_mesh  # noqa: E402
 from hpcmesh.runtime.actor_host import ActorHost  # noqa: E402
 from hpcmesh.runtime.context import ActorInstance  # noqa: E402
-from hpcmesh.runtime.node import (MSG_CALL, MSG_DELIVER, Node, NodeRef,  # noqa: E402
-                                  _Peer, set_current_node)
-try:    # the helper's home since the messages/loop split; older trees (A/B runs) had it here
+from hpcmesh.runtime.node import MSG_CALL, MSG_DELIVER, Node, NodeRef, set_current_node  # noqa: E402
+try:    # their homes since the messages/loop/peers split; older trees (A/B runs) had them here
     from hpcmesh.runtime.loop import new_event_loop  # noqa: E402
+    from hpcmesh.runtime.peers import Peer  # noqa: E402
 except ImportError:
     from hpcmesh.runtime.node import _new_loop as new_event_loop  # noqa: E402
+    from hpcmesh.runtime.node import _Peer as Peer  # noqa: E402
 from hpcmesh.shapes import Extent, Point, Shape  # noqa: E402
 from hpcmesh.transport.connection import Connection  # noqa: E402
 from hpcmesh.transport.framing import Frame, encode_batch  # noqa: E402
@@ -62,7 +63,7 @@ def _drained_connection(loop, node: Node, peer_id: str) -> tuple[Connection, sub
     a.setblocking(False)
     conn = Connection(loop, a, peer_id, node._on_frames, lambda c, e: None, node.loop_tid)
     conn.info["peer_id"] = peer_id
-    node._peers[peer_id] = _Peer(NodeRef(peer_id, ()), conn=conn)
+    node._peers[peer_id] = Peer(NodeRef(peer_id, ()), conn=conn)
     return conn, drain
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 from ..transport import serialization
@@ -41,6 +42,21 @@ MSG_RESULT = 5     # (RESULT, port_id, pickled value) -- a reply whose value is 
 
 #: Where a call's fields sit (for the few places that read one field, not all).
 CALL_ACTOR, CALL_ENDPOINT, CALL_PAYLOAD, CALL_REPLY, CALL_RANK, CALL_EXTENT = range(1, 7)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    """How to reach a node: its id and the addresses it advertises, best first."""
+    node_id: str
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PortRef:
+    """A mailbox on some node; sending to it delivers a value to the owner's callback."""
+    node: NodeRef
+    port_id: int
+
 
 # Supervision events: what processes and actors report to their owner's events port, as
 # (kind, ...) tuples delivered with MSG_DELIVER.

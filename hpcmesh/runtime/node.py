@@ -12,7 +12,6 @@ A node never blocks its loop: handlers run inline when they are short
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import pickle
@@ -21,8 +20,6 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..settings import env_number
@@ -31,11 +28,14 @@ from ..transport.addresses import Address
 from ..transport.connection import Connection, ConnectionClosed, Listener, dial
 from .errors import SupervisionError
 from .future import Future, register_loop_thread, unregister_loop_thread
+from .peers import Peer, PeerTable
+from .ports import PortTable
 from .loop import finish_leftover_tasks, new_event_loop, running_loop
 from .loop import yield_core as _yield_core     # a module global: tests count the turns
 # the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
 from .messages import (ANSWERED_THROUGH_PORT, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
-                       MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, ReplyNotSent,
+                       MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
+                       ReplyNotSent,
                        call_msg, call_payload_size, deliver_msg, describe_exception,
                        encode_result, fail_msg, frozen_size, hello_msg, rpc_msg)
 
@@ -44,34 +44,6 @@ log = logging.getLogger("hpcmesh.runtime")
 #: How long a caller waits for a precise exit report after a connection drops
 #: before failing pending work with a generic "connection lost".
 LOST_PEER_REPORT_WAIT = env_number("HPCMESH_LOST_PEER_WAIT", 1.0)
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRef:
-    """How to reach a node: its id and the addresses it advertises, best first."""
-    node_id: str
-    addresses: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PortRef:
-    """A mailbox on some node; sending to it delivers a value to the owner's callback."""
-    node: NodeRef
-    port_id: int
-
-
-@dataclass(slots=True)
-class _Peer:
-    ref: NodeRef | None
-    conn: Connection | None = None
-    dialing: asyncio.Future | None = None
-    lost: BaseException | None = None
-    inflight: set = field(default_factory=set)   # one-shot reply port ids awaiting this peer
-    extras: list = field(default_factory=list)   # further connections, read but not sent on
-    # Frames waiting for a connection, in send order. While it is not empty every sender
-    # appends here too, so a message sent once the connection is up cannot overtake one
-    # that was queued while it was being dialed.
-    backlog: deque = field(default_factory=deque)
 
 
 def runtime_dir() -> str:
@@ -103,15 +75,19 @@ class Node:
         self.loop_native_tid = threading.get_native_id() if running_loop() is loop else None
         self._listeners: list[Listener] = []
         self.addresses: tuple[str, ...] = ()
-        self._peers: dict[str, _Peer] = {}
-        self._ports: dict[int, tuple[Callable, bool]] = {}
-        self._replies: dict[int, tuple[Future, _Peer | None]] = {}   # one-shot reply ports
+        self.peers = PeerTable()
+        self.ports = PortTable()
+        # the tables' own dicts and counter, bound here for the hot paths (one attribute
+        # lookup, not two, per call and per reply)
+        self._peers = self.peers.by_id
+        self._replies = self.ports.replies
+        self._port_ids = self.ports.ids
+        self._deliver_local = self.ports.deliver
         self._replied: set[Connection] = set()   # replies queued while handling frames
         self._handling_frames = False
         #: True while the messages of a batch frame are dispatched: a pipelining sender,
         #: whose calls an actor runs faster from its mailbox task than one by one inline.
         self.in_batch = False
-        self._port_ids = itertools.count(1)
         self.services: dict[str, Callable] = {}
         self.actors: dict[str, Any] = {}          # actor_id -> ActorInstance (worker side)
         self.actor_services: Any = None           # set by ActorServices.attach
@@ -226,16 +202,10 @@ class Node:
 
     # -- ports -------------------------------------------------------------------------
     def open_port(self, callback: Callable[[Any], None], once: bool = False) -> PortRef:
-        pid = next(self._port_ids)
-        self._ports[pid] = (callback, once)
-        return PortRef(self.ref, pid)
+        return PortRef(self.ref, self.ports.open(callback, once))
 
     def close_port(self, port: PortRef | int) -> None:
-        pid = port if isinstance(port, int) else port.port_id
-        self._ports.pop(pid, None)
-        reply = self._replies.pop(pid, None)
-        if reply is not None and reply[1] is not None:
-            reply[1].inflight.discard(pid)
+        self.ports.close(port if isinstance(port, int) else port.port_id)
 
     def reply_future(self, peer: NodeRef | str | None) -> tuple[Future, int]:
         """A one-shot reply port (its id is returned) whose first delivery resolves a
@@ -244,56 +214,20 @@ class Node:
         Callable from any thread. ``peer`` is the node expected to answer (a NodeRef,
         or a node id of a node already known). ``port_ref(id)`` names the port for a
         message that carries it."""
-        fut = Future()
-        pid = next(self._port_ids)
         if peer is None:
             p = None
         elif type(peer) is str:
             p = self._peers.get(peer)
         else:
-            p = self._peers.get(peer.node_id) or self.peer(peer)
-        self._replies[pid] = (fut, p)
-        if p is not None:
-            p.inflight.add(pid)
-            # Checked after registering: either the loop's _fail_inflight sees this port, or
-            # this check sees the loss it recorded first. Nothing can slip between the two.
-            if p.lost is not None and p.conn is None:
-                p.inflight.discard(pid)
-                if self._replies.pop(pid, None) is not None:
-                    fut.set_exception(p.lost)
-        return fut, pid
+            p = self._peers.get(peer.node_id) or self.peers.peer(peer)
+        return self.ports.expect_reply(p)
 
     def port_ref(self, port_id: int) -> PortRef:
         return PortRef(NodeRef(self.node_id, self.addresses), port_id)
 
-    def _deliver_local(self, port_id: int, value: Any) -> None:
-        reply = self._replies.pop(port_id, None)
-        if reply is not None:
-            fut, p = reply
-            if p is not None:
-                p.inflight.discard(port_id)
-            if type(value) is Failure:
-                fut.set_exception(value.exc)
-            else:
-                fut.set_result(value)
-            return
-        entry = self._ports.get(port_id)
-        if entry is None:
-            return   # late reply for a port already closed: nothing is waiting
-        cb, once = entry
-        if once and self._ports.pop(port_id, None) is None:
-            return   # another thread failed this port meanwhile
-        cb(value)
-
     # -- sending ---------------------------------------------------------------------
-    def peer(self, ref: NodeRef) -> _Peer:
-        p = self._peers.get(ref.node_id)
-        if p is None:
-            # setdefault: two threads meeting a new node at once must share one _Peer
-            p = self._peers.setdefault(ref.node_id, _Peer(ref))
-        if p.ref is None or (ref.addresses and not p.ref.addresses):
-            p.ref = ref
-        return p
+    def peer(self, ref: NodeRef) -> Peer:
+        return self.peers.peer(ref)
 
     def send(self, target: NodeRef, msg: tuple, what: str = "message",
              buffers: list | None = None) -> None:
@@ -406,7 +340,7 @@ class Node:
             self._fanins.clear()
             self._polling = False
 
-    def _flush_backlog(self, p: _Peer) -> None:
+    def _flush_backlog(self, p: Peer) -> None:
         """Loop thread: send queued frames if connected, else dial."""
         conn = p.conn
         if conn is not None and not conn.closed:
@@ -426,13 +360,13 @@ class Node:
         elif p.dialing is None:
             p.dialing = self.loop.create_task(self._dial_peer(p))
 
-    def _drop_backlog(self, p: _Peer) -> None:
+    def _drop_backlog(self, p: Peer) -> None:
         if p.backlog:
             log.warning("dropping %d message(s) for unreachable node %s: %s", len(p.backlog),
                         p.ref.node_id[:8] if p.ref else "?", p.lost)
             p.backlog.clear()
 
-    async def _dial_peer(self, p: _Peer) -> None:
+    async def _dial_peer(self, p: Peer) -> None:
         try:
             try:
                 await self.connect_first(p.ref.addresses if p.ref else (),
@@ -805,33 +739,23 @@ class Node:
         elif p.lost is None:
             p.lost = reason
 
-    def _mark_lost(self, p: _Peer, exc: BaseException, immediate: bool) -> None:
+    def _mark_lost(self, p: Peer, exc: BaseException, immediate: bool) -> None:
         if p.conn is not None and not p.conn.closed:
             return   # reconnected meanwhile
         if p.lost is None or immediate:
             p.lost = exc
         self._fail_inflight(p, p.lost)
 
-    def _fail_inflight(self, p: _Peer, exc: BaseException) -> None:
-        """Fail every reply port waiting on ``p`` (loop thread; ``p.lost`` already set).
-
-        The set is drained in place rather than swapped, so a port another thread adds
-        meanwhile is either drained here or sees ``p.lost`` in ``reply_future``."""
+    def _fail_inflight(self, p: Peer, exc: BaseException) -> None:
+        """Fail every reply port waiting on ``p`` (loop thread; ``p.lost`` already set)."""
         self._drop_backlog(p)
-        inflight = p.inflight
-        failed = Failure(exc)
-        while inflight:
-            try:
-                pid = inflight.pop()
-            except KeyError:
-                break
-            self._deliver_local(pid, failed)
+        self.peers.fail_inflight(p, exc, self._deliver_local)
 
     def fail_peer(self, peer_id: str, exc: BaseException) -> None:
         """Fail everything pending on a peer now (a precise exit report arrived)."""
         p = self._peers.get(peer_id)
         if p is None:
-            p = self._peers.setdefault(peer_id, _Peer(None))
+            p = self._peers.setdefault(peer_id, Peer(None))
         p.lost = exc
         extras, p.extras = p.extras, []
         for conn in [p.conn, *extras]:
@@ -844,19 +768,14 @@ class Node:
     def ref_of(self, node_id: str) -> NodeRef:
         """How to reach node ``node_id``: this node, a peer we know the addresses of, or
         its id alone (a peer that has not said hello yet: replies then wait for it)."""
-        if node_id == self.node_id:
-            return self.ref
-        p = self._peers.get(node_id)
-        return p.ref if p is not None and p.ref is not None else NodeRef(node_id, ())
+        return self.ref if node_id == self.node_id else self.peers.ref_of(node_id)
 
     def load(self, node_id: str) -> int:
         """Replies this node still awaits from ``node_id`` (``choose()`` picks the least)."""
-        p = self._peers.get(node_id)
-        return len(p.inflight) if p is not None else 0
+        return self.peers.load(node_id)
 
     def peer_connected(self, peer_id: str) -> bool:
-        p = self._peers.get(peer_id)
-        return p is not None and p.conn is not None and not p.conn.closed
+        return self.peers.connected(peer_id)
 
     # -- shutdown --------------------------------------------------------------------
     def close(self) -> None:

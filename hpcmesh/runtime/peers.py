@@ -1,0 +1,88 @@
+"""What a node knows about each other node: how to reach it, its connection, what waits on it.
+
+Plain state with no I/O: the node (``node.py``) dials, reads and writes; this table says
+which connection a message to a node goes on, which frames wait for one, and which reply
+ports must fail when that node is lost. Safe to touch from any thread for the operations
+the node does off its loop (``peer``, ``get``, ``load``): each is one dict operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from .messages import Failure, NodeRef
+
+if TYPE_CHECKING:
+    from ..transport.connection import Connection
+
+
+@dataclass(slots=True)
+class Peer:
+    ref: NodeRef | None
+    conn: Connection | None = None
+    dialing: asyncio.Future | None = None
+    lost: BaseException | None = None
+    inflight: set = field(default_factory=set)   # one-shot reply port ids awaiting this peer
+    extras: list = field(default_factory=list)   # further connections, read but not sent on
+    # Frames waiting for a connection, in send order. While it is not empty every sender
+    # appends here too, so a message sent once the connection is up cannot overtake one
+    # that was queued while it was being dialed.
+    backlog: deque = field(default_factory=deque)
+
+    @property
+    def connected(self) -> bool:
+        return self.conn is not None and not self.conn.closed
+
+
+class PeerTable:
+    def __init__(self) -> None:
+        self.by_id: dict[str, Peer] = {}
+
+    def peer(self, ref: NodeRef) -> Peer:
+        """The entry for ``ref``'s node, made on first meeting; learns its addresses."""
+        p = self.by_id.get(ref.node_id)
+        if p is None:
+            # setdefault: two threads meeting a new node at once must share one Peer
+            p = self.by_id.setdefault(ref.node_id, Peer(ref))
+        if p.ref is None or (ref.addresses and not p.ref.addresses):
+            p.ref = ref
+        return p
+
+    def get(self, node_id: str) -> Peer | None:
+        return self.by_id.get(node_id)
+
+    def ref_of(self, node_id: str) -> NodeRef:
+        """How to reach ``node_id``: its addresses when known, else its id alone (a node
+        that has not said hello yet: what is sent to it waits for it)."""
+        p = self.by_id.get(node_id)
+        return p.ref if p is not None and p.ref is not None else NodeRef(node_id, ())
+
+    def load(self, node_id: str) -> int:
+        """Replies still awaited from ``node_id``."""
+        p = self.by_id.get(node_id)
+        return len(p.inflight) if p is not None else 0
+
+    def connected(self, node_id: str) -> bool:
+        p = self.by_id.get(node_id)
+        return p is not None and p.connected
+
+    def values(self) -> list[Peer]:
+        return list(self.by_id.values())
+
+    @staticmethod
+    def fail_inflight(p: Peer, exc: BaseException, deliver: Callable[[int, Any], None]) -> None:
+        """Fail every reply port waiting on ``p`` (``p.lost`` already set).
+
+        The set is drained in place rather than swapped, so a port another thread adds
+        meanwhile is either drained here or sees ``p.lost`` in ``PortTable.expect_reply``."""
+        inflight = p.inflight
+        failed = Failure(exc)
+        while inflight:
+            try:
+                pid = inflight.pop()
+            except KeyError:
+                break
+            deliver(pid, failed)

@@ -1,0 +1,76 @@
+"""The ports of one node: where delivered values go, by port id. No I/O, no threads of its own.
+
+A port is an integer id on a node. Two kinds share the id space: callback ports
+(``open``: channels, event streams; every delivery calls the callback, or only the first
+with ``once``) and one-shot reply ports (``expect_reply``: a call's reply resolves its
+Future). A reply port may name the peer expected to answer; the peer table then fails it
+when that peer is lost (``peers.Peer.inflight``). Called from any thread: each step is a
+single dict operation, atomic under the GIL, and the order of the steps is what keeps a
+reply and a loss from both resolving one Future (see ``expect_reply``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, Callable
+
+from .future import Future
+from .messages import Failure
+
+if TYPE_CHECKING:
+    from .peers import Peer
+
+
+class PortTable:
+    def __init__(self) -> None:
+        self.callbacks: dict[int, tuple[Callable[[Any], None], bool]] = {}
+        self.replies: dict[int, tuple[Future, Peer | None]] = {}
+        self.ids = itertools.count(1)
+
+    def open(self, callback: Callable[[Any], None], once: bool = False) -> int:
+        pid = next(self.ids)
+        self.callbacks[pid] = (callback, once)
+        return pid
+
+    def close(self, pid: int) -> None:
+        self.callbacks.pop(pid, None)
+        reply = self.replies.pop(pid, None)
+        if reply is not None and reply[1] is not None:
+            reply[1].inflight.discard(pid)
+
+    def expect_reply(self, peer: Peer | None) -> tuple[Future, int]:
+        """A one-shot reply port and the Future its first delivery resolves; the Future
+        fails at once if ``peer`` is known lost already."""
+        fut = Future()
+        pid = next(self.ids)
+        self.replies[pid] = (fut, peer)
+        if peer is not None:
+            peer.inflight.add(pid)
+            # Checked after registering: either the loop's fail_inflight sees this port, or
+            # this check sees the loss it recorded first. Nothing can slip between the two.
+            if peer.lost is not None and peer.conn is None:
+                peer.inflight.discard(pid)
+                if self.replies.pop(pid, None) is not None:
+                    fut.set_exception(peer.lost)
+        return fut, pid
+
+    def deliver(self, port_id: int, value: Any) -> None:
+        """Hand ``value`` (a ``Failure`` for an error) to port ``port_id``; a port that is
+        closed already drops it (a late reply: nobody waits any more)."""
+        reply = self.replies.pop(port_id, None)
+        if reply is not None:
+            fut, p = reply
+            if p is not None:
+                p.inflight.discard(port_id)
+            if type(value) is Failure:
+                fut.set_exception(value.exc)
+            else:
+                fut.set_result(value)
+            return
+        entry = self.callbacks.get(port_id)
+        if entry is None:
+            return
+        cb, once = entry
+        if once and self.callbacks.pop(port_id, None) is None:
+            return   # another thread failed this port meanwhile
+        cb(value)

@@ -203,7 +203,7 @@ class HostMesh(MeshTrait):
 
         def spawn_all(rdv: Future) -> None:
             """Once host 0 named MASTER_ADDR/PORT, ask every host's agent to start its share."""
-            master = rdv._value if rdv.exception() is None else None
+            master = rdv.value() if rdv.exception() is None else None
             answers = []
             for hi, reqs in by_host.items():
                 host = self._hosts[host_ranks[hi]]
@@ -229,7 +229,7 @@ class HostMesh(MeshTrait):
                 for r in recs:
                     r.ready.set_exception(f.exception())
                 return
-            info = {n: (pid, paths) for n, pid, paths in f._value}
+            info = {n: (pid, paths) for n, pid, paths in f.value()}
             for r in recs:
                 if r.name in info:
                     r.pid, r.log_paths = info[r.name]
@@ -434,7 +434,7 @@ class ProcMesh(_SharedStateMesh):
                     if first.node.addresses else "127.0.0.1")
 
             def spawn_all(port_f: Future) -> Future:
-                rdv = Rendezvous(host, port_f._value, actor_id) if port_f.exception() is None \
+                rdv = Rendezvous(host, port_f.value(), actor_id) if port_f.exception() is None \
                     else None
                 calls = [node.rpc(n, "spawn_actor", actor_id, name, cls_blob, args, kwargs,
                                   Point(i, extent), rdv, supervisor)
@@ -444,7 +444,8 @@ class ProcMesh(_SharedStateMesh):
 
         ready = _chain(self._state.ready, start)
 
-        ready.add_done_callback(lambda f: state.open(f._value, f.exception()))
+        ready.add_done_callback(lambda f: state.open(
+            f.value() if f.exception() is None else None, f.exception()))
         state.ready = ready
         return ActorMesh(state, Shape.from_extent(extent))
 

@@ -130,6 +130,15 @@ class Future:
     def exception(self) -> BaseException | None:
         return self._exc
 
+    def value(self) -> Any:
+        """The result of a Future that has settled without an error, read without waiting
+        (in a done-callback, say). A pending or failed Future is a mistake here."""
+        if not self._state or self._exc is not None:
+            raise RuntimeError("Future.value() needs a Future that has a result: "
+                               + ("it failed; check exception() first" if self._state
+                                  else "it is still pending; use get() to wait for it"))
+        return self._value
+
     def result(self, timeout: float | None = None) -> Any:
         return self.get(timeout)
 

@@ -82,57 +82,12 @@ def _cached_job():
                            f"{current_context()!r}: {e}") from e
 
 
-def _spec_ref() -> str | None:
-    from .job.base import _root, current_context
-    try:
-        with open(os.path.join(_root(), current_context(), "current_job")) as f:
-            return f.read().strip() or None
-    except FileNotFoundError:
-        return None
-
-
 def _inner(job):
     """BatchJob wraps the job that holds the meshes."""
     from .job.local import BatchJob
     while isinstance(job, BatchJob):
         job = job.job
     return job
-
-
-def _mesh_summary(job) -> dict[str, str]:
-    """Mesh name -> one-line description, without connecting to anything."""
-    inner = _inner(job)
-    describe = getattr(inner, "describe_meshes", None)
-    if callable(describe):
-        return dict(describe())
-    from .job.local import LocalJob
-    if isinstance(inner, LocalJob):
-        return {name: f"this host ({socket.gethostname()})" for name in inner.hosts}
-    spec = getattr(inner, "spec", None)
-    meshes = getattr(spec, "meshes", None)
-    if isinstance(meshes, dict):
-        return {name: f"{getattr(m, 'nodes', '?')} node(s)" for name, m in meshes.items()}
-    meshes = getattr(inner, "meshes", None)
-    if isinstance(meshes, dict):
-        return {name: repr(v) for name, v in meshes.items()}
-    return {}
-
-
-def _slurm_job_ids(job) -> list[str]:
-    inner = _inner(job)
-    fn = getattr(inner, "slurm_job_ids", None)
-    if callable(fn):
-        return [str(j) for j in fn()]
-    for attr in ("job_ids", "slurm_job_ids", "job_id", "slurm_job_id"):
-        v = getattr(inner, attr, None)
-        if v is None or callable(v):
-            continue
-        if isinstance(v, dict):
-            return [str(x) for x in v.values() if x]
-        if isinstance(v, (list, tuple, set)):
-            return [str(x) for x in v if x]
-        return [str(v)]
-    return []
 
 
 def _squeue_lines(job_ids: list[str]) -> list[str]:
@@ -195,7 +150,7 @@ def cmd_apply(args) -> int:
     inner = _inner(job)
     print(f"applied {args.spec} ({type(inner).__name__}) in context {current_context()!r}; "
           f"apply id {job.apply_id or inner.apply_id}")
-    for jid in _slurm_job_ids(job):
+    for jid in job.slurm_job_ids():
         print(f"  slurm job {jid}")
     for name in state.names():
         print(f"  {name}: {getattr(state, name)!r}")
@@ -203,9 +158,9 @@ def cmd_apply(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .job.base import current_context
+    from .job.base import current_context, current_job_ref
     job, path = _cached_job()
-    ref = _spec_ref()
+    ref = current_job_ref()
     if job is None:
         if ref:
             print(f"context {current_context()!r}: job spec {ref}, not applied "
@@ -221,12 +176,12 @@ def cmd_status(args) -> int:
           (" (in BatchJob)" if inner is not job else ""))
     print(f"active:   {'yes' if active else 'no'}")
     print(f"apply id: {job.apply_id or getattr(inner, 'apply_id', None) or '-'}")
-    meshes = _mesh_summary(job)
+    meshes = job.describe_meshes()
     if meshes:
         print("meshes:")
         for name, text in meshes.items():
             print(f"  {name}: {text}")
-    ids = _slurm_job_ids(job)
+    ids = job.slurm_job_ids()
     if ids:
         for line in _squeue_lines(ids):
             print(line)
@@ -234,14 +189,14 @@ def cmd_status(args) -> int:
 
 
 def cmd_kill(args) -> int:
-    from .job.base import _remove_cache, current_context
+    from .job.base import current_context, remove_cache
     job, path = _cached_job()
     if job is None:
         _err(f"context {current_context()!r} has no applied job (no {path}); nothing to kill")
         return 1
     was_active = job.active
     job.kill()
-    _remove_cache(path)
+    remove_cache(path)
     print(f"killed {type(_inner(job)).__name__} (apply id {job.apply_id or '-'})"
           + ("" if was_active else "; it was not active"))
     return 0

@@ -92,6 +92,9 @@ class SlurmAllocation(JobTrait):
         self.timings: dict[str, float] = {}
         self.allocation: Allocation | None = None
 
+    def slurm_job_ids(self) -> list[str]:
+        return [self.job_id] if self.job_id else []
+
     def _spec_key(self) -> Any:
         return ("slurm-allocation", self.mesh_name, self.nodes, self.cpus_per_task,
                 tuple(self.srun_args), self.python_exe)

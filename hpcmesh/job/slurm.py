@@ -63,7 +63,7 @@ from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue,
                              squeue_job_unknown)
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
-from .base import DEFAULT_CACHE, JobState, JobTrait
+from .base import DEFAULT_CACHE, JobState, JobTrait, try_load
 from .local import in_batch_job
 from .start_limits import StartLimits, check_start_limits
 
@@ -605,6 +605,12 @@ class SlurmJob(JobTrait):
         ids = self._ids()
         return ids[0] if ids else None
 
+    def describe_meshes(self) -> dict[str, str]:
+        return {name: f"{m.nodes} node(s)" for name, m in self.spec.meshes.items()}
+
+    def slurm_job_ids(self) -> list[str]:
+        return [j for j in self.job_ids if j]
+
     def _ids(self) -> list[str]:
         if self.job_ids:
             return list(self.job_ids)
@@ -887,9 +893,8 @@ class SlurmJob(JobTrait):
         """As JobTrait.state; inside the job's own allocation (client_script) it connects to
         the job's agents instead of submitting another job."""
         if in_batch_job():
-            from .base import _try_load
             path = os.environ.get("HPCMESH_JOB_STATE")
-            running = _try_load(path) if path else None
+            running = try_load(path) if path else None
             if isinstance(running, SlurmJob):
                 return JobState(running._state())
         st = super().state(cached_path)

@@ -30,9 +30,10 @@ from typing import Any, Sequence
 from ..settings import env_number
 from ..slurm.parsing import Allocation, SlurmParseError, clean_env_for_nested_srun
 from .base import JobState, JobTrait
+from .progress import Progress
 from .start_limits import check_seconds
 from .slurm import (SlurmError, SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, _need, _run,
-                    _tail, _Progress, agent_command, agent_token, client_attach_addresses,
+                    _tail, agent_command, agent_token, client_attach_addresses,
                     make_host_mesh)
 
 log = logging.getLogger("hpcmesh.job.allocation")
@@ -156,7 +157,7 @@ class SlurmAllocation(JobTrait):
                                     stderr=subprocess.STDOUT, start_new_session=True)
         self._live_srun = proc
         _register_exit_kill(self)
-        progress = _Progress(self.progress)
+        progress = Progress(self.progress)
         mono0 = time.monotonic()
 
         def poll() -> None:

@@ -65,6 +65,7 @@ from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
 from .base import DEFAULT_CACHE, JobState, JobTrait, try_load
 from .local import in_batch_job
+from .progress import Progress
 from .start_limits import StartLimits, check_start_limits
 
 log = logging.getLogger("hpcmesh.job.slurm")
@@ -479,40 +480,6 @@ def client_attach_addresses() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------
-# progress display
-# ---------------------------------------------------------------------------------------
-class _Progress:
-    def __init__(self, enabled: bool | None, stream=None):
-        self.stream = stream or sys.stderr
-        self.enabled = True if enabled is None else bool(enabled)
-        try:
-            self.tty = self.stream.isatty()
-        except (AttributeError, ValueError):
-            self.tty = False
-        self.last_key = None
-        self.width = 0
-
-    def show(self, key: tuple, text: str) -> None:
-        if not self.enabled:
-            return
-        if self.tty:
-            pad = max(0, self.width - len(text))
-            self.stream.write("\r" + text + " " * pad)
-            self.stream.flush()
-            self.width = len(text)
-        elif key != self.last_key:
-            self.stream.write(f"hpcmesh: {text}\n")
-            self.stream.flush()
-        self.last_key = key
-
-    def done(self) -> None:
-        if self.enabled and self.tty and self.width:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.width = 0
-
-
-# ---------------------------------------------------------------------------------------
 # SlurmJob
 # ---------------------------------------------------------------------------------------
 class SlurmJob(JobTrait):
@@ -758,7 +725,7 @@ class SlurmJob(JobTrait):
 
     def _wait_for_agents(self, waiters: dict, hello_times: list[float]) -> None:
         total = sum(w.expected for w in waiters.values())
-        progress = _Progress(self.progress)
+        progress = Progress(self.progress)
         t_submit = self.timings["submit"]
         mono0 = time.monotonic()
         limits = StartLimits(self.timeout, getattr(self, "job_start_timeout", None), mono0)
@@ -965,7 +932,7 @@ class SlurmJob(JobTrait):
         limits = StartLimits(self.timeout, None, time.monotonic())
         if in_batch_job() or not ids:
             limits.mark_running(time.monotonic())   # we run inside the job itself
-        progress = _Progress(self.progress)
+        progress = Progress(self.progress)
         pattern = os.path.join(self.job_dir, _ready_name(mesh, self.restart_count, "*"))
         delay, next_squeue, recs = 0.05, 0.0, {}
         try:

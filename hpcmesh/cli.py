@@ -91,17 +91,12 @@ def _inner(job):
 
 
 def _squeue_lines(job_ids: list[str]) -> list[str]:
-    from .slurm import command_for_squeue, parse_squeue
-    if not shutil.which("squeue"):
-        return [f"slurm job {', '.join(job_ids)}: squeue not found on this host"]
+    """One line per Slurm job for `hpcmesh status` (what squeue says of it)."""
+    from .job.slurmctl import SlurmError, squeue_jobs
     try:
-        r = subprocess.run(command_for_squeue(job_ids), capture_output=True, text=True,
-                           timeout=30)
-    except subprocess.TimeoutExpired:
-        return ["squeue timed out"]
-    if r.returncode != 0:
-        return [f"squeue failed: {(r.stderr or r.stdout).strip().splitlines()[:1]}"]
-    recs = {rec.job_id: rec for rec in parse_squeue(r.stdout)}
+        recs = squeue_jobs(job_ids, timeout=30)
+    except SlurmError as e:
+        return [f"slurm job {', '.join(job_ids)}: {e}"]
     out = []
     for jid in job_ids:
         rec = recs.get(jid)

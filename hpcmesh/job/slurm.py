@@ -42,11 +42,8 @@ import json
 import logging
 import math
 import os
-import shlex
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -57,15 +54,14 @@ from ..actor.mesh import HostMesh, HostRef, attach_to_workers
 from ..runtime.bootstrap import BootstrapCommand
 from ..settings import env_number
 from ..shapes import Extent, Shape
-from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue,
-                             command_for_squeue_start, parse_sbatch_parsable,
-                             parse_scontrol_restarts, parse_squeue, parse_squeue_start,
-                             squeue_job_unknown)
+from ..slurm.parsing import JobRecord, SlurmParseError, parse_sbatch_parsable
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
 from .base import DEFAULT_CACHE, JobState, JobTrait, try_load
 from .local import in_batch_job
 from .progress import Progress
+from . import slurmctl
+from .slurmctl import SlurmError, scancel, squeue_expected_starts, squeue_jobs
 from .start_limits import StartLimits, check_start_limits
 
 log = logging.getLogger("hpcmesh.job.slurm")
@@ -85,10 +81,6 @@ AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
 GPU_INDEX_VAR = "HPCMESH_GPU_INDEX"
 
 
-class SlurmError(RuntimeError):
-    """A Slurm command failed or a Slurm job did not give us its host agents."""
-
-
 class SlurmSubmitError(SlurmError):
     """sbatch refused the job (nothing was queued)."""
 
@@ -99,97 +91,6 @@ class SlurmJobFailed(SlurmError):
 
 class SlurmStartTimeout(SlurmError, TimeoutError):
     """The host agents did not attach in time (the job was cancelled)."""
-
-
-# ---------------------------------------------------------------------------------------
-# running Slurm commands
-# ---------------------------------------------------------------------------------------
-def _need(cmd: str) -> str:
-    path = shutil.which(cmd)
-    if path is None:
-        raise SlurmError(f"`{cmd}` was not found on PATH, so hpcmesh cannot talk to Slurm from "
-                         f"this machine ({socket.gethostname()}); run on a Slurm login node or "
-                         f"inside an allocation, or add the Slurm client commands to PATH")
-    return path
-
-
-def _run(argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
-    _need(argv[0])
-    try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"`{shlex.join(argv)}` did not answer within {timeout:.0f} s "
-                         f"(is slurmctld up?)") from None
-
-
-def squeue_jobs(job_ids: Sequence[str]) -> dict[str, JobRecord]:
-    """squeue records by job id; ids squeue no longer knows are absent."""
-    if not job_ids:
-        return {}
-    proc = _run(command_for_squeue(list(job_ids)))
-    if proc.returncode != 0:
-        if squeue_job_unknown(proc.stderr):
-            if len(job_ids) == 1:
-                return {}
-            out: dict[str, JobRecord] = {}
-            for j in job_ids:       # one unknown id fails the whole call: ask one by one
-                out.update(squeue_jobs([j]))
-            return out
-        raise SlurmError(f"squeue failed (exit {proc.returncode}): "
-                         f"{(proc.stderr or proc.stdout).strip()}")
-    return {r.job_id: r for r in parse_squeue(proc.stdout)}
-
-
-def squeue_expected_starts(job_ids: Sequence[str]) -> dict[str, str]:
-    """Slurm's estimated start of pending jobs (``squeue --start``); {} when it has none
-    or cannot say (progress only: never a reason to fail)."""
-    try:
-        proc = _run(command_for_squeue_start(list(job_ids)), timeout=20)
-        return parse_squeue_start(proc.stdout) if proc.returncode == 0 else {}
-    except (SlurmError, SlurmParseError):
-        return {}
-
-
-def scancel(job_ids: Sequence[str], *, wait: float = 60.0) -> None:
-    """Cancel jobs and wait until squeue no longer shows them pending/running/completing."""
-    ids = [j for j in job_ids if j]
-    if not ids:
-        return
-    proc = _run(["scancel", *ids])
-    if proc.returncode != 0 and "invalid job id" not in (proc.stderr or "").lower():
-        raise SlurmError(f"scancel {' '.join(ids)} failed: {proc.stderr.strip()}")
-    deadline = time.monotonic() + wait
-    delay = 0.05
-    while True:
-        left = [r for r in squeue_jobs(ids).values() if r.is_active]
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            raise SlurmError(f"job(s) {', '.join(r.job_id for r in left)} still "
-                             f"{', '.join(r.state for r in left)} {wait:.0f} s after scancel")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
-
-
-def _restart_count(job_id: str) -> int | None:
-    """``Restarts=N`` from ``scontrol show job`` (None if unknown)."""
-    try:
-        proc = _run(["scontrol", "-o", "show", "job", job_id], timeout=20)
-    except SlurmError:
-        return None
-    return parse_scontrol_restarts(proc.stdout)
-
-
-def _tail(path: str, n: int = 15) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 8192))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
 
 
 # ---------------------------------------------------------------------------------------
@@ -441,7 +342,7 @@ def _stop_agents_at_exit(job_ids: Sequence[str]) -> None:
 
     def stop() -> None:
         try:
-            _run(["scancel", "--signal=HUP", *ids], timeout=10)
+            slurmctl.scancel_once(ids, signal="HUP", timeout=10)
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
     atexit.register(stop)
@@ -613,8 +514,8 @@ class SlurmJob(JobTrait):
     def _create(self, client_script: str | None) -> None:
         from ..runtime.client import client_runtime
         from ..transport.addresses import write_secret
-        _need("sbatch")
-        _need("squeue")
+        slurmctl.need("sbatch")
+        slurmctl.need("squeue")
         if client_script is not None and not os.path.exists(client_script):
             raise FileNotFoundError(f"client script {client_script!r} does not exist")
         rt = client_runtime()
@@ -711,7 +612,7 @@ class SlurmJob(JobTrait):
                     pass
 
     def _submit(self, script: str) -> str:
-        proc = _run(["sbatch", "--parsable", script])
+        proc = slurmctl.run(["sbatch", "--parsable", script])
         if proc.returncode != 0:
             msg = (proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}"
             raise SlurmSubmitError(f"sbatch refused job {self.spec.job_name!r}: {msg} "
@@ -824,10 +725,10 @@ class SlurmJob(JobTrait):
         reason = rec.reason if rec is not None and rec.reason not in ("", "None") else "-"
         paths = self.log_paths()
         err = paths[idx][:-4] + ".err" if idx < len(paths) else ""
-        tail = _tail(err) if err else ""
+        tail = slurmctl.tail(err) if err else ""
         if not tail and idx < len(paths):
             time.sleep(0.3)        # the log may still be landing on a shared filesystem
-            tail = _tail(err) or _tail(paths[idx])
+            tail = slurmctl.tail(err) or slurmctl.tail(paths[idx])
         raise SlurmJobFailed(
             f"Slurm job {job_id} ended ({state}, reason {reason}) before its host agents "
             f"attached; job log: {self._log_hint(idx)}" +
@@ -916,7 +817,7 @@ class SlurmJob(JobTrait):
             return int(os.environ["SLURM_RESTART_COUNT"])
         if not self.spec.meshes[self.mesh_names[0]].requeue or not self.job_ids:
             return self.restart_count
-        counts = [c for c in (_restart_count(j) for j in self.job_ids) if c is not None]
+        counts = [c for c in (slurmctl.restart_count(j) for j in self.job_ids) if c is not None]
         return max(counts) if counts else self.restart_count
 
     def _wait_ready_files(self, mesh: str) -> list[list[str]]:
@@ -992,7 +893,7 @@ class SlurmJob(JobTrait):
             return
         running = [j for j, r in squeue_jobs(ids).items() if r.state == "RUNNING"]
         if running and not self.client_script:
-            _run(["scancel", "--signal=HUP", *running])
+            slurmctl.scancel_once(running, signal="HUP")
             deadline = time.monotonic() + 5.0
             while time.monotonic() < deadline:
                 if not any(r.is_active for r in squeue_jobs(ids).values()):

@@ -44,6 +44,7 @@ from typing import Any, Mapping, Sequence
 from ..runtime.client import client_runtime
 from .attach import AttachTimeout, AttachWaiter
 from .base import JobTrait
+from .slurmctl import SlurmError, scancel_once, squeue_jobs
 from .start_limits import StartLimits, check_start_limits
 
 __all__ = ["SubmititJob"]
@@ -437,17 +438,13 @@ class SubmititJob(JobTrait):
         return out
 
     def _squeue(self) -> dict:
-        from ..slurm import command_for_squeue, parse_squeue
+        """squeue records of the submitted jobs; {} when squeue cannot say (callers poll)."""
         if not self.job_ids:
             return {}
         try:
-            r = subprocess.run(command_for_squeue(list(self.job_ids.values())),
-                               capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
+            return squeue_jobs(list(self.job_ids.values()), timeout=30)
+        except SlurmError:
             return {}
-        if r.returncode != 0:
-            return {}
-        return {rec.job_id: rec for rec in parse_squeue(r.stdout)}
 
     def _local_alive(self, name: str) -> bool:
         job = getattr(self, "_live_jobs", {}).get(name)
@@ -472,11 +469,10 @@ class SubmititJob(JobTrait):
                 # First SIGTERM the steps only: the agents stop their processes and exit, the
                 # submitit tasks return and the job completes at once (a plain scancel also
                 # works, but the job then sits in COMPLETING for seconds). Then scancel.
-                subprocess.run(["scancel", "--signal=TERM", *ids], capture_output=True,
-                               timeout=60)
+                scancel_once(ids, signal="TERM")
                 if _wait_gone(live, 5.0):
                     return
-            subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+            scancel_once(ids)
             if wait:
                 _wait_gone(live, 60)
         elif cluster == "local":

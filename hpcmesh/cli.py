@@ -17,11 +17,9 @@ under ``$HPCMESH_STATE_DIR`` (default ``.hpcmesh``), or ``--context``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -451,63 +449,11 @@ def _secret_for_worker(args) -> bytes:
     return secret
 
 
-def run_agent(listen: list[str], attach: list[str], secret: bytes, grace: float | None,
-              initial_wait: float | None, advertise_host: str | None,
-              ready_file: str | None) -> str:
-    """Run a host agent (``hpcmesh.runtime.worker.serve``) until it stops; why it stopped.
-
-    SIGTERM/SIGINT always stop it here, killing the processes it started first.
-    ``serve`` itself ignores those signals while a controller is connected (its lease
-    check), which would leave ``scancel``/``kill`` waiting for SIGKILL and orphan the
-    agent's process groups; this wrapper closes that gap.
-    """
-    from .runtime import worker as W
-    from .runtime.node import _new_loop, current_node
-    from .settings import env_number
-
-    grace = env_number("HPCMESH_LEASE_GRACE", 30) if grace is None else grace
-    loop = _new_loop()
-    asyncio.set_event_loop(loop)
-    why: list[str] = []
-
-    def hard_stop(task: asyncio.Task, sig: signal.Signals) -> None:
-        node = current_node()
-        agent = getattr((node.services if node is not None else {}).get("stop_procs"),
-                        "__self__", None)
-        if agent is not None:
-            agent.kill_all()
-        why.append(f"received {sig.name}")
-        print(f"hpcmesh worker on {socket.gethostname()} exiting: received {sig.name}",
-              file=sys.stderr, flush=True)
-        if node is not None:
-            node.close()
-        task.cancel()
-
-    async def main() -> str:
-        task = asyncio.ensure_future(W.serve(listen, attach, secret, grace, initial_wait,
-                                             advertise_host, ready_file))
-        for _ in range(1000):   # until serve() has set up (it installs its own handlers)
-            if task.done() or current_node() is not None:
-                break
-            await asyncio.sleep(0)
-        if not task.done():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, hard_stop, task, sig)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            return why[0] if why else "cancelled"
-
-    try:
-        return loop.run_until_complete(main())
-    finally:
-        loop.close()
-
-
 def cmd_worker(args) -> int:
-    import logging
-    logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
-                        format="%(levelname)s %(name)s: %(message)s")
+    """Check the arguments (usage errors exit 2), then run the agent: everything about
+    signals and stopping is :mod:`hpcmesh.runtime.agent_main`'s."""
+    from .runtime.agent_main import configure_logging, exit_status, run_agent
+    configure_logging()
     secret = _secret_for_worker(args)
     listen = args.listen or ["tcp://0.0.0.0:0"]
     from .transport.addresses import parse_address
@@ -531,13 +477,11 @@ def cmd_worker(args) -> int:
             tls.server_context(settings)        # the agent listens: its certificate must load
     except tls.TLSConfigError as e:
         raise UsageError(f"worker: --ca/{tls.ENV_CA}: {e}") from None
-    if settings is not None:
-        os.environ.update(settings.env())       # the agent's node and its processes read it
     from .runtime.worker import default_advertise_host
     advertise = args.advertise_host or default_advertise_host(listen)
-    reason = run_agent(listen, attach, secret, args.grace, args.initial_wait, advertise,
-                       args.ready_file)
-    return 0 if reason.startswith(("received", "controller gone", "cancelled")) else 1
+    reason = run_agent(listen, attach, secret, grace=args.grace, initial_wait=args.initial_wait,
+                       advertise_host=advertise, ready_file=args.ready_file, ca=args.ca)
+    return exit_status(reason)
 
 
 # ---------------------------------------------------------------------------------------
@@ -638,7 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or --secret-stdin; HPCMESH_JOB_TOKEN tells the client which "
                                    "job the agent belongs to. The agent exits once no "
                                    "controller has been connected for --grace seconds, and on "
-                                   "SIGTERM/SIGINT (killing what it started).")
+                                   "SIGTERM/SIGINT/SIGHUP (killing what it started); "
+                                   "SIGUSR1/SIGUSR2 (Slurm's time-limit warning) are recorded "
+                                   "in $HPCMESH_SLURM_NOTICE.")
     w.add_argument("--listen", action="append", metavar="URL",
                    help="address to listen on (default tcp://0.0.0.0:0; repeatable)")
     w.add_argument("--attach", action="append", metavar="ADDR[,ADDR...]",

@@ -42,7 +42,6 @@ import json
 import logging
 import math
 import os
-import signal
 import socket
 import sys
 import threading
@@ -51,6 +50,7 @@ import uuid
 from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.mesh import HostMesh, HostRef, attach_to_workers
+from ..runtime.agent_main import NOTICE_VAR, run_agent
 from ..runtime.bootstrap import BootstrapCommand
 from ..settings import env_number
 from ..shapes import Extent, Shape
@@ -76,7 +76,6 @@ AGENT_CODE = "from hpcmesh.job.slurm import agent_main; agent_main()"
 #: Job states in which the job holds, or will get, its nodes.
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED",
                            "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING"})
-NOTICE_VAR = "HPCMESH_SLURM_NOTICE"
 AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
 GPU_INDEX_VAR = "HPCMESH_GPU_INDEX"
 
@@ -105,55 +104,10 @@ def _ready_name(mesh: str, restart: int | str, procid: str) -> str:
     return f"agent-{mesh}-r{restart}-{procid}.addr"
 
 
-def _append_notice(path: str | None, signum: int) -> None:
-    entry = {"signal": signal.Signals(signum).name, "time": time.time(),
-             "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-             "slurm_nodeid": os.environ.get("SLURM_NODEID"), "pid": os.getpid(),
-             "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
-    text = json.dumps(entry) + "\n"
-    print(f"hpcmesh agent on {entry['host']}: received {entry['signal']} (Slurm time-limit or "
-          f"preemption warning); recorded in {path or '(no notice file)'}", file=sys.stderr,
-          flush=True)
-    if path:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
-        except OSError as e:
-            print(f"hpcmesh agent: cannot write notice {path}: {e}", file=sys.stderr, flush=True)
-
-
-def _kill_children() -> None:
-    """SIGKILL every child process group of this process (the agent's processes)."""
-    pids = set()
-    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        try:
-            with open(path) as f:
-                pids.update(int(x) for x in f.read().split())
-        except (OSError, ValueError):
-            pass
-    for pid in pids:
-        try:
-            os.killpg(pid, signal.SIGKILL)   # started with start_new_session: its own group
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _stop_now(signum, frame) -> None:
-    print(f"hpcmesh agent on {socket.gethostname()}: {signal.Signals(signum).name} received, "
-          f"stopping its processes and exiting", file=sys.stderr, flush=True)
-    _kill_children()
-    os._exit(0)
-
-
 def agent_main(argv: Sequence[str] | None = None) -> None:
-    """One host agent: listen on this node's chosen interface, dial the client (if given),
-    write a ready file, note Slurm warning signals, exit when the lease expires."""
+    """One host agent of a Slurm step: listen on this node's chosen interface, dial the
+    client (if given), write a ready file in the job folder, exit 0 when it ends. Its
+    signals (HUP: stop now, USR1/USR2: record a notice) are run_agent's."""
     p = argparse.ArgumentParser(prog="hpcmesh-slurm-agent")
     p.add_argument("--attach", default="", help="client addresses, comma separated")
     p.add_argument("--grace", type=float, default=None)
@@ -167,7 +121,6 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
     mesh = args.mesh or env.get("HPCMESH_MESH_NAME") or "hosts"
     if env.get("HPCMESH_JOB_TOKEN"):
         env["HPCMESH_JOB_TOKEN"] = agent_token(env["HPCMESH_JOB_TOKEN"], mesh, restart)
-    from ..runtime.worker import run_worker_loop_forever
     from ..transport.netif import NoUsableInterfaceError, advertise_addresses
     try:
         ips = advertise_addresses()
@@ -181,22 +134,14 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
         env.setdefault("HPCMESH_LOG_DIR", os.path.join(args.job_dir, "procs"))
         env.setdefault(NOTICE_VAR, os.path.join(args.job_dir, "notice"))
         ready = os.path.join(args.job_dir, _ready_name(mesh, restart, procid))
-    notice = env.get(NOTICE_VAR)
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda signum, frame: _append_notice(notice, signum))
-    # SIGHUP = "stop now" (SlurmJob.kill sends it with `scancel --signal=HUP`): the agents
-    # exit 0, the steps end, the batch script ends and the job completes at once.
-    # (SIGTERM cannot be used: the worker ignores it while a controller is connected.)
-    signal.signal(signal.SIGHUP, _stop_now)
     attach = [a for a in args.attach.split(",") if a]
     initial_wait = args.initial_wait
     if attach and initial_wait is None:
         # if the client is gone before we started, do not hold the nodes
         initial_wait = args.grace if args.grace is not None else env_number(
             "HPCMESH_LEASE_GRACE", 30, env=env)
-    reason = run_worker_loop_forever(listen, attach=attach, grace=args.grace,
-                                     initial_wait=initial_wait, advertise_host=ips[0],
-                                     ready_file=ready)
+    reason = run_agent(listen, attach, grace=args.grace, initial_wait=initial_wait,
+                       advertise_host=ips[0], ready_file=ready)
     print(f"hpcmesh agent on {socket.gethostname()} done: {reason}", file=sys.stderr, flush=True)
     sys.exit(0)
 
@@ -332,8 +277,8 @@ _exit_hup: set = set()
 
 def _stop_agents_at_exit(job_ids: Sequence[str]) -> None:
     """The client inside the job's allocation: when it exits, stop the job's agents at once
-    (the batch script would TERM them, which agents ignore while a controller is
-    connected, so the job would wait for Slurm's KillWait)."""
+    (``scancel --signal=HUP``, the steps only), so the steps end with the client instead
+    of at Slurm's teardown of the job."""
     import atexit
     ids = [j for j in job_ids if j not in _exit_hup]
     if not ids:

@@ -968,7 +968,7 @@ def _running_loop():
         return None
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
+def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop when installed and not disabled (HPCMESH_UVLOOP=0), else asyncio's default."""
     if os.environ.get("HPCMESH_UVLOOP", "1") != "0":
         try:
@@ -977,6 +977,9 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         except ImportError:
             pass
     return asyncio.new_event_loop()
+
+
+_new_loop = new_event_loop   # the name runtime modules import (node, proc)
 
 
 _current_node: Node | None = None

@@ -1,10 +1,13 @@
-"""``hpcmesh worker``: a standalone host agent.
+"""What a host agent does while it runs: its node, its HostAgent and its lease.
 
 Two ways to meet a controller: it listens (``--listen``; the controller calls
 ``attach_to_workers``) and/or it dials the client (``--attach``; used by batch
 scripts so workers find a client whose address they were given). Either way it
 holds a lease: once a controller has been gone longer than the grace period,
 it kills its processes and exits, so a crashed client leaves nothing running.
+
+The process around it (event loop, signals, secret, TLS) is
+:mod:`hpcmesh.runtime.agent_main`, the one entry point every launcher uses.
 """
 
 from __future__ import annotations
@@ -12,34 +15,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 
-from ..settings import env_number
-from ..transport import tls
-from ..transport.addresses import parse_address, secret_from_env
+from ..transport.addresses import parse_address
 from .future import register_loop_thread
 from .host_agent import HostAgent
-from .node import Node, _new_loop, set_current_node
+from .node import Node, set_current_node
 
 log = logging.getLogger("hpcmesh.worker")
 
 
-class _Lease:
-    def __init__(self, node: Node, agent: HostAgent, grace: float, initial_wait: float | None):
-        self.node = node
-        self.agent = agent
+class Lease:
+    """When a host agent ends: ``grace`` s after its last controller left, ``initial_wait``
+    s after it started if no controller came (None: wait), or at once on ``stop(reason)``
+    (a stop signal: see agent_main). Made before the agent's node exists, so a signal that
+    comes while the agent is still starting is not lost."""
+
+    def __init__(self, grace: float, initial_wait: float | None):
         self.grace = grace
+        self.initial_wait = initial_wait
         self.done = asyncio.Event()
         self.reason = ""
         self.controllers: set[str] = set()
         self._timer = None
+
+    def watch(self, node: Node) -> None:
+        """Start counting: follow the controllers that say hello to ``node`` and leave it."""
         node.on_peer_hello.append(self._hello)
         node.on_peer_closed.append(self._closed)
-        if initial_wait is not None:
-            self._timer = node.loop.call_later(initial_wait, self._expire,
-                                               f"no controller connected within {initial_wait} s")
+        if self.initial_wait is not None:
+            self._timer = node.loop.call_later(
+                self.initial_wait, self._expire,
+                f"no controller connected within {self.initial_wait} s")
 
     def _hello(self, node, ref, info, conn) -> None:
         if info.get("role") == "client":
@@ -61,14 +69,16 @@ class _Lease:
             self.stop(reason)
 
     def stop(self, reason: str) -> None:
-        """End now, controller or not (a signal from scancel or the batch script)."""
-        self.reason = reason
-        self.done.set()
+        """End now, controller or not; the first reason given is the one reported."""
+        if not self.done.is_set():
+            self.reason = reason
+            self.done.set()
 
 
-async def serve(listen: list[str], attach: list[str], secret: bytes, grace: float,
-                initial_wait: float | None, advertise_host: str | None,
-                ready_file: str | None = None) -> str:
+async def serve(listen: list[str], attach: list[str], secret: bytes, lease: Lease,
+                advertise_host: str | None = None, ready_file: str | None = None) -> str:
+    """Listen, dial ``attach`` (first that answers), serve until ``lease`` ends; then SIGKILL
+    the process group of everything the agent started, close the node and return why."""
     loop = asyncio.get_running_loop()
     register_loop_thread(loop)
     node = Node(secret, loop, role="agent", name=f"agent@{socket.gethostname()}",
@@ -79,28 +89,37 @@ async def serve(listen: list[str], attach: list[str], secret: bytes, grace: floa
     node.listen(listen, advertise_host=advertise_host)
     set_current_node(node)
     agent = HostAgent(node, advertise_host=advertise_host)
-    lease = _Lease(node, agent, grace, initial_wait)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lease.stop, f"received {signal.Signals(sig).name}")
+    lease.watch(node)
     if ready_file:
         with open(ready_file, "w") as f:
             f.write("\n".join(node.addresses) + "\n")
     print(f"hpcmesh worker on {socket.gethostname()} listening on {', '.join(node.addresses)}",
           file=sys.stderr, flush=True)
-    if attach:
-        try:
-            addr, _conn = await node.connect_first(attach, on_error=lambda a, why: print(
-                f"hpcmesh worker: cannot attach to {a}: {why}", file=sys.stderr, flush=True))
-            log.info("attached to client at %s", addr)
-        except ConnectionError as e:
-            print(f"hpcmesh worker: cannot attach: {e}", file=sys.stderr, flush=True)
+    # dialing runs beside the lease: a stop signal must not wait for an address that hangs
+    dialing = loop.create_task(_dial(node, attach, lease)) if attach else None
     await lease.done.wait()
+    if dialing is not None:
+        dialing.cancel()
     print(f"hpcmesh worker on {socket.gethostname()} exiting: {lease.reason}", file=sys.stderr,
           flush=True)
     agent.kill_all()
     await asyncio.sleep(0.05)
     node.close()
     return lease.reason
+
+
+async def _dial(node: Node, attach: list[str], lease: Lease) -> None:
+    """No client answering is not the end (one may still come through ``listen``, else the
+    initial wait ends the agent); anything else going wrong here is a bug: end, loudly."""
+    try:
+        addr, _conn = await node.connect_first(attach, on_error=lambda a, why: print(
+            f"hpcmesh worker: cannot attach to {a}: {why}", file=sys.stderr, flush=True))
+        log.info("attached to client at %s", addr)
+    except ConnectionError as e:
+        print(f"hpcmesh worker: cannot attach: {e}", file=sys.stderr, flush=True)
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        log.exception("attaching to %s failed", ", ".join(attach))
+        lease.stop(f"cannot attach: {type(e).__name__}: {e}")
 
 
 def default_advertise_host(listen: list[str]) -> str:
@@ -129,21 +148,8 @@ def run_worker_loop_forever(address: str | list[str] = "tcp://0.0.0.0:0", *,
                             grace: float | None = None, initial_wait: float | None = None,
                             advertise_host: str | None = None, ready_file: str | None = None,
                             ca=None) -> str:
-    """Run a host agent until its lease expires; returns why it stopped."""
-    secret = secret or secret_from_env()
-    if secret is None:
-        raise ValueError("the worker needs the job secret: set HPCMESH_SECRET (hex) or "
-                         "HPCMESH_SECRET_FILE (a file of mode 0600), or pass secret=")
-    listen = [address] if isinstance(address, str) else list(address)
-    grace = env_number("HPCMESH_LEASE_GRACE", 30) if grace is None else grace
-    tls_settings = tls.settings(ca)
-    if tls_settings is not None:
-        # The agent's node reads it at start, and every process it spawns inherits it.
-        os.environ.update(tls_settings.env())
-    loop = _new_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        return loop.run_until_complete(serve(listen, list(attach), secret, grace, initial_wait,
-                                             advertise_host, ready_file))
-    finally:
-        loop.close()
+    """Run a host agent until its lease expires or a stop signal comes; returns why it
+    stopped. Monarch's name for :func:`hpcmesh.runtime.agent_main.run_agent`."""
+    from .agent_main import run_agent   # imported here: agent_main builds on serve() above
+    return run_agent(address, attach, secret, grace=grace, initial_wait=initial_wait,
+                     advertise_host=advertise_host, ready_file=ready_file, ca=ca)

@@ -17,11 +17,9 @@ under ``$HPCMESH_STATE_DIR`` (default ``.hpcmesh``), or ``--context``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -82,15 +80,6 @@ def _cached_job():
                            f"{current_context()!r}: {e}") from e
 
 
-def _spec_ref() -> str | None:
-    from .job.base import _root, current_context
-    try:
-        with open(os.path.join(_root(), current_context(), "current_job")) as f:
-            return f.read().strip() or None
-    except FileNotFoundError:
-        return None
-
-
 def _inner(job):
     """BatchJob wraps the job that holds the meshes."""
     from .job.local import BatchJob
@@ -99,54 +88,13 @@ def _inner(job):
     return job
 
 
-def _mesh_summary(job) -> dict[str, str]:
-    """Mesh name -> one-line description, without connecting to anything."""
-    inner = _inner(job)
-    describe = getattr(inner, "describe_meshes", None)
-    if callable(describe):
-        return dict(describe())
-    from .job.local import LocalJob
-    if isinstance(inner, LocalJob):
-        return {name: f"this host ({socket.gethostname()})" for name in inner.hosts}
-    spec = getattr(inner, "spec", None)
-    meshes = getattr(spec, "meshes", None)
-    if isinstance(meshes, dict):
-        return {name: f"{getattr(m, 'nodes', '?')} node(s)" for name, m in meshes.items()}
-    meshes = getattr(inner, "meshes", None)
-    if isinstance(meshes, dict):
-        return {name: repr(v) for name, v in meshes.items()}
-    return {}
-
-
-def _slurm_job_ids(job) -> list[str]:
-    inner = _inner(job)
-    fn = getattr(inner, "slurm_job_ids", None)
-    if callable(fn):
-        return [str(j) for j in fn()]
-    for attr in ("job_ids", "slurm_job_ids", "job_id", "slurm_job_id"):
-        v = getattr(inner, attr, None)
-        if v is None or callable(v):
-            continue
-        if isinstance(v, dict):
-            return [str(x) for x in v.values() if x]
-        if isinstance(v, (list, tuple, set)):
-            return [str(x) for x in v if x]
-        return [str(v)]
-    return []
-
-
 def _squeue_lines(job_ids: list[str]) -> list[str]:
-    from .slurm import command_for_squeue, parse_squeue
-    if not shutil.which("squeue"):
-        return [f"slurm job {', '.join(job_ids)}: squeue not found on this host"]
+    """One line per Slurm job for `hpcmesh status` (what squeue says of it)."""
+    from .job.slurmctl import SlurmError, squeue_jobs
     try:
-        r = subprocess.run(command_for_squeue(job_ids), capture_output=True, text=True,
-                           timeout=30)
-    except subprocess.TimeoutExpired:
-        return ["squeue timed out"]
-    if r.returncode != 0:
-        return [f"squeue failed: {(r.stderr or r.stdout).strip().splitlines()[:1]}"]
-    recs = {rec.job_id: rec for rec in parse_squeue(r.stdout)}
+        recs = squeue_jobs(job_ids, timeout=30)
+    except SlurmError as e:
+        return [f"slurm job {', '.join(job_ids)}: {e}"]
     out = []
     for jid in job_ids:
         rec = recs.get(jid)
@@ -195,7 +143,7 @@ def cmd_apply(args) -> int:
     inner = _inner(job)
     print(f"applied {args.spec} ({type(inner).__name__}) in context {current_context()!r}; "
           f"apply id {job.apply_id or inner.apply_id}")
-    for jid in _slurm_job_ids(job):
+    for jid in job.slurm_job_ids():
         print(f"  slurm job {jid}")
     for name in state.names():
         print(f"  {name}: {getattr(state, name)!r}")
@@ -203,9 +151,9 @@ def cmd_apply(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from .job.base import current_context
+    from .job.base import current_context, current_job_ref
     job, path = _cached_job()
-    ref = _spec_ref()
+    ref = current_job_ref()
     if job is None:
         if ref:
             print(f"context {current_context()!r}: job spec {ref}, not applied "
@@ -221,12 +169,12 @@ def cmd_status(args) -> int:
           (" (in BatchJob)" if inner is not job else ""))
     print(f"active:   {'yes' if active else 'no'}")
     print(f"apply id: {job.apply_id or getattr(inner, 'apply_id', None) or '-'}")
-    meshes = _mesh_summary(job)
+    meshes = job.describe_meshes()
     if meshes:
         print("meshes:")
         for name, text in meshes.items():
             print(f"  {name}: {text}")
-    ids = _slurm_job_ids(job)
+    ids = job.slurm_job_ids()
     if ids:
         for line in _squeue_lines(ids):
             print(line)
@@ -234,14 +182,14 @@ def cmd_status(args) -> int:
 
 
 def cmd_kill(args) -> int:
-    from .job.base import _remove_cache, current_context
+    from .job.base import current_context, remove_cache
     job, path = _cached_job()
     if job is None:
         _err(f"context {current_context()!r} has no applied job (no {path}); nothing to kill")
         return 1
     was_active = job.active
     job.kill()
-    _remove_cache(path)
+    remove_cache(path)
     print(f"killed {type(_inner(job)).__name__} (apply id {job.apply_id or '-'})"
           + ("" if was_active else "; it was not active"))
     return 0
@@ -501,64 +449,11 @@ def _secret_for_worker(args) -> bytes:
     return secret
 
 
-def run_agent(listen: list[str], attach: list[str], secret: bytes, grace: float | None,
-              initial_wait: float | None, advertise_host: str | None,
-              ready_file: str | None) -> str:
-    """Run a host agent (``hpcmesh.runtime.worker.serve``) until it stops; why it stopped.
-
-    SIGTERM/SIGINT always stop it here, killing the processes it started first.
-    ``serve`` itself ignores those signals while a controller is connected (its lease
-    check), which would leave ``scancel``/``kill`` waiting for SIGKILL and orphan the
-    agent's process groups; this wrapper closes that gap.
-    """
-    from .runtime import worker as W
-    from .runtime.loop import new_event_loop
-    from .runtime.node import current_node
-    from .settings import env_number
-
-    grace = env_number("HPCMESH_LEASE_GRACE", 30) if grace is None else grace
-    loop = new_event_loop()
-    asyncio.set_event_loop(loop)
-    why: list[str] = []
-
-    def hard_stop(task: asyncio.Task, sig: signal.Signals) -> None:
-        node = current_node()
-        agent = getattr((node.services if node is not None else {}).get("stop_procs"),
-                        "__self__", None)
-        if agent is not None:
-            agent.kill_all()
-        why.append(f"received {sig.name}")
-        print(f"hpcmesh worker on {socket.gethostname()} exiting: received {sig.name}",
-              file=sys.stderr, flush=True)
-        if node is not None:
-            node.close()
-        task.cancel()
-
-    async def main() -> str:
-        task = asyncio.ensure_future(W.serve(listen, attach, secret, grace, initial_wait,
-                                             advertise_host, ready_file))
-        for _ in range(1000):   # until serve() has set up (it installs its own handlers)
-            if task.done() or current_node() is not None:
-                break
-            await asyncio.sleep(0)
-        if not task.done():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, hard_stop, task, sig)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            return why[0] if why else "cancelled"
-
-    try:
-        return loop.run_until_complete(main())
-    finally:
-        loop.close()
-
-
 def cmd_worker(args) -> int:
-    import logging
-    logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
-                        format="%(levelname)s %(name)s: %(message)s")
+    """Check the arguments (usage errors exit 2), then run the agent: everything about
+    signals and stopping is :mod:`hpcmesh.runtime.agent_main`'s."""
+    from .runtime.agent_main import configure_logging, exit_status, run_agent
+    configure_logging()
     secret = _secret_for_worker(args)
     listen = args.listen or ["tcp://0.0.0.0:0"]
     from .transport.addresses import parse_address
@@ -582,13 +477,11 @@ def cmd_worker(args) -> int:
             tls.server_context(settings)        # the agent listens: its certificate must load
     except tls.TLSConfigError as e:
         raise UsageError(f"worker: --ca/{tls.ENV_CA}: {e}") from None
-    if settings is not None:
-        os.environ.update(settings.env())       # the agent's node and its processes read it
-    from .runtime.worker import default_advertise_host
+    from .runtime.agent_serve import default_advertise_host
     advertise = args.advertise_host or default_advertise_host(listen)
-    reason = run_agent(listen, attach, secret, args.grace, args.initial_wait, advertise,
-                       args.ready_file)
-    return 0 if reason.startswith(("received", "controller gone", "cancelled")) else 1
+    reason = run_agent(listen, attach, secret, grace=args.grace, initial_wait=args.initial_wait,
+                       advertise_host=advertise, ready_file=args.ready_file, ca=args.ca)
+    return exit_status(reason)
 
 
 # ---------------------------------------------------------------------------------------
@@ -689,7 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or --secret-stdin; HPCMESH_JOB_TOKEN tells the client which "
                                    "job the agent belongs to. The agent exits once no "
                                    "controller has been connected for --grace seconds, and on "
-                                   "SIGTERM/SIGINT (killing what it started).")
+                                   "SIGTERM/SIGINT/SIGHUP (killing what it started); "
+                                   "SIGUSR1/SIGUSR2 (Slurm's time-limit warning) are recorded "
+                                   "in $HPCMESH_SLURM_NOTICE.")
     w.add_argument("--listen", action="append", metavar="URL",
                    help="address to listen on (default tcp://0.0.0.0:0; repeatable)")
     w.add_argument("--attach", action="append", metavar="ADDR[,ADDR...]",

@@ -78,11 +78,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Sequence
 
-from .actor.mesh import HostMesh, HostRef, ProcMesh, _ProcMeshState
+from .actor.mesh import HostMesh, HostRef, ProcMesh
 from .runtime import client as _client
 from .runtime.client import ClientRuntime, ProcRecord
 from .runtime.errors import SupervisionError
-from .runtime.future import gather
 from .runtime.node import Node, NodeRef, set_current_node
 from .runtime.proc import ProcRuntime
 from .settings import env_number
@@ -393,9 +392,9 @@ def _build_mesh(rt: ClientRuntime, layout: MPILayout, agent: NodeRef, name: str)
     host_refs = [HostRef(agent, h) for h in layout.hosts]
     hosts = HostMesh(host_refs, Shape.from_extent(Extent({"hosts": len(host_refs)})),
                      f"{name}_hosts")
-    state = _ProcMeshState(name, records, gather([r.ready for r in records]), hosts)
-    state.mpi_layout = layout
-    return ProcMesh(state, Shape.from_extent(extent))
+    mesh = ProcMesh.from_records(name, records, extent, hosts)
+    mesh._state.mpi_layout = layout
+    return mesh
 
 
 def world_ranks(mesh: ProcMesh) -> list[int]:

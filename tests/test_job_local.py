@@ -91,3 +91,30 @@ def test_client_script_connects_via_batch_detection(tmp_path):
     assert job.wait_client(timeout=60) == 0
     with open(job.client_log) as f:
         assert "RESULT [42, 42]" in f.read()
+
+
+def test_what_a_job_says_of_itself_before_it_connects():
+    """``hpcmesh status`` asks each kind (describe_meshes, slurm_job_ids): a kind that says
+    nothing gets the JobTrait defaults, a BatchJob answers for the job it wraps."""
+    import socket
+
+    from hpcmesh.job import BatchJob, JobTrait, SlurmAllocation, SlurmJob
+
+    class Bare(JobTrait):
+        _create = _state = _kill = _is_active = _spec_key = lambda self, *a: None
+
+    assert Bare().describe_meshes() == {} and Bare().slurm_job_ids() == []
+    local = LocalJob(hosts=("trainers", "eval"))
+    here = f"this host ({socket.gethostname()})"
+    assert local.describe_meshes() == {"trainers": here, "eval": here}
+    assert local.slurm_job_ids() == []
+    slurm = SlurmJob(meshes={"trainers": 2, "eval": 1})
+    assert slurm.describe_meshes() == {"trainers": "2 node(s)", "eval": "1 node(s)"}
+    assert slurm.slurm_job_ids() == []          # not submitted yet
+    slurm.job_ids = ["41", "42"]
+    assert BatchJob(slurm).slurm_job_ids() == ["41", "42"]
+    assert BatchJob(slurm).describe_meshes() == slurm.describe_meshes()
+    alloc = SlurmAllocation()
+    assert alloc.slurm_job_ids() == []
+    alloc.job_id = "7"
+    assert alloc.slurm_job_ids() == ["7"]

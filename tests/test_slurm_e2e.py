@@ -21,7 +21,8 @@ import pytest
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import (SlurmAllocation, SlurmError, SlurmJob, SlurmJobFailed,
                          SlurmStartTimeout, SlurmSubmitError)
-from hpcmesh.job.slurm import _Progress, squeue_jobs
+from hpcmesh.job.progress import Progress as _Progress
+from hpcmesh.job.slurm import squeue_jobs
 from hpcmesh.slurm.parsing import SlurmParseError
 
 # unique per test process, so teardown never touches jobs of a concurrent run

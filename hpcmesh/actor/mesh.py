@@ -283,9 +283,9 @@ def this_proc() -> ProcMesh:
     rec.pid = os.getpid()
     rec.host = socket.gethostname()
     rec.ready.set_result(node.ref)
-    state = _ProcMeshState("this_proc", [rec], gather([rec.ready]), None)
-    state.in_this_process = True
-    return ProcMesh(state, Shape.from_extent(Extent({})))
+    mesh = ProcMesh.from_records("this_proc", [rec], Extent({}), None)
+    mesh._state.in_this_process = True
+    return mesh
 
 
 def this_host() -> HostMesh:
@@ -389,6 +389,15 @@ class _SharedStateMesh(MeshTrait):
 
 class ProcMesh(_SharedStateMesh):
     """Processes started on a HostMesh; spawn actors on them."""
+
+    @classmethod
+    def from_records(cls, name: str, records: list[ProcRecord], extent: Extent,
+                     hosts: HostMesh | None) -> "ProcMesh":
+        """A mesh over processes started by someone else (an MPI launcher, this process
+        itself): ``records`` in row-major order of ``extent``, each ready once its process
+        said hello."""
+        state = _ProcMeshState(name, records, gather([r.ready for r in records]), hosts)
+        return cls(state, Shape.from_extent(extent))
 
     @property
     def pids(self) -> list[int | None]:

@@ -30,10 +30,12 @@ from typing import Any, Sequence
 from ..settings import env_number
 from ..slurm.parsing import Allocation, SlurmParseError, clean_env_for_nested_srun
 from .base import JobState, JobTrait
+from .progress import Progress
 from .start_limits import check_seconds
-from .slurm import (SlurmError, SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, _need, _run,
-                    _tail, _Progress, agent_command, agent_token, client_attach_addresses,
-                    make_host_mesh)
+from . import slurmctl
+from .slurm import (SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, agent_command, agent_token,
+                    client_attach_addresses, make_host_mesh)
+from .slurmctl import SlurmError
 
 log = logging.getLogger("hpcmesh.job.allocation")
 
@@ -92,6 +94,9 @@ class SlurmAllocation(JobTrait):
         self.timings: dict[str, float] = {}
         self.allocation: Allocation | None = None
 
+    def slurm_job_ids(self) -> list[str]:
+        return [self.job_id] if self.job_id else []
+
     def _spec_key(self) -> Any:
         return ("slurm-allocation", self.mesh_name, self.nodes, self.cpus_per_task,
                 tuple(self.srun_args), self.python_exe)
@@ -115,7 +120,7 @@ class SlurmAllocation(JobTrait):
             raise SlurmError("SlurmAllocation must run inside a Slurm allocation (salloc, or "
                              "an sbatch script): SLURM_JOB_ID is not set in this process. "
                              "From a login node use SlurmJob, which submits a job")
-        _need("srun")
+        slurmctl.need("srun")
         n = self.nodes or alloc.num_nodes
         if n > alloc.num_nodes:
             raise ValueError(f"nodes={n} but allocation {alloc.job_id} has only "
@@ -148,12 +153,10 @@ class SlurmAllocation(JobTrait):
         waiter = AttachWaiter(agent_token(token, self.mesh_name, restart), n)
         t0 = time.time()
         self.timings = {"launch": t0}
-        with open(self.srun_log, "ab") as out:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        proc = slurmctl.start_srun(argv, env, self.srun_log)
         self._live_srun = proc
         _register_exit_kill(self)
-        progress = _Progress(self.progress)
+        progress = Progress(self.progress)
         mono0 = time.monotonic()
 
         def poll() -> None:
@@ -163,7 +166,7 @@ class SlurmAllocation(JobTrait):
                 raise SlurmJobFailed(
                     f"the srun step starting host agents in allocation {alloc.job_id} exited "
                     f"with status {code} after {waiter.attached} of {n} agents attached; "
-                    f"srun log: {self.srun_log}\n{_tail(self.srun_log)}")
+                    f"srun log: {self.srun_log}\n{slurmctl.tail(self.srun_log)}")
             progress.show((waiter.attached,), f"allocation {alloc.job_id}: {waiter.attached}/{n}"
                           f" hosts attached {time.monotonic() - mono0:.1f}s")
         try:
@@ -173,7 +176,7 @@ class SlurmAllocation(JobTrait):
             raise SlurmStartTimeout(
                 f"only {waiter.attached} of {n} host agents in allocation {alloc.job_id} "
                 f"attached within {self.timeout:.0f} s; the step was stopped; srun log: "
-                f"{self.srun_log}\n{_tail(self.srun_log)}") from None
+                f"{self.srun_log}\n{slurmctl.tail(self.srun_log)}") from None
         except BaseException:
             self._stop_step()
             raise
@@ -204,17 +207,7 @@ class SlurmAllocation(JobTrait):
         """Ids (``job.step``) of our agents' step, found by its name."""
         if not self.job_id or not self.step_name:
             return []
-        try:
-            proc = _run(["squeue", "--steps", "--noheader", "--format=%i|%j",
-                         f"--jobs={self.job_id}"], timeout=20)
-        except SlurmError:
-            return []
-        out = []
-        for line in proc.stdout.splitlines():
-            sid, _, name = line.strip().partition("|")
-            if name.strip() == self.step_name:
-                out.append(sid.strip())
-        return out
+        return [sid for sid, name in slurmctl.squeue_steps(self.job_id) if name == self.step_name]
 
     def _stop_step(self, wait: float = 15.0) -> None:
         """HUP the agents (they exit 0, srun ends); then cancel the step; then kill srun.
@@ -224,9 +217,9 @@ class SlurmAllocation(JobTrait):
             return
         steps = self._step_ids()
         if proc.poll() is None and steps:
-            _run(["scancel", "--signal=HUP", *steps], timeout=20)
+            slurmctl.scancel_once(steps, signal="HUP", timeout=20)
             if _wait_exit(proc, 5.0) is None:
-                _run(["scancel", *steps], timeout=20)
+                slurmctl.scancel_once(steps, timeout=20)
         if _wait_exit(proc, wait) is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -68,14 +68,14 @@ class JobTrait(ABC):
         else after killing the stale one and applying this one."""
         job: JobTrait = self
         if cached_path is not None:
-            cached = _try_load(cached_path)
+            cached = try_load(cached_path)
             if cached is not None and cached is not self:
                 if cached.active and cached.can_run(self):
                     job = cached
                 else:
                     if cached.active:
                         cached.kill()
-                    _remove_cache(cached_path)
+                    remove_cache(cached_path)
         if not job.active:
             job.apply()
         meshes = job._state()
@@ -113,6 +113,16 @@ class JobTrait(ABC):
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_live")}
 
+    # -- description, without connecting to anything (``hpcmesh status``) ---------------
+    def describe_meshes(self) -> dict[str, str]:
+        """Mesh name -> a one-line description; {} when the kind has nothing to say before
+        it connects. Kinds override it: the CLI must not guess from attribute names."""
+        return {}
+
+    def slurm_job_ids(self) -> list[str]:
+        """The Slurm jobs this job runs in (for squeue); [] for kinds without Slurm."""
+        return []
+
     # -- subclass hooks -------------------------------------------------------------
     @abstractmethod
     def _create(self, client_script: str | None) -> None: ...
@@ -146,18 +156,20 @@ def job_load(path: str) -> JobTrait:
         return job_loads(f.read())
 
 
-def _try_load(path: str) -> JobTrait | None:
+def try_load(path: str) -> JobTrait | None:
+    """The job cached at ``path``, or None if there is none or it cannot be read (a stale
+    or foreign cache must not block a new job: it is logged and ignored)."""
     try:
         return job_load(path)
     except FileNotFoundError:
         return None
-    except Exception as e:  # noqa: BLE001 - a stale or foreign cache must not block a new job
+    except Exception as e:  # noqa: BLE001 - see the docstring
         import logging
         logging.getLogger("hpcmesh.job").warning("ignoring unreadable job cache %s: %s", path, e)
         return None
 
 
-def _remove_cache(path: str) -> None:
+def remove_cache(path: str) -> None:
     """Remove the state file (the one a symlink at ``path`` points to); keep the link."""
     try:
         os.unlink(os.path.realpath(path))
@@ -166,7 +178,8 @@ def _remove_cache(path: str) -> None:
 
 
 # -- contexts: which cached job is "current" -------------------------------------------------
-def _root() -> str:
+def state_root() -> str:
+    """The folder of the contexts: ``$HPCMESH_STATE_DIR``, default ``.hpcmesh``."""
     return os.environ.get("HPCMESH_STATE_DIR", ".hpcmesh")
 
 
@@ -175,14 +188,14 @@ def current_context() -> str:
 
 
 def context_state_path(context: str | None = None) -> str:
-    return os.path.join(_root(), context or current_context(), "state.pkl")
+    return os.path.join(state_root(), context or current_context(), "state.pkl")
 
 
 def activate_context(context: str | None = None) -> str:
     """Point ``.hpcmesh/job_state.pkl`` at the context's state file; returns the link path."""
     target = context_state_path(context)
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    link = os.path.join(_root(), "job_state.pkl")
+    link = os.path.join(state_root(), "job_state.pkl")
     rel = os.path.relpath(target, os.path.dirname(link))
     if os.path.islink(link) and os.readlink(link) == rel:
         return link
@@ -192,24 +205,35 @@ def activate_context(context: str | None = None) -> str:
     return link
 
 
+def _current_job_path(context: str | None) -> str:
+    return os.path.join(state_root(), context or current_context(), "current_job")
+
+
 def set_current_job(spec_ref: str, context: str | None = None) -> None:
     """Remember ``module.attr`` as the job spec of this context."""
     _resolve(spec_ref)   # fail now, not later, if it does not resolve
-    path = os.path.join(_root(), context or current_context(), "current_job")
+    path = _current_job_path(context)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(spec_ref + "\n")
     activate_context(context)
 
 
-def load_current_job(context: str | None = None) -> JobTrait:
-    path = os.path.join(_root(), context or current_context(), "current_job")
+def current_job_ref(context: str | None = None) -> str | None:
+    """The ``module.attr`` set by ``set_current_job`` for the context, or None."""
+    path = _current_job_path(context)
     try:
         with open(path) as f:
-            ref = f.read().strip()
+            return f.read().strip() or None
     except FileNotFoundError:
+        return None
+
+
+def load_current_job(context: str | None = None) -> JobTrait:
+    ref = current_job_ref(context)
+    if ref is None:
         raise LookupError(f"no current job in context {context or current_context()!r}; run "
-                          f"`hpcmesh apply module.attr` first") from None
+                          f"`hpcmesh apply module.attr` first")
     return _resolve(ref)
 
 

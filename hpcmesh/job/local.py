@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 from typing import Any
 
-from .base import BATCH_MARKER, JobTrait, _try_load
+from .base import BATCH_MARKER, JobTrait, try_load
 
 
 class LocalJob(JobTrait):
@@ -60,6 +61,9 @@ class LocalJob(JobTrait):
     def _is_active(self) -> bool:
         return True
 
+    def describe_meshes(self) -> dict[str, str]:
+        return {name: f"this host ({socket.gethostname()})" for name in self.hosts}
+
     def wait_client(self, timeout: float | None = None) -> int | None:
         """Wait for a submitted client script to finish; its exit code (None if unknown)."""
         if self.client_pid is None:
@@ -95,7 +99,7 @@ class BatchJob(JobTrait):
         if in_batch_job():
             path = os.environ.get("HPCMESH_JOB_STATE")
             if path:
-                running = _try_load(path)
+                running = try_load(path)
                 if running is not None:
                     return running
         return self.job
@@ -130,3 +134,9 @@ class BatchJob(JobTrait):
     @property
     def active(self) -> bool:
         return self._inner().active
+
+    def describe_meshes(self) -> dict[str, str]:
+        return self.job.describe_meshes()
+
+    def slurm_job_ids(self) -> list[str]:
+        return self.job.slurm_job_ids()

@@ -42,11 +42,7 @@ import json
 import logging
 import math
 import os
-import shlex
-import shutil
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -54,17 +50,18 @@ import uuid
 from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.mesh import HostMesh, HostRef, attach_to_workers
+from ..runtime.agent_main import NOTICE_VAR, run_agent
 from ..runtime.bootstrap import BootstrapCommand
 from ..settings import env_number
 from ..shapes import Extent, Shape
-from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue,
-                             command_for_squeue_start, parse_sbatch_parsable,
-                             parse_scontrol_restarts, parse_squeue, parse_squeue_start,
-                             squeue_job_unknown)
+from ..slurm.parsing import JobRecord, SlurmParseError, parse_sbatch_parsable
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
-from .base import DEFAULT_CACHE, JobState, JobTrait
+from .base import DEFAULT_CACHE, JobState, JobTrait, try_load
 from .local import in_batch_job
+from .progress import Progress
+from . import slurmctl
+from .slurmctl import SlurmError, scancel, squeue_expected_starts, squeue_jobs
 from .start_limits import StartLimits, check_start_limits
 
 log = logging.getLogger("hpcmesh.job.slurm")
@@ -79,13 +76,8 @@ AGENT_CODE = "from hpcmesh.job.slurm import agent_main; agent_main()"
 #: Job states in which the job holds, or will get, its nodes.
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED",
                            "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING"})
-NOTICE_VAR = "HPCMESH_SLURM_NOTICE"
 AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
 GPU_INDEX_VAR = "HPCMESH_GPU_INDEX"
-
-
-class SlurmError(RuntimeError):
-    """A Slurm command failed or a Slurm job did not give us its host agents."""
 
 
 class SlurmSubmitError(SlurmError):
@@ -101,97 +93,6 @@ class SlurmStartTimeout(SlurmError, TimeoutError):
 
 
 # ---------------------------------------------------------------------------------------
-# running Slurm commands
-# ---------------------------------------------------------------------------------------
-def _need(cmd: str) -> str:
-    path = shutil.which(cmd)
-    if path is None:
-        raise SlurmError(f"`{cmd}` was not found on PATH, so hpcmesh cannot talk to Slurm from "
-                         f"this machine ({socket.gethostname()}); run on a Slurm login node or "
-                         f"inside an allocation, or add the Slurm client commands to PATH")
-    return path
-
-
-def _run(argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess:
-    _need(argv[0])
-    try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"`{shlex.join(argv)}` did not answer within {timeout:.0f} s "
-                         f"(is slurmctld up?)") from None
-
-
-def squeue_jobs(job_ids: Sequence[str]) -> dict[str, JobRecord]:
-    """squeue records by job id; ids squeue no longer knows are absent."""
-    if not job_ids:
-        return {}
-    proc = _run(command_for_squeue(list(job_ids)))
-    if proc.returncode != 0:
-        if squeue_job_unknown(proc.stderr):
-            if len(job_ids) == 1:
-                return {}
-            out: dict[str, JobRecord] = {}
-            for j in job_ids:       # one unknown id fails the whole call: ask one by one
-                out.update(squeue_jobs([j]))
-            return out
-        raise SlurmError(f"squeue failed (exit {proc.returncode}): "
-                         f"{(proc.stderr or proc.stdout).strip()}")
-    return {r.job_id: r for r in parse_squeue(proc.stdout)}
-
-
-def squeue_expected_starts(job_ids: Sequence[str]) -> dict[str, str]:
-    """Slurm's estimated start of pending jobs (``squeue --start``); {} when it has none
-    or cannot say (progress only: never a reason to fail)."""
-    try:
-        proc = _run(command_for_squeue_start(list(job_ids)), timeout=20)
-        return parse_squeue_start(proc.stdout) if proc.returncode == 0 else {}
-    except (SlurmError, SlurmParseError):
-        return {}
-
-
-def scancel(job_ids: Sequence[str], *, wait: float = 60.0) -> None:
-    """Cancel jobs and wait until squeue no longer shows them pending/running/completing."""
-    ids = [j for j in job_ids if j]
-    if not ids:
-        return
-    proc = _run(["scancel", *ids])
-    if proc.returncode != 0 and "invalid job id" not in (proc.stderr or "").lower():
-        raise SlurmError(f"scancel {' '.join(ids)} failed: {proc.stderr.strip()}")
-    deadline = time.monotonic() + wait
-    delay = 0.05
-    while True:
-        left = [r for r in squeue_jobs(ids).values() if r.is_active]
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            raise SlurmError(f"job(s) {', '.join(r.job_id for r in left)} still "
-                             f"{', '.join(r.state for r in left)} {wait:.0f} s after scancel")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.5)
-
-
-def _restart_count(job_id: str) -> int | None:
-    """``Restarts=N`` from ``scontrol show job`` (None if unknown)."""
-    try:
-        proc = _run(["scontrol", "-o", "show", "job", job_id], timeout=20)
-    except SlurmError:
-        return None
-    return parse_scontrol_restarts(proc.stdout)
-
-
-def _tail(path: str, n: int = 15) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 8192))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])
-
-
-# ---------------------------------------------------------------------------------------
 # the host agent entry point (runs on the compute nodes)
 # ---------------------------------------------------------------------------------------
 def agent_token(token: str, mesh: str, restart: int | str) -> str:
@@ -203,55 +104,10 @@ def _ready_name(mesh: str, restart: int | str, procid: str) -> str:
     return f"agent-{mesh}-r{restart}-{procid}.addr"
 
 
-def _append_notice(path: str | None, signum: int) -> None:
-    entry = {"signal": signal.Signals(signum).name, "time": time.time(),
-             "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-             "slurm_nodeid": os.environ.get("SLURM_NODEID"), "pid": os.getpid(),
-             "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
-    text = json.dumps(entry) + "\n"
-    print(f"hpcmesh agent on {entry['host']}: received {entry['signal']} (Slurm time-limit or "
-          f"preemption warning); recorded in {path or '(no notice file)'}", file=sys.stderr,
-          flush=True)
-    if path:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
-        except OSError as e:
-            print(f"hpcmesh agent: cannot write notice {path}: {e}", file=sys.stderr, flush=True)
-
-
-def _kill_children() -> None:
-    """SIGKILL every child process group of this process (the agent's processes)."""
-    pids = set()
-    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        try:
-            with open(path) as f:
-                pids.update(int(x) for x in f.read().split())
-        except (OSError, ValueError):
-            pass
-    for pid in pids:
-        try:
-            os.killpg(pid, signal.SIGKILL)   # started with start_new_session: its own group
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def _stop_now(signum, frame) -> None:
-    print(f"hpcmesh agent on {socket.gethostname()}: {signal.Signals(signum).name} received, "
-          f"stopping its processes and exiting", file=sys.stderr, flush=True)
-    _kill_children()
-    os._exit(0)
-
-
 def agent_main(argv: Sequence[str] | None = None) -> None:
-    """One host agent: listen on this node's chosen interface, dial the client (if given),
-    write a ready file, note Slurm warning signals, exit when the lease expires."""
+    """One host agent of a Slurm step: listen on this node's chosen interface, dial the
+    client (if given), write a ready file in the job folder, exit 0 when it ends. Its
+    signals (HUP: stop now, USR1/USR2: record a notice) are run_agent's."""
     p = argparse.ArgumentParser(prog="hpcmesh-slurm-agent")
     p.add_argument("--attach", default="", help="client addresses, comma separated")
     p.add_argument("--grace", type=float, default=None)
@@ -265,7 +121,6 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
     mesh = args.mesh or env.get("HPCMESH_MESH_NAME") or "hosts"
     if env.get("HPCMESH_JOB_TOKEN"):
         env["HPCMESH_JOB_TOKEN"] = agent_token(env["HPCMESH_JOB_TOKEN"], mesh, restart)
-    from ..runtime.worker import run_worker_loop_forever
     from ..transport.netif import NoUsableInterfaceError, advertise_addresses
     try:
         ips = advertise_addresses()
@@ -279,22 +134,14 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
         env.setdefault("HPCMESH_LOG_DIR", os.path.join(args.job_dir, "procs"))
         env.setdefault(NOTICE_VAR, os.path.join(args.job_dir, "notice"))
         ready = os.path.join(args.job_dir, _ready_name(mesh, restart, procid))
-    notice = env.get(NOTICE_VAR)
-    for sig in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda signum, frame: _append_notice(notice, signum))
-    # SIGHUP = "stop now" (SlurmJob.kill sends it with `scancel --signal=HUP`): the agents
-    # exit 0, the steps end, the batch script ends and the job completes at once.
-    # (SIGTERM cannot be used: the worker ignores it while a controller is connected.)
-    signal.signal(signal.SIGHUP, _stop_now)
     attach = [a for a in args.attach.split(",") if a]
     initial_wait = args.initial_wait
     if attach and initial_wait is None:
         # if the client is gone before we started, do not hold the nodes
         initial_wait = args.grace if args.grace is not None else env_number(
             "HPCMESH_LEASE_GRACE", 30, env=env)
-    reason = run_worker_loop_forever(listen, attach=attach, grace=args.grace,
-                                     initial_wait=initial_wait, advertise_host=ips[0],
-                                     ready_file=ready)
+    reason = run_agent(listen, attach, grace=args.grace, initial_wait=initial_wait,
+                       advertise_host=ips[0], ready_file=ready)
     print(f"hpcmesh agent on {socket.gethostname()} done: {reason}", file=sys.stderr, flush=True)
     sys.exit(0)
 
@@ -430,8 +277,8 @@ _exit_hup: set = set()
 
 def _stop_agents_at_exit(job_ids: Sequence[str]) -> None:
     """The client inside the job's allocation: when it exits, stop the job's agents at once
-    (the batch script would TERM them, which agents ignore while a controller is
-    connected, so the job would wait for Slurm's KillWait)."""
+    (``scancel --signal=HUP``, the steps only), so the steps end with the client instead
+    of at Slurm's teardown of the job."""
     import atexit
     ids = [j for j in job_ids if j not in _exit_hup]
     if not ids:
@@ -440,7 +287,7 @@ def _stop_agents_at_exit(job_ids: Sequence[str]) -> None:
 
     def stop() -> None:
         try:
-            _run(["scancel", "--signal=HUP", *ids], timeout=10)
+            slurmctl.scancel_once(ids, signal="HUP", timeout=10)
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
     atexit.register(stop)
@@ -476,40 +323,6 @@ def client_attach_addresses() -> list[str]:
         raise SlurmError("this client listens on no TCP address, so host agents on other nodes "
                          "cannot reach it; check HPCMESH_IFNAME / the hosts config network")
     return addrs
-
-
-# ---------------------------------------------------------------------------------------
-# progress display
-# ---------------------------------------------------------------------------------------
-class _Progress:
-    def __init__(self, enabled: bool | None, stream=None):
-        self.stream = stream or sys.stderr
-        self.enabled = True if enabled is None else bool(enabled)
-        try:
-            self.tty = self.stream.isatty()
-        except (AttributeError, ValueError):
-            self.tty = False
-        self.last_key = None
-        self.width = 0
-
-    def show(self, key: tuple, text: str) -> None:
-        if not self.enabled:
-            return
-        if self.tty:
-            pad = max(0, self.width - len(text))
-            self.stream.write("\r" + text + " " * pad)
-            self.stream.flush()
-            self.width = len(text)
-        elif key != self.last_key:
-            self.stream.write(f"hpcmesh: {text}\n")
-            self.stream.flush()
-        self.last_key = key
-
-    def done(self) -> None:
-        if self.enabled and self.tty and self.width:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.width = 0
 
 
 # ---------------------------------------------------------------------------------------
@@ -605,6 +418,12 @@ class SlurmJob(JobTrait):
         ids = self._ids()
         return ids[0] if ids else None
 
+    def describe_meshes(self) -> dict[str, str]:
+        return {name: f"{m.nodes} node(s)" for name, m in self.spec.meshes.items()}
+
+    def slurm_job_ids(self) -> list[str]:
+        return [j for j in self.job_ids if j]
+
     def _ids(self) -> list[str]:
         if self.job_ids:
             return list(self.job_ids)
@@ -640,8 +459,8 @@ class SlurmJob(JobTrait):
     def _create(self, client_script: str | None) -> None:
         from ..runtime.client import client_runtime
         from ..transport.addresses import write_secret
-        _need("sbatch")
-        _need("squeue")
+        slurmctl.need("sbatch")
+        slurmctl.need("squeue")
         if client_script is not None and not os.path.exists(client_script):
             raise FileNotFoundError(f"client script {client_script!r} does not exist")
         rt = client_runtime()
@@ -738,7 +557,7 @@ class SlurmJob(JobTrait):
                     pass
 
     def _submit(self, script: str) -> str:
-        proc = _run(["sbatch", "--parsable", script])
+        proc = slurmctl.run(["sbatch", "--parsable", script])
         if proc.returncode != 0:
             msg = (proc.stderr or proc.stdout).strip() or f"exit status {proc.returncode}"
             raise SlurmSubmitError(f"sbatch refused job {self.spec.job_name!r}: {msg} "
@@ -752,7 +571,7 @@ class SlurmJob(JobTrait):
 
     def _wait_for_agents(self, waiters: dict, hello_times: list[float]) -> None:
         total = sum(w.expected for w in waiters.values())
-        progress = _Progress(self.progress)
+        progress = Progress(self.progress)
         t_submit = self.timings["submit"]
         mono0 = time.monotonic()
         limits = StartLimits(self.timeout, getattr(self, "job_start_timeout", None), mono0)
@@ -851,10 +670,10 @@ class SlurmJob(JobTrait):
         reason = rec.reason if rec is not None and rec.reason not in ("", "None") else "-"
         paths = self.log_paths()
         err = paths[idx][:-4] + ".err" if idx < len(paths) else ""
-        tail = _tail(err) if err else ""
+        tail = slurmctl.tail(err) if err else ""
         if not tail and idx < len(paths):
             time.sleep(0.3)        # the log may still be landing on a shared filesystem
-            tail = _tail(err) or _tail(paths[idx])
+            tail = slurmctl.tail(err) or slurmctl.tail(paths[idx])
         raise SlurmJobFailed(
             f"Slurm job {job_id} ended ({state}, reason {reason}) before its host agents "
             f"attached; job log: {self._log_hint(idx)}" +
@@ -887,9 +706,8 @@ class SlurmJob(JobTrait):
         """As JobTrait.state; inside the job's own allocation (client_script) it connects to
         the job's agents instead of submitting another job."""
         if in_batch_job():
-            from .base import _try_load
             path = os.environ.get("HPCMESH_JOB_STATE")
-            running = _try_load(path) if path else None
+            running = try_load(path) if path else None
             if isinstance(running, SlurmJob):
                 return JobState(running._state())
         st = super().state(cached_path)
@@ -944,7 +762,7 @@ class SlurmJob(JobTrait):
             return int(os.environ["SLURM_RESTART_COUNT"])
         if not self.spec.meshes[self.mesh_names[0]].requeue or not self.job_ids:
             return self.restart_count
-        counts = [c for c in (_restart_count(j) for j in self.job_ids) if c is not None]
+        counts = [c for c in (slurmctl.restart_count(j) for j in self.job_ids) if c is not None]
         return max(counts) if counts else self.restart_count
 
     def _wait_ready_files(self, mesh: str) -> list[list[str]]:
@@ -960,7 +778,7 @@ class SlurmJob(JobTrait):
         limits = StartLimits(self.timeout, None, time.monotonic())
         if in_batch_job() or not ids:
             limits.mark_running(time.monotonic())   # we run inside the job itself
-        progress = _Progress(self.progress)
+        progress = Progress(self.progress)
         pattern = os.path.join(self.job_dir, _ready_name(mesh, self.restart_count, "*"))
         delay, next_squeue, recs = 0.05, 0.0, {}
         try:
@@ -1020,7 +838,7 @@ class SlurmJob(JobTrait):
             return
         running = [j for j, r in squeue_jobs(ids).items() if r.state == "RUNNING"]
         if running and not self.client_script:
-            _run(["scancel", "--signal=HUP", *running])
+            slurmctl.scancel_once(running, signal="HUP")
             deadline = time.monotonic() + 5.0
             while time.monotonic() < deadline:
                 if not any(r.is_active for r in squeue_jobs(ids).values()):

@@ -4,11 +4,12 @@
                       slurm_partition="debug", timeout_min=60)
     workers = job.state().workers          # a HostMesh {"hosts": 2}, once both attached
 
-One submitit submission per mesh; each task runs ``hpcmesh worker --attach
-<this client's addresses>`` in-process (the same code as the CLI), with the
-job's token in ``HPCMESH_JOB_TOKEN`` and the secret in a mode-0600 file in the
-job folder (``HPCMESH_SECRET_FILE``), so the secret is never on a command line
-or in submitit's pickles. ``AttachWaiter`` collects the agents as they dial in.
+One submitit submission per mesh; each task runs a host agent in-process
+(:func:`hpcmesh.runtime.agent_main.run_agent`, what ``hpcmesh worker`` runs) that
+dials this client's addresses, with the job's token in ``HPCMESH_JOB_TOKEN`` and
+the secret in a mode-0600 file in the job folder (``HPCMESH_SECRET_FILE``), so the
+secret is never on a command line or in submitit's pickles. ``AttachWaiter``
+collects the agents as they dial in.
 
 Clusters:
 
@@ -41,9 +42,11 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from ..runtime.agent_main import configure_logging, exit_status, run_agent
 from ..runtime.client import client_runtime
 from .attach import AttachTimeout, AttachWaiter
 from .base import JobTrait
+from .slurmctl import SlurmError, scancel_once, squeue_jobs
 from .start_limits import StartLimits, check_start_limits
 
 __all__ = ["SubmititJob"]
@@ -73,8 +76,8 @@ def agent_task(attach: list[str], secret_file: str, token: str, grace: float,
                initial_wait: float | None = None, listen: str | None = None,
                advertise_host: str | None = None,
                restore_env: Mapping[str, str | None] | None = None) -> int:
-    """The submitit task: ``hpcmesh worker --attach ...`` in this process; its exit code.
-    ``restore_env`` undoes what the executor set (None = unset)."""
+    """The submitit task: a host agent in this process (what ``hpcmesh worker --attach``
+    runs); its exit status. ``restore_env`` undoes what the executor set (None = unset)."""
     for k, v in (restore_env or {}).items():
         if v is None:
             os.environ.pop(k, None)
@@ -83,8 +86,10 @@ def agent_task(attach: list[str], secret_file: str, token: str, grace: float,
     os.environ["HPCMESH_JOB_TOKEN"] = token
     os.environ["HPCMESH_SECRET_FILE"] = secret_file
     os.environ.pop("HPCMESH_SECRET", None)
-    from ..cli import main
-    return main(_worker_argv(attach, grace, initial_wait, listen, advertise_host))
+    configure_logging()
+    reason = run_agent(listen or "tcp://0.0.0.0:0", attach, grace=grace,
+                       initial_wait=initial_wait, advertise_host=advertise_host)
+    return exit_status(reason)
 
 
 def debug_start_agents(n: int, attach: list[str], secret_file: str, token: str, grace: float,
@@ -437,17 +442,13 @@ class SubmititJob(JobTrait):
         return out
 
     def _squeue(self) -> dict:
-        from ..slurm import command_for_squeue, parse_squeue
+        """squeue records of the submitted jobs; {} when squeue cannot say (callers poll)."""
         if not self.job_ids:
             return {}
         try:
-            r = subprocess.run(command_for_squeue(list(self.job_ids.values())),
-                               capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
+            return squeue_jobs(list(self.job_ids.values()), timeout=30)
+        except SlurmError:
             return {}
-        if r.returncode != 0:
-            return {}
-        return {rec.job_id: rec for rec in parse_squeue(r.stdout)}
 
     def _local_alive(self, name: str) -> bool:
         job = getattr(self, "_live_jobs", {}).get(name)
@@ -472,11 +473,10 @@ class SubmititJob(JobTrait):
                 # First SIGTERM the steps only: the agents stop their processes and exit, the
                 # submitit tasks return and the job completes at once (a plain scancel also
                 # works, but the job then sits in COMPLETING for seconds). Then scancel.
-                subprocess.run(["scancel", "--signal=TERM", *ids], capture_output=True,
-                               timeout=60)
+                scancel_once(ids, signal="TERM")
                 if _wait_gone(live, 5.0):
                     return
-            subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+            scancel_once(ids)
             if wait:
                 _wait_gone(live, 60)
         elif cluster == "local":

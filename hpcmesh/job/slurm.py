@@ -73,6 +73,9 @@ __all__ = [
 
 #: The host agent entry point used in launch scripts (``python -c AGENT_CODE --attach ...``).
 AGENT_CODE = "from hpcmesh.job.slurm import agent_main; agent_main()"
+#: How long a job that ended before its agents attached may stay COMPLETING before the
+#: error names that state instead of the final one.
+COMPLETING_WAIT = 5.0
 #: Job states in which the job holds, or will get, its nodes.
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED",
                            "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING"})
@@ -666,6 +669,15 @@ class SlurmJob(JobTrait):
 
     def _fail_ended(self, job_id: str, rec: JobRecord | None) -> None:
         idx = self.job_ids.index(job_id) if job_id in self.job_ids else 0
+        deadline = time.monotonic() + COMPLETING_WAIT
+        while rec is not None and rec.state == "COMPLETING" and time.monotonic() < deadline:
+            # ended, but Slurm is still winding it up: its final state (FAILED, CANCELLED,
+            # TIMEOUT, ...) says more to the user than COMPLETING, and is a moment away
+            time.sleep(0.25)
+            try:
+                rec = squeue_jobs([job_id]).get(job_id, rec)
+            except SlurmError:
+                break
         state = rec.state if rec is not None else "GONE (no longer known to squeue)"
         reason = rec.reason if rec is not None and rec.reason not in ("", "None") else "-"
         paths = self.log_paths()

@@ -31,7 +31,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hpcmesh.actor import Actor, endpoint  # noqa: E402
-from hpcmesh.actor.mesh import _rebuild_actor_mesh  # noqa: E402
+try:    # since actor/mesh.py was split; the A/B against older trees still runs
+    from hpcmesh.actor.actor_mesh import rebuild_actor_mesh  # noqa: E402
+except ImportError:
+    from hpcmesh.actor.mesh import _rebuild_actor_mesh as rebuild_actor_mesh  # noqa: E402
 from hpcmesh.runtime.actor_host import ActorHost  # noqa: E402
 from hpcmesh.runtime.context import ActorInstance  # noqa: E402
 from hpcmesh.runtime.node import MSG_CALL, MSG_DELIVER, Node, NodeRef, set_current_node  # noqa: E402
@@ -122,7 +125,7 @@ def controller_side(batch: int, rounds: int) -> tuple[float, float, float]:
     node.loop.call_soon_threadsafe(lambda: (on_loop(), done.set()))
     done.wait()
     conn = box["conn"]
-    mesh = _rebuild_actor_mesh("A", "m", "Echo", ["echo"], ["p0"], [NodeRef("W", ())],
+    mesh = rebuild_actor_mesh("A", "m", "Echo", ["echo"], ["p0"], [NodeRef("W", ())],
                                Shape.from_extent(Extent({"gpus": 1})))
     ep = mesh.echo
     issue = replies = gets = 0.0

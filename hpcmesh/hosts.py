@@ -34,7 +34,7 @@ __all__ = ["hosts_from_config", "local_host_mesh"]
 
 def local_host_mesh(processes_per_host: int | None = None, name: str = "hosts"):
     """This host as a ``{"hosts": 1}`` HostMesh (``this_host()`` has no dimensions)."""
-    from .actor.mesh import HostRef
+    from .actor.host_mesh import HostRef
     from .job.slurm import make_host_mesh
     from .runtime.client import client_runtime
     rt = client_runtime()
@@ -65,7 +65,7 @@ def _use_tls(cfg: HostsConfig) -> None:
     command line, and static workers were started with ``hpcmesh worker --ca``."""
     if not cfg.tls:
         return
-    from .actor.mesh import use_tls
+    from .actor.host_mesh import use_tls
     from .transport.tls import TRUST_ALL, TLSConfigError
     try:
         use_tls(cfg.tls_ca or TRUST_ALL)
@@ -147,7 +147,7 @@ def _submit_slurm(cfg: HostsConfig, timeout):
 
 
 def _attach_static(cfg: HostsConfig, timeout):
-    from .actor.mesh import attach_to_workers
+    from .actor.host_mesh import attach_to_workers
     from .job.slurm import make_host_mesh
     from .transport.addresses import secret_from_env
     secret = secret_from_env()

@@ -78,7 +78,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Sequence
 
-from .actor.mesh import HostMesh, HostRef, ProcMesh
+from .actor.host_mesh import HostMesh, HostRef
+from .actor.proc_mesh import ProcMesh
 from .runtime import client as _client
 from .runtime.client import ClientRuntime, ProcRecord
 from .runtime.errors import SupervisionError

@@ -174,7 +174,7 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("source, expected", [
     ("from .node import Node", ["hpcmesh.runtime.node"]),
-    ("def f():\n    from ..actor.mesh import HostMesh", ["hpcmesh.actor.mesh"]),
+    ("def f():\n    from ..actor.host_mesh import HostMesh", ["hpcmesh.actor.host_mesh"]),
     ("import importlib\nimportlib.import_module('hpcmesh.job.slurm')", ["hpcmesh.job.slurm"]),
     ("from .. import collectives", ["hpcmesh.collectives"]),
     ("from ..actor import Actor", ["hpcmesh.actor"]),

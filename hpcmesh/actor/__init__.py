@@ -11,8 +11,10 @@ from ..shapes import Extent, Point
 from .accumulator import Accumulator
 from .channel import Channel, Port, PortReceiver
 from .endpoint import Actor, endpoint
-from .mesh import (ActorMesh, HostMesh, ProcMesh, ValueMesh, attach_to_workers, this_host,
-                   this_proc)
+from .actor_mesh import ActorMesh
+from .host_mesh import HostMesh, attach_to_workers, this_host
+from .proc_mesh import ProcMesh, this_proc
+from .value_mesh import ValueMesh
 from ..runtime.worker import run_worker_loop_forever
 
 __all__ = [

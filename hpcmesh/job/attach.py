@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable
 
-from ..actor.mesh import HostMesh, HostRef
+from ..actor.host_mesh import HostMesh, HostRef
 from ..runtime.client import client_runtime
 from ..runtime.node import NodeRef
 from ..shapes import Extent, Shape

@@ -47,7 +47,7 @@ class LocalJob(JobTrait):
         self.client_pid = proc.pid
 
     def _state(self) -> dict[str, Any]:
-        from ..actor.mesh import this_host
+        from ..actor.host_mesh import this_host
         return {name: this_host() for name in self.hosts}
 
     def _kill(self) -> None:

@@ -49,7 +49,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping, Sequence
 
-from ..actor.mesh import HostMesh, HostRef, attach_to_workers
+from ..actor.host_mesh import HostMesh, HostRef, attach_to_workers
 from ..runtime.agent_main import NOTICE_VAR, run_agent
 from ..runtime.bootstrap import BootstrapCommand
 from ..settings import env_number

@@ -538,7 +538,7 @@ def _dialable(addresses, host: str) -> list[str]:
 # ---------------------------------------------------------------------------------------
 def host_mesh_of(name: str, refs: list):
     """A HostMesh ``{"hosts": len(refs)}`` named ``name``."""
-    from ..actor.mesh import HostMesh
+    from ..actor.host_mesh import HostMesh
     from ..shapes import Extent, Shape
     return HostMesh(list(refs), Shape.from_extent(Extent({"hosts": len(refs)})), name)
 
@@ -565,7 +565,7 @@ def describe_agents(refs: list, pids: Mapping[str, int] | None = None) -> list[d
 
 def reconnect_mesh(name: str, agents: list[dict], secret_hex: str | None, kind: str):
     """From a fresh process: dial the recorded agents with the job's secret."""
-    from ..actor.mesh import attach_to_workers
+    from ..actor.host_mesh import attach_to_workers
     secret = bytes.fromhex(secret_hex) if secret_hex else None
     refs = []
     for info in agents:

@@ -1,0 +1,433 @@
+"""ActorMesh: actors spawned on a ProcMesh, and ``mesh.endpoint``'s ways to call them
+(``call_one``, ``call``, ``broadcast``, ``choose``, ``stream``).
+
+Creation is asynchronous: a mesh is returned at once and calls made before it is ready are
+sent when it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import sys
+import threading
+from typing import Any, Callable
+
+from ..runtime.client import current_or_client_node
+from ..runtime.errors import SupervisionError
+from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
+from ..runtime.messages import call_msg
+from ..runtime.node import NodeRef
+from ..shapes import Shape
+from ..transport import serialization
+from ..transport.serialization import is_plain
+
+from .mesh_view import MeshView, chain, chain_any
+from .value_mesh import ValueMesh
+
+log = logging.getLogger("hpcmesh.actor")
+
+
+class ActorMeshState:
+    def __init__(self, actor_id: str, name: str, class_name: str, endpoints: set,
+                 proc_names: list[str], records: list | None):
+        self.actor_id = actor_id
+        self.name = name
+        self.class_name = class_name
+        self.endpoints = endpoints
+        self.proc_names = proc_names
+        self.records = records      # controller only
+        self.nodes: list[NodeRef] | None = None
+        self.ready: Future | None = None
+        self.rr = itertools.count()
+        self.lock = threading.Lock()
+        # Calls made before the actors are up wait here, in call order; ``live`` turns True
+        # only once they have all been sent, so a later call can never overtake one of them.
+        self.live = False
+        self.failed: BaseException | None = None
+        self.owner = None           # the actor that spawned this mesh (None: the client)
+        self.pending: list[tuple[Callable[[], Future], Future]] = []
+
+    def open(self, nodes: list[NodeRef] | None, exc: BaseException | None) -> None:
+        """The spawn finished (``exc`` if it failed): send or fail the waiting calls."""
+        if exc is None:
+            self.nodes = nodes
+        while True:
+            with self.lock:
+                batch, self.pending = self.pending, []
+                if not batch:
+                    if exc is None:
+                        self.live = True
+                    else:
+                        self.failed = exc
+                    return
+            for fn, out in batch:
+                if exc is not None:
+                    out.set_exception(exc)
+                    continue
+                try:
+                    inner = fn()
+                except BaseException as e:  # noqa: BLE001
+                    out.set_exception(e)
+                    continue
+                forward(inner, out)
+
+
+def stop_actor_mesh(st: ActorMeshState, reason: str) -> Future:
+    """Stop the actors of one actor mesh on every process that hosts them, then fail later
+    calls to it with a SupervisionError naming ``reason``. A Future of None (a member whose
+    process is gone already counts as stopped)."""
+    node = current_or_client_node()
+
+    def stop_all() -> Future:
+        return gather([node.rpc(n, "stop_actors", [st.actor_id])
+                       for n in dict.fromkeys(st.nodes)])
+
+    def mark(f: Future) -> Future:
+        st.failed = SupervisionError(f"actor mesh {st.name!r} was stopped: {reason}", st.name)
+        if f.exception() is not None and not isinstance(f.exception(), SupervisionError):
+            return failed(f.exception())
+        return completed(None)
+    return chain_any(chain(st.ready, stop_all), mark)
+
+
+def _gives_way(attr: str) -> property:
+    """``attr`` of an ActorMesh, unless the actor class has an endpoint of that name: then
+    the endpoint (see ``GIVES_WAY_TO_ENDPOINTS``)."""
+    own = getattr(MeshView, attr)
+
+    def get(self):
+        if attr in self._state.endpoints:
+            return self.__dict__.get(attr) or self.__getattr__(attr)
+        return own.__get__(self, type(self))
+    return property(get, doc=f"The mesh's {attr!r}, or the endpoint of that name if the "
+                             f"actor class has one.")
+
+
+class ActorMesh(MeshView):
+    """One actor per process; attribute access gives an endpoint to call."""
+
+    name = _gives_way("name")
+    points = _gives_way("points")
+    to_table = _gives_way("to_table")
+
+    def __getattr__(self, item: str) -> "Endpoint":
+        if item.startswith("__") or item in ("_state", "_shape"):
+            raise AttributeError(item)
+        st = self._state
+        if item not in st.endpoints:
+            raise AttributeError(
+                f"{st.class_name} has no endpoint {item!r}; endpoints: "
+                f"{', '.join(sorted(st.endpoints)) or '(none)'}")
+        ep = self.__dict__[item] = Endpoint(self, item)   # views are immutable: keep it
+        return ep
+
+    def stop(self, reason: str = "stopped by the client") -> Future:
+        """Stop every actor of this actor mesh (the whole mesh, whatever this view selects):
+        their ``__cleanup__`` runs, their processes go on. Later calls raise a
+        ``SupervisionError`` naming the mesh and ``reason``. A Future of None."""
+        return stop_actor_mesh(self._state, reason)
+
+    def _members(self) -> tuple[list[tuple[int, int]], tuple]:
+        """[(rank in this view, global index)] and the view's extent as plain items (cached)."""
+        m = self.__dict__.get("_members_cache")
+        if m is None:
+            shape = self._shape
+            m = self.__dict__["_members_cache"] = (list(enumerate(shape.ranks())),
+                                                   tuple(shape.extent.items()))
+        return m
+
+    def __reduce__(self):
+        st = self._state
+        if st.nodes is None:
+            if on_runtime_thread():
+                raise RuntimeError(f"actor mesh {st.name!r} is not initialized yet; "
+                                   f"`await mesh.initialized` before passing it to another actor")
+            st.ready.get()      # a mesh passed right after spawn(): wait until it is up
+        return rebuild_actor_mesh, (st.actor_id, st.name, st.class_name, sorted(st.endpoints),
+                                     st.proc_names, st.nodes, self._shape)
+
+    def __repr__(self) -> str:
+        st = self._state
+        return f"ActorMesh({st.name!r}, {st.class_name}, {dict(self.extent)})"
+
+    # -- sending ---------------------------------------------------------------------
+    def _payload(self, endpoint: str, args: tuple, kwargs: dict) -> tuple[Any, list | None]:
+        """The arguments, ready to send; every member's message shares them.
+
+        On a live mesh, arguments made only of builtin values travel inside the message
+        itself, pickled when it is sent: ``((args, kwargs), None)``. Otherwise they are
+        pickled now, once: ``(bytes, out-of-band buffers)`` (a call queued until the mesh
+        is up must not see later changes to its arguments)."""
+        if self._state.live and is_plain(args) and (not kwargs or is_plain(kwargs)):
+            return (args, kwargs), None
+        return serialization.dumps((args, kwargs),
+                                   f"arguments of {self._state.class_name}.{endpoint}")
+
+    def _send(self, g: int, rank: int, extent_items: tuple, endpoint: str,
+              payload: tuple[Any, list | None], reply: bool) -> Future | None:
+        st = self._state
+        node = current_or_client_node()
+        target = st.nodes[g]
+        if reply:
+            fut, port_id = node.reply_future(target)
+        else:
+            fut, port_id = None, None
+        args, bufs = payload
+        msg = call_msg(st.actor_id, endpoint, args, port_id, rank, extent_items)
+        try:
+            node.send(target, msg, buffers=bufs or [])
+        except (SupervisionError, ConnectionError) as e:
+            if port_id is not None:
+                node.close_port(port_id)
+                fut.set_exception(e)
+            else:
+                raise
+        return fut
+
+    def _when_ready(self, fn: Callable[[], Future]) -> Future:
+        """Run ``fn`` now if the mesh is up, else queue it (in call order) until it is.
+        Arguments were pickled by the caller already, so a queued ``fn`` cannot fail on them."""
+        st = self._state
+        if st.failed is not None:     # spawn failed, or a failure below it went unhandled
+            return failed(st.failed)
+        if st.live:
+            return fn()
+        out = Future()
+        with st.lock:
+            if not st.live and st.failed is None:
+                st.pending.append((fn, out))
+                return out
+        return self._when_ready(fn)
+
+
+def rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes, shape):
+    st = ActorMeshState(actor_id, name, class_name, set(endpoints), proc_names, None)
+    st.nodes = list(nodes)
+    st.live = True
+    st.ready = Future()
+    st.ready.set_result(st.nodes)
+    return ActorMesh(st, shape)
+
+
+class Endpoint:
+    """``mesh.method``: the ways to call one endpoint on a mesh."""
+    __slots__ = ("_mesh", "_name", "_route", "_routes")
+
+    def __init__(self, mesh: ActorMesh, name: str):
+        self._mesh = mesh
+        self._name = name
+        self._route: tuple | None = None     # call_one's fast path, once the mesh is live
+        self._routes: tuple | None = None    # call's fast path, once the mesh is live
+
+    def _members(self) -> tuple[list[tuple[int, int]], tuple]:
+        return self._mesh._members()
+
+    def call_one(self, *args, **kwargs) -> Future:
+        """Call the single member of this mesh; a Future of its value."""
+        route = self._route
+        if route is not None and not kwargs and is_plain(args):
+            # The common case, kept short: a live mesh, arguments made of builtin values.
+            node, target, st, actor_id, ext = route
+            if st.failed is None:
+                return node.call_actor(target, actor_id, self._name, (args, kwargs), 0, ext)
+        return self._call_one(args, kwargs)
+
+    def _call_one(self, args: tuple, kwargs: dict) -> Future:
+        mesh = self._mesh
+        shape = mesh._shape
+        if shape.nelem != 1:
+            raise ValueError(
+                f"call_one() needs a mesh of exactly one actor, but {mesh._state.name!r} has "
+                f"extent {dict(shape.extent)} ({shape.nelem} actors); use call() or slice it "
+                f"first, "
+                f"e.g. mesh.slice(**{{dim: 0 for dim in mesh.extent}})")
+        members, ext = mesh._members()
+        g = members[0][1]
+        st = mesh._state
+        if st.live and self._route is None:
+            self._route = (current_or_client_node(), st.nodes[g], st, st.actor_id, ext)
+        payload = mesh._payload(self._name, args, kwargs)
+        return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True))
+
+    def call(self, *args, **kwargs) -> Future:
+        """Call every member; a Future of a ValueMesh with this mesh's extent."""
+        routes = self._routes
+        if routes is not None and not kwargs and is_plain(args):
+            # The common case, kept short (as in call_one): live mesh, builtin arguments.
+            node, st, targets, ext, result_shape = routes
+            if st.failed is None:
+                name, payload = self._name, (args, kwargs)
+                futs = [node.call_actor(t, st.actor_id, name, payload, r, ext)
+                        for r, t in targets]
+                return gather(futs, lambda vals: ValueMesh(result_shape, vals),
+                              node.poll_for_rest)
+        mesh = self._mesh
+        members, ext = self._members()
+        result_shape = Shape.from_extent(mesh._shape.extent)
+        st = mesh._state
+        if st.live and self._routes is None:
+            self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members], ext,
+                            result_shape)
+        payload = mesh._payload(self._name, args, kwargs)
+
+        def go() -> Future:
+            futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
+            return gather(futs, lambda vals: ValueMesh(result_shape, vals),
+                          current_or_client_node().poll_for_rest)
+        return mesh._when_ready(go)
+
+    def broadcast(self, *args, **kwargs) -> None:
+        """Send to every member without waiting; failures are reported through supervision.
+
+        A member already known dead does not stop the others from getting the message;
+        the failure is raised after all were sent (the controller raises on the next call)."""
+        mesh = self._mesh
+        members, ext = self._members()
+        name = self._name
+        payload = mesh._payload(name, args, kwargs)
+
+        def go() -> Future:
+            first = None
+            for r, g in members:
+                try:
+                    mesh._send(g, r, ext, name, payload, False)
+                except Exception as e:  # noqa: BLE001 - a dead member; the others still get it
+                    first = first or e
+            done = Future()
+            if first is not None:
+                done.set_exception(first)
+            else:
+                done.set_result(None)
+            return done
+        f = mesh._when_ready(go)
+        if f.done():
+            if f.exception() is not None:
+                raise f.exception()
+            return
+        # Sent later (the mesh is still starting): a failure then has nobody to raise to.
+        f.add_done_callback(lambda fut: fut.exception() is not None and _report_broadcast_failure(
+            mesh, name, fut.exception()))
+
+    def choose(self, *args, **kwargs) -> Future:
+        """Call one member, picked round-robin among those with the least work in flight."""
+        mesh = self._mesh
+        members, ext = self._members()
+        st = mesh._state
+        payload = mesh._payload(self._name, args, kwargs)
+
+        def go() -> Future:
+            node = current_or_client_node()
+            start = next(st.rr)
+            best = None
+            for k in range(len(members)):
+                r, g = members[(start + k) % len(members)]
+                load = node.load(st.nodes[g].node_id)
+                if best is None or load < best[0]:
+                    best = (load, g, r)
+                    if load == 0:
+                        break
+            return mesh._send(best[1], best[2], ext, self._name, payload, True)
+        return mesh._when_ready(go)
+
+    def stream(self, *args, **kwargs) -> "ResultStream":
+        """Call every member; the results in arrival order: ``async for`` gives the values,
+        ``for`` gives settled Futures (as Monarch's ``stream`` does)."""
+        mesh = self._mesh
+        members, ext = self._members()
+        stream = ResultStream(len(members))
+        payload = mesh._payload(self._name, args, kwargs)
+
+        def go() -> Future:
+            for r, g in members:
+                try:
+                    f = mesh._send(g, r, ext, self._name, payload, True)
+                except BaseException as e:  # noqa: BLE001
+                    stream._push_error(e)
+                    continue
+                f.add_done_callback(stream._on_done)
+            out = Future()
+            out.set_result(None)
+            return out
+
+        def not_started(f: Future) -> None:
+            if f.exception() is not None:      # the mesh never came up: every item fails
+                for _ in members:
+                    stream._push_error(f.exception())
+        mesh._when_ready(go).add_done_callback(not_started)
+        return stream
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"call an endpoint through call_one(), call(), broadcast(), choose() or "
+                        f"stream(): e.g. mesh.{self._name}.call(...)")
+
+
+def _report_broadcast_failure(mesh: ActorMesh, endpoint: str, exc: BaseException) -> None:
+    log.error("broadcast %s.%s to actor mesh %r failed: %s", mesh._state.class_name, endpoint,
+              mesh._state.name, exc)
+    print(f"hpcmesh: broadcast failed: {mesh._state.class_name}.{endpoint} to actor mesh "
+          f"{mesh._state.name!r}: {exc}", file=sys.stderr, flush=True)
+
+
+class ResultStream:
+    """Results of a ``stream()`` call in the order they arrive.
+
+    ``async for v in stream`` gives the values; a member that failed raises its error when
+    its turn comes. ``for f in stream`` gives each member's Future once it is settled, so a
+    Monarch program's ``for f in ep.stream(): f.get()`` runs unchanged, and one failure
+    does not end the loop."""
+
+    def __init__(self, n: int):
+        self._n = n
+        self._done: list[Future] = []          # completed futures, in arrival order
+        self._cond = threading.Condition()
+        self._async_waiters: list[tuple] = []  # (loop, asyncio.Future) to wake on arrival
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _on_done(self, f: Future) -> None:
+        with self._cond:
+            self._done.append(f)
+            self._cond.notify_all()
+            waiters, self._async_waiters = self._async_waiters, []
+        for loop, waiter in waiters:
+            try:
+                loop.call_soon_threadsafe(_wake, waiter)
+            except RuntimeError:   # that loop is closed: nobody is waiting any more
+                pass
+
+    def _push_error(self, exc: BaseException) -> None:
+        f = Future()
+        f.set_exception(exc)
+        self._on_done(f)
+
+    def __iter__(self):
+        for i in range(self._n):
+            with self._cond:
+                if len(self._done) <= i and on_runtime_thread():
+                    raise RuntimeError("iterating a stream synchronously on the hpcmesh event-loop "
+                                       "thread would deadlock; use `async for`")
+                while len(self._done) <= i:
+                    self._cond.wait()
+                f = self._done[i]
+            yield f
+
+    async def __aiter__(self):
+        loop = asyncio.get_running_loop()
+        for i in range(self._n):
+            while True:
+                with self._cond:
+                    if len(self._done) > i:
+                        f = self._done[i]
+                        break
+                    waiter = loop.create_future()
+                    self._async_waiters.append((loop, waiter))
+                await waiter
+            yield f.get()       # done already: returns the value or raises its error
+
+
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

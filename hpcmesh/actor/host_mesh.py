@@ -1,0 +1,222 @@
+"""HostMesh: the hosts a job runs on, as a mesh; ``spawn_procs`` starts processes on them.
+
+Where hosts come from: ``this_host()``, ``attach_to_workers`` (running ``hpcmesh worker``
+agents), or a job (``hpcmesh.job``). ``use_tls`` turns on TLS for what follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import uuid
+from typing import Any, Callable
+
+from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
+from ..runtime.client import ProcRecord, client_runtime
+from ..runtime.future import Future, failed, gather
+from ..runtime.node import NodeRef
+from ..shapes import Extent, MeshTrait, Point, Shape
+from ..transport import tls
+from ..transport.addresses import parse_address
+from ..transport.handshake import HandshakeError
+
+from .mesh_view import spawning_actor
+from .proc_mesh import ProcMesh, ProcMeshState
+
+_mesh_counter = itertools.count()
+log = logging.getLogger("hpcmesh.actor")
+
+
+class HostRef:
+    """A host agent: where to send spawn requests for this host."""
+    __slots__ = ("agent", "hostname", "secret")
+
+    def __init__(self, agent: NodeRef, hostname: str, secret: bytes | None = None):
+        self.agent = agent
+        self.hostname = hostname
+        self.secret = secret
+
+    def __repr__(self) -> str:
+        return f"HostRef({self.hostname})"
+
+
+class HostMesh(MeshTrait):
+    """Hosts that run an hpcmesh host agent."""
+
+    def __init__(self, hosts: list[HostRef], shape: Shape, name: str = "hosts"):
+        self._hosts = hosts
+        self._shape = shape
+        self.name = name
+
+    def _new_with_shape(self, shape: Shape) -> "HostMesh":
+        return HostMesh(self._hosts, shape, self.name)
+
+    @property
+    def hostnames(self) -> list[str]:
+        return [self._hosts[g].hostname for g in self._shape.ranks()]
+
+    def spawn_procs(self, per_host: dict[str, int] | None = None,
+                    bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] |
+                    None = None, name: str | None = None, *,
+                    forward_logs: bool = True) -> "ProcMesh":
+        """Start processes on every host of this mesh; per-host dims are appended."""
+        per_host = dict(per_host or {})
+        for k, v in per_host.items():
+            if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"per_host must map dimension names to positive ints; got "
+                                 f"{k!r}: {v!r}")
+            if k in self._shape.extent:
+                raise ValueError(f"per_host dimension {k!r} is already a dimension of the host "
+                                 f"mesh {dict(self.extent)}; pick another name")
+        rt = client_runtime()
+        node = rt.node
+        owner = spawning_actor()
+        extent = Extent({**dict(self._shape.extent), **per_host})
+        mesh_name = name or f"procs{next(_mesh_counter)}"
+        uid = uuid.uuid4().hex[:8]
+        per = Extent(per_host).nelem
+        host_ranks = self._shape.ranks()
+        records: list[ProcRecord] = []
+        by_host: dict[int, list] = {}
+        for i in range(extent.nelem):
+            point = Point(i, extent)
+            cmd = bootstrap_command(point) if callable(bootstrap_command) and not isinstance(
+                bootstrap_command, BootstrapCommand) else bootstrap_command
+            if cmd is None:
+                cmd = default_bootstrap_cmd()
+            if not isinstance(cmd, BootstrapCommand):
+                raise TypeError(f"bootstrap_command must be a BootstrapCommand or a callable "
+                                f"returning one; for {_label(point)} got {type(cmd).__name__}")
+            host = self._hosts[host_ranks[i // per]]
+            rec = ProcRecord(f"{mesh_name}-{uid}-{i}", mesh_name, point, host.agent,
+                             _label(point), forward_logs=forward_logs, owner=owner)
+            rec.host = host.hostname
+            records.append(rec)
+            rt.procs[rec.name] = rec
+            by_host.setdefault(i // per, []).append((rec.name, cmd, _label(point), i))
+        first_agent = self._hosts[host_ranks[0]].agent
+
+        launched = Future()
+
+        def spawn_all(rdv: Future) -> None:
+            """Once host 0 named MASTER_ADDR/PORT, ask every host's agent to start its share."""
+            master = rdv.value() if rdv.exception() is None else None
+            answers = []
+            for hi, reqs in by_host.items():
+                host = self._hosts[host_ranks[hi]]
+                recs = [r for r in records if r.agent == host.agent]
+                try:
+                    reqs = [(n, c, lbl, _torchrun_env(i, extent, per, master))
+                            for n, c, lbl, i in reqs]
+                    f = node.rpc(host.agent, "spawn_procs", reqs, node.ref, rt.events,
+                                 rt.secret.hex(), rt.lease_grace, f"{mesh_name}-{uid}")
+                except BaseException as e:  # noqa: BLE001 - fail these procs, never hang them
+                    f = failed(e)
+                f.add_done_callback(lambda fut, recs=recs: on_spawned(fut, recs))
+                answers.append(f)
+            # stop() waits for this: the agents have answered, whether they started all
+            if not answers:
+                launched.set_result(None)
+            left = itertools.count(len(answers) - 1, -1)
+            for a in answers:
+                a.add_done_callback(lambda _a: next(left) == 0 and launched.set_result(None))
+
+        def on_spawned(f: Future, recs: list[ProcRecord]) -> None:
+            if f.exception() is not None:
+                for r in recs:
+                    r.ready.set_exception(f.exception())
+                return
+            info = {n: (pid, paths) for n, pid, paths in f.value()}
+            for r in recs:
+                if r.name in info:
+                    r.pid, r.log_paths = info[r.name]
+        node.rpc(first_agent, "reserve_port").add_done_callback(spawn_all)
+        state = ProcMeshState(mesh_name, records, gather([r.ready for r in records]), self,
+                               launched)
+        return ProcMesh(state, Shape.from_extent(extent))
+
+    def __repr__(self) -> str:
+        return f"HostMesh({dict(self.extent)}, hosts={self.hostnames})"
+
+
+
+def _torchrun_env(rank: int, extent: Extent, per_host: int,
+                  master: tuple[str, int] | None) -> dict[str, str]:
+    """torchrun's variables, so a user's own ``init_process_group()`` works; they sit
+    under the bootstrap command's env (which can override or remove them)."""
+    env = {"RANK": str(rank), "WORLD_SIZE": str(extent.nelem),
+           "LOCAL_RANK": str(rank % per_host), "LOCAL_WORLD_SIZE": str(per_host),
+           "GROUP_RANK": str(rank // per_host)}
+    if master is not None:
+        env["MASTER_ADDR"], env["MASTER_PORT"] = master[0], str(master[1])
+    return env
+
+
+
+def _label(point: Point) -> str:
+    return ",".join(f"{k}={v}" for k, v in point.items()) or "0"
+
+
+
+def this_host() -> HostMesh:
+    """The local host as a HostMesh with no dimensions."""
+    rt = client_runtime()
+    ref = HostRef(rt.local_agent(), socket.gethostname())
+    return HostMesh([ref], Shape.from_extent(Extent({})), "this_host")
+
+
+def use_tls(ca) -> None:
+    """Encrypt this client's TCP connections from now on (``ca``: a CA bundle path or
+    ``"trust_all_connections"``), and have the agents and processes it starts from now
+    on do the same (``HPCMESH_TLS_CA`` in the environment they inherit)."""
+    settings = tls.settings(ca)
+    node = client_runtime().node
+    if settings is not None and settings != node.tls:
+        node.use_tls(settings)
+        os.environ.update(settings.env())
+
+
+def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes | None = None,
+                      timeout: float = 30.0, ca: Any = None) -> HostMesh:
+    """Connect to running host agents (``hpcmesh worker --listen ADDR``); a HostMesh over them.
+
+    ``ca``: TLS for TCP connections, as the agents were started with (``--ca``): a CA
+    bundle path that certifies the agents, or ``"trust_all_connections"`` (encrypt,
+    verify nothing). It applies to this client's connections from now on and to the
+    processes it starts."""
+    if ca is not None:
+        use_tls(ca)
+    if isinstance(workers, str):
+        workers = [workers]
+    rt = client_runtime()
+    node = rt.node
+    hosts = []
+
+    for addr in workers:
+        parse_address(addr)        # a malformed URL: ValueError naming it and the forms
+
+    async def connect_all():
+        async def one(addr: str):
+            try:
+                conn = await node.connect(addr, timeout=timeout, secret=secret)
+            except HandshakeError as e:
+                raise ConnectionError(f"cannot attach to host agent at {addr}: {e} (was it "
+                                      f"started with this job's secret?)") from None
+            except (asyncio.TimeoutError, TimeoutError):
+                raise ConnectionError(f"cannot attach to host agent at {addr}: no hpcmesh "
+                                      f"handshake within {timeout} s (is an hpcmesh worker "
+                                      f"listening there?)") from None
+            except OSError as e:
+                reason = (os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0
+                          else e.strerror or str(e))
+                raise ConnectionError(f"cannot attach to host agent at {addr}: {reason}") from e
+            info = conn.info.get("peer_info", {})
+            if info.get("role") != "agent":
+                raise ConnectionError(f"{addr} is a {info.get('role')!r} node, not a host agent")
+            return HostRef(NodeRef(conn.info["peer_id"], (addr,)), info.get("host", addr), secret)
+        return await asyncio.gather(*(one(a) for a in workers))
+    hosts = node.run_sync(connect_all(), timeout + 5)
+    return HostMesh(list(hosts), Shape.from_extent(Extent({name: len(hosts)})), name)

@@ -1,0 +1,234 @@
+"""ProcMesh: processes started on a HostMesh (or by MPI, or this process itself); spawn
+actors on them, stop them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import socket
+import uuid
+
+from ..runtime.actor_services import ActorServices
+from ..runtime.client import ProcRecord, current_or_client_node, existing_client_runtime
+from ..runtime.context import Rendezvous
+from ..runtime.future import Future, completed, gather, on_runtime_thread
+from ..runtime.node import Node
+from ..settings import env_number
+from ..shapes import Extent, MeshTrait, Point, Shape
+from ..transport import serialization
+from .endpoint import ENDPOINT_ATTR, check_endpoint_names
+
+from .actor_mesh import ActorMesh, ActorMeshState, stop_actor_mesh
+from .mesh_view import MeshView, as_asyncio, chain, chain_any, spawning_actor
+
+#: Seconds ProcMesh.stop() waits for a clean exit before SIGTERM, then SIGKILL.
+DEFAULT_STOP_GRACE = env_number("HPCMESH_STOP_GRACE", 5)
+LAUNCH_WAIT = 60.0      # stop() of a mesh still starting waits this long for the agents
+log = logging.getLogger("hpcmesh.actor")
+
+
+class ProcMeshState:
+    """What every view of one ProcMesh shares. ``hosts`` is the HostMesh it runs on (typed
+    loosely: host_mesh.py builds on this module), None when someone else started it."""
+
+    def __init__(self, name: str, records: list[ProcRecord], ready: Future,
+                 hosts: MeshTrait | None, launched: Future | None = None):
+        self.name = name
+        self.records = records
+        self.ready = ready
+        self.hosts = hosts
+        # settles once every agent answered the spawn request (None: started by someone
+        # else, e.g. an MPI launcher, before the mesh existed)
+        self.launched = launched if launched is not None else completed(None)
+        self.stopped = False
+        self.in_this_process = False    # this_proc(): stop() stops its actors, not the process
+        self.actor_meshes: list = []    # the _ActorMeshStates spawned on it
+
+
+
+class ProcMesh(MeshView):
+    """Processes started on a HostMesh; spawn actors on them."""
+
+    @classmethod
+    def from_records(cls, name: str, records: list[ProcRecord], extent: Extent,
+                     hosts: MeshTrait | None) -> "ProcMesh":
+        """A mesh over processes started by someone else (an MPI launcher, this process
+        itself): ``records`` in row-major order of ``extent``, each ready once its process
+        said hello."""
+        state = ProcMeshState(name, records, gather([r.ready for r in records]), hosts)
+        return cls(state, Shape.from_extent(extent))
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [self._state.records[g].pid for g in self._shape.ranks()]
+
+    @property
+    def log_paths(self) -> list[dict]:
+        return [self._state.records[g].log_paths for g in self._shape.ranks()]
+
+    def spawn(self, name: str, actor_class: type, *args, **kwargs) -> "ActorMesh":
+        """Place one ``actor_class(*args, **kwargs)`` on every process of this view."""
+        if self._state.stopped:
+            raise RuntimeError(f"proc mesh {self.name!r} has been stopped; spawn new processes")
+        if not isinstance(actor_class, type):
+            raise TypeError(f"spawn() needs an actor class, got {type(actor_class).__name__}")
+        check_endpoint_names(actor_class)
+        if (args or kwargs) and not on_runtime_thread():
+            # Fail now on unpicklable arguments, and wait here (not later on the runtime's
+            # loop) for actor meshes passed as arguments to finish starting.
+            serialization.dumps((args, kwargs), f"arguments of {actor_class.__name__}()")
+        endpoints = {n for n in dir(actor_class)
+                     if getattr(getattr(actor_class, n, None), ENDPOINT_ATTR, None) is not None}
+        cls_blob = (class_in_this_process(actor_class) if self._state.in_this_process
+                    else serialization.dumps_by_value(actor_class))
+        node = current_or_client_node()
+        actor_id = uuid.uuid4().hex
+        recs = [self._state.records[g] for g in self._shape.ranks()]
+        extent = self._shape.extent
+        rt = existing_client_runtime()
+        supervisor = rt.events if rt is not None else None
+        state = ActorMeshState(actor_id, name, actor_class.__name__, endpoints,
+                                [r.name for r in recs], recs)
+        state.owner = spawning_actor()
+        if rt is not None:
+            rt.actor_meshes[actor_id] = state     # so an unhandled failure below it finds it
+        if self._state.in_this_process:
+            self._state.actor_meshes.append(state)
+
+        def start() -> Future:
+            nodes = [r.node for r in recs]
+            first = recs[0]
+            host = (first.node.addresses[-1].removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+                    if first.node.addresses else "127.0.0.1")
+
+            def spawn_all(port_f: Future) -> Future:
+                rdv = Rendezvous(host, port_f.value(), actor_id) if port_f.exception() is None \
+                    else None
+                calls = [node.rpc(n, "spawn_actor", actor_id, name, cls_blob, args, kwargs,
+                                  Point(i, extent), rdv, supervisor)
+                         for i, n in enumerate(nodes)]
+                return gather(calls).then(lambda _: nodes)
+            return chain_any(node.rpc(nodes[0], "reserve_port", host), spawn_all)
+
+        ready = chain(self._state.ready, start)
+
+        ready.add_done_callback(lambda f: state.open(
+            f.value() if f.exception() is None else None, f.exception()))
+        state.ready = ready
+        return ActorMesh(state, Shape.from_extent(extent))
+
+    def stop(self, grace: float | None = None) -> Future:
+        """Stop the processes cleanly (actors' ``__cleanup__`` runs); whatever has not exited
+        after ``grace`` seconds (default 5, ``HPCMESH_STOP_GRACE``) gets SIGTERM, then
+        SIGKILL. A Future of {process name: exit code}."""
+        st = self._state
+        recs = [st.records[g] for g in self._shape.ranks()]
+        node = current_or_client_node()
+        grace = DEFAULT_STOP_GRACE if grace is None else float(grace)
+        if st.in_this_process:        # our own process: stop the actors spawned on it
+            st.stopped = True
+            return gather([stop_actor_mesh(am, "the this_proc() mesh it was spawned on was "
+                                                "stopped") for am in st.actor_meshes],
+                          lambda _: {r.name: 0 for r in recs})
+        for r in recs:
+            r.stopping = True
+        if self._shape.nelem == len(st.records):
+            st.stopped = True
+
+        async def stop_all():
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace
+            if not st.launched.done():
+                # Still starting: wait for the agents' answer, or a process they are about
+                # to start would miss the stop and outlive it (until its lease ran out).
+                # Not bounded by the grace (which may be 0): by how long a start may take.
+                try:
+                    await asyncio.wait_for(as_asyncio(st.launched), LAUNCH_WAIT)
+                except asyncio.TimeoutError:
+                    log.warning("stopping %r: the host agents did not finish starting its "
+                                "processes within %.0f s", st.name, LAUNCH_WAIT)
+                deadline = loop.time() + grace      # the grace is for stopping
+
+            async def ask(r: ProcRecord):
+                if r.node is None or r.failure is not None:
+                    return
+                try:
+                    await asyncio.wait_for(as_asyncio(node.rpc(r.node, "stop")), grace)
+                except Exception:  # noqa: BLE001 - dead or hung: the agent deals with it
+                    pass
+            await asyncio.gather(*(ask(r) for r in recs))
+            left = max(0.0, deadline - loop.time())
+            # Per agent: processes that were asked to stop get what is left of the grace;
+            # those that never connected (nobody could ask them) are terminated at once.
+            calls: dict[tuple, tuple] = {}
+            for r in recs:
+                g = left if r.node is not None else 0.0
+                calls.setdefault((r.agent.node_id, g), (r.agent, [], g))[1].append(r.name)
+            results = await asyncio.gather(*(as_asyncio(node.rpc(a, "stop_procs", names, g))
+                                             for a, names, g in calls.values()),
+                                           return_exceptions=True)
+            codes = {}
+            for res in results:
+                if isinstance(res, dict):
+                    codes.update(res)
+                else:
+                    log.warning("stopping processes of %r: %s", st.name, res)
+            return codes
+        return _run_on_loop(node, stop_all())
+
+    def __repr__(self) -> str:
+        return f"ProcMesh({self.name!r}, {dict(self.extent)})"
+
+
+
+def _run_on_loop(node: Node, coro) -> Future:
+    """Run a coroutine on the node's loop; a Future of its result."""
+    out = Future()
+
+    def done(cf) -> None:
+        exc = cf.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(cf.result())
+    asyncio.run_coroutine_threadsafe(coro, node.loop).add_done_callback(done)
+    return out
+
+
+
+def class_in_this_process(cls: type) -> bytes:
+    """An actor class for an actor in this very process: by reference, so the actor runs
+    the class itself and shares its module's state; by value only if it cannot be found
+    by name (a class defined inside a function)."""
+    try:
+        blob = pickle.dumps(cls, protocol=5)
+        if pickle.loads(blob) is cls:
+            return blob
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass
+    return serialization.dumps_by_value(cls)
+
+
+
+def this_proc() -> ProcMesh:
+    """This process as a ProcMesh of one, with no dimensions (Monarch's ``this_proc()``).
+
+    Actors spawned on it live in this process: their async endpoints run on its hpcmesh
+    event loop (the controller's runtime thread, or an actor process's loop), sync ones on
+    a thread of their own, and they share this process's memory. Calls to them go through
+    the same Futures as to any actor. ``stop()`` stops the actors spawned through this
+    handle; the process goes on."""
+    node = current_or_client_node()
+    ActorServices.attach(node)
+    rec = ProcRecord(f"this_proc-{os.getpid()}-{uuid.uuid4().hex[:8]}", "this_proc",
+                     Point(0, Extent({})), node.ref, "0")
+    rec.node = node.ref
+    rec.pid = os.getpid()
+    rec.host = socket.gethostname()
+    rec.ready.set_result(node.ref)
+    mesh = ProcMesh.from_records("this_proc", [rec], Extent({}), None)
+    mesh._state.in_this_process = True
+    return mesh

@@ -28,6 +28,7 @@ from typing import Any
 from .context import ActorInstance, Context, current_context_var
 from .errors import ActorError
 from ..shapes import Extent, Point
+from ..transport import serialization
 from .messages import (EVENT_ENDPOINT_FAILED, ReplyNotSent, call_msg, decode_args, deliver_msg,
                        describe_exception, failure, format_exception)
 from .node import Node, PortRef
@@ -333,7 +334,9 @@ class ActorHost:
             token = current_context_var.set(ctx if ctx is not None else
                                  self._message_context(rank, extent_items))
             try:
-                args, kwargs = decode_args(payload, buffers)
+                # decode_args() written out: the pipelined hot path
+                args, kwargs = (payload if type(payload) is tuple
+                                else serialization.loads(payload, buffers))
                 value = await fn(obj, *args, **kwargs)
             except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
                 self._failed(e, endpoint, origin, reply)

@@ -7,6 +7,8 @@ This package's own import stays light: nothing here imports torch or Slurm glue.
 
 __version__ = "0.1.0"
 
+from .errors import HpcmeshError  # noqa: E402,F401 - the root of hpcmesh's own errors
+
 
 def __getattr__(name: str):
     if name == "hosts_from_config":

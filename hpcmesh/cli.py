@@ -25,10 +25,12 @@ import subprocess
 import sys
 from typing import Any, Sequence
 
+from .errors import HpcmeshError
+
 PROG = "hpcmesh"
 
 
-class UsageError(Exception):
+class UsageError(HpcmeshError):
     """Bad input from the user: exit status 2."""
 
 

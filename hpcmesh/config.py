@@ -71,6 +71,7 @@ import yaml
 from .transport.tls import TRUST_ALL
 from .yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
                          nearest_line)
+from .errors import HpcmeshError
 
 __all__ = [
     "SCHEDULERS",
@@ -97,7 +98,7 @@ WORKER_SCHEMES = ("tcp", "unix")
 _HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 
 
-class ConfigError(ValueError):
+class ConfigError(HpcmeshError, ValueError):
     """A bad hosts configuration; the message names file, line, key and fix.
 
     Attributes keep the pieces for programmatic use: ``source``, ``line``

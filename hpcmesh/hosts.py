@@ -157,7 +157,7 @@ def _attach_static(cfg: HostsConfig, timeout):
     except Exception as e:  # noqa: BLE001 - name the file and the key
         raise ConnectionError(f"{cfg.where('workers')}: cannot attach to the workers "
                               f"{', '.join(cfg.workers)}: {e}") from e
-    return make_host_mesh(list(mesh._hosts), "hosts")
+    return make_host_mesh(mesh.refs, "hosts")
 
 
 def _ssh(cfg: HostsConfig, timeout):

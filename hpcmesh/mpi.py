@@ -88,6 +88,7 @@ from .runtime.proc import ProcRuntime
 from .settings import env_number
 from .shapes import Extent, Point, Shape
 from .transport.addresses import new_secret
+from .errors import HpcmeshError
 
 log = logging.getLogger("hpcmesh.mpi")
 
@@ -104,7 +105,7 @@ STOP_PROCS_WAIT = 10.0
 # ---------------------------------------------------------------------------------------
 # Layout: which rank is which point (pure; unit-tested without MPI)
 # ---------------------------------------------------------------------------------------
-class LayoutError(ValueError):
+class LayoutError(HpcmeshError, ValueError):
     """The MPI job's shape cannot be a hosts × gpus mesh."""
 
 

@@ -28,6 +28,7 @@ import math
 import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self
+from .errors import HpcmeshError
 
 __all__ = [
     "Extent",
@@ -45,7 +46,7 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 
-class DimKeyError(KeyError):
+class DimKeyError(HpcmeshError, KeyError):
     """A KeyError whose ``str()`` is the plain message.
 
     Built-in ``KeyError`` shows its argument with ``repr`` (extra quotes); these

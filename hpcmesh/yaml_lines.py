@@ -13,8 +13,10 @@ from typing import Mapping, Sequence
 
 import yaml
 
+from .errors import HpcmeshError
 
-class DuplicateKey(Exception):
+
+class DuplicateKey(HpcmeshError):
     """A mapping repeats a key; the caller raises its own error type from it."""
 
     def __init__(self, path: str, line: int, first_line: int):

@@ -23,7 +23,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmesh"
 
 #: Bottom to top. A module belongs to the first entry that is it or a package above it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("hpcmesh.settings", "hpcmesh.shapes", "hpcmesh.yaml_lines")),
+    ("base", ("hpcmesh.errors", "hpcmesh.settings", "hpcmesh.shapes", "hpcmesh.yaml_lines")),
     ("transport", ("hpcmesh.transport",)),
     ("runtime", ("hpcmesh.runtime",)),
     ("actor", ("hpcmesh.actor",)),

@@ -15,7 +15,7 @@ import threading
 from typing import Any, Callable
 
 from ..runtime.client import current_or_client_node
-from ..runtime.errors import SupervisionError
+from ..runtime.errors import MeshStoppedError, SupervisionError
 from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
 from ..runtime.messages import call_msg
 from ..runtime.node import NodeRef
@@ -85,7 +85,7 @@ def stop_actor_mesh(st: ActorMeshState, reason: str) -> Future:
                        for n in dict.fromkeys(st.nodes)])
 
     def mark(f: Future) -> Future:
-        st.failed = SupervisionError(f"actor mesh {st.name!r} was stopped: {reason}", st.name)
+        st.failed = MeshStoppedError(f"actor mesh {st.name!r} was stopped: {reason}", st.name)
         if f.exception() is not None and not isinstance(f.exception(), SupervisionError):
             return failed(f.exception())
         return completed(None)

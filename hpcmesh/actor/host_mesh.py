@@ -58,6 +58,11 @@ class HostMesh(MeshTrait):
     def hostnames(self) -> list[str]:
         return [self._hosts[g].hostname for g in self._shape.ranks()]
 
+    @property
+    def refs(self) -> list[HostRef]:
+        """The host agents of this view, in its order (to build another HostMesh on them)."""
+        return [self._hosts[g] for g in self._shape.ranks()]
+
     def spawn_procs(self, per_host: dict[str, int] | None = None,
                     bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] |
                     None = None, name: str | None = None, *,

@@ -14,6 +14,7 @@ import uuid
 from ..runtime.actor_services import ActorServices
 from ..runtime.client import ProcRecord, current_or_client_node, existing_client_runtime
 from ..runtime.context import Rendezvous
+from ..runtime.errors import MeshStoppedError
 from ..runtime.future import Future, completed, gather, on_runtime_thread
 from ..runtime.node import Node
 from ..settings import env_number
@@ -72,7 +73,8 @@ class ProcMesh(MeshView):
     def spawn(self, name: str, actor_class: type, *args, **kwargs) -> "ActorMesh":
         """Place one ``actor_class(*args, **kwargs)`` on every process of this view."""
         if self._state.stopped:
-            raise RuntimeError(f"proc mesh {self.name!r} has been stopped; spawn new processes")
+            raise MeshStoppedError(f"proc mesh {self.name!r} has been stopped; spawn new "
+                                   f"processes", self.name)
         if not isinstance(actor_class, type):
             raise TypeError(f"spawn() needs an actor class, got {type(actor_class).__name__}")
         check_endpoint_names(actor_class)

@@ -1,7 +1,9 @@
 """The errors collectives raise (both are RuntimeErrors, as torch.distributed's are)."""
 
+from ..errors import HpcmeshError
 
-class CollectiveError(RuntimeError):
+
+class CollectiveError(HpcmeshError, RuntimeError):
     """A collective (or the creation of its group) failed or timed out."""
 
 

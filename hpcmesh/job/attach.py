@@ -16,9 +16,10 @@ from ..actor.host_mesh import HostMesh, HostRef
 from ..runtime.client import client_runtime
 from ..runtime.node import NodeRef
 from ..shapes import Extent, Shape
+from ..errors import HpcmeshError
 
 
-class AttachTimeout(TimeoutError):
+class AttachTimeout(HpcmeshError, TimeoutError):
     """Not every expected host agent attached in time."""
 
 

@@ -20,12 +20,13 @@ from typing import Mapping, Sequence
 from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue,
                              command_for_squeue_start, parse_scontrol_restarts, parse_squeue,
                              parse_squeue_start, squeue_job_unknown)
+from ..errors import HpcmeshError
 
 __all__ = ["SlurmError", "need", "run", "start_srun", "squeue_jobs", "squeue_expected_starts",
            "squeue_steps", "scancel", "scancel_once", "restart_count", "tail"]
 
 
-class SlurmError(RuntimeError):
+class SlurmError(HpcmeshError, RuntimeError):
     """A Slurm command failed or a Slurm job did not give us its host agents."""
 
 

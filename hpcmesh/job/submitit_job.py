@@ -573,7 +573,7 @@ def reconnect_mesh(name: str, agents: list[dict], secret_hex: str | None, kind: 
         for addr in info["addresses"]:
             try:
                 hm = attach_to_workers([addr], secret=secret, timeout=15)
-                refs.append(hm._hosts[0])
+                refs.append(hm.refs[0])
                 break
             except Exception as e:  # noqa: BLE001
                 errors.append(f"{addr}: {e}")

@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - a future Python
 from typing import Any
 
 from .context import ActorInstance, Context, current_context_var
-from .errors import ActorError
+from .errors import ActorError, MeshStoppedError
 from ..shapes import Extent, Point
 from ..transport import serialization
 from .messages import (EVENT_ENDPOINT_FAILED, ReplyNotSent, call_msg, decode_args, deliver_msg,
@@ -182,7 +182,8 @@ class ActorHost:
                 return
         if self.stopped:
             self._fail(msg[2], origin, msg[4],
-                       RuntimeError(f"actor {self.instance.mesh_name} has been stopped"))
+                       MeshStoppedError(f"actor {self.instance.mesh_name} has been stopped",
+                                        self.instance.mesh_name))
             return
         fn, info = m
         if info.response_port:
@@ -323,8 +324,8 @@ class ActorHost:
                 await asyncio.sleep(0)
             msg, origin, buffers, (fn, info) = queue.popleft()
             if self.stopped:
-                self._fail(msg[2], origin, msg[4], RuntimeError(
-                    f"actor {self.instance.mesh_name} has been stopped"))
+                self._fail(msg[2], origin, msg[4], MeshStoppedError(
+                    f"actor {self.instance.mesh_name} has been stopped", self.instance.mesh_name))
                 continue
             if not info.is_async:
                 await self._execute(msg, origin, buffers, fn, info)

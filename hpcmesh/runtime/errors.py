@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import HpcmeshError
 
-class ActorError(Exception):
+
+class ActorError(HpcmeshError):
     """An endpoint raised. Carries the remote type, message, traceback text and point."""
 
     def __init__(self, remote_type: str, message: str, traceback_text: str = "",
@@ -25,7 +27,7 @@ class ActorError(Exception):
         return text
 
 
-class SupervisionError(Exception):
+class SupervisionError(HpcmeshError):
     """A process (or the connection to it) died; pending work addressed to it fails with this."""
 
     def __init__(self, message: str, mesh: str = "", point=None, host: str = "",
@@ -42,8 +44,11 @@ class SupervisionError(Exception):
         return self.message
 
 
-class MeshStoppedError(RuntimeError):
-    """The mesh was stopped; it cannot take new messages."""
+class MeshStoppedError(SupervisionError, RuntimeError):
+    """A mesh (or the actor a call was for) was stopped: it takes no new messages. The one
+    "stopped" error: a call to a stopped actor mesh, to an actor stopped on its process,
+    a spawn on a stopped ProcMesh. A SupervisionError (work addressed to it fails) and a
+    RuntimeError (what it was before it had a type of its own)."""
 
 
 def describe_exit(returncode: int | None) -> str:

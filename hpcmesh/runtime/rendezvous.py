@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import logging
 import sys
-from datetime import timedelta
 
 from .context import ActorInstance
 
 log = logging.getLogger("hpcmesh.proc")
 
-#: How long the store's own operations wait until a user of it sets its timeout.
-STORE_TIMEOUT = timedelta(seconds=60)
+#: Seconds the store's own operations wait until a user of it sets its timeout.
+STORE_TIMEOUT_S = 60.0
 
 
 def needs_store(instance: ActorInstance) -> bool:
@@ -31,13 +30,15 @@ def needs_store(instance: ActorInstance) -> bool:
 
 def serve_store(instance: ActorInstance) -> None:
     """Start member 0's TCPStore; a failure is logged, and collectives report it when used."""
+    from datetime import timedelta       # here: every actor process imports this module
+
     import torch.distributed as dist     # loaded already: needs_store checked
 
     rdv = instance.rendezvous
     try:
         instance.rendezvous_store = dist.TCPStore(
             str(rdv.addr), int(rdv.port), instance.rank.extent.nelem, is_master=True,
-            timeout=STORE_TIMEOUT, wait_for_workers=False)
+            timeout=timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
     except Exception as e:  # noqa: BLE001 - the spawn goes on; collectives fail clearly later
         log.warning("could not serve the collective store of %s at %s:%s: %s",
                     instance.mesh_name, rdv.addr, rdv.port, e)

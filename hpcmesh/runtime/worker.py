@@ -6,8 +6,6 @@ launcher uses; what the agent does while it runs is :mod:`hpcmesh.runtime.agent_
 
 from __future__ import annotations
 
-from .agent_main import run_agent
-
 
 def run_worker_loop_forever(address: str | list[str] = "tcp://0.0.0.0:0", *,
                             attach: list[str] = (), secret: bytes | None = None,
@@ -16,5 +14,8 @@ def run_worker_loop_forever(address: str | list[str] = "tcp://0.0.0.0:0", *,
                             ca=None) -> str:
     """Run a host agent until its lease expires or a stop signal comes; returns why it
     stopped. Monarch's name for :func:`hpcmesh.runtime.agent_main.run_agent`."""
+    # imported here: ``hpcmesh.actor`` hands this function out, and a program that only
+    # drives meshes should not load the agent's entry point (signals, notices, json)
+    from .agent_main import run_agent
     return run_agent(address, attach, secret, grace=grace, initial_wait=initial_wait,
                      advertise_host=advertise_host, ready_file=ready_file, ca=ca)

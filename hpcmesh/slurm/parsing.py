@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 import hostlist  # python-hostlist
+from ..errors import HpcmeshError
 
 __all__ = [
     "SlurmParseError",
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 
-class SlurmParseError(ValueError):
+class SlurmParseError(HpcmeshError, ValueError):
     """Slurm output or a ``SLURM_*`` value we cannot understand; names input and expected form."""
 
 

@@ -36,6 +36,7 @@ import yaml
 from ..yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
                           nearest_line)
 from .parsing import SlurmParseError, parse_slurm_duration
+from ..errors import HpcmeshError
 
 __all__ = [
     "SpecError",
@@ -74,7 +75,7 @@ SHARED_ALLOCATION_KEYS = (
 )
 
 
-class SpecError(ValueError):
+class SpecError(HpcmeshError, ValueError):
     """A bad job spec. The message names file:line, the key or value, and what is allowed.
 
     ``source``, ``line`` (1-based or None), ``key`` (dotted path) and ``allowed`` are

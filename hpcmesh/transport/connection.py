@@ -28,6 +28,7 @@ from .addresses import Address, parse_address
 from .framing import (MAX_BATCH_COUNT, FrameDecoder, FrameError, encode_batch, encode_frame,
                       encode_lone)
 from .handshake import Handshake, HandshakeError
+from ..errors import HpcmeshError
 
 if TYPE_CHECKING:
     import ssl
@@ -57,7 +58,7 @@ _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 TLS_HANDSHAKE_BYTE = 0x16
 
 
-class ConnectionClosed(ConnectionError):
+class ConnectionClosed(HpcmeshError, ConnectionError):
     """The peer went away (or sent garbage and was dropped)."""
 
 

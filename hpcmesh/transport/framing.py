@@ -31,6 +31,7 @@ import pickle
 import struct
 import sys
 from dataclasses import dataclass
+from ..errors import HpcmeshError
 
 _HEAD = struct.Struct("!IHH")
 _BUFLEN = struct.Struct("!Q")
@@ -99,7 +100,7 @@ def alloc_writable(size: int, readonly: bool):
     return obj, memoryview(obj)
 
 
-class FrameError(Exception):
+class FrameError(HpcmeshError):
     """The peer sent something that is not a valid frame; the connection must close."""
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from ..errors import HpcmeshError
 
 #: "HPCMESH" and the wire version: 2 added batch frames and read-only buffer flags; 3 the
 #: response-port flag that travels with an actor class's endpoints; 4 MSG_RESULT (replies
@@ -27,7 +28,7 @@ MAC = 32
 SECRET_BYTES = 32
 
 
-class HandshakeError(Exception):
+class HandshakeError(HpcmeshError):
     """The peer failed authentication or spoke another protocol."""
 
 

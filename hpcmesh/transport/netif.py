@@ -45,6 +45,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
+from ..errors import HpcmeshError
 
 __all__ = [
     "ARPHRD_ETHER",
@@ -105,7 +106,7 @@ _TIER_REASON = {
 _TIER_ORDER = (KIND_IPOIB, KIND_HIGHSPEED, KIND_DEFAULT_ROUTE, KIND_OTHER)
 
 
-class NoUsableInterfaceError(RuntimeError):
+class NoUsableInterfaceError(HpcmeshError, RuntimeError):
     """No interface fits the request; the message lists what exists."""
 
 

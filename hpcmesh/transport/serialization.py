@@ -18,13 +18,14 @@ import pickle
 import sys
 
 import cloudpickle
+from ..errors import HpcmeshError
 
 PROTOCOL = 5
 #: bytes/bytearray arguments at least this large travel out of band.
 OOB_THRESHOLD = 64 * 1024
 
 
-class SerializationError(TypeError):
+class SerializationError(HpcmeshError, TypeError):
     """An argument or result could not be pickled; names what and why."""
 
 

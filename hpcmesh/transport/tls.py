@@ -28,6 +28,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from ..errors import HpcmeshError
 
 if TYPE_CHECKING:
     import ssl      # imported when TLS is used: it costs ~6 ms at startup
@@ -38,7 +39,7 @@ ENV_CERT = "HPCMESH_TLS_CERT"
 ENV_KEY = "HPCMESH_TLS_KEY"
 
 
-class TLSConfigError(ValueError):
+class TLSConfigError(HpcmeshError, ValueError):
     """The TLS settings cannot work; says which file or value and what is expected."""
 
 

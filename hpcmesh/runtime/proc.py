@@ -19,6 +19,7 @@ from ..transport.addresses import secret_from_env
 from .actor_services import ActorServices
 from .bootstrap import PROCESS_NAME_VAR
 from .future import register_loop_thread
+from .lease_watchdog import LeaseWatchdog
 from .tuning import tune_malloc
 from .loop import new_event_loop
 from .node import Node, NodeRef, set_current_node
@@ -44,6 +45,22 @@ class ProcRuntime:
         })
         node.on_peer_closed.append(self._on_peer_closed)
         node.on_peer_hello.append(self._on_peer_hello)
+        self._controller_seen = False
+        # the lease again, on a thread: it holds while an endpoint blocks the loop
+        self.watchdog = LeaseWatchdog(grace, self.controller_fd,
+                                      what=f"hpcmesh proc {node.name}").start()
+
+    def controller_fd(self) -> int | None:
+        """The socket fd of the connection to the controller now (the watchdog's thread
+        reads it): None before the first hello, -1 while there is none."""
+        p = self.node.peers.get(self.controller.node_id)
+        conn = p.conn if p is not None else None
+        if conn is None:
+            return -1 if self._controller_seen else None
+        try:
+            return conn.sock.fileno()
+        except (OSError, AttributeError):
+            return -1
 
     # -- lease --------------------------------------------------------------------
     def _on_peer_closed(self, node, peer_id, exc) -> None:
@@ -54,6 +71,8 @@ class ProcRuntime:
             self._lease_timer = node.loop.call_later(self.grace, self._lease_expired)
 
     def _on_peer_hello(self, node, ref, info, conn) -> None:
+        if ref.node_id == self.controller.node_id:
+            self._controller_seen = True
         if ref.node_id == self.controller.node_id and self._lease_timer is not None:
             self._lease_timer.cancel()
             self._lease_timer = None

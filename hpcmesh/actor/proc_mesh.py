@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import socket
+import sys
 import uuid
 
 from ..runtime.actor_services import ActorServices
@@ -16,7 +17,7 @@ from ..runtime.client import ProcRecord, current_or_client_node, existing_client
 from ..runtime.context import Rendezvous
 from ..runtime.errors import MeshStoppedError
 from ..runtime.future import Future, completed, gather, on_runtime_thread
-from ..runtime.node import Node
+from ..runtime.node import Node, NodeRef
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization
@@ -27,7 +28,10 @@ from .mesh_view import MeshView, as_asyncio, chain, chain_any, spawning_actor
 
 #: Seconds ProcMesh.stop() waits for a clean exit before SIGTERM, then SIGKILL.
 DEFAULT_STOP_GRACE = env_number("HPCMESH_STOP_GRACE", 5)
-LAUNCH_WAIT = 60.0      # stop() of a mesh still starting waits this long for the agents
+LAUNCH_WAIT = 60.0
+#: What a host agent's stop_procs takes beyond the grace (2 s after SIGTERM, 5 s after
+#: SIGKILL) plus 5 s for the answer to travel: past it, stop() gives up on that agent.
+STOP_PROCS_SLACK = 12.0      # stop() of a mesh still starting waits this long for the agents
 log = logging.getLogger("hpcmesh.actor")
 
 
@@ -169,7 +173,23 @@ class ProcMesh(MeshView):
             for r in recs:
                 g = left if r.node is not None else 0.0
                 calls.setdefault((r.agent.node_id, g), (r.agent, [], g))[1].append(r.name)
-            results = await asyncio.gather(*(as_asyncio(node.rpc(a, "stop_procs", names, g))
+            async def stop_procs(agent: NodeRef, names: list[str], g: float):
+                # the agent takes at most g, then 2 s after SIGTERM, then 5 s after SIGKILL;
+                # an agent that is stopped (SIGSTOP) or hung would keep stop() for ever
+                bound = g + STOP_PROCS_SLACK
+                try:
+                    return await asyncio.wait_for(
+                        as_asyncio(node.rpc(agent, "stop_procs", names, g)), bound)
+                except asyncio.TimeoutError:
+                    hosts = sorted({r.host or "?" for r in recs if r.name in names})
+                    msg = (f"hpcmesh: stopping {st.name!r}: the host agent on "
+                           f"{', '.join(hosts)} did not answer within {bound:g} s (stopped, "
+                           f"hung or cut off?); gave up on {len(names)} process(es): "
+                           f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+                    log.warning("%s", msg)
+                    print(msg, file=sys.stderr, flush=True)
+                    return {n: None for n in names}
+            results = await asyncio.gather(*(stop_procs(a, names, g)
                                              for a, names, g in calls.values()),
                                            return_exceptions=True)
             codes = {}

@@ -28,6 +28,10 @@ from .zygote import ZygoteClient, ZygoteProcess
 log = logging.getLogger("hpcmesh.agent")
 
 
+#: How many exit codes of ended processes an agent keeps for a later stop_procs.
+EXITED_KEPT = 4096
+
+
 @dataclass
 class _Proc:
     name: str
@@ -50,6 +54,9 @@ class HostAgent:
         self.advertise_host = advertise_host or "127.0.0.1"
         self.log_dir = log_dir or os.path.join(os.environ.get("HPCMESH_LOG_DIR", ".hpcmesh/logs"))
         self.procs: dict[str, _Proc] = {}
+        # exit codes of processes that ended before anyone asked to stop them: stop_procs
+        # reports them too (bounded: the oldest are forgotten first)
+        self.exited: dict[str, int | None] = {}
         self._by_pid: dict[int, _Proc] = {}      # zygote-forked processes, by pid
         self._zygote: ZygoteClient | None = None
         self._zygote_env: dict[str, str] = {}
@@ -315,12 +322,16 @@ class HostAgent:
             except Exception:  # noqa: BLE001
                 pass
         self.procs.pop(p.name, None)
+        self.exited[p.name] = p.returncode
+        while len(self.exited) > EXITED_KEPT:
+            self.exited.pop(next(iter(self.exited)))
 
     # -- stopping -------------------------------------------------------------------
     async def stop_procs(self, names: list[str], grace: float = 5.0) -> dict:
         """Stop processes: wait up to ``grace`` for them to exit (the controller has asked
         them to), then SIGTERM, then SIGKILL; returns their exit codes."""
         procs = [self.procs[n] for n in names if n in self.procs]
+        gone = {n: self.exited[n] for n in names if n not in self.procs and n in self.exited}
         await self._wait_exited(procs, grace)
         for sig, wait in ((signal.SIGTERM, min(max(grace, 0.5), 2.0)), (signal.SIGKILL, 5.0)):
             left = [p for p in procs if p.returncode is None]
@@ -333,7 +344,7 @@ class HostAgent:
         for p in procs:
             if p.returncode is None:
                 log.error("process %s (pid %d) did not die after SIGKILL", p.name, p.popen.pid)
-        return {p.name: p.returncode for p in procs}
+        return {**gone, **{p.name: p.returncode for p in procs}}
 
     @staticmethod
     async def _wait_exited(procs: list[_Proc], timeout: float) -> None:

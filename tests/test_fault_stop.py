@@ -1,0 +1,85 @@
+"""stop() has an upper bound and reports every member (real processes, SIGSTOP).
+
+A host agent that does not answer (stopped with SIGSTOP, hung) used to keep
+``ProcMesh.stop()`` waiting for ever; a member that had exited before the stop was left out
+of its result.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from proc_helpers import alive, wait_gone
+
+from hpcmesh.actor import Actor, attach_to_workers, endpoint, this_host
+from hpcmesh.actor.proc_mesh import STOP_PROCS_SLACK
+
+
+class Pid(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def leave(self) -> None:
+        os._exit(0)
+
+
+def _start_worker(tmp_path, secret: bytes) -> tuple[subprocess.Popen, str]:
+    ready = tmp_path / "agent.addr"
+    w = subprocess.Popen(
+        [sys.executable, "-c", "from hpcmesh.runtime.worker import run_worker_loop_forever as f; "
+                               f"f('tcp://127.0.0.1:0', grace=30, ready_file={str(ready)!r})"],
+        env=dict(os.environ, HPCMESH_SECRET=secret.hex()), start_new_session=True)
+    deadline = time.monotonic() + 20
+    while not (ready.exists() and ready.read_text().endswith("\n")):
+        assert w.poll() is None and time.monotonic() < deadline, "the agent never got ready"
+        time.sleep(0.05)
+    return w, ready.read_text().split()[0]
+
+
+def test_stop_gives_up_on_an_agent_that_does_not_answer(tmp_path, capfd):
+    secret = os.urandom(32)
+    w, addr = _start_worker(tmp_path, secret)
+    pids: list[int] = []
+    try:
+        procs = attach_to_workers([addr], secret=secret).spawn_procs(per_host={"gpus": 2})
+        pids = procs.spawn("pid", Pid).pid.call().get(timeout=60).values()
+        os.kill(w.pid, signal.SIGSTOP)              # the agent: alive, but answers nothing
+        t0 = time.monotonic()
+        codes = procs.stop(grace=0.5).get(timeout=0.5 + STOP_PROCS_SLACK + 20)
+        took = time.monotonic() - t0
+        err = capfd.readouterr().err
+        with capfd.disabled():
+            print(f"\nstop() returned {took:.1f} s after the agent was SIGSTOPped: {codes}")
+        assert took < 0.5 + STOP_PROCS_SLACK + 5
+        assert len(codes) == 2 and set(codes.values()) == {None}      # gave up on both
+        assert "did not answer within" in err and "gave up on 2 process(es)" in err
+        # the processes were asked themselves and have exited meanwhile
+        assert wait_gone(pids, 10) == []
+    finally:
+        if w.poll() is None:
+            os.kill(w.pid, signal.SIGCONT)
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait(timeout=10)
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_stop_reports_a_member_that_had_exited_before_it():
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    mesh = procs.spawn("pid", Pid)
+    pids = mesh.pid.call().get(timeout=60).values()
+    for r in procs._state.records:
+        r.stopping = True                   # the exit below is on purpose: no supervision noise
+    mesh.slice(gpus=0).leave.broadcast()
+    assert wait_gone(pids[:1], 10) == []
+    time.sleep(0.3)                          # its agent has seen the exit
+    codes = procs.stop().get(timeout=30)
+    assert sorted(codes) == sorted(r.name for r in procs._state.records), codes
+    assert list(codes.values()) == [0, 0]

@@ -85,7 +85,7 @@ from .runtime.client import ClientRuntime, ProcRecord
 from .runtime.errors import SupervisionError
 from .runtime.node import Node, NodeRef, set_current_node
 from .runtime.proc import ProcRuntime
-from .settings import env_number
+from .settings import env_number, log_level
 from .shapes import Extent, Point, Shape
 from .transport.addresses import new_secret
 from .errors import HpcmeshError
@@ -594,7 +594,7 @@ class _Rank:
                 print(f"hpcmesh.mpi: {problem}", file=sys.stderr, flush=True)
             return self._finish(2)
         grace = args.grace if args.grace is not None else \
-            env_number("HPCMESH_LEASE_GRACE", 10)
+            env_number("HPCMESH_LEASE_GRACE", 10, finite=True)
         # 2. a proc node on every rank
         error = None
         try:
@@ -743,7 +743,7 @@ class _Rank:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse_args(list(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
+    logging.basicConfig(level=log_level(),
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         import faulthandler

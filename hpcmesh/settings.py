@@ -1,8 +1,9 @@
-"""Numeric ``HPCMESH_*`` settings read from the environment.
+"""``HPCMESH_*`` settings read from the environment: numbers, on/off flags, choices.
 
 A mistyped value should stop the program with a message that names the variable and what
-it accepts, not with Python's bare "could not convert string to float". Pure: imports
-nothing from hpcmesh, so every layer may use it."""
+it accepts, not with Python's bare "could not convert string to float" (or, for a flag,
+be taken silently as "on"). Every ``HPCMESH_*`` setting is read through one of these.
+Pure: imports nothing from hpcmesh, so every layer may use it."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from typing import Mapping
 
 def env_number(name: str, default: float, *, unit: str = "seconds", minimum: float = 0.0,
                maximum: float = float("inf"), note: str = "", integer: bool = False,
-               env: Mapping[str, str] | None = None) -> float:
+               finite: bool = False, env: Mapping[str, str] | None = None) -> float:
     """``float(env[name])`` (``os.environ`` by default), or ``default`` when the variable
     is unset or empty. ``ValueError`` naming the variable if it is not a number from
-    ``minimum`` to ``maximum`` (a whole one with ``integer``); ``note`` is added to that
-    message (what 0 means, say)."""
+    ``minimum`` to ``maximum`` (a whole one with ``integer``; not ``inf`` with ``finite``,
+    for settings where "never" means nothing); ``note`` is added to that message (what 0
+    means, say)."""
     raw = (os.environ if env is None else env).get(name, "")
     if raw.strip() == "":
         return float(default)
@@ -27,10 +29,64 @@ def env_number(name: str, default: float, *, unit: str = "seconds", minimum: flo
         value = float("nan")
     if integer and not (math.isfinite(value) and value.is_integer()):
         value = float("nan")                   # 2.5 arenas: refused like a typo
+    if finite and math.isinf(value):
+        value = float("nan")
     if not minimum <= value <= maximum:        # also refuses nan
         bound = f">= {minimum:g}" if maximum == float("inf") else \
             f"from {minimum:g} to {maximum:g}"
+        if finite and maximum == float("inf"):
+            bound += " and finite"             # "never" means nothing for this setting
         extra = f" ({note})" if note else ""
         kind = "a whole number" if integer else "a number"
         raise ValueError(f"{name} must be {kind} of {unit} {bound}{extra}, not {raw!r}")
     return value
+
+
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool, *, env: Mapping[str, str] | None = None) -> bool:
+    """An on/off setting: 1/true/yes/on or 0/false/no/off (any case), ``default`` when
+    unset or empty; anything else is a ``ValueError`` naming the variable."""
+    raw = (os.environ if env is None else env).get(name, "")
+    value = raw.strip().lower()
+    if value == "":
+        return default
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(f"{name} must be 1 or 0 (or true/false, yes/no, on/off), not {raw!r}")
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...], *,
+               env: Mapping[str, str] | None = None) -> str:
+    """One of ``choices`` (compared without case, returned as spelled there), ``default``
+    when unset or empty; anything else is a ``ValueError`` naming the variable."""
+    raw = (os.environ if env is None else env).get(name, "")
+    if raw.strip() == "":
+        return default
+    for choice in choices:
+        if raw.strip().lower() == choice.lower():
+            return choice
+    raise ValueError(f"{name} must be one of {', '.join(choices)}, not {raw!r}")
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level(env: Mapping[str, str] | None = None) -> str:
+    """``HPCMESH_LOG_LEVEL``: the logging level of every hpcmesh process (default WARNING)."""
+    return env_choice("HPCMESH_LOG_LEVEL", "WARNING", LOG_LEVELS, env=env)
+
+
+def check_process_settings(env: Mapping[str, str] | None = None) -> None:
+    """Read, once, every setting the processes a controller starts will read at their
+    start, so that a typo fails the user's program with its name instead of every
+    process it starts."""
+    log_level(env)
+    for flag in ("HPCMESH_ZYGOTE", "HPCMESH_UVLOOP", "HPCMESH_MALLOC_TUNE",
+                 "HPCMESH_FOLLOW_CALLER"):
+        env_flag(flag, True, env=env)
+    env_number("HPCMESH_LEASE_GRACE", 10, finite=True, env=env)

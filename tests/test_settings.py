@@ -60,3 +60,48 @@ def test_malloc_arenas_setting_is_checked_where_the_client_starts():
                          text=True, timeout=60)
     assert out.returncode != 0
     assert "HPCMESH_MALLOC_ARENAS must be a whole number of malloc arenas" in out.stderr
+
+
+def test_flags_take_the_usual_spellings_and_refuse_the_rest():
+    from hpcmesh.settings import env_flag
+    for raw, want in (("1", True), ("on", True), ("TRUE", True), ("yes", True), ("0", False),
+                      ("off", False), ("False", False), ("no", False), ("", True)):
+        assert env_flag("HPCMESH_X", True, env={"HPCMESH_X": raw}) is want, raw
+    for raw in ("maybe", "2", "enabled"):
+        with pytest.raises(ValueError, match=rf"HPCMESH_X must be 1 or 0 \(or true/false, "
+                                             rf"yes/no, on/off\), not '{raw}'"):
+            env_flag("HPCMESH_X", True, env={"HPCMESH_X": raw})
+
+
+def test_a_choice_names_what_it_accepts():
+    from hpcmesh.settings import log_level
+    assert log_level({}) == "WARNING" and log_level({"HPCMESH_LOG_LEVEL": "debug"}) == "DEBUG"
+    with pytest.raises(ValueError, match="HPCMESH_LOG_LEVEL must be one of DEBUG, INFO, "
+                                         "WARNING, ERROR, CRITICAL, not 'LOUD'"):
+        log_level({"HPCMESH_LOG_LEVEL": "LOUD"})
+
+
+def test_inf_is_refused_where_never_means_nothing():
+    with pytest.raises(ValueError, match=r"HPCMESH_LEASE_GRACE must be a number of seconds "
+                                         r">= 0 and finite, not 'inf'"):
+        env_number("HPCMESH_LEASE_GRACE", 10, finite=True, env={"HPCMESH_LEASE_GRACE": "inf"})
+    assert env_number("HPCMESH_X", 1, finite=True, env={"HPCMESH_X": "1e9"}) == 1e9
+
+
+@pytest.mark.parametrize("var, raw, says", [
+    ("HPCMESH_LOG_LEVEL", "LOUD", "HPCMESH_LOG_LEVEL must be one of DEBUG"),
+    ("HPCMESH_ZYGOTE", "maybe", "HPCMESH_ZYGOTE must be 1 or 0"),
+    ("HPCMESH_UVLOOP", "yes please", "HPCMESH_UVLOOP must be 1 or 0"),
+    ("HPCMESH_LEASE_GRACE", "inf", "HPCMESH_LEASE_GRACE must be a number of seconds >= 0 and "
+                                   "finite"),
+])
+def test_a_bad_process_setting_fails_the_controller_with_its_name(var, raw, says):
+    # before: every process the controller started failed (LOG_LEVEL), or the value was
+    # taken as "on" (flags) or as "never" (inf)
+    code = ("from hpcmesh.actor import this_host\n"
+            "procs = this_host().spawn_procs(per_host={'gpus': 1})\n"
+            "print('spawned', procs.initialized.get(timeout=30))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **{var: raw}),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "spawned" not in out.stdout, out.stdout + out.stderr
+    assert says in out.stderr and f"'{raw}'" in out.stderr

@@ -27,7 +27,7 @@ from .actor_mesh import ActorMesh, ActorMeshState, stop_actor_mesh
 from .mesh_view import MeshView, as_asyncio, chain, chain_any, spawning_actor
 
 #: Seconds ProcMesh.stop() waits for a clean exit before SIGTERM, then SIGKILL.
-DEFAULT_STOP_GRACE = env_number("HPCMESH_STOP_GRACE", 5)
+DEFAULT_STOP_GRACE = env_number("HPCMESH_STOP_GRACE", 5, finite=True)
 LAUNCH_WAIT = 60.0
 #: What a host agent's stop_procs takes beyond the grace (2 s after SIGTERM, 5 s after
 #: SIGKILL) plus 5 s for the answer to travel: past it, stop() gives up on that agent.

@@ -81,7 +81,7 @@ class SlurmAllocation(JobTrait):
         self.cpus_per_task = cpus_per_task
         self.srun_args = list(srun_args)
         self.python_exe = python_exe or sys.executable
-        self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 30)
+        self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 30, finite=True)
         # no queue here (the allocation is ours): one limit, on the srun step's bring-up
         self.timeout = check_seconds("SlurmAllocation", "timeout", timeout)
         self.log_dir = os.path.abspath(log_dir)

@@ -142,7 +142,7 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
     if attach and initial_wait is None:
         # if the client is gone before we started, do not hold the nodes
         initial_wait = args.grace if args.grace is not None else env_number(
-            "HPCMESH_LEASE_GRACE", 30, env=env)
+            "HPCMESH_LEASE_GRACE", 30, finite=True, env=env)
     reason = run_agent(listen, attach, grace=args.grace, initial_wait=initial_wait,
                        advertise_host=ips[0], ready_file=ready)
     print(f"hpcmesh agent on {socket.gethostname()} done: {reason}", file=sys.stderr, flush=True)
@@ -396,7 +396,7 @@ class SlurmJob(JobTrait):
         elif not os.path.isabs(spec.log_dir):
             spec = dataclasses.replace(spec, log_dir=os.path.abspath(spec.log_dir))
         self.spec = spec
-        self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 60)
+        self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 60, finite=True)
         self.timeout, self.job_start_timeout = check_start_limits(
             "SlurmJob", "timeout", timeout, job_start_timeout)
         self.progress = progress

@@ -45,7 +45,7 @@ import sys
 import time
 from typing import Sequence
 
-from ..settings import env_number
+from ..settings import env_number, log_level
 from ..transport import tls
 from ..transport.addresses import secret_from_env
 from .loop import new_event_loop
@@ -79,7 +79,7 @@ def run_agent(listen: str | Sequence[str] = "tcp://0.0.0.0:0", attach: Sequence[
         raise ValueError("the worker needs the job secret: set HPCMESH_SECRET (hex) or "
                          "HPCMESH_SECRET_FILE (a file of mode 0600), or pass secret=")
     listen = [listen] if isinstance(listen, str) else list(listen)
-    grace = env_number("HPCMESH_LEASE_GRACE", 30) if grace is None else grace
+    grace = env_number("HPCMESH_LEASE_GRACE", 30, finite=True) if grace is None else grace
     notice_file = notice_file or os.environ.get(NOTICE_VAR)
     tls_settings = tls.settings(ca)
     if tls_settings is not None:
@@ -133,5 +133,5 @@ def configure_logging() -> None:
     """Log to stderr at ``$HPCMESH_LOG_LEVEL`` (default WARNING), for a process that is an
     agent and nothing else (``hpcmesh worker``, the submitit task); ``run_agent`` itself
     leaves logging alone, since a program may call it under its own logging setup."""
-    logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
+    logging.basicConfig(level=log_level(),
                         format="%(levelname)s %(name)s: %(message)s")

@@ -15,7 +15,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..settings import env_number
+from ..settings import check_process_settings, env_number
 from ..transport.addresses import new_secret
 from .errors import SupervisionError, describe_exit
 from . import placement
@@ -77,6 +77,8 @@ class ClientRuntime:
     def __init__(self, secret: bytes | None = None, node: Node | None = None):
         self._follower: placement.CallerFollower | None = None
         if node is None:
+            # what the processes it starts will read: a typo fails here, named, not in each
+            check_process_settings()
             tune_malloc(arena_max=1)     # before the loop thread starts: see tuning.py
             self.secret = secret or new_secret()
             self.node = Node.start_in_thread(self.secret, role="client", name="client")
@@ -93,7 +95,7 @@ class ClientRuntime:
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
-        self.lease_grace = env_number("HPCMESH_LEASE_GRACE", 10)
+        self.lease_grace = env_number("HPCMESH_LEASE_GRACE", 10, finite=True)
         self._print_lock = threading.Lock()
         set_current_node(self.node)
         atexit.register(self.shutdown)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
                         build_environment)
+from ..settings import env_flag
 from . import placement
 from .errors import describe_exit
 from .messages import EVENT_EXIT, EVENT_LOG, deliver_msg
@@ -60,7 +61,7 @@ class HostAgent:
         self._by_pid: dict[int, _Proc] = {}      # zygote-forked processes, by pid
         self._zygote: ZygoteClient | None = None
         self._zygote_env: dict[str, str] = {}
-        if os.environ.get("HPCMESH_ZYGOTE", "1") != "0":
+        if env_flag("HPCMESH_ZYGOTE", True):
             node.call_soon(self._start_zygote)
         self._net_env: dict[str, str] | None = None
         node.services.update({

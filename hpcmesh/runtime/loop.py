@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 
+from ..settings import env_flag
+
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop when installed and not disabled (HPCMESH_UVLOOP=0), else asyncio's default."""
-    if os.environ.get("HPCMESH_UVLOOP", "1") != "0":
+    if env_flag("HPCMESH_UVLOOP", True):
         try:
             import uvloop
             return uvloop.new_event_loop()

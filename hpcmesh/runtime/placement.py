@@ -30,6 +30,8 @@ import os
 import sys
 import threading
 
+from ..settings import env_flag
+
 log = logging.getLogger("hpcmesh.placement")
 
 
@@ -62,7 +64,7 @@ if hasattr(os, "register_at_fork"):
 
 def enabled() -> bool:
     """Whether the runtime thread should follow its callers (Linux, not turned off)."""
-    return _getcpu is not None and os.environ.get("HPCMESH_FOLLOW_CALLER", "1") != "0"
+    return _getcpu is not None and env_flag("HPCMESH_FOLLOW_CALLER", True)
 
 
 class CallerFollower:

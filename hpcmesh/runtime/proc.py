@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from ..settings import env_number
+from ..settings import env_number, log_level
 from ..transport.addresses import secret_from_env
 from .actor_services import ActorServices
 from .bootstrap import PROCESS_NAME_VAR
@@ -113,7 +113,7 @@ async def _amain() -> int:
     controller_addrs = [a for a in env.get("HPCMESH_CONTROLLER", "").split(",") if a]
     controller = NodeRef(env.get("HPCMESH_CONTROLLER_ID", ""), tuple(controller_addrs))
     host = env.get("HPCMESH_ADVERTISE_HOST", "127.0.0.1")
-    grace = env_number("HPCMESH_LEASE_GRACE", 10, env=env)
+    grace = env_number("HPCMESH_LEASE_GRACE", 10, env=env, finite=True)
     loop = asyncio.get_running_loop()
     register_loop_thread(loop)
     node = Node(secret, loop, role="proc", name=name,
@@ -148,7 +148,7 @@ def main() -> None:
         if os.environ.get("HPCMESH_LOG_CHANNEL"):
             sys.stdout.reconfigure(line_buffering=True)
             sys.stderr.reconfigure(line_buffering=True)
-        logging.basicConfig(level=os.environ.get("HPCMESH_LOG_LEVEL", "WARNING"),
+        logging.basicConfig(level=log_level(),
                             format="%(levelname)s %(name)s: %(message)s")
         tune_malloc()
         loop = new_event_loop()

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 
-from ..settings import env_number
+from ..settings import env_flag, env_number
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -39,7 +38,7 @@ def tune_malloc(mmap_threshold: int = 256 * 1024**2, trim_threshold: int = 1024*
     """Apply once per process; True if glibc accepted it. ``arena_max`` > 0 limits
     glibc's arenas (for a process whose transport loop is not its main thread)."""
     global _done
-    if _done or os.environ.get("HPCMESH_MALLOC_TUNE", "1") == "0":
+    if _done or not env_flag("HPCMESH_MALLOC_TUNE", True):
         return False
     _done = True
     name = ctypes.util.find_library("c")

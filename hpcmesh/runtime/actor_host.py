@@ -263,9 +263,9 @@ class ActorHost:
                 self._busy = True
                 self._wake_mailbox()
                 return
-        except (KeyboardInterrupt, SystemExit):
-            raise
         except BaseException as e:  # noqa: BLE001 - reported to the caller
+            # SystemExit and KeyboardInterrupt too: raised by an endpoint they are its
+            # error (as in a sync endpoint or from the mailbox), not the process's end
             self._fail(endpoint, origin, reply, e)
         else:
             if reply is not None:

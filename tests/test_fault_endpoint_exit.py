@@ -1,0 +1,47 @@
+"""sys.exit() or KeyboardInterrupt inside an endpoint fails that call, not the process
+(real processes). Before, an async endpoint run inline took its whole process down with it;
+a sync one already gave an ActorError."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from hpcmesh.actor import Actor, ActorError, endpoint, this_host
+
+
+class Quitter(Actor):
+    @endpoint
+    async def exit_async(self, code: int) -> None:
+        sys.exit(code)
+
+    @endpoint
+    async def interrupt_async(self) -> None:
+        raise KeyboardInterrupt
+
+    @endpoint
+    def exit_sync(self, code: int) -> None:
+        sys.exit(code)
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+
+@pytest.fixture(scope="module")
+def quitter():
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    yield procs.spawn("quitter", Quitter)
+    procs.stop().get(timeout=30)
+
+
+@pytest.mark.parametrize("call, kind", [("exit_async", "SystemExit"),
+                                        ("interrupt_async", "KeyboardInterrupt"),
+                                        ("exit_sync", "SystemExit")])
+def test_an_endpoint_that_exits_fails_its_call_and_the_actor_goes_on(quitter, call, kind):
+    args = (3,) if "exit" in call else ()
+    with pytest.raises(ActorError, match=kind) as ei:
+        getattr(quitter, call).call_one(*args).get(timeout=30)
+    assert ei.value.remote_type == kind and ei.value.endpoint == call
+    assert quitter.ping.call_one().get(timeout=30) == "pong"

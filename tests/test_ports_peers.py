@@ -46,7 +46,7 @@ def test_losing_a_peer_fails_what_waits_on_it_and_nothing_else():
     for fut in waiting:
         with pytest.raises(ConnectionError, match="b is gone"):
             fut.result()
-    assert not other.done() and events == [] and peers.load("b") == 0
+    assert not other.done() and events == [] and not p.inflight
     # a reply port opened after the loss fails at once instead of waiting forever
     late, _ = ports.expect_reply(p)
     with pytest.raises(ConnectionError, match="b is gone"):
@@ -62,3 +62,14 @@ def test_the_peer_table_learns_addresses_and_names_unknown_nodes_by_id():
     peers.peer(NodeRef("x", ("tcp://other:2",)))                # known addresses are kept
     assert peers.ref_of("x").addresses == ("tcp://h:1",)
     assert peers.values() == [p] and peers.load("nobody") == 0
+
+
+def test_a_lost_peer_weighs_more_than_any_live_one():
+    from hpcmesh.runtime.peers import LOST_LOAD
+    ports, peers = PortTable(), PeerTable()
+    busy = peers.peer(NodeRef("busy", ()))
+    for _ in range(1000):
+        ports.expect_reply(busy)
+    gone = peers.peer(NodeRef("gone", ()))
+    gone.lost = ConnectionError("gone")
+    assert peers.load("busy") == 1000 < peers.load("gone") == LOST_LOAD

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from ..transport.connection import Connection
 
 
+#: The load of a lost node: more than any number of calls in flight to a live one.
+LOST_LOAD = 1 << 40
+
+
 @dataclass(slots=True)
 class Peer:
     ref: NodeRef | None
@@ -61,9 +65,15 @@ class PeerTable:
         return p.ref if p is not None and p.ref is not None else NodeRef(node_id, ())
 
     def load(self, node_id: str) -> int:
-        """Replies still awaited from ``node_id``."""
+        """Replies still awaited from ``node_id``; a node known to be lost weighs more than
+        any live one (``choose()`` then picks it only when every member is lost, and fails
+        with why)."""
         p = self.by_id.get(node_id)
-        return len(p.inflight) if p is not None else 0
+        if p is None:
+            return 0
+        if p.lost is not None and not p.connected:
+            return LOST_LOAD
+        return len(p.inflight)
 
     def connected(self, node_id: str) -> bool:
         p = self.by_id.get(node_id)

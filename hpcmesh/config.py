@@ -183,11 +183,11 @@ class _Doc:
     def __init__(self, text: str, source: str) -> None:
         self.source = source
         self.lines: dict[str, int] = {}
-        self._loader = yaml.SafeLoader(text)
         try:
+            self._loader = yaml.SafeLoader(text)     # refuses a NUL byte here already
             self.root = self._loader.get_single_node()
         except yaml.YAMLError as exc:
-            message, line = describe_yaml_error(exc)
+            message, line = describe_yaml_error(exc, text)
             raise ConfigError(message, source=source, line=line) from None
         if self.root is not None:
             try:

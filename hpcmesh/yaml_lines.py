@@ -24,8 +24,14 @@ class DuplicateKey(HpcmeshError):
         self.path, self.line, self.first_line = path, line, first_line
 
 
-def describe_yaml_error(exc: yaml.YAMLError) -> tuple[str, int | None]:
-    """``("invalid YAML: ...", 1-based line or None)`` for a parse error."""
+def describe_yaml_error(exc: yaml.YAMLError, text: str = "") -> tuple[str, int | None]:
+    """``("invalid YAML: ...", 1-based line or None)`` for a parse error (``text``: the
+    document, for the line of a character the reader refuses)."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        # a NUL byte, a control character: YAML refuses it before parsing anything
+        line = text.count("\n", 0, exc.position) + 1 if text else None
+        return (f"invalid YAML: unacceptable character #x{exc.character:04x} "
+                f"({exc.reason})"), line
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or str(exc)

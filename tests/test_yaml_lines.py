@@ -46,3 +46,17 @@ def test_messages():
     assert allowed_suffix(["local", "slurm"], "slrum") == \
         "; allowed: local, slurm (did you mean 'slurm'?)"
     assert allowed_suffix([], "x") == ""
+
+
+def test_a_nul_byte_is_a_located_error_in_hosts_files_and_job_specs(tmp_path):
+    # before: yaml's bare ReaderError, with neither the file nor the line
+    from hpcmesh.config import ConfigError, load_hosts_config
+    from hpcmesh.slurm.spec import SpecError, parse_yaml_with_lines
+    path = tmp_path / "hosts.yaml"
+    path.write_bytes(b"scheduler: local\n\x00oops: 1\n")
+    with pytest.raises(ConfigError, match=r"hosts\.yaml:2: invalid YAML: unacceptable "
+                                          r"character #x0000 \(special characters"):
+        load_hosts_config(str(path))
+    with pytest.raises(SpecError, match=r"job\.yaml:3: invalid YAML: unacceptable character "
+                                        r"#x0007"):
+        parse_yaml_with_lines("meshes:\n  a:\n    nodes: 1\x07\n", "job.yaml")

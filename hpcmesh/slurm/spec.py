@@ -109,12 +109,16 @@ def parse_yaml_with_lines(text: str, source: str = "<string>") -> tuple[Any, dic
     Raw text matters because YAML 1.1 reads ``time: 01:30:00`` as the number 5400 and
     ``account: 0123`` as octal; string-typed keys use the text as written.
     """
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)           # refuses a NUL byte here already
+    except yaml.YAMLError as exc:
+        message, line = describe_yaml_error(exc, text)
+        raise SpecError(message, source=source, line=line) from None
     try:
         try:
             root = loader.get_single_node()
         except yaml.YAMLError as exc:
-            message, line = describe_yaml_error(exc)
+            message, line = describe_yaml_error(exc, text)
             raise SpecError(message, source=source, line=line) from None
         if root is None:
             return None, {}, {}

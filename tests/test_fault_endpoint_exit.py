@@ -1,4 +1,5 @@
-"""sys.exit() or KeyboardInterrupt inside an endpoint fails that call, not the process
+"""Mistakes in user code fail that call or that spawn, with what to write instead: sys.exit()
+or KeyboardInterrupt inside an endpoint fails that call, not the process
 (real processes). Before, an async endpoint run inline took its whole process down with it;
 a sync one already gave an ActorError."""
 
@@ -45,3 +46,11 @@ def test_an_endpoint_that_exits_fails_its_call_and_the_actor_goes_on(quitter, ca
         getattr(quitter, call).call_one(*args).get(timeout=30)
     assert ei.value.remote_type == kind and ei.value.endpoint == call
     assert quitter.ping.call_one().get(timeout=30) == "pong"
+
+
+@pytest.mark.parametrize("bad", ["gpus", 8, ["gpus", 2]])
+def test_per_host_that_is_not_a_mapping_says_what_it_takes(bad):
+    # before: "dictionary update sequence element #0 has length 1; 2 is required"
+    with pytest.raises(TypeError, match=r"per_host must be a mapping of dimension names to "
+                                        r"sizes, like per_host=\{'gpus': 8\}"):
+        this_host().spawn_procs(per_host=bad)

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import uuid
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
@@ -68,6 +69,10 @@ class HostMesh(MeshTrait):
                     None = None, name: str | None = None, *,
                     forward_logs: bool = True) -> "ProcMesh":
         """Start processes on every host of this mesh; per-host dims are appended."""
+        if per_host is not None and not isinstance(per_host, Mapping):
+            raise TypeError(f"per_host must be a mapping of dimension names to sizes, like "
+                            f"per_host={{'gpus': 8}}; got {type(per_host).__name__} "
+                            f"{per_host!r}")
         per_host = dict(per_host or {})
         for k, v in per_host.items():
             if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool) or v < 1:

@@ -140,6 +140,20 @@ class Connection:
             log.warning("dropping connection from %s: %s", self.peer, e)
             self.close(e)
             return
+        except MemoryError:
+            # A buffer the peer announced cannot be allocated here. The decoder cannot skip
+            # it (it would try again on every read, for ever, logging each time): close the
+            # connection, so what waits on it fails with this reason instead of hanging.
+            wanted = self._decoder.unallocatable or "?"
+            err = ConnectionClosed(
+                f"out of memory reading from {self.peer}: a frame buffer of {wanted} bytes "
+                f"could not be allocated; the connection is closed (send smaller pieces, or "
+                f"give this process more memory)")
+            log.warning("%s", err)
+            if frames:                    # whole frames read before it still count
+                self._on_frames(self, frames)
+            self.close(err)
+            return
         except OSError as e:        # ssl.SSLError included
             self.close(ConnectionClosed(f"connection to {self.peer} failed: {e}"))
             return
@@ -158,6 +172,8 @@ class Connection:
             if n == 0:
                 return False
             frames.extend(dec.advance(n))
+            if dec.unallocatable:
+                raise MemoryError
             if n < view.nbytes:
                 break
         return True
@@ -182,6 +198,8 @@ class Connection:
                     if n == 0:
                         break
                     frames.extend(dec.advance(n))
+            if dec.unallocatable:
+                raise MemoryError
             if got < _TLS_READ:
                 break
         return True

@@ -183,7 +183,7 @@ class FrameDecoder:
 
     __slots__ = ("_buf", "_start", "_end", "_max_frame", "_max_meta",
                  "_state", "_meta_len", "_lens", "_meta", "_bufs", "_target", "_filled",
-                 "_chunk", "_count", "_ro", "_view")
+                 "_chunk", "_count", "_ro", "_view", "unallocatable")
 
     _S_HEAD, _S_LENS, _S_META, _S_BUFS = range(4)
 
@@ -202,6 +202,8 @@ class FrameDecoder:
         self._meta = b""
         self._bufs: list = []
         self._ro: list[bool] = []                 # per buffer: rebuild as bytes
+        #: Size of a buffer the peer announced that could not be allocated (0: none).
+        self.unallocatable = 0
         self._target: bytearray | bytes | None = None   # direct-read destination
         self._view: memoryview | None = None     # writable view of _target
         self._filled = 0
@@ -314,7 +316,13 @@ class FrameDecoder:
                 size = self._lens[i]
                 avail = self._avail()
                 if size >= DIRECT_READ_THRESHOLD and avail < size:
-                    target, view = alloc_writable(size, self._ro[i])
+                    try:
+                        target, view = alloc_writable(size, self._ro[i])
+                    except MemoryError:
+                        # the frames before it are whole: hand them out; the caller sees
+                        # ``unallocatable`` and closes (this frame cannot be skipped)
+                        self.unallocatable = size
+                        return frames
                     if avail:
                         view[:avail] = memoryview(self._buf)[self._start:self._end]
                     self._start = self._end

@@ -169,12 +169,15 @@ class HostAgent:
                 if popen is None:
                     popen = self._exec(cmd, env, label)
                 p = _Proc(name, popen, events)
+                started.append(p)      # first: a failure while watching it still kills it
                 self._watch(p, log_dir)
-                started.append(p)
                 out.append((name, popen.pid, {s: f.name for s, f in p.logs.items()}))
         except BaseException:
             for p in started:
                 self._kill(p, signal.SIGKILL)
+                for stream, pipe in (("stdout", p.popen.stdout), ("stderr", p.popen.stderr)):
+                    if stream not in p.logs and pipe is not None:
+                        pipe.close()     # nobody reads it: its log could not be opened
             raise
         return out
 
@@ -226,6 +229,16 @@ class HostAgent:
     def _watch(self, p: _Proc, log_dir: str) -> None:
         loop = self.node.loop
         self.procs[p.name] = p
+        # The exit first: if a log file cannot be opened below (out of file descriptors),
+        # the process is killed, and its exit must still be seen and reported.
+        if isinstance(p.popen, ZygoteProcess):
+            self._by_pid[p.popen.pid] = p      # the zygote, its parent, reports the exit
+        else:
+            try:
+                p.pidfd = os.pidfd_open(p.popen.pid)
+                loop.add_reader(p.pidfd, self._on_exit, p)
+            except (AttributeError, OSError):
+                loop.create_task(self._poll_exit(p))
         for stream, pipe in (("stdout", p.popen.stdout), ("stderr", p.popen.stderr)):
             fd = pipe.fileno()
             os.set_blocking(fd, False)
@@ -233,14 +246,6 @@ class HostAgent:
                                   buffering=0)
             p.open_streams += 1
             loop.add_reader(fd, self._on_output, p, stream, pipe)
-        if isinstance(p.popen, ZygoteProcess):
-            self._by_pid[p.popen.pid] = p      # the zygote, its parent, reports the exit
-            return
-        try:
-            p.pidfd = os.pidfd_open(p.popen.pid)
-            loop.add_reader(p.pidfd, self._on_exit, p)
-        except (AttributeError, OSError):
-            loop.create_task(self._poll_exit(p))
 
     def _on_output(self, p: _Proc, stream: str, pipe) -> None:
         try:

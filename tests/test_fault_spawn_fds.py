@@ -1,0 +1,59 @@
+"""A spawn that fails after its process started (a log file that cannot be opened: out of
+file descriptors) kills that process and sees its exit (real processes).
+
+Before, the process was left running, unwatched: its exit was never seen, and ``stop()``
+reported it as "did not die after SIGKILL"."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+import pytest
+from proc_helpers import wait_gone
+
+import hpcmesh.runtime.host_agent as host_agent
+from hpcmesh.actor import this_host
+
+
+def _procs_named(prefix: str) -> list[int]:
+    """Live processes of ours whose environment names a process of mesh ``prefix``."""
+    want = f"HPCMESH_PROCESS_NAME={prefix}-".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != b"Z" and any(v.startswith(want) for v in env):
+            out.append(int(name))
+    return out
+
+
+def test_a_spawn_whose_log_file_cannot_be_opened_leaves_no_process(monkeypatch, tmp_path):
+    real_open = open
+
+    def no_fds_for_logs(path, *args, **kwargs):
+        if str(path).endswith((".out", ".err")) and "fdtest" in str(path):
+            raise OSError(errno.EMFILE, "Too many open files", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(host_agent, "open", no_fds_for_logs, raising=False)
+    procs = this_host().spawn_procs(per_host={"gpus": 2}, name="fdtest")
+    with pytest.raises(Exception, match="Too many open files"):
+        procs.initialized.get(timeout=30)
+    deadline = time.monotonic() + 10
+    while _procs_named("fdtest") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _procs_named("fdtest")
+    assert left == [], f"processes of the failed spawn still running: {left}"
+    monkeypatch.undo()
+    codes = procs.stop(grace=0.5).get(timeout=30)
+    assert None not in codes.values(), codes      # none "did not die after SIGKILL"
+    assert wait_gone(left, 1) == []

@@ -57,6 +57,14 @@ FANIN_POLL_WINDOW = env_number("HPCMESH_FANIN_POLL_US", 250, unit="microseconds"
                                note="0 turns the polling off") * 1e-6
 
 
+def describe_peer(node_id: str, info: dict | None) -> str:
+    """``name (host, pid N)`` of a peer from its hello, for messages a user reads."""
+    if not info:
+        return f"node {node_id[:8]}"
+    return (f"{info.get('name') or info.get('role') or 'node ' + node_id[:8]} "
+            f"({info.get('host', '?')}, pid {info.get('pid', '?')})")
+
+
 class Node:
     """The per-process runtime. Create with ``Node.start_in_thread`` (controller) or
     construct inside a running loop (workers)."""
@@ -587,10 +595,7 @@ class Node:
             return "this process"
         p = self._peers.get(node_id)
         info = p.conn.info.get("peer_info") if p is not None and p.conn is not None else None
-        if not info:
-            return f"node {node_id[:8]}"
-        return (f"{info.get('name') or info.get('role') or 'node ' + node_id[:8]} "
-                f"({info.get('host', '?')}, pid {info.get('pid', '?')})")
+        return describe_peer(node_id, info)
 
     def _handle_rpc(self, msg: tuple) -> None:
         _, service, args, reply = msg
@@ -730,8 +735,10 @@ class Node:
                 self._flush_backlog(p)
                 return
         p.conn = None
-        reason = SupervisionError(f"connection to {conn.info.get('peer_info', {}).get('name') or peer_id[:8]} "
-                                  f"({conn.peer}) lost: {exc or 'closed'}")
+        # named by what the peer said in its hello (name, host, pid): conn.peer is only a
+        # socket address, on an accepted connection this node's own
+        reason = SupervisionError(f"connection to {describe_peer(peer_id, conn.info.get('peer_info'))}"
+                                  f" lost: {exc or 'closed'}")
         for cb in list(self.on_peer_closed):
             try:
                 cb(self, peer_id, exc)

@@ -1,0 +1,44 @@
+"""What a user reads when a connection to an actor's process is lost (real processes).
+
+Before, the error named the connection's socket address (on an accepted connection the
+controller's own socket) and no pid: "connection to procs0-... (unix:///tmp/...) lost"."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from hpcmesh.actor import Actor, SupervisionError, endpoint, this_host
+from hpcmesh.runtime.client import client_runtime
+
+
+class Waiter(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def wait(self) -> None:
+        import asyncio
+        await asyncio.sleep(60)
+
+
+def test_a_lost_connection_names_the_process_its_host_and_pid():
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        mesh = procs.spawn("waiter", Waiter)
+        pid = mesh.pid.call_one().get(timeout=30)
+        pending = mesh.wait.call_one()
+        time.sleep(0.3)
+        node = client_runtime().node
+        peer = node._peers[procs._state.records[0].node.node_id]
+        node.call_soon(peer.conn.close, ConnectionResetError("cut"))   # a network cut
+        with pytest.raises(SupervisionError) as ei:
+            pending.get(timeout=10)
+        text = str(ei.value)
+        assert f"pid {pid})" in text and "lost: cut" in text, text
+        assert "unix://" not in text and procs._state.records[0].name in text
+    finally:
+        procs.stop().get(timeout=30)

@@ -42,3 +42,31 @@ def test_a_lost_connection_names_the_process_its_host_and_pid():
         assert "unix://" not in text and procs._state.records[0].name in text
     finally:
         procs.stop().get(timeout=30)
+
+
+def test_a_dial_closed_mid_handshake_is_not_reported_as_a_bad_secret(caplog):
+    # connect_first tries a node's addresses in parallel and closes the losers, often in
+    # their handshake: the listener used to log each as "dropped unauthenticated connection
+    # ... check the job secret" (under actor-to-actor load, many of them)
+    import logging
+    import socket
+
+    from hpcmesh.transport.addresses import new_secret, parse_address
+    from hpcmesh.transport.handshake import Handshake
+
+    caplog.set_level(logging.DEBUG, logger="hpcmesh.transport")
+    node = client_runtime().node
+    for url in node.addresses:
+        a = parse_address(url)
+        s = socket.socket(socket.AF_UNIX) if a.scheme == "unix" else socket.socket()
+        s.connect(a.path if a.scheme == "unix" else (a.host, a.port))
+        s.sendall(Handshake(new_secret(), dialer=True).initial())
+        s.recv(4096)                       # the listener's challenge, then the dialer gives up
+        s.close()
+    deadline = time.monotonic() + 5
+    while caplog.text.count("closed during the handshake") < len(node.addresses) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert caplog.text.count("closed during the handshake") == len(node.addresses)
+    assert "dropped unauthenticated connection" not in caplog.text
+    assert "check the job secret" not in caplog.text

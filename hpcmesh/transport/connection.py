@@ -58,6 +58,11 @@ _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 TLS_HANDSHAKE_BYTE = 0x16
 
 
+class HandshakeClosed(HandshakeError):
+    """The peer closed the connection before the handshake finished (which side had the
+    wrong secret, if any, is known to the dialer)."""
+
+
 class ConnectionClosed(HpcmeshError, ConnectionError):
     """The peer went away (or sent garbage and was dropped)."""
 
@@ -534,7 +539,7 @@ async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: floa
         while not hs.done:
             data = await recv()
             if not data:
-                raise HandshakeError(
+                raise HandshakeClosed(
                     "peer closed the connection during the handshake" + (
                         "" if session is not None else " (if it runs with TLS, give this end "
                         "the same ca= / HPCMESH_TLS_CA; else check the job secret, and that both "
@@ -676,6 +681,15 @@ class Listener:
             leftover, session = await _run_handshake(
                 self.loop, sock, Handshake(self._secret, dialer=False),
                 max(0.0, deadline - self.loop.time()), tls_ctx, server_side=True, first=first)
+        except HandshakeClosed:
+            # A dial that lost a race to another address of this node (connect_first), a
+            # port probe, or a dialer that found our answer signed with another secret: the
+            # dialing side reports which. Nothing for this side's log but a debug line.
+            self._unauthenticated -= 1
+            log.debug("connection from %s on %s closed during the handshake", name,
+                      self.address)
+            sock.close()
+            return
         except (HandshakeError, OSError, asyncio.TimeoutError) as e:
             self._unauthenticated -= 1
             reason = str(e) or type(e).__name__

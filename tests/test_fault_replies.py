@@ -216,3 +216,36 @@ def test_future_get_timeout_forms():
         Future().get(timeout=-1)
     with pytest.raises(TypeError, match=r"Future.get\(timeout='5'\)"):
         Future().get(timeout="5")
+
+
+def test_a_string_too_big_for_a_frame_fails_its_call_not_the_connection():
+    # a plain str rode the batched path unchecked: the caller's decoder refused the frame
+    # (metadata over 256 MiB) and closed the connection, failing every call on it
+    from hpcmesh.actor import Actor, endpoint, this_host
+    from hpcmesh.runtime.messages import ReplyNotSent
+
+    class Big(Actor):
+        @endpoint
+        def big(self, n: int) -> str:
+            return "x" * n
+
+        @endpoint
+        def length(self, s: str) -> int:
+            return len(s)
+
+        @endpoint
+        def ping(self) -> str:
+            return "pong"
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        mesh = procs.spawn("big", Big)
+        with pytest.raises(ReplyNotSent, match=r"over the limit of 268435456 bytes"):
+            mesh.big.call_one(257 * 2**20).get(timeout=120)
+        assert mesh.ping.call_one().get(timeout=30) == "pong"      # same connection, alive
+        with pytest.raises(Exception, match=r"arguments of length could not be sent: .*over "
+                                            r"the limit of 268435456 bytes"):
+            mesh.length.call_one("y" * (257 * 2**20)).get(timeout=120)
+        assert mesh.length.call_one("y" * 2**21).get(timeout=60) == 2**21
+    finally:
+        procs.stop().get(timeout=30)

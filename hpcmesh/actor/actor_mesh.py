@@ -21,6 +21,7 @@ from ..runtime.messages import call_msg
 from ..runtime.node import NodeRef
 from ..shapes import Shape
 from ..transport import serialization
+from ..transport.framing import FrameError
 from ..transport.serialization import is_plain
 
 from .mesh_view import MeshView, chain, chain_any
@@ -178,6 +179,13 @@ class ActorMesh(MeshView):
         msg = call_msg(st.actor_id, endpoint, args, port_id, rank, extent_items)
         try:
             node.send(target, msg, buffers=bufs or [])
+        except FrameError as e:      # too big for any frame: this call fails, named
+            err = serialization.SerializationError(
+                f"the arguments of {endpoint} could not be sent: {e}")
+            if port_id is None:
+                raise err from None
+            node.close_port(port_id)
+            fut.set_exception(err)
         except (SupervisionError, ConnectionError) as e:
             if port_id is not None:
                 node.close_port(port_id)

@@ -114,6 +114,10 @@ class HostMesh(MeshTrait):
         def spawn_all(rdv: Future) -> None:
             """Once host 0 named MASTER_ADDR/PORT, ask every host's agent to start its share."""
             master = rdv.value() if rdv.exception() is None else None
+            if master is None:
+                log.warning("mesh %s: no rendezvous port from host %s (%s); its processes get "
+                            "no MASTER_ADDR/MASTER_PORT", mesh_name,
+                            self._hosts[host_ranks[0]].hostname, rdv.exception())
             answers = []
             for hi, reqs in by_host.items():
                 host = self._hosts[host_ranks[hi]]
@@ -143,7 +147,7 @@ class HostMesh(MeshTrait):
             for r in recs:
                 if r.name in info:
                     r.pid, r.log_paths = info[r.name]
-        node.rpc(first_agent, "reserve_port").add_done_callback(spawn_all)
+        node.rpc(first_agent, "reserve_master_port").add_done_callback(spawn_all)
         state = ProcMeshState(mesh_name, records, gather([r.ready for r in records]), self,
                                launched)
         return ProcMesh(state, Shape.from_extent(extent))

@@ -117,7 +117,7 @@ class ProcMesh(MeshView):
                                   Point(i, extent), rdv, supervisor)
                          for i, n in enumerate(nodes)]
                 return gather(calls).then(lambda _: nodes)
-            return chain_any(node.rpc(nodes[0], "reserve_port", host), spawn_all)
+            return chain_any(node.rpc(nodes[0], "reserve_rendezvous_port", host), spawn_all)
 
         ready = chain(self._state.ready, start)
 

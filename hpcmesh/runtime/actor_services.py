@@ -23,14 +23,18 @@ log = logging.getLogger("hpcmesh.proc")
 
 
 class ActorServices:
-    """``spawn_actor``, ``stop_actors`` and ``reserve_port`` on one node."""
+    """``spawn_actor``, ``stop_actors`` and ``reserve_rendezvous_port`` on one node.
+
+    The names are the node's service names: distinct from the host agent's
+    (``reserve_master_port``), since the controller's node offers both once ``this_proc()``
+    is used, and one name for two signatures made the agent's unreachable there."""
 
     def __init__(self, node: Node):
         self.node = node
         node.services.update({
             "spawn_actor": self.spawn_actor,
             "stop_actors": self.stop_actors,
-            "reserve_port": self.reserve_port,
+            "reserve_rendezvous_port": self.reserve_port,
         })
 
     @classmethod

@@ -66,7 +66,7 @@ class HostAgent:
         self._net_env: dict[str, str] | None = None
         node.services.update({
             "spawn_procs": self.spawn_procs,
-            "reserve_port": self.reserve_port,
+            "reserve_master_port": self.reserve_port,
             "stop_procs": self.stop_procs,
             "host_info": self.host_info,
         })

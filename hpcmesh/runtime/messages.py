@@ -95,6 +95,11 @@ def decode_args(payload: Any, buffers: list) -> tuple[tuple, dict]:
     return payload if type(payload) is tuple else serialization.loads(payload, buffers)
 
 
+#: A message whose pickled size may be over this is checked against the frame limits
+#: (``framing.check_frame_limits``) before it is queued; below it no frame can break them.
+CHECK_LIMITS_OVER = 1 << 20
+
+
 class ReplyNotSent(serialization.SerializationError):
     """A result that could not be pickled or framed for its caller (the call fails with
     this; the connection and the actor are unharmed)."""
@@ -107,7 +112,10 @@ def encode_result(port_id: int, value: Any, what: str = "result") -> tuple[bytes
     raises :class:`ReplyNotSent` before a byte is queued."""
     try:
         if is_plain(value):
-            return pickle.dumps((MSG_DELIVER, port_id, value), PROTOCOL), []
+            meta = pickle.dumps((MSG_DELIVER, port_id, value), PROTOCOL)
+            if len(meta) > CHECK_LIMITS_OVER:
+                check_frame_limits(len(meta))      # a huge string, say
+            return meta, []
         inner, bufs = serialization.dumps(value, what)
         check_frame_limits(len(inner) + 32, bufs)
         return serialization.dumps_envelope((MSG_RESULT, port_id, inner)), bufs

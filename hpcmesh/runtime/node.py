@@ -33,7 +33,8 @@ from .ports import PortTable
 from .loop import finish_leftover_tasks, new_event_loop, running_loop
 from .loop import yield_core as _yield_core     # a module global: tests count the turns
 # the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
-from .messages import (ANSWERED_THROUGH_PORT, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
+from ..transport.framing import FrameError, check_frame_limits
+from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
                        MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
                        ReplyNotSent,
                        call_msg, deliver_msg, describe_exception,
@@ -253,6 +254,8 @@ class Node:
             meta, bufs = serialization.dumps(msg, what)
         else:
             meta, bufs = serialization.dumps_envelope(msg), buffers
+        if bufs or len(meta) > CHECK_LIMITS_OVER:
+            check_frame_limits(len(meta), bufs)      # FrameError here, not at the peer
         self._send_encoded(target, meta, bufs)
 
     def _send_encoded(self, target: NodeRef, meta: bytes, bufs: list) -> None:
@@ -297,10 +300,18 @@ class Node:
             msg = (MSG_CALL, actor_id, endpoint, payload, pid, rank, extent_items)
             size = frozen_size(payload[0]) if not payload[1] else -1
             try:
-                if size >= 0:       # immutable: pickled later, with its batch
+                if 0 <= size <= CHECK_LIMITS_OVER:   # immutable: pickled later, in a batch
                     conn.send_obj(msg, size + 64, len(inflight) > 1)
                 else:
-                    conn.send_msg(pickle.dumps(msg, PROTOCOL), len(inflight) > 1)
+                    meta = pickle.dumps(msg, PROTOCOL)
+                    if len(meta) > CHECK_LIMITS_OVER:
+                        check_frame_limits(len(meta))    # a huge string argument, say
+                    conn.send_msg(meta, len(inflight) > 1)
+                return fut
+            except FrameError as e:
+                self.close_port(pid)
+                fut.set_exception(serialization.SerializationError(
+                    f"the arguments of {endpoint} could not be sent: {e}"))
                 return fut
             except ConnectionClosed:
                 self.close_port(pid)    # nothing was written: take the general path
@@ -311,6 +322,10 @@ class Node:
         except (SupervisionError, ConnectionError) as e:
             self.close_port(pid)
             fut.set_exception(e)
+        except FrameError as e:
+            self.close_port(pid)
+            fut.set_exception(serialization.SerializationError(
+                f"the arguments of {endpoint} could not be sent: {e}"))
         return fut
 
     def poll_for_rest(self, fanin: Future, window: float | None = None) -> None:
@@ -636,7 +651,7 @@ class Node:
             conn = p.conn if p is not None else None
             if conn is not None and not p.backlog:
                 size = frozen_size(value)
-                if size >= 0:       # immutable: pickled later, with the batch of replies
+                if 0 <= size <= CHECK_LIMITS_OVER:   # immutable: pickled later, in a batch
                     try:
                         # deliver_msg() written out: every reply of a pipelined caller
                         conn.send_obj((MSG_DELIVER, port_id, value), size + 16,

@@ -83,3 +83,24 @@ def test_stop_reports_a_member_that_had_exited_before_it():
     codes = procs.stop().get(timeout=30)
     assert sorted(codes) == sorted(r.name for r in procs._state.records), codes
     assert list(codes.values()) == [0, 0]
+
+
+def test_stop_ends_a_sigstopped_actor_process_within_its_bounds():
+    # a stopped process answers nothing and ignores SIGTERM; SIGKILL still ends it
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    pids: list[int] = []
+    try:
+        pids = procs.spawn("pid", Pid).pid.call().get(timeout=60).values()
+        os.kill(pids[0], signal.SIGSTOP)
+        t0 = time.monotonic()
+        codes = procs.stop(grace=0.5).get(timeout=30)
+        took = time.monotonic() - t0
+        with_name = dict(zip((r.name for r in procs._state.records), pids))
+        frozen = next(n for n, p in with_name.items() if p == pids[0])
+        assert codes[frozen] == -signal.SIGKILL and list(codes.values()).count(0) == 1, codes
+        assert took < 0.5 + 2 + 5 + 1, took           # grace, SIGTERM's wait, SIGKILL's
+        assert wait_gone(pids, 5) == []
+    finally:
+        for p in pids:
+            if alive(p):
+                os.kill(p, signal.SIGKILL)

@@ -80,3 +80,53 @@ def test_a_flood_of_idle_connections_neither_spins_nor_floods_the_log(tmp_path, 
         agent.kill()
         agent.wait()
         err.close()
+
+
+def test_attach_waits_out_an_agent_at_its_handshake_cap(tmp_path):
+    # with MAX_UNAUTHENTICATED idle connections in their handshake, the agent closes new
+    # ones at once (they see a reset): attach_to_workers takes that as "busy" and tries
+    # again within its timeout, instead of failing at once
+    import threading
+
+    from hpcmesh.transport.connection import MAX_UNAUTHENTICATED
+    secret = os.urandom(32)
+    ready = tmp_path / "ready"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "hpcmesh", "worker", "--listen", "tcp://127.0.0.1:0",
+         "--ready-file", str(ready), "--grace", "60"],
+        env=dict(os.environ, HPCMESH_SECRET=secret.hex()), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    flood: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not (ready.exists() and ready.read_text().strip()):
+            assert agent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        addr = ready.read_text().split()[0]
+        host, port = addr[len("tcp://"):].rsplit(":", 1)
+        for _ in range(MAX_UNAUTHENTICATED + 8):
+            flood.append(socket.create_connection((host, int(port)), timeout=5))
+        time.sleep(0.5)
+        result: dict = {}
+
+        def attach():
+            try:
+                result["hosts"] = attach_to_workers([addr], secret=secret, timeout=20)
+            except Exception as e:  # noqa: BLE001 - the assertion below shows it
+                result["error"] = e
+        t = threading.Thread(target=attach)
+        t0 = time.monotonic()
+        t.start()
+        time.sleep(1.5)                      # attach is being turned away meanwhile
+        for s in flood:
+            s.close()
+        flood.clear()
+        t.join(25)
+        assert "error" not in result, result.get("error")
+        assert len(result["hosts"].hostnames) == 1
+        assert time.monotonic() - t0 >= 1.5     # it did wait for the flood to end
+    finally:
+        for s in flood:
+            s.close()
+        agent.kill()
+        agent.wait()

@@ -22,7 +22,7 @@ from ..runtime.node import NodeRef
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import tls
 from ..transport.addresses import parse_address
-from ..transport.handshake import HandshakeError
+from ..transport.handshake import HandshakeBusy, HandshakeError
 
 from .mesh_view import spawning_actor
 from .proc_mesh import ProcMesh, ProcMeshState
@@ -213,9 +213,27 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
         parse_address(addr)        # a malformed URL: ValueError naming it and the forms
 
     async def connect_all():
+        async def dial(addr: str):
+            # An agent at its cap of connections in their handshake (a flood, many
+            # clients at once) turns new ones away (HandshakeBusy; a reset when it closed
+            # them unread): that is "busy", so try again until the timeout; every other
+            # error is final.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            pause = 0.05
+            while True:
+                left = deadline - loop.time()
+                try:
+                    return await node.connect(addr, timeout=max(0.1, left), secret=secret)
+                except (ConnectionResetError, HandshakeBusy):
+                    if loop.time() + pause >= deadline:
+                        raise
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 1.0)
+
         async def one(addr: str):
             try:
-                conn = await node.connect(addr, timeout=timeout, secret=secret)
+                conn = await dial(addr)
             except HandshakeError as e:
                 raise ConnectionError(f"cannot attach to host agent at {addr}: {e} (was it "
                                       f"started with this job's secret?)") from None

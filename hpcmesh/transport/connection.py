@@ -27,7 +27,7 @@ from ..settings import env_number
 from .addresses import Address, parse_address
 from .framing import (MAX_BATCH_COUNT, FrameDecoder, FrameError, encode_batch, encode_frame,
                       encode_lone)
-from .handshake import Handshake, HandshakeError
+from .handshake import BUSY, Handshake, HandshakeBusy, HandshakeError
 from ..errors import HpcmeshError
 
 if TYPE_CHECKING:
@@ -538,6 +538,9 @@ async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: floa
         leftover = b""
         while not hs.done:
             data = await recv()
+            if hs.dialer and data.startswith(BUSY):
+                raise HandshakeBusy("the listener is busy: too many connections are in their "
+                                    "handshake there (a flood?); try again in a moment")
             if not data:
                 raise HandshakeClosed(
                     "peer closed the connection during the handshake" + (
@@ -632,6 +635,10 @@ class Listener:
                     log.warning("accept failed on %s: %s", self.address, e)
                 return
             if self._unauthenticated >= MAX_UNAUTHENTICATED:
+                try:
+                    conn.send(BUSY)     # so that a real dialer knows to try again
+                except OSError:
+                    pass
                 conn.close()        # no secret needed to get this far: a bound, not a queue
                 self._note_refused(f"{MAX_UNAUTHENTICATED} connections are still in their "
                                    f"handshake")

@@ -23,6 +23,9 @@ from ..errors import HpcmeshError
 #: pickled apart from their envelope); 5 the message helpers' new home (runtime.messages:
 #: pickles name ANSWERED_THROUGH_PORT and ReplyNotSent by module).
 MAGIC = b"HPCMESH5"
+#: What a listener at its cap of connections in their handshake sends before it closes a new
+#: one (instead of the MAGIC): the dialer may try again soon. Reveals nothing of the secret.
+BUSY = b"HPCMBUSY"
 NONCE = 32
 MAC = 32
 SECRET_BYTES = 32
@@ -30,6 +33,11 @@ SECRET_BYTES = 32
 
 class HandshakeError(HpcmeshError):
     """The peer failed authentication or spoke another protocol."""
+
+
+class HandshakeBusy(HandshakeError):
+    """The listener is at its cap of connections in their handshake (a flood, or many
+    dialers at once) and turned this one away: try again in a moment."""
 
 
 def _mac(secret: bytes, label: bytes, a: bytes, b: bytes) -> bytes:

@@ -32,6 +32,23 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _start_agent(tmp_path, secret: bytes, **popen) -> tuple[subprocess.Popen, str]:
+    """An ``hpcmesh worker`` on loopback, once it listens: (process, address)."""
+    ready = tmp_path / "ready"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "hpcmesh", "worker", "--listen", "tcp://127.0.0.1:0",
+         "--ready-file", str(ready), "--grace", "60"],
+        env=dict(os.environ, HPCMESH_SECRET=secret.hex()), stdout=subprocess.DEVNULL, **popen)
+    deadline = time.monotonic() + 30
+    while not (ready.exists() and ready.read_text().strip()):
+        if agent.poll() is not None or time.monotonic() > deadline:
+            agent.kill()
+            agent.wait()
+            raise AssertionError("the agent never wrote its ready file")
+        time.sleep(0.05)
+    return agent, ready.read_text().split()[0]
+
+
 def _limit_fds():
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
@@ -39,20 +56,11 @@ def _limit_fds():
 @pytest.mark.parametrize("n, fd_limit", [(300, True), (1000, False)])
 def test_a_flood_of_idle_connections_neither_spins_nor_floods_the_log(tmp_path, n, fd_limit):
     secret = os.urandom(32)
-    ready = tmp_path / "ready"
     err = open(tmp_path / "agent.err", "w+")
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "hpcmesh", "worker", "--listen", "tcp://127.0.0.1:0",
-         "--ready-file", str(ready), "--grace", "60"],
-        env=dict(os.environ, HPCMESH_SECRET=secret.hex()), stdout=subprocess.DEVNULL,
-        stderr=err, preexec_fn=_limit_fds if fd_limit else None)
+    agent, addr = _start_agent(tmp_path, secret, stderr=err,
+                               preexec_fn=_limit_fds if fd_limit else None)
     flood: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text().strip()):
-            assert agent.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        addr = ready.read_text().split()[0]
         host, port = addr[len("tcp://"):].rsplit(":", 1)
         for _ in range(n):          # 300: more than the agent has fds for
             s = socket.create_connection((host, int(port)), timeout=5)
@@ -90,19 +98,9 @@ def test_attach_waits_out_an_agent_at_its_handshake_cap(tmp_path):
 
     from hpcmesh.transport.connection import MAX_UNAUTHENTICATED
     secret = os.urandom(32)
-    ready = tmp_path / "ready"
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "hpcmesh", "worker", "--listen", "tcp://127.0.0.1:0",
-         "--ready-file", str(ready), "--grace", "60"],
-        env=dict(os.environ, HPCMESH_SECRET=secret.hex()), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+    agent, addr = _start_agent(tmp_path, secret, stderr=subprocess.DEVNULL)
     flood: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text().strip()):
-            assert agent.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        addr = ready.read_text().split()[0]
         host, port = addr[len("tcp://"):].rsplit(":", 1)
         for _ in range(MAX_UNAUTHENTICATED + 8):
             flood.append(socket.create_connection((host, int(port)), timeout=5))

@@ -23,7 +23,7 @@ import time
 
 #: The watchdog acts this long after the loop's own lease would have: a free loop wins.
 MARGIN_S = 1.0
-POLL_INTERVAL_S = 0.25
+POLL_INTERVAL_S = 0.5      # 2 wake-ups a second: nothing next to an endpoint
 _HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
 
 

@@ -675,9 +675,12 @@ class SlurmJob(JobTrait):
             # TIMEOUT, ...) says more to the user than COMPLETING, and is a moment away
             time.sleep(0.25)
             try:
-                rec = squeue_jobs([job_id]).get(job_id, rec)
+                recs = squeue_jobs([job_id])
             except SlurmError:
                 break
+            if job_id not in recs:
+                break           # purged meanwhile: COMPLETING is the last state we saw
+            rec = recs[job_id]
         state = rec.state if rec is not None else "GONE (no longer known to squeue)"
         reason = rec.reason if rec is not None and rec.reason not in ("", "None") else "-"
         paths = self.log_paths()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -24,3 +25,19 @@ def wait_gone(pids, timeout: float = 5.0) -> list[int]:
             return []
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
+
+
+def processes_with_env(mark: str) -> list[int]:
+    """Live processes whose environment holds ``mark`` (``NAME=value`` or a part of one):
+    how a test finds the processes a run started when it never learnt their pids."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if mark.encode() in f.read() and alive(int(entry)):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids

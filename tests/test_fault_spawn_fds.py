@@ -7,33 +7,18 @@ reported it as "did not die after SIGKILL"."""
 from __future__ import annotations
 
 import errno
-import os
 import time
 
 import pytest
-from proc_helpers import wait_gone
+from proc_helpers import processes_with_env, wait_gone
 
 import hpcmesh.runtime.host_agent as host_agent
 from hpcmesh.actor import this_host
 
 
 def _procs_named(prefix: str) -> list[int]:
-    """Live processes of ours whose environment names a process of mesh ``prefix``."""
-    want = f"HPCMESH_PROCESS_NAME={prefix}-".encode()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != b"Z" and any(v.startswith(want) for v in env):
-            out.append(int(name))
-    return out
+    """Live processes of mesh ``prefix`` (by the process name the agent gave them)."""
+    return processes_with_env(f"HPCMESH_PROCESS_NAME={prefix}-")
 
 
 def test_a_spawn_whose_log_file_cannot_be_opened_leaves_no_process(monkeypatch, tmp_path):

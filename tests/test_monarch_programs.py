@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 from ci_gate import import_or_skip
-from proc_helpers import wait_gone
+from proc_helpers import processes_with_env, wait_gone
 
 PROGRAMS = pathlib.Path(__file__).resolve().parent / "monarch_programs"
 _IMPORT = re.compile(r"^(\s*(?:from|import)\s+)monarch(?=[.\s])", re.MULTILINE)
@@ -30,20 +30,6 @@ def to_hpcmesh(source: str) -> str:
 
 def _programs() -> list[pathlib.Path]:
     return sorted(p for p in PROGRAMS.glob("*.py") if p.name != "record.py")
-
-
-def _processes_marked(mark: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if mark.encode() in f.read():
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
 
 
 def test_the_import_edit_touches_imports_only():
@@ -72,4 +58,4 @@ def test_monarch_program_runs_unchanged(program: pathlib.Path, tmp_path: pathlib
     assert run.returncode == 0, run.stderr[-3000:]
     expected = (PROGRAMS / "expected" / f"{program.stem}.txt").read_text()
     assert run.stdout == expected, f"stderr:\n{run.stderr[-2000:]}"
-    assert wait_gone(_processes_marked(mark), timeout=10) == []
+    assert wait_gone(processes_with_env(mark), timeout=10) == []

@@ -23,7 +23,6 @@ from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import tls
 from ..transport.addresses import parse_address
 from ..transport.handshake import HandshakeBusy, HandshakeError
-
 from .mesh_view import spawning_actor
 from .proc_mesh import ProcMesh, ProcMeshState
 
@@ -156,7 +155,6 @@ class HostMesh(MeshTrait):
         return f"HostMesh({dict(self.extent)}, hosts={self.hostnames})"
 
 
-
 def _torchrun_env(rank: int, extent: Extent, per_host: int,
                   master: tuple[str, int] | None) -> dict[str, str]:
     """torchrun's variables, so a user's own ``init_process_group()`` works; they sit
@@ -169,10 +167,8 @@ def _torchrun_env(rank: int, extent: Extent, per_host: int,
     return env
 
 
-
 def _label(point: Point) -> str:
     return ",".join(f"{k}={v}" for k, v in point.items()) or "0"
-
 
 
 def this_host() -> HostMesh:
@@ -234,6 +230,9 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
         async def one(addr: str):
             try:
                 conn = await dial(addr)
+            except HandshakeBusy as e:
+                raise ConnectionError(f"cannot attach to host agent at {addr}: {e}; still "
+                                      f"busy after {timeout} s") from None
             except HandshakeError as e:
                 raise ConnectionError(f"cannot attach to host agent at {addr}: {e} (was it "
                                       f"started with this job's secret?)") from None

@@ -32,20 +32,16 @@ class MeshView(MeshTrait):
         return self._state.ready.then(lambda _: self)
 
 
-
-
 def spawning_actor():
     """The actor spawning a mesh (it supervises what it spawns), or None on the client."""
     ctx = current_context_var.get()
     return ctx.actor_instance if ctx is not None else None
 
 
-
 def chain(ready: Future, fn: Callable[[], Future]) -> Future:
     """A Future of ``fn()``'s Future, started once ``ready`` succeeds."""
     return chain_any(ready, lambda f: failed(f.exception()) if f.exception() is not None
                       else fn())
-
 
 
 def chain_any(first: Future, fn: Callable[[Future], Future]) -> Future:
@@ -61,7 +57,6 @@ def chain_any(first: Future, fn: Callable[[Future], Future]) -> Future:
         forward(inner, out)
     first.add_done_callback(go)
     return out
-
 
 
 async def as_asyncio(f: Future):

@@ -53,7 +53,6 @@ class ProcMeshState:
         self.actor_meshes: list = []    # the _ActorMeshStates spawned on it
 
 
-
 class ProcMesh(MeshView):
     """Processes started on a HostMesh; spawn actors on them."""
 
@@ -205,7 +204,6 @@ class ProcMesh(MeshView):
         return f"ProcMesh({self.name!r}, {dict(self.extent)})"
 
 
-
 def _run_on_loop(node: Node, coro) -> Future:
     """Run a coroutine on the node's loop; a Future of its result."""
     out = Future()
@@ -220,7 +218,6 @@ def _run_on_loop(node: Node, coro) -> Future:
     return out
 
 
-
 def class_in_this_process(cls: type) -> bytes:
     """An actor class for an actor in this very process: by reference, so the actor runs
     the class itself and shares its module's state; by value only if it cannot be found
@@ -232,7 +229,6 @@ def class_in_this_process(cls: type) -> bytes:
     except (pickle.PicklingError, AttributeError, TypeError):
         pass
     return serialization.dumps_by_value(cls)
-
 
 
 def this_proc() -> ProcMesh:

@@ -87,5 +87,3 @@ class ActorServices:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, 0))
             return s.getsockname()[1]
-
-

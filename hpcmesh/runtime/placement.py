@@ -166,4 +166,3 @@ def spawning():
     finally:
         with f._lock:
             f._spawning -= 1
-

@@ -162,11 +162,16 @@ def _scenario_failure(mc, rank) -> dict:
     return res
 
 
+_MEMBER_SCENARIOS: dict = {}   # name -> fn(mc, rank), filled where the tests are
+
+
 def _scenario(rank, extent, port, prefix, scenario, kwargs):
     mc = C.MeshCollectives(rank, extent, C.Rendezvous("127.0.0.1", port, prefix),
                            timeout=kwargs.get("timeout", 20), check=kwargs.get("check"))
     if scenario == "failure":
         return mc, _scenario_failure(mc, rank)
+    if scenario in _MEMBER_SCENARIOS:
+        return mc, _MEMBER_SCENARIOS[scenario](mc, rank)
     return mc, _scenario_full(mc, rank, kwargs.get("overrides", []))
 
 
@@ -530,48 +535,53 @@ def test_module_functions_outside_an_actor(monkeypatch):
         C.all_reduce(torch.ones(1))
 
 
-# ------------------------------------- two members as threads of this process
+# ------------------------------------- two members in the pool's processes
+#
+# torch has one default process group per process, so every member is a process of its own.
 
 
-def _in_threads(extent, fn, timeout=10.0):
-    """Run fn(mc, rank) for every member, each in a thread of this process
-    (gloo works across threads): cheap 2-member groups without spawning."""
-    import threading
-
-    n = math.prod(extent.values())
-    rdv = C.Rendezvous("127.0.0.1", _free_port(), f"threads-{os.getpid()}")
-    out: dict = {}
-
-    def body(rank):
-        try:
-            out[rank] = fn(C.MeshCollectives(rank, extent, rdv, timeout=timeout), rank)
-        except BaseException as e:  # reported by the assertion below
-            out[rank] = e
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout * 3)
-    assert all(not t.is_alive() for t in threads), "member threads hung"
-    for rank, v in out.items():
-        if isinstance(v, BaseException):
-            raise AssertionError(f"member {rank} raised") from v
-    return out
+def _complex_scenario(mc, rank):
+    z = torch.tensor([1 + 2j, 3 - 1j]) * (rank + 1)
+    s = mc.all_reduce(z.clone()).tolist()
+    a = mc.all_reduce(z.clone(), op="avg").tolist()
+    g = [x.tolist() for x in mc.all_gather(z)]
+    b = mc.broadcast(z.clone(), 1).tolist()
+    with pytest.raises(ValueError, match="complex"):
+        mc.all_reduce(z.clone(), op="max")
+    return s, a, g, b
 
 
-def test_complex_tensors_travel_as_real_views():
-    def fn(mc, rank):
-        z = torch.tensor([1 + 2j, 3 - 1j]) * (rank + 1)
-        s = mc.all_reduce(z.clone()).tolist()
-        a = mc.all_reduce(z.clone(), op="avg").tolist()
-        g = [x.tolist() for x in mc.all_gather(z)]
-        b = mc.broadcast(z.clone(), 1).tolist()
-        with pytest.raises(ValueError, match="complex"):
-            mc.all_reduce(z.clone(), op="max")
-        return s, a, g, b
+def _refused_scenario(mc, rank):
+    with pytest.raises(ValueError, match="gloo supports only"):
+        mc.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
+    with pytest.raises(ValueError, match="bool"):
+        mc.all_reduce(torch.ones(2, dtype=torch.bool), op="avg")
+    with pytest.raises(ValueError, match="integer or bool"):
+        mc.all_reduce(torch.ones(2), op="bxor")
+    bits = mc.all_reduce(torch.tensor([1 << rank, 3]), op="bor").tolist()
+    return bits, mc.all_reduce(torch.ones(2)).tolist()
 
-    out = _in_threads({"a": 2}, fn)
+
+def _timeout_scenario(mc, rank):
+    mc.barrier()
+    if rank == 1:
+        time.sleep(2.5)  # never joins the collective below
+        return None
+    t0 = time.monotonic()
+    with pytest.raises(C.CollectiveError, match=r"broadcast.*timeout 0.5s") as ei:
+        mc.broadcast(torch.ones(1), 0, timeout=0.5)
+    took = time.monotonic() - t0
+    with pytest.raises(C.CollectiveError, match="unusable"):
+        mc.barrier()
+    return took, str(ei.value)
+
+
+_MEMBER_SCENARIOS.update(complex=_complex_scenario, refused=_refused_scenario,
+                         timeout=_timeout_scenario)
+
+
+def test_complex_tensors_travel_as_real_views(pool):
+    out = pool.run({"a": 2}, "complex", timeout=10)["results"]
     z = [1 + 2j, 3 - 1j]
     for rank in (0, 1):
         s, a, g, b = out[rank]
@@ -579,35 +589,12 @@ def test_complex_tensors_travel_as_real_views():
         assert g == [z, [2 * x for x in z]] and b == [2 * x for x in z]
 
 
-def test_refused_ops_leave_the_group_usable():
-    def fn(mc, rank):
-        with pytest.raises(ValueError, match="gloo supports only"):
-            mc.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
-        with pytest.raises(ValueError, match="bool"):
-            mc.all_reduce(torch.ones(2, dtype=torch.bool), op="avg")
-        with pytest.raises(ValueError, match="integer or bool"):
-            mc.all_reduce(torch.ones(2), op="bxor")
-        bits = mc.all_reduce(torch.tensor([1 << rank, 3]), op="bor").tolist()
-        return bits, mc.all_reduce(torch.ones(2)).tolist()
-
-    out = _in_threads({"a": 2}, fn)
+def test_refused_ops_leave_the_group_usable(pool):
+    out = pool.run({"a": 2}, "refused", timeout=10)["results"]
     assert out[0] == out[1] == ([3, 3], [2.0, 2.0])
 
 
-def test_per_call_timeout_and_unusable_group():
-    def fn(mc, rank):
-        mc.barrier()
-        if rank == 1:
-            time.sleep(2.5)  # never joins the collective below
-            return None
-        t0 = time.monotonic()
-        with pytest.raises(C.CollectiveError, match=r"broadcast.*timeout 0.5s") as ei:
-            mc.broadcast(torch.ones(1), 0, timeout=0.5)
-        took = time.monotonic() - t0
-        with pytest.raises(C.CollectiveError, match="unusable"):
-            mc.barrier()
-        return took, str(ei.value)
-
-    took, msg = _in_threads({"a": 2}, fn)[0]
+def test_per_call_timeout_and_unusable_group(pool):
+    took, msg = pool.run({"a": 2}, "timeout", timeout=10)["results"][0]
     assert took < 2.0, took
     assert "[0, 1]" in msg

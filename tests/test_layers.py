@@ -27,7 +27,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("transport", ("hpcmesh.transport",)),
     ("runtime", ("hpcmesh.runtime",)),
     ("actor", ("hpcmesh.actor",)),
-    ("extensions", ("hpcmesh.collectives", "hpcmesh.mpi", "hpcmesh.slurm", "hpcmesh.config")),
+    ("extensions", ("hpcmesh.collectives", "hpcmesh.spmd", "hpcmesh.mpi", "hpcmesh.slurm",
+                    "hpcmesh.config")),
     ("job", ("hpcmesh.job", "hpcmesh.hosts")),
     ("cli", ("hpcmesh.cli", "hpcmesh.__main__")),
 ]

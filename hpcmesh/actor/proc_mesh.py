@@ -70,6 +70,12 @@ class ProcMesh(MeshView):
         return [self._state.records[g].pid for g in self._shape.ranks()]
 
     @property
+    def host_ids(self) -> list[str]:
+        """Which host agent started each member of this view (equal ids: the same host), for
+        numbering members per host the way torchrun does (``hpcmesh.spmd``)."""
+        return [self._state.records[g].agent.node_id for g in self._shape.ranks()]
+
+    @property
     def log_paths(self) -> list[dict]:
         return [self._state.records[g].log_paths for g in self._shape.ranks()]
 

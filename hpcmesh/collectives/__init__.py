@@ -13,17 +13,16 @@ taken in mesh order.  ``extent={"dp": 4, "tp": 2}`` reinterprets the flat ranks
 of the 8 members row-major in another shape (what ``rename``/``split`` views
 of the same processes mean).
 
-Why no ``init_process_group``: one process may host several actor meshes and
-the user may want their own default group.  Each :class:`MeshCollectives`
-therefore owns a ``TCPStore`` (served by member 0 at the controller-provided
-rendezvous) and builds backend objects (``ProcessGroupGloo`` for CPU tensors,
-``ProcessGroupNCCL`` for CUDA tensors) directly, each under its own
-``PrefixStore``.  Only the members of a group take part in creating it, so a
-group can be formed by a subset of the mesh without the others' help.
+The groups are torch's own: the mesh's members form a torch.distributed world (the
+default process group, rank = flat rank; ``world.py``) and each group is a ``new_group`` of
+it, so ``device_mesh()`` (a ``DeviceMesh`` whose ``mesh_dim_names`` are the dims),
+``process_group(dims)``, DDP, FSDP2 and ``torch.distributed`` calls share them with these
+functions. Only public torch API is used.
 
 torch is imported only by this package in hpcmesh (nothing imports it unless the user
 does). ``groups`` is the pure group math (no torch), ``check`` the ops and fingerprints,
-``mesh`` the per-member ``MeshCollectives``; this module is the API inside an actor.
+``world`` the process's torch world, ``mesh`` the per-member ``MeshCollectives``; this
+module is the API inside an actor.
 """
 
 from __future__ import annotations
@@ -49,10 +48,12 @@ __all__ = [
     "barrier",
     "broadcast",
     "compute_group",
+    "device_mesh",
     "get_collectives",
     "group_members",
     "group_rank",
     "group_size",
+    "process_group",
     "reduce",
     "reduce_scatter",
 ]
@@ -129,6 +130,30 @@ def get_collectives() -> MeshCollectives:
     return _cached_for(owner, point, rendezvous, None)
 
 
+def device_mesh(extent: Any = None, *, device_type: str | None = None):
+    """The ``torch.distributed.DeviceMesh`` of the calling actor's mesh, ``mesh_dim_names``
+    its dims (``("hosts", "gpus")``). Called through a rename/split view of the mesh (same
+    members, other dims), the view's dims; ``extent=`` reshapes explicitly. Device type:
+    cuda where the process has a GPU, else cpu (gloo)."""
+    mc = get_collectives()
+    if extent is None:
+        view = context().message_rank.extent
+        if view.nelem == mc.world_size and len(view) > 0:
+            extent = view
+        elif view.nelem != mc.world_size:
+            raise ValueError(
+                f"device_mesh(): this call came through a view of {view.nelem} of the mesh's "
+                f"{mc.world_size} members ({dict(view)}); a DeviceMesh spans a whole world: call "
+                "hpcmesh.spmd.setup_torch_elastic_env on that view and spawn its actors there, "
+                "or pass extent= for the whole mesh")
+    return mc.device_mesh(extent, device_type)
+
+
+def process_group(dims: Dims = None, *, extent: Any = None):
+    """The torch ``ProcessGroup`` of the calling actor's group along ``dims``."""
+    return get_collectives().process_group(dims, extent=extent)
+
+
 def all_reduce(tensor, dims: Dims = None, op: Any = "sum", *, extent: Any = None, timeout: Timeout = None):
     """In-place reduce over the calling actor's group along ``dims``; returns ``tensor``."""
     return get_collectives().all_reduce(tensor, dims, op, extent=extent, timeout=timeout)
@@ -175,33 +200,3 @@ def group_members(dims: Dims = None, *, extent: Any = None) -> list[int]:
     """Flat mesh ranks of the calling actor's group, ordered by group rank."""
     return get_collectives().group_members(dims, extent=extent)
 
-
-# --------------------------------------------------------------------------
-# Notes for the benchmark engineer
-# --------------------------------------------------------------------------
-#
-# Compare hpcmesh.collectives.all_reduce with raw torch.distributed gloo
-# (64 MiB float32 = 16 Mi elements, 4 ranks, one process per rank):
-#
-# * Raw baseline, in each of 4 spawned processes:
-#       dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-#                               rank=r, world_size=4)
-#       t = torch.ones(16 * 2**20)
-#       for _ in range(3): dist.all_reduce(t)              # warm-up (connects)
-#       dist.barrier(); t0 = time.perf_counter()
-#       for _ in range(N): dist.all_reduce(t)
-#       dist.barrier(); dt = (time.perf_counter() - t0) / N
-# * hpcmesh, same processes but no init_process_group:
-#       mc = MeshCollectives(r, {"hosts": 1, "gpus": 4}, Rendezvous("127.0.0.1", port2, "bench"))
-#       same loop with mc.all_reduce(t) (dims=None) and mc.barrier().
-#   Also run through real actors (hpcmesh.collectives.all_reduce inside an
-#   endpoint) once the runtime exists: that adds the context() lookup only.
-# * Report both with HPCMESH_COLLECTIVE_CHECK=0 (pure gloo path; the number
-#   should match raw within noise: same ProcessGroupGloo, same algorithm)
-#   and with the default check on (adds one 15-int64 all_gather per call:
-#   ~tens of µs locally, negligible at 64 MiB, visible for tiny tensors).
-# * Report bus bandwidth as 2*(n-1)/n * bytes / dt (n=4), the median of
-#   >= 10 iterations after warm-up, and the first-call latency separately
-#   (group creation + store connect).  Pin GLOO_SOCKET_IFNAME (lo locally)
-#   for both sides so they use the same interface; gloo's thread count
-#   (ProcessGroupGloo.Options.threads, default 2) is the same for both.

@@ -1,11 +1,12 @@
 """``MeshCollectives``: one member's groups, store and ops along mesh dimensions.
 
-Why no ``init_process_group``: one process may host several actor meshes and the user may
-want their own default group. Each MeshCollectives therefore uses its mesh's ``TCPStore``
-(served by member 0 at the controller-provided rendezvous: ``runtime/rendezvous.py``) and
-builds backend objects (``ProcessGroupGloo`` for CPU tensors, ``ProcessGroupNCCL`` for CUDA
-tensors) directly, each under its own ``PrefixStore``. Only the members of a group take part
-in creating it, so a subset of the mesh can form a group without the others' help.
+Everything here is torch's public API: the mesh's members form a torch.distributed world
+(``world.py``: the default process group, formed over the mesh's ``TCPStore``, which member 0
+serves at the controller-provided rendezvous: ``runtime/rendezvous.py``), a group along some
+dims is a ``new_group`` of it, and the ops are ``torch.distributed``'s own. So a user's DDP,
+FSDP2 or ``dist.all_reduce(t, group=mesh.get_group("gpus"))`` and these functions see the
+same groups. What this layer adds: dims by name, a fingerprint check that turns a mismatched
+collective into an error on every member, and a timeout that names op, dims and members.
 """
 
 from __future__ import annotations
@@ -19,15 +20,7 @@ from typing import Any, Union
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import (
-    AllgatherOptions,
-    AllreduceOptions,
-    BarrierOptions,
-    BroadcastOptions,
-    ReduceOptions,
-    ReduceScatterOptions,
-)
-
+from . import world as world_mod
 from .check import describe_fingerprint, fingerprint, resolve_op, validate_reduce
 from .errors import CollectiveError, CollectiveMismatchError
 from .groups import Dims, GroupSpec, compute_group, extent_items, format_extent
@@ -77,10 +70,9 @@ def check_from_env() -> bool | None:
 class MeshCollectives:
     """Collectives for one member of one actor mesh.
 
-    Holds the member's flat rank and extent, the rendezvous, the group store
-    and the cache of backend objects, keyed by (backend, extent, dims), so a
-    group is built once and reused.  Usable directly (tests, custom runtimes)
-    or through the module-level functions inside an actor.
+    Holds the member's flat rank and extent, the rendezvous and the store; its groups live
+    in the process's torch world (``world.py``), one per set of members. Usable directly
+    (tests, custom runtimes) or through the module-level functions inside an actor.
 
     ``check``: before each collective, all-gather a small fingerprint (op,
     dtype, shape, root) and raise :class:`CollectiveMismatchError` on every
@@ -113,7 +105,7 @@ class MeshCollectives:
         env_check = check_from_env()
         self.check = check if check is not None else env_check
         self._store: Any = None
-        self._groups: dict[tuple, Any] = {}
+        self._world: world_mod.World | None = None
         self._broken: dict[tuple, str] = {}
         self._lock = threading.RLock()
         self._closed = False
@@ -151,10 +143,10 @@ class MeshCollectives:
     def group_members(self, dims: Dims = None, *, extent: Any = None) -> list[int]:
         return list(self.group(dims, extent=extent).members)
 
-    # ---- store and backends ----------------------------------------------
+    # ---- store, world and groups -----------------------------------------
 
     def _get_store(self) -> Any:
-        """Connect (or, on member 0, serve) the TCPStore shared by all groups."""
+        """Connect (or, on member 0, serve) the TCPStore the mesh's world meets in."""
         with self._lock:
             if self._closed:
                 raise CollectiveError("MeshCollectives is closed")
@@ -201,73 +193,80 @@ class MeshCollectives:
         if self.world_size > 1:
             self._get_store()
 
-    def backend(self, dims: Dims = None, device: Any = "cpu", *, extent: Any = None) -> Any:
-        """The torch backend object (ProcessGroupGloo/NCCL) for this member's
-        group along ``dims``; for callers that need raw torch APIs."""
-        spec = self.group(dims, extent=extent)
-        return self._backend_for(spec, torch.device(device), "backend")
-
-    def _backend_for(self, spec: GroupSpec, device: torch.device, opname: str) -> Any:
-        if device.type == "cpu":
-            kind = "gloo"
-        elif device.type == "cuda":
-            kind = "nccl"
-        else:
-            raise CollectiveError(
-                f"{opname}: no collective backend for tensors on {device} "
-                "(hpcmesh uses gloo for CPU tensors and NCCL for CUDA tensors)"
-            )
-        key = (kind, spec.extent, spec.dims)
+    def world(self) -> world_mod.World:
+        """The torch world of this mesh in this process (formed on first use)."""
         with self._lock:
-            if key in self._broken:
+            w = self._world
+            if w is not None and w is world_mod.current():
+                return w
+            prefix = self._prefix()
+
+            def store(generation: int) -> Any:
+                return dist.PrefixStore(f"{prefix}/hpcmesh.world/{generation}", self._get_store())
+            elastic = world_mod.elastic_store_factory(self.rank, self.world_size, self.timeout)
+            if elastic is None and world_mod.current() is None and not dist.is_initialized():
+                self._get_store()       # a missing rendezvous is named before torch is touched
+            # a world of setup_torch_elastic_env serves every mesh numbered as it is ("" key)
+            self._world = world_mod.world_for("" if elastic else prefix, self.rank,
+                                              self.world_size, elastic or store, self.timeout)
+            return self._world
+
+    def process_group(self, dims: Dims = None, *, extent: Any = None) -> Any:
+        """The torch ``ProcessGroup`` of this member's group along ``dims``: usable with any
+        ``torch.distributed`` call, DDP's ``process_group=`` and ``DeviceMesh.from_group``."""
+        return self._group_for(self.group(dims, extent=extent), torch.device("cpu"), "process_group")
+
+    def backend(self, dims: Dims = None, device: Any = "cpu", *, extent: Any = None) -> Any:
+        """The process group for tensors on ``device`` (kept for older callers: the same
+        ``ProcessGroup`` serves CPU tensors with gloo and CUDA tensors with NCCL)."""
+        return self._group_for(self.group(dims, extent=extent), torch.device(device), "backend")
+
+    def _group_for(self, spec: GroupSpec, device: torch.device, opname: str) -> Any:
+        kind = backend_kind(device, opname)
+        if kind == "nccl" and not dist.is_nccl_available():
+            raise CollectiveError(
+                f"{opname}: tensor is on {device}, which needs the NCCL backend, but NCCL "
+                f"is not available in this torch build ({torch.__version__}); move the "
+                "tensor to the CPU to use gloo"
+            )
+        key = (kind, spec.members)
+        with self._lock:
+            w = self.world()
+            if self._broken.get(key, (None,))[0] == w.generation:
                 raise CollectiveError(
                     f"{opname}: the {kind} group for {spec.describe()} is unusable after an "
-                    f"earlier failure: {self._broken[key]}"
+                    f"earlier failure: {self._broken[key][1]}; set up a new world "
+                    "(hpcmesh.spmd.setup_torch_elastic_env, or a new mesh) to go on"
                 )
-            pg = self._groups.get(key)
-            if pg is not None:
-                return pg
-            if kind == "nccl" and not dist.is_nccl_available():
-                raise CollectiveError(
-                    f"{opname}: tensor is on {device}, which needs the NCCL backend, but NCCL "
-                    f"is not available in this torch build ({torch.__version__}); move the "
-                    "tensor to the CPU to use gloo"
-                )
-            store = dist.PrefixStore(spec.store_key(self._prefix(), kind), self._get_store())
             try:
-                if kind == "gloo":
-                    pg = dist.ProcessGroupGloo(store, spec.rank, spec.size, self.timeout)
-                else:
-                    pg = self._make_nccl(store, spec)
+                return w.group(tuple(spec.members), self.timeout)
             except Exception as e:
                 raise CollectiveError(
-                    f"{opname}: creating the {kind} group for {spec.describe()} failed "
-                    f"(timeout {self.timeout.total_seconds():g}s; every group member must call "
-                    f"the same collective): {first_line(e)}"
+                    f"{opname}: creating the group for {spec.describe()} failed: {first_line(e)}"
                 ) from e
-            self._groups[key] = pg
-            return pg
+
+    def device_mesh(self, extent: Any = None, device_type: str | None = None) -> Any:
+        """A ``torch.distributed.DeviceMesh`` over the mesh (or a reshape of it), its
+        ``mesh_dim_names`` the dims, each dim backed by the same groups the ops use."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        items = self._extent_for(extent)
+        if device_type is None:
+            device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        groups = [self._group_for(self.group(name, extent=extent), torch.device(device_type),
+                                  "device_mesh") for name, _ in items]
+        layout = torch.arange(self.world_size, dtype=torch.int).reshape([s for _, s in items])
+        return DeviceMesh.from_group(groups, device_type, mesh=layout,
+                                     mesh_dim_names=tuple(name for name, _ in items))
 
     def _prefix(self) -> str:
         rdv = self.rendezvous
         return "" if rdv is None else str(rdv.prefix)
 
-    def _make_nccl(self, store: Any, spec: GroupSpec) -> Any:
-        """NCCL is imported/created only when a CUDA tensor shows up."""
-        from torch.distributed import ProcessGroupNCCL
-
-        opts = ProcessGroupNCCL.Options()
-        opts.is_high_priority_stream = False
-        opts._timeout = self.timeout
-        try:
-            opts.global_ranks_in_group = list(spec.members)
-        except Exception:  # attribute differs across torch releases
-            pass
-        return ProcessGroupNCCL(store, spec.rank, spec.size, opts)
-
     def _mark_broken(self, spec: GroupSpec, kind: str, why: str) -> None:
         with self._lock:
-            self._broken[(kind, spec.extent, spec.dims)] = why
+            w = self._world
+            self._broken[(kind, spec.members)] = (w.generation if w else None, why)
 
     # ---- running ops -----------------------------------------------------
 
@@ -277,8 +276,8 @@ class MeshCollectives:
     def _run(self, spec: GroupSpec, kind: str, opname: str, timeout: timedelta, start) -> None:
         """Start a torch op and wait, turning failures into CollectiveError.
 
-        A failed/timed-out gloo group is left in an undefined state (peers may
-        be mid-transfer), so it is marked unusable rather than reused."""
+        A failed/timed-out group is left in an undefined state (peers may be mid-transfer),
+        so it is marked unusable rather than reused."""
         try:
             work = start()
         except Exception as e:
@@ -286,7 +285,8 @@ class MeshCollectives:
             # itself is fine, so it is not marked unusable.
             raise CollectiveError(f"{opname} along {spec.describe()} was refused by {kind}: {first_line(e)}") from e
         try:
-            work.wait()
+            if not work.wait(timeout):
+                raise TimeoutError(f"not done after {timeout.total_seconds():g}s")
         except Exception as e:
             msg = first_line(e)
             self._mark_broken(spec, kind, f"{opname}: {msg}")
@@ -299,12 +299,11 @@ class MeshCollectives:
     def _consistency_check(
         self, spec: GroupSpec, opname: str, redop: str, root: int, tensor: torch.Tensor | None, timeout: timedelta
     ) -> None:
-        pg = self._backend_for(spec, torch.device("cpu"), opname)
+        pg = self._group_for(spec, torch.device("cpu"), opname)
         mine = torch.tensor(fingerprint(opname, redop, root, tensor), dtype=torch.int64)
         rows = [torch.empty_like(mine) for _ in range(spec.size)]
-        opts = AllgatherOptions()
-        opts.timeout = timeout
-        self._run(spec, "gloo", f"{opname} (consistency check)", timeout, lambda: pg.allgather([rows], [mine], opts))
+        self._run(spec, "gloo", f"{opname} (consistency check)", timeout,
+                  lambda: dist.all_gather(rows, mine, group=pg, async_op=True))
         seen = [r.tolist() for r in rows]
         if all(r == seen[0] for r in seen):
             return
@@ -324,12 +323,12 @@ class MeshCollectives:
         return spec, td
 
     def _go(self, spec, opname, redop, root, tensor, td):
-        """Common path: pick the backend, optionally check, return it."""
+        """Common path: pick the group, optionally check, return it."""
         device = tensor.device if tensor is not None else torch.device("cpu")
-        kind = "gloo" if device.type == "cpu" else "nccl"
+        kind = backend_kind(device, opname)
         if redop:
             validate_reduce(opname, redop, tensor, kind)
-        pg = self._backend_for(spec, device, opname)
+        pg = self._group_for(spec, device, opname)
         if self._want_check(device):
             self._consistency_check(spec, opname, redop, root, tensor, td)
         return pg, kind
@@ -347,15 +346,14 @@ class MeshCollectives:
         name, red = resolve_op(op)
         spec, td = self._prepare("all_reduce", dims, extent, tensor, timeout)
         if spec.size == 1 and name != "custom":
-            validate_reduce("all_reduce", name, tensor, "gloo" if tensor.device.type == "cpu" else "nccl")
+            validate_reduce("all_reduce", name, tensor, backend_kind(tensor.device, "all_reduce"))
             return tensor
         pg, kind = self._go(spec, "all_reduce", name, 0, tensor, td)
         emulate_avg = name == "avg" and kind == "gloo"
         buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-        opts = AllreduceOptions()
-        opts.reduceOp = _R.SUM if emulate_avg else red
-        opts.timeout = td
-        self._run(spec, kind, "all_reduce", td, lambda: pg.allreduce([wire_view(buf)], opts))
+        red = _R.SUM if emulate_avg else red
+        self._run(spec, kind, "all_reduce", td,
+                  lambda: dist.all_reduce(wire_view(buf), op=red, group=pg, async_op=True))
         if emulate_avg:
             self._avg_fixup(buf, spec.size)
         if buf is not tensor:
@@ -370,17 +368,15 @@ class MeshCollectives:
         spec, td = self._prepare("reduce", dims, extent, tensor, timeout)
         check_root("reduce", "dst", dst, spec)
         if spec.size == 1 and name != "custom":
-            validate_reduce("reduce", name, tensor, "gloo" if tensor.device.type == "cpu" else "nccl")
+            validate_reduce("reduce", name, tensor, backend_kind(tensor.device, "reduce"))
             return tensor
         pg, kind = self._go(spec, "reduce", name, dst, tensor, td)
         emulate_avg = name == "avg" and kind == "gloo"
         buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-        opts = ReduceOptions()
-        opts.reduceOp = _R.SUM if emulate_avg else red
-        opts.rootRank = dst
-        opts.rootTensor = 0
-        opts.timeout = td
-        self._run(spec, kind, "reduce", td, lambda: pg.reduce([wire_view(buf)], opts))
+        red = _R.SUM if emulate_avg else red
+        self._run(spec, kind, "reduce", td,      # dst: a world rank, as in every torch release
+                  lambda: dist.reduce(wire_view(buf), spec.members[dst], op=red, group=pg,
+                                      async_op=True))
         if spec.rank == dst:
             if emulate_avg:
                 self._avg_fixup(buf, spec.size)
@@ -397,10 +393,9 @@ class MeshCollectives:
         pg, kind = self._go(spec, "all_gather", "", 0, tensor, td)
         inp = tensor.contiguous()
         outs = [torch.empty_like(inp, memory_format=torch.contiguous_format) for _ in range(spec.size)]
-        opts = AllgatherOptions()
-        opts.timeout = td
         self._run(spec, kind, "all_gather", td,
-                  lambda: pg.allgather([[wire_view(o) for o in outs]], [wire_view(inp)], opts))
+                  lambda: dist.all_gather([wire_view(o) for o in outs], wire_view(inp), group=pg,
+                                          async_op=True))
         return outs
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], dims: Dims = None,
@@ -424,17 +419,16 @@ class MeshCollectives:
                     f"output is {output.dtype}{list(output.shape)} on {output.device}; they must match"
                 )
         if spec.size == 1 and name != "custom":
-            validate_reduce("reduce_scatter", name, output, "gloo" if output.device.type == "cpu" else "nccl")
+            validate_reduce("reduce_scatter", name, output, backend_kind(output.device, "reduce_scatter"))
             output.copy_(inputs[0])
             return output
         pg, kind = self._go(spec, "reduce_scatter", name, 0, output, td)
         emulate_avg = name == "avg" and kind == "gloo"
         out = output if output.is_contiguous() else output.contiguous()
         ins = [wire_view(t.contiguous()) for t in inputs]
-        opts = ReduceScatterOptions()
-        opts.reduceOp = _R.SUM if emulate_avg else red
-        opts.timeout = td
-        self._run(spec, kind, "reduce_scatter", td, lambda: pg.reduce_scatter([wire_view(out)], [ins], opts))
+        red = _R.SUM if emulate_avg else red
+        self._run(spec, kind, "reduce_scatter", td,
+                  lambda: dist.reduce_scatter(wire_view(out), ins, op=red, group=pg, async_op=True))
         if emulate_avg:
             self._avg_fixup(out, spec.size)
         if out is not output:
@@ -450,38 +444,44 @@ class MeshCollectives:
             return tensor
         pg, kind = self._go(spec, "broadcast", "", src, tensor, td)
         buf = tensor if tensor.is_contiguous() else tensor.contiguous()
-        opts = BroadcastOptions()
-        opts.rootRank = src
-        opts.rootTensor = 0
-        opts.timeout = td
-        self._run(spec, kind, "broadcast", td, lambda: pg.broadcast([wire_view(buf)], opts))
+        self._run(spec, kind, "broadcast", td,
+                  lambda: dist.broadcast(wire_view(buf), spec.members[src], group=pg, async_op=True))
         if buf is not tensor:
             tensor.copy_(buf)
         return tensor
 
     def barrier(self, dims: Dims = None, *, extent: Any = None, timeout: Timeout = None) -> None:
-        """Wait until every group member reaches the barrier (gloo, CPU)."""
+        """Wait until every group member reaches the barrier (a one-element gloo all_reduce:
+        ``dist.barrier`` would pick the CUDA backend of a mixed group)."""
         spec, td = self._prepare("barrier", dims, extent, None, timeout)
         if spec.size == 1:
             return
         pg, kind = self._go(spec, "barrier", "", 0, None, td)
-        opts = BarrierOptions()
-        opts.timeout = td
-        self._run(spec, kind, "barrier", td, lambda: pg.barrier(opts))
+        token = torch.zeros(1)
+        self._run(spec, kind, "barrier", td,
+                  lambda: dist.all_reduce(token, group=pg, async_op=True))
 
     def close(self) -> None:
-        """Drop groups and the store (member 0 stops serving it).  Call from
-        actor cleanup; members still using groups with this one will fail."""
+        """Leave the mesh's world (destroyed if hpcmesh formed it for this mesh) and drop the
+        store (member 0 stops serving it). Members still using its groups will fail."""
         with self._lock:
             self._closed = True
-            groups, self._groups = self._groups, {}
-            for pg in groups.values():
-                try:
-                    pg.shutdown()
-                except Exception:
-                    pass
+            w, self._world = self._world, None
+            if w is not None and w is world_mod.current() and w.key == self._prefix():
+                world_mod.destroy()
             self._store = None
 
+
+def backend_kind(device: torch.device, opname: str) -> str:
+    """Which torch backend serves tensors on ``device``: gloo for CPU, NCCL for CUDA."""
+    if device.type == "cpu":
+        return "gloo"
+    if device.type == "cuda":
+        return "nccl"
+    raise CollectiveError(
+        f"{opname}: no collective backend for tensors on {device} "
+        "(hpcmesh uses gloo for CPU tensors and NCCL for CUDA tensors)"
+    )
 
 def wire_view(t: torch.Tensor) -> torch.Tensor:
     """Complex tensors travel as their real view (gloo lacks complex

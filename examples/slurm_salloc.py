@@ -22,7 +22,8 @@ class Where(Actor):
         rank = context().actor_instance.rank
         return (f"{dict(rank.coords)} on {socket.gethostname()} (job "
                 f"{os.environ.get('SLURM_JOB_ID')}, step {os.environ.get('SLURM_STEP_ID')}, "
-                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}, "
+                f"LOCAL_RANK={os.environ.get('LOCAL_RANK')})")
 
 
 def main() -> None:

@@ -28,7 +28,8 @@ class Trainer(Actor):
         import socket
         rank = context().actor_instance.rank
         return (f"hosts={rank['hosts']} gpus={rank['gpus']} on {socket.gethostname()} "
-                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}")
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} "
+                f"LOCAL_RANK={os.environ.get('LOCAL_RANK')}")
 
     @endpoint
     def train(self, n: int) -> int:

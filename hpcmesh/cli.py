@@ -26,6 +26,7 @@ import sys
 from typing import Any, Sequence
 
 from .errors import HpcmeshError
+from .runtime.gpu_binding import BINDINGS
 
 PROG = "hpcmesh"
 
@@ -243,6 +244,7 @@ def cmd_exec(args) -> int:
             futures.append(exec_command(getattr(state, name), cmd, env=env or None,
                                         workdir=args.workdir, output_dir=args.output_dir,
                                         rank=args.rank, point=point, per_host=per_host,
+                                        gpu_binding=args.gpu_binding,
                                         on_output=None if args.output_dir
                                         else make_printer(name)))
         except (KeyError, IndexError, ValueError, TypeError) as e:   # --rank/--point/--per-host
@@ -541,6 +543,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only this point (dims left out stay whole), e.g. hosts=1")
     e.add_argument("--per-host", action="append", metavar="DIM=N",
                    help="processes per host, e.g. gpus=4 (default: one per host)")
+    e.add_argument("--gpu-binding", choices=BINDINGS,
+                   help="host: every process sees the host's GPUs and LOCAL_RANK selects its "
+                        "own (torchrun's way); process: each sees only its GPU, LOCAL_RANK=0 "
+                        "(default: $HPCMESH_GPU_BINDING, else host)")
     e.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra environment")
     e.add_argument("--workdir", help="working directory on the hosts")
     e.add_argument("--output-dir", help="write output to files there instead of printing "

@@ -40,7 +40,6 @@ def local_host_mesh(processes_per_host: int | None = None, name: str = "hosts"):
     rt = client_runtime()
     ref = HostRef(rt.local_agent(), socket.gethostname())
     per = {"procs": processes_per_host} if processes_per_host else None
-    # gpu_dim: a local "gpus" dimension gets one CUDA device per process as on Slurm
     return make_host_mesh([ref], name, default_per_host=per)
 
 

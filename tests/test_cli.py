@@ -229,6 +229,13 @@ def test_apply_status_exec_kill_local_job(job_dir):
     r = hm("exec", "--per-host", "gpus=2", "--rank", "1", "--", "sh", "-c", "echo r$HPCMESH_RANK",
            cwd=job_dir, env=env)
     assert r.returncode == 0 and r.stdout.splitlines() == ["[gpus=1] r1"]
+    gpus = {**env, "CUDA_VISIBLE_DEVICES": "3,5"}
+    r = hm("exec", "--per-host", "gpus=2", "--point", "gpus=1", "--gpu-binding", "process", "--",
+           "echo $CUDA_VISIBLE_DEVICES $LOCAL_RANK $HPCMESH_LOCAL_SLOT", cwd=job_dir, env=gpus)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["[gpus=1] 5 0 1"], r.stderr
+    r = hm("exec", "--per-host", "gpus=2", "--", "true", cwd=job_dir,
+           env={**gpus, "HPCMESH_GPU_BINDING": "pinned"})
+    assert r.returncode == 2 and "HPCMESH_GPU_BINDING must be one of host, process" in r.stderr
     r = hm("exec", "--rank", "5", "--", "true", cwd=job_dir, env=env)
     assert r.returncode == 2 and "out of range" in r.stderr
     r = hm("exec", "--point", "gpus=0", "--", "true", cwd=job_dir, env=env)

@@ -192,37 +192,6 @@ def test_nccl_and_gloo_interface_exported_unless_the_user_sets_them():
         pm.stop().get(timeout=30)
 
 
-def test_one_gpu_per_process_by_local_rank(monkeypatch):
-    """The agent hands out its CUDA_VISIBLE_DEVICES one entry per process (local rank order)
-    when several processes share the host, unless the user's command sets the variable."""
-    from hpcmesh.actor import Actor, default_bootstrap_cmd, endpoint, this_host
-
-    class Gpu(Actor):
-        @endpoint
-        def visible(self):
-            import os as _os
-            return _os.environ.get("CUDA_VISIBLE_DEVICES")
-
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")     # the local agent runs in this process
-    procs = this_host().spawn_procs({"gpus": 2})
-    try:
-        assert procs.spawn("g", Gpu).visible.call().get(timeout=30).values() == ["3", "5"]
-    finally:
-        procs.stop().get(timeout=30)
-    own = default_bootstrap_cmd().with_env({"CUDA_VISIBLE_DEVICES": "7"})
-    procs = this_host().spawn_procs({"gpus": 2}, bootstrap_command=own)
-    try:
-        assert procs.spawn("g", Gpu).visible.call().get(timeout=30).values() == ["7", "7"]
-    finally:
-        procs.stop().get(timeout=30)
-    for per_host, n in (({"gpus": 3}, 3), ({"procs": 1}, 1)):   # more procs than GPUs; one
-        procs = this_host().spawn_procs(per_host)                # process: the full list
-        try:
-            assert procs.spawn("g", Gpu).visible.call().get(timeout=30).values() == ["3,5"] * n
-        finally:
-            procs.stop().get(timeout=30)
-
-
 def test_processes_start_in_the_agents_current_directory(tmp_path, monkeypatch):
     """Forked from the fork server or exec'd, a process starts where the agent is now."""
     from hpcmesh.actor import Actor, BootstrapCommand, endpoint, this_host

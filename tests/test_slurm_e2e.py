@@ -39,7 +39,7 @@ class Where(Actor):
         import os
         import socket
         return {"host": socket.gethostname(), "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                "job": os.environ.get("SLURM_JOB_ID")}
+                "local_rank": os.environ.get("LOCAL_RANK"), "job": os.environ.get("SLURM_JOB_ID")}
 
     @endpoint
     def notice(self):
@@ -105,9 +105,16 @@ def test_three_nodes_two_gpus_each(cluster):
         procs = hosts.spawn_procs(per_host={"gpus": 2})
         assert dict(procs.extent) == {"hosts": 3, "gpus": 2}
         got = procs.spawn("where", Where).where.call().get(timeout=60)
-        seen = [(p["hosts"], p["gpus"], v["host"], v["cuda"], v["job"]) for p, v in got]
-        assert seen == [(h, g, f"node{h + 1}", str(g), job.job_id)
+        # torchrun's convention: the step's GPUs, LOCAL_RANK selects one
+        seen = [(p["hosts"], p["gpus"], v["host"], v["cuda"], v["local_rank"], v["job"])
+                for p, v in got]
+        assert seen == [(h, g, f"node{h + 1}", "0,1", str(g), job.job_id)
                         for h in range(3) for g in range(2)]
+        pinned = hosts.spawn_procs(per_host={"gpus": 2}, gpu_binding="process")
+        got = pinned.spawn("where", Where).where.call().get(timeout=60)
+        assert [(v["cuda"], v["local_rank"]) for v in got.values()] == [(str(g), "0")
+                                                                         for _h in range(3)
+                                                                         for g in range(2)]
         t = job.timings
         print(f"\n3 nodes: submit->RUNNING {t['submit_to_running_s']:.2f} s "
               f"({t['running_source']}), RUNNING->all attached "
@@ -472,5 +479,5 @@ def test_sbatch_example_from_the_login_node(cluster):
                        cwd=cluster)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "trained steps: [1000, 1000, 1000, 1000]" in p.stdout
-    assert p.stdout.count("CUDA_VISIBLE_DEVICES=0") == 2
+    assert p.stdout.count("CUDA_VISIBLE_DEVICES=0,1 LOCAL_RANK=0") == 2
     assert "cancelled" in p.stdout

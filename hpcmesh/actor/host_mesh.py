@@ -18,7 +18,9 @@ from typing import Any, Callable
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime.client import ProcRecord, client_runtime
 from ..runtime.future import Future, failed, gather
+from ..runtime.gpu_binding import BINDING_VAR, SLOT_VAR, choose_binding
 from ..runtime.node import NodeRef
+from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import tls
 from ..transport.addresses import parse_address
@@ -66,8 +68,14 @@ class HostMesh(MeshTrait):
     def spawn_procs(self, per_host: dict[str, int] | None = None,
                     bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] |
                     None = None, name: str | None = None, *,
-                    forward_logs: bool = True) -> "ProcMesh":
-        """Start processes on every host of this mesh; per-host dims are appended."""
+                    forward_logs: bool = True, gpu_binding: str | None = None) -> "ProcMesh":
+        """Start processes on every host of this mesh; per-host dims are appended.
+
+        ``gpu_binding`` (default ``$HPCMESH_GPU_BINDING``, else "host"): "host" gives every
+        process its host's GPUs and LOCAL_RANK selects its own, as torchrun does; "process"
+        pins each to its GPU (CUDA_VISIBLE_DEVICES=<it>, LOCAL_RANK=0). Either way
+        HPCMESH_LOCAL_SLOT is its slot on the host (see ``hpcmesh.runtime.gpu_binding``)."""
+        binding = choose_binding(gpu_binding)
         if per_host is not None and not isinstance(per_host, Mapping):
             raise TypeError(f"per_host must be a mapping of dimension names to sizes, like "
                             f"per_host={{'gpus': 8}}; got {type(per_host).__name__} "
@@ -88,6 +96,7 @@ class HostMesh(MeshTrait):
         uid = uuid.uuid4().hex[:8]
         per = Extent(per_host).nelem
         host_ranks = self._shape.ranks()
+        member_places = places([i // per for i in range(extent.nelem)])
         records: list[ProcRecord] = []
         by_host: dict[int, list] = {}
         for i in range(extent.nelem):
@@ -122,7 +131,7 @@ class HostMesh(MeshTrait):
                 host = self._hosts[host_ranks[hi]]
                 recs = [r for r in records if r.agent == host.agent]
                 try:
-                    reqs = [(n, c, lbl, _torchrun_env(i, extent, per, master))
+                    reqs = [(n, c, lbl, _mesh_env(member_places[i], master, binding))
                             for n, c, lbl, i in reqs]
                     f = node.rpc(host.agent, "spawn_procs", reqs, node.ref, rt.events,
                                  rt.secret.hex(), rt.lease_grace, f"{mesh_name}-{uid}")
@@ -155,16 +164,13 @@ class HostMesh(MeshTrait):
         return f"HostMesh({dict(self.extent)}, hosts={self.hostnames})"
 
 
-def _torchrun_env(rank: int, extent: Extent, per_host: int,
-                  master: tuple[str, int] | None) -> dict[str, str]:
-    """torchrun's variables, so a user's own ``init_process_group()`` works; they sit
-    under the bootstrap command's env (which can override or remove them)."""
-    env = {"RANK": str(rank), "WORLD_SIZE": str(extent.nelem),
-           "LOCAL_RANK": str(rank % per_host), "LOCAL_WORLD_SIZE": str(per_host),
-           "GROUP_RANK": str(rank // per_host)}
-    if master is not None:
-        env["MASTER_ADDR"], env["MASTER_PORT"] = master[0], str(master[1])
-    return env
+def _mesh_env(place: MemberPlace, master: tuple[str, int] | None,
+              binding: str) -> dict[str, str]:
+    """torchrun's variables, so a user's own ``init_process_group()`` works, and the GPU
+    binding the agent applies; they sit under the bootstrap command's env (which can
+    override or remove them)."""
+    return {**torchrun_env(place, master), SLOT_VAR: str(place.local_rank),
+            BINDING_VAR: binding}
 
 
 def _label(point: Point) -> str:

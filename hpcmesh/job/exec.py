@@ -13,7 +13,10 @@ Each run sees, besides the host's environment:
 * ``HPCMESH_RANK`` / ``HPCMESH_NRANKS``: the flat rank and the member count;
 * ``HPCMESH_SUBDIR``: ``<dim>_<i>_<dim>_<i>...`` (``hosts_0_gpus_1``), ``0`` for a
   mesh without dimensions. ``$SUBDIR`` / ``${SUBDIR}`` in ``output_dir`` become it;
-* ``HPCMESH_PYTHON``: the interpreter of the actor process (what ``run_python`` uses).
+* ``HPCMESH_PYTHON``: the interpreter of the actor process (what ``run_python`` uses);
+* ``CUDA_VISIBLE_DEVICES`` / ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` / ``HPCMESH_LOCAL_SLOT``
+  as ``spawn_procs``' ``gpu_binding`` gives them, for the member's slot among the *whole*
+  ``per_host`` extent (``point={"gpus": 1}`` runs with LOCAL_RANK 1 in "host" binding).
 
 With ``output_dir`` the output goes to files on the worker host: ``stdout`` and
 ``stderr`` inside ``output_dir`` when it contains ``$SUBDIR`` (one directory per
@@ -40,6 +43,7 @@ from ..actor.endpoint import Actor, endpoint
 from ..runtime.client import client_runtime
 from ..runtime.context import context
 from ..runtime.future import Future
+from ..runtime.gpu_binding import BINDING_VAR, choose_binding, gpu_env
 from ..shapes import Extent, Point
 
 __all__ = ["BashActor", "exec_command", "exec_python", "subdir_for", "point_label"]
@@ -73,11 +77,15 @@ class BashActor(Actor):
 
     ``full_extent`` and ``offsets`` place this actor in the mesh the user asked
     about (a restricted run spawns only part of it); both default to the mesh
-    the actor was spawned in.
+    the actor was spawned in. With ``gpu_binding``, ``per_host_dims`` (the dims of
+    ``full_extent`` that are per host) give the slot whose GPU the commands get, from
+    the GPUs this process sees (spawn it with "host" binding); without, the commands
+    keep this process's GPU variables.
     """
 
     def __init__(self, full_extent: Mapping[str, int] | None = None,
-                 offsets: Mapping[str, int] | None = None):
+                 offsets: Mapping[str, int] | None = None,
+                 per_host_dims: Sequence[str] = (), gpu_binding: str | None = None):
         point = context().actor_instance.rank
         local = dict(point.items())
         if full_extent is None:
@@ -88,6 +96,15 @@ class BashActor(Actor):
         self.rank = Point.from_coords(self.coords, Extent(self.extent)).rank if self.extent else 0
         self.subdir = subdir_for(self.coords)
         self.label = point_label(self.coords)
+        self.gpu = None
+        if gpu_binding is not None:
+            per_host = {d: self.extent[d] for d in per_host_dims}
+            slot = Point.from_coords({d: self.coords[d] for d in per_host_dims},
+                                     Extent(per_host)).rank if per_host else 0
+            n = Extent(per_host).nelem
+            gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+            self.gpu = {**gpu_env(gpu_binding, slot, n, gpus), "LOCAL_WORLD_SIZE": str(n),
+                        BINDING_VAR: gpu_binding}
 
     # -- helpers ------------------------------------------------------------------------
     def _env(self, env: Mapping[str, str | None] | None) -> dict[str, str]:
@@ -102,6 +119,7 @@ class BashActor(Actor):
         out["HPCMESH_NRANKS"] = str(n)
         out["HPCMESH_SUBDIR"] = self.subdir
         out["HPCMESH_PYTHON"] = sys.executable
+        out.update(self.gpu or {})
         for k, v in (env or {}).items():
             if v is None:
                 out.pop(k, None)
@@ -308,7 +326,8 @@ def exec_command(host_mesh, cmd: str | Sequence[str], env: Mapping[str, str | No
                  rank: int | None = None, point: Mapping[str, int] | None = None,
                  per_host: Mapping[str, int] | None = None, *,
                  on_output: Callable[[str, str, str], None] | None = None,
-                 python: bool = False, args: Sequence[str] = ()) -> Future:
+                 python: bool = False, args: Sequence[str] = (),
+                 gpu_binding: str | None = None) -> Future:
     """Run ``cmd`` on every member of ``host_mesh`` (one process per host, or
     ``per_host`` processes per host); a Future of the largest exit code.
 
@@ -317,9 +336,12 @@ def exec_command(host_mesh, cmd: str | Sequence[str], env: Mapping[str, str | No
     left out stay whole) restrict the run. ``on_output(label, stream, line)`` gets
     every output line on the controller (instead of the prefixed log forwarding).
     ``python=True`` treats ``cmd`` as a script or module run with the workers' Python
-    and ``args`` (what :func:`exec_python` does). The processes started for the run are
-    stopped before the Future resolves (also when it fails).
+    and ``args`` (what :func:`exec_python` does). ``gpu_binding`` is ``spawn_procs``' (default
+    ``$HPCMESH_GPU_BINDING``, else "host"), applied for each member's slot in the whole
+    ``per_host`` extent even when the run is restricted. The processes started for the
+    run are stopped before the Future resolves (also when it fails).
     """
+    binding = choose_binding(gpu_binding)
     per_host = dict(per_host or {})
     hosts, spawn_per_host, full, offsets = _restrict(host_mesh, per_host, rank, point)
     rt = client_runtime()
@@ -330,8 +352,11 @@ def exec_command(host_mesh, cmd: str | Sequence[str], env: Mapping[str, str | No
             for ln in lines:
                 on_output(label, stream, ln)
         port_ref = rt.node.open_port(deliver)
-    procs = hosts.spawn_procs(spawn_per_host, name="exec", forward_logs=on_output is None)
-    actors = procs.spawn("bash", BashActor, full, offsets)
+    # "host": each actor sees all its host's GPUs and binds its command itself (its slot in
+    # the whole per_host extent is not its slot among the processes a restricted run spawns)
+    procs = hosts.spawn_procs(spawn_per_host, name="exec", forward_logs=on_output is None,
+                              gpu_binding="host")
+    actors = procs.spawn("bash", BashActor, full, offsets, list(per_host), binding)
     if python:
         if on_output is not None:
             call = actors.run_streaming.call(_python_argv_remote(cmd, args), Port(port_ref), env,

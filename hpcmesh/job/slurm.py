@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.host_mesh import HostMesh, HostRef, attach_to_workers
 from ..runtime.agent_main import NOTICE_VAR, run_agent
-from ..runtime.bootstrap import BootstrapCommand
+from ..runtime.bootstrap import PROC_MODULE, BootstrapCommand
 from ..settings import env_number
 from ..shapes import Extent, Shape
 from ..slurm.parsing import JobRecord, SlurmParseError, parse_sbatch_parsable
@@ -80,7 +80,6 @@ COMPLETING_WAIT = 5.0
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED",
                            "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING"})
 AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
-GPU_INDEX_VAR = "HPCMESH_GPU_INDEX"
 
 
 class SlurmSubmitError(SlurmError):
@@ -189,68 +188,45 @@ def _read_notices(path: str | None, restart: int | None = None) -> list[dict] | 
 
 
 # ---------------------------------------------------------------------------------------
-# processes on Slurm hosts: one GPU each, the node's python
+# processes on Slurm hosts: the node's python (the agent binds the step's GPUs)
 # ---------------------------------------------------------------------------------------
 _PROC_SCRIPT = r"""
 py="${HPCMESH_AGENT_PYTHON:-$1}"
-if [ -n "${HPCMESH_GPU_INDEX:-}" ]; then
-    list="${CUDA_VISIBLE_DEVICES:-${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}}"
-    if [ -n "$list" ]; then
-        i=0; sel=""; old_ifs=$IFS; IFS=,
-        for g in $list; do
-            if [ "$i" -eq "$HPCMESH_GPU_INDEX" ]; then sel=$g; fi
-            i=$((i + 1))
-        done
-        IFS=$old_ifs
-        if [ -z "$sel" ]; then
-            echo "hpcmesh: process for GPU index $HPCMESH_GPU_INDEX, but host $(hostname) has only $i GPU(s): $list" >&2
-            exit 1
-        fi
-        export CUDA_VISIBLE_DEVICES="$sel"
-    fi
-fi
-exec "$py" -m hpcmesh.runtime.proc
+shift
+exec "$py" "$@"
 """
 
 
-def slurm_bootstrap(gpu_dim: str | None = "gpus", python: str | None = None,
+def slurm_bootstrap(*, python: str | None = None,
                     env: Mapping[str, str | None] | None = None) -> Callable:
     """A ``bootstrap_command`` callable for ``spawn_procs`` on Slurm hosts.
 
     Each process runs the host agent's own python (``$HPCMESH_AGENT_PYTHON``, else
-    ``python``, else the controller's interpreter) and, when the mesh has a ``gpu_dim``
-    dimension, sees one GPU: entry ``point[gpu_dim]`` of the agent's
-    ``CUDA_VISIBLE_DEVICES`` (or ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``), chosen on the
-    host by a ``/bin/sh`` wrapper. A host without a GPU list leaves the variable alone;
-    an index past the list fails that process with a clear message.
+    ``python``, else the controller's interpreter), chosen on the host by a ``/bin/sh``
+    wrapper. The command still ends in ``-m hpcmesh.runtime.proc``, so the agent binds
+    the step's GPUs (its ``CUDA_VISIBLE_DEVICES``) as ``spawn_procs``' ``gpu_binding``
+    says, unless ``env`` sets CUDA_VISIBLE_DEVICES.
     """
-    fallback = python or sys.executable
-    extra = dict(env or {})
+    cmd = BootstrapCommand("/bin/sh", ["-c", _PROC_SCRIPT, "hpcmesh-proc",
+                                       python or sys.executable, "-m", PROC_MODULE], env or {})
 
     def make(point) -> BootstrapCommand:
-        e = dict(extra)
-        if gpu_dim is not None and gpu_dim in point:
-            e[GPU_INDEX_VAR] = str(point[gpu_dim])
-        else:
-            e[GPU_INDEX_VAR] = None
-        return BootstrapCommand("/bin/sh", ["-c", _PROC_SCRIPT, "hpcmesh-proc", fallback], e)
+        return cmd
     return make
 
 
 class SlurmHostMesh(HostMesh):
-    """A HostMesh whose ``spawn_procs`` defaults to :func:`slurm_bootstrap` (one GPU per
-    process along ``gpu_dim``, the node's python). Otherwise a plain HostMesh."""
+    """A HostMesh whose ``spawn_procs`` defaults to :func:`slurm_bootstrap` (the node's
+    python). Otherwise a plain HostMesh."""
 
     def __init__(self, hosts: list[HostRef], shape: Shape, name: str = "hosts", *,
-                 gpu_dim: str | None = "gpus", default_per_host: dict | None = None,
-                 job: Any = None):
+                 default_per_host: dict | None = None, job: Any = None):
         super().__init__(hosts, shape, name)
-        self.gpu_dim = gpu_dim
         self.default_per_host = dict(default_per_host) if default_per_host else None
         self._job = job
 
     def _new_with_shape(self, shape: Shape) -> "SlurmHostMesh":
-        return SlurmHostMesh(self._hosts, shape, self.name, gpu_dim=self.gpu_dim,
+        return SlurmHostMesh(self._hosts, shape, self.name,
                              default_per_host=self.default_per_host, job=self._job)
 
     @property
@@ -259,12 +235,13 @@ class SlurmHostMesh(HostMesh):
         return self._job
 
     def spawn_procs(self, per_host=None, bootstrap_command=None, name=None, *,
-                    forward_logs: bool = True):
+                    forward_logs: bool = True, gpu_binding: str | None = None):
         if per_host is None and self.default_per_host:
             per_host = dict(self.default_per_host)
         if bootstrap_command is None:
-            bootstrap_command = slurm_bootstrap(self.gpu_dim)
-        return super().spawn_procs(per_host, bootstrap_command, name, forward_logs=forward_logs)
+            bootstrap_command = slurm_bootstrap()
+        return super().spawn_procs(per_host, bootstrap_command, name, forward_logs=forward_logs,
+                                   gpu_binding=gpu_binding)
 
     def __getstate__(self):
         d = dict(self.__dict__)

@@ -21,6 +21,8 @@ from typing import Sequence
 BOOTSTRAP_MODE_VAR = "HPCMESH_BOOTSTRAP_MODE"
 PROCESS_NAME_VAR = "HPCMESH_PROCESS_NAME"
 LOG_CHANNEL_VAR = "HPCMESH_LOG_CHANNEL"
+#: hpcmesh's own process entry point (``python -m`` it).
+PROC_MODULE = "hpcmesh.runtime.proc"
 
 
 class BootstrapCommand:
@@ -88,7 +90,14 @@ def _checked_env(mapping: Mapping) -> dict[str, str | None]:
 
 def default_bootstrap_cmd() -> BootstrapCommand:
     """Start the hpcmesh process entry point with this interpreter."""
-    return BootstrapCommand(sys.executable, ["-m", "hpcmesh.runtime.proc"], {})
+    return BootstrapCommand(sys.executable, ["-m", PROC_MODULE], {})
+
+
+def runs_entry_point(cmd: BootstrapCommand) -> bool:
+    """Whether ``cmd`` ends in ``-m hpcmesh.runtime.proc``: hpcmesh's own entry point, run
+    directly or through a launcher that picks the interpreter (``slurm_bootstrap``'s shell).
+    Those get hpcmesh's GPU binding; any other program chooses GPUs for itself."""
+    return cmd.args[-2:] == ["-m", PROC_MODULE]
 
 
 def build_environment(cmd: BootstrapCommand, agent_env: Mapping[str, str],

@@ -17,11 +17,12 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
-                        build_environment)
+from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROC_MODULE, PROCESS_NAME_VAR,
+                        BootstrapCommand, build_environment, runs_entry_point)
 from ..settings import env_flag
 from . import placement
 from .errors import describe_exit
+from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env
 from .messages import EVENT_EXIT, EVENT_LOG, deliver_msg
 from .node import Node, NodeRef, PortRef
 from .zygote import ZygoteClient, ZygoteProcess
@@ -106,7 +107,7 @@ class HostAgent:
         """Only the default entry point, and only when nothing that is read at interpreter
         or loader start-up (PYTHON*, LD_*, MALLOC_*) differs from the zygote's."""
         z = self._zygote
-        if z is None or not z.alive or cmd.args != ["-m", "hpcmesh.runtime.proc"]:
+        if z is None or not z.alive or not runs_entry_point(cmd):
             return False
         try:
             if not os.path.samefile(cmd.program, sys.executable):
@@ -139,6 +140,7 @@ class HostAgent:
         [(name, pid, log_paths)]. A bad program fails the whole call with a clear error."""
         out = []
         started: list[_Proc] = []
+        unpinned: list[str] = []
         log_dir = os.path.join(self.log_dir, log_subdir)
         os.makedirs(log_dir, exist_ok=True)
         try:
@@ -159,7 +161,8 @@ class HostAgent:
                 }
                 env = build_environment(cmd, os.environ, bootstrap_vars,
                                         {**self.network_env(), **mesh_env})
-                self._assign_gpu(cmd, env, mesh_env)
+                if not self._assign_gpu(cmd, env, mesh_env):
+                    unpinned.append(label)
                 popen = None
                 if self._use_zygote(cmd, env):
                     try:
@@ -179,6 +182,12 @@ class HostAgent:
                     if stream not in p.logs and pipe is not None:
                         pipe.close()     # nobody reads it: its log could not be opened
             raise
+        if unpinned:
+            gpus = self.gpus()
+            log.warning("GPU binding 'process': host %s has %d GPU(s) (%s) for %d processes "
+                        "(%s); they keep the host's list and LOCAL_RANK = their slot",
+                        self.hostname, len(gpus), ",".join(gpus), len(unpinned),
+                        " ".join(unpinned))
         return out
 
     def gpus(self) -> list[str]:
@@ -195,21 +204,24 @@ class HostAgent:
         except OSError:
             return []
 
-    def _assign_gpu(self, cmd: BootstrapCommand, env: dict[str, str], mesh_env: dict) -> None:
-        """One GPU per process by local rank, when several processes share a host that has
-        at least one GPU for each (a single process per host keeps all of them).
+    def _assign_gpu(self, cmd: BootstrapCommand, env: dict[str, str], mesh_env: dict) -> bool:
+        """Apply the mesh's GPU binding (``gpu_binding.gpu_env``) to this host's GPUs; False
+        when "process" binding found fewer GPUs than processes (the caller warns once).
 
-        Only for the default entry point and only if the user's command does not set
-        CUDA_VISIBLE_DEVICES: a custom program or wrapper chooses for itself."""
-        if "CUDA_VISIBLE_DEVICES" in cmd.env or cmd.args != ["-m", "hpcmesh.runtime.proc"]:
-            return
+        Only for hpcmesh's own entry point and only if the user's command does not set
+        CUDA_VISIBLE_DEVICES: a custom program or wrapper chooses for itself. A LOCAL_RANK
+        or HPCMESH_LOCAL_SLOT the command sets (or removes) stays its own."""
+        if "CUDA_VISIBLE_DEVICES" in cmd.env or not runs_entry_point(cmd):
+            return True
         try:
-            local, per_host = int(mesh_env["LOCAL_RANK"]), int(mesh_env["LOCAL_WORLD_SIZE"])
+            binding = mesh_env[BINDING_VAR]
+            slot, per_host = int(mesh_env[SLOT_VAR]), int(mesh_env["LOCAL_WORLD_SIZE"])
         except (KeyError, ValueError):
-            return
+            return True     # not spawned by HostMesh.spawn_procs: nothing to bind by
         gpus = self.gpus()
-        if 1 < per_host <= len(gpus):
-            env["CUDA_VISIBLE_DEVICES"] = gpus[local]
+        env.update((k, v) for k, v in gpu_env(binding, slot, per_host, gpus).items()
+                   if k not in cmd.env)
+        return binding != "process" or not gpus or can_pin(per_host, gpus)
 
     def _exec(self, cmd: BootstrapCommand, env: dict[str, str], label: str) -> subprocess.Popen:
         try:

@@ -130,6 +130,18 @@ def get_collectives() -> MeshCollectives:
     return _cached_for(owner, point, rendezvous, None)
 
 
+def _view_extent(mc: MeshCollectives, extent: Any) -> Any:
+    """The extent the call names dims in: ``extent`` if given; else, when the message came
+    through a rename/split/flatten view (the same members, other dims), that view's; else
+    the mesh's own (a slice keeps the mesh's dims: its groups are the mesh's groups)."""
+    if extent is not None:
+        return extent
+    view = context().message_rank.extent
+    if len(view) and view.nelem == mc.world_size and tuple(view.items()) != mc.extent:
+        return view
+    return None
+
+
 def device_mesh(extent: Any = None, *, device_type: str | None = None):
     """The ``torch.distributed.DeviceMesh`` of the calling actor's mesh, ``mesh_dim_names``
     its dims (``("hosts", "gpus")``). Called through a rename/split view of the mesh (same
@@ -138,9 +150,8 @@ def device_mesh(extent: Any = None, *, device_type: str | None = None):
     mc = get_collectives()
     if extent is None:
         view = context().message_rank.extent
-        if view.nelem == mc.world_size and len(view) > 0:
-            extent = view
-        elif view.nelem != mc.world_size:
+        extent = _view_extent(mc, None)
+        if len(view) and view.nelem != mc.world_size:
             raise ValueError(
                 f"device_mesh(): this call came through a view of {view.nelem} of the mesh's "
                 f"{mc.world_size} members ({dict(view)}); a DeviceMesh spans a whole world: call "
@@ -151,52 +162,62 @@ def device_mesh(extent: Any = None, *, device_type: str | None = None):
 
 def process_group(dims: Dims = None, *, extent: Any = None):
     """The torch ``ProcessGroup`` of the calling actor's group along ``dims``."""
-    return get_collectives().process_group(dims, extent=extent)
+    mc = get_collectives()
+    return mc.process_group(dims, extent=_view_extent(mc, extent))
 
 
 def all_reduce(tensor, dims: Dims = None, op: Any = "sum", *, extent: Any = None, timeout: Timeout = None):
     """In-place reduce over the calling actor's group along ``dims``; returns ``tensor``."""
-    return get_collectives().all_reduce(tensor, dims, op, extent=extent, timeout=timeout)
+    mc = get_collectives()
+    return mc.all_reduce(tensor, dims, op, extent=_view_extent(mc, extent), timeout=timeout)
 
 
 def reduce(tensor, dst: int = 0, dims: Dims = None, op: Any = "sum", *, extent: Any = None,
            timeout: Timeout = None):
     """Reduce into group rank ``dst``'s ``tensor`` (others: unspecified)."""
-    return get_collectives().reduce(tensor, dst, dims, op, extent=extent, timeout=timeout)
+    mc = get_collectives()
+    return mc.reduce(tensor, dst, dims, op, extent=_view_extent(mc, extent), timeout=timeout)
 
 
 def all_gather(tensor, dims: Dims = None, *, extent: Any = None, timeout: Timeout = None):
     """Every group member's ``tensor``, ordered by group rank."""
-    return get_collectives().all_gather(tensor, dims, extent=extent, timeout=timeout)
+    mc = get_collectives()
+    return mc.all_gather(tensor, dims, extent=_view_extent(mc, extent), timeout=timeout)
 
 
 def reduce_scatter(output, inputs, dims: Dims = None, op: Any = "sum", *, extent: Any = None,
                    timeout: Timeout = None):
     """Group rank i gets the reduction of all members' ``inputs[i]`` in ``output``."""
-    return get_collectives().reduce_scatter(output, inputs, dims, op, extent=extent, timeout=timeout)
+    mc = get_collectives()
+    return mc.reduce_scatter(output, inputs, dims, op, extent=_view_extent(mc, extent), timeout=timeout)
 
 
 def broadcast(tensor, src: int = 0, dims: Dims = None, *, extent: Any = None, timeout: Timeout = None):
     """Copy group rank ``src``'s ``tensor`` to every member; returns ``tensor``."""
-    return get_collectives().broadcast(tensor, src, dims, extent=extent, timeout=timeout)
+    mc = get_collectives()
+    return mc.broadcast(tensor, src, dims, extent=_view_extent(mc, extent), timeout=timeout)
 
 
 def barrier(dims: Dims = None, *, extent: Any = None, timeout: Timeout = None) -> None:
     """Wait for every member of the group along ``dims``."""
-    get_collectives().barrier(dims, extent=extent, timeout=timeout)
+    mc = get_collectives()
+    mc.barrier(dims, extent=_view_extent(mc, extent), timeout=timeout)
 
 
 def group_rank(dims: Dims = None, *, extent: Any = None) -> int:
     """Row-major rank over ``dims`` (mesh order) of the calling actor; no communication."""
-    return get_collectives().group_rank(dims, extent=extent)
+    mc = get_collectives()
+    return mc.group_rank(dims, extent=_view_extent(mc, extent))
 
 
 def group_size(dims: Dims = None, *, extent: Any = None) -> int:
     """Product of the sizes of ``dims``; no communication."""
-    return get_collectives().group_size(dims, extent=extent)
+    mc = get_collectives()
+    return mc.group_size(dims, extent=_view_extent(mc, extent))
 
 
 def group_members(dims: Dims = None, *, extent: Any = None) -> list[int]:
     """Flat mesh ranks of the calling actor's group, ordered by group rank."""
-    return get_collectives().group_members(dims, extent=extent)
+    mc = get_collectives()
+    return mc.group_members(dims, extent=_view_extent(mc, extent))
 

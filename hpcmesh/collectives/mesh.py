@@ -203,12 +203,16 @@ class MeshCollectives:
 
             def store(generation: int) -> Any:
                 return dist.PrefixStore(f"{prefix}/hpcmesh.world/{generation}", self._get_store())
-            elastic = world_mod.elastic_store_factory(self.rank, self.world_size, self.timeout)
-            if elastic is None and world_mod.current() is None and not dist.is_initialized():
+            elastic = world_mod.elastic_world(self.rank, self.world_size, self.timeout)
+            if elastic is not None:     # setup_torch_elastic_env's: serves every mesh like it
+                key, elastic_store = elastic
+                self._world = world_mod.world_for(key, self.rank, self.world_size, elastic_store,
+                                                  self.timeout, any_mesh=True)
+                return self._world
+            if world_mod.current() is None and not dist.is_initialized():
                 self._get_store()       # a missing rendezvous is named before torch is touched
-            # a world of setup_torch_elastic_env serves every mesh numbered as it is ("" key)
-            self._world = world_mod.world_for("" if elastic else prefix, self.rank,
-                                              self.world_size, elastic or store, self.timeout)
+            self._world = world_mod.world_for(prefix, self.rank, self.world_size, store,
+                                              self.timeout)
             return self._world
 
     def process_group(self, dims: Dims = None, *, extent: Any = None) -> Any:
@@ -467,7 +471,7 @@ class MeshCollectives:
         with self._lock:
             self._closed = True
             w, self._world = self._world, None
-            if w is not None and w is world_mod.current() and w.key == self._prefix():
+            if w is not None and w is world_mod.current() and w.key == self._prefix():  # ours
                 world_mod.destroy()
             self._store = None
 

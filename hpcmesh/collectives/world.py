@@ -42,10 +42,11 @@ LAZY_GLOO_VAR = "TORCH_GLOO_LAZY_INIT"
 class World:
     """The default process group as hpcmesh knows it."""
 
-    key: str                    # which mesh formed it ("" when adopted)
+    key: str                    # which mesh (or elastic world) formed it ("" when adopted)
     rank: int
     size: int
     formed_here: bool           # hpcmesh called init_process_group (so may destroy it)
+    any_mesh: bool = False      # serves every mesh numbered as it is (adopted, elastic)
     groups: dict[tuple[int, ...], Any] = field(default_factory=dict)
     generation: int = 0
 
@@ -92,9 +93,9 @@ def current() -> World | None:
     return _current
 
 
-def elastic_store_factory(rank: int, size: int, timeout: timedelta):
-    """If ``setup_torch_elastic_env`` made this process member ``rank`` of a world of ``size``,
-    how to reach that world's store (what ``init_process_group()`` would use); else None."""
+def elastic_world(rank: int, size: int, timeout: timedelta):
+    """If ``setup_torch_elastic_env`` made this process member ``rank`` of a world of ``size``:
+    (its key, how to reach its store); else None."""
     env = os.environ
     if WORLD_ID_VAR not in env:
         return None
@@ -104,26 +105,34 @@ def elastic_store_factory(rank: int, size: int, timeout: timedelta):
         addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     except (KeyError, ValueError):
         return None
-    # keyed as init_process_group(init_method="env://") keys it, so members that form the
-    # world either way meet
-    return lambda _generation: dist.PrefixStore("default_pg", dist.TCPStore(
-        addr, port, size, is_master=False, timeout=timeout))
+
+    def store(generation: int) -> Any:
+        # the first time keyed as init_process_group(init_method="env://") keys it, so
+        # members that form the world either way meet; a world formed again after a
+        # destroy must not read the earlier one's keys
+        prefix = "default_pg" if generation == 1 else f"hpcmesh.world/{generation}"
+        return dist.PrefixStore(prefix, dist.TCPStore(addr, port, size, is_master=False,
+                                                      timeout=timeout))
+    return f"elastic:{env[WORLD_ID_VAR]}", store
 
 
-def world_for(key: str, rank: int, size: int, store_factory, timeout: timedelta) -> World:
+def world_for(key: str, rank: int, size: int, store_factory, timeout: timedelta, *,
+              any_mesh: bool = False) -> World:
     """This process's world as member ``rank`` of ``size`` for mesh ``key``: the current one
-    if it fits, else a new one over ``store_factory(generation)`` (a torch Store)."""
+    if it fits, else a new one over ``store_factory(n)`` (a torch Store; ``n`` counts the
+    worlds formed for ``key`` in this process, the same in every member)."""
     global _current, _generations
     with _lock:
         w = _current
         if w is not None and not dist.is_initialized():
             w = _current = None         # the user destroyed it
-        if w is not None and w.rank == rank and w.size == size and (w.key in ("", key)):
+        if w is not None and w.rank == rank and w.size == size and (w.any_mesh or w.key == key):
             return w
         if dist.is_initialized():
             if w is None and dist.get_rank() == rank and dist.get_world_size() == size:
                 _generations += 1       # someone else's world with our numbering: use it
-                _current = World("", rank, size, formed_here=False, generation=_generations)
+                _current = World("", rank, size, formed_here=False, any_mesh=True,
+                                 generation=_generations)
                 return _current
             if w is None or not w.formed_here:
                 raise CollectiveError(
@@ -143,7 +152,8 @@ def world_for(key: str, rank: int, size: int, store_factory, timeout: timedelta)
                 f"could not form the torch.distributed world of mesh {key!r} as member {rank} "
                 f"of {size}: {e}") from e
         _generations += 1
-        _current = World(key, rank, size, formed_here=True, generation=_generations)
+        _current = World(key, rank, size, formed_here=True, any_mesh=any_mesh,
+                         generation=_generations)
         return _current
 
 

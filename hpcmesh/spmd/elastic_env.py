@@ -36,25 +36,41 @@ log = logging.getLogger("hpcmesh.spmd")
 
 #: The LOCAL_RANK a process was started with (the one that selects its GPU), kept across worlds.
 DEVICE_LOCAL_RANK_VAR = "HPCMESH_DEVICE_LOCAL_RANK"
-STORE_TIMEOUT_S = 300.0
 
-_served: dict[str, Any] = {}      # world id -> the TCPStore this process serves for it
+#: ``addr:port`` of the store setup_torch_elastic_env made for the world (MASTER_* of its
+#: first run).
+FIRST_STORE_VAR = "HPCMESH_TORCH_WORLD_STORE"
+STORE_TIMEOUT_S = 300.0
+#: What ``enter`` sets beyond torchrun's own variables.
+ELASTIC_VARS = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                "TORCHELASTIC_MAX_RESTARTS", WORLD_ID_VAR, FIRST_STORE_VAR, WORLD_EXTENT_VAR)
+
+_served: dict[str, Any] = {}      # world id (/run) -> a TCPStore this process serves for it
+_runs: dict[str, int] = {}        # world id -> SPMDActor.main runs in it so far
 
 
 def reachable_address(use_ipaddr: Any) -> str:
     """The address other hosts reach this process at: the one its host agent advertises
     (hpcmesh's interface choice, IPoIB first), or the host name's address of a family."""
-    if use_ipaddr is None:
+    family = address_family(use_ipaddr)
+    if family is None:
         return os.environ.get("HPCMESH_ADVERTISE_HOST") or socket.gethostname()
+    infos = socket.getaddrinfo(socket.gethostname(), None, family, socket.SOCK_STREAM)
+    if not infos:
+        raise OSError(f"host {socket.gethostname()} has no {use_ipaddr} address")
+    return infos[0][4][0]
+
+
+def address_family(use_ipaddr: Any) -> int | None:
+    """None, or the socket family ``use_ipaddr`` names (Monarch's AddrType, or its name)."""
+    if use_ipaddr is None:
+        return None
     name = str(getattr(use_ipaddr, "name", use_ipaddr)).lower()
     families = {"ipv4": socket.AF_INET, "ipv6": socket.AF_INET6}
     if name not in families:
         raise ValueError(f"use_ipaddr={use_ipaddr!r}: use None (the host agent's address), "
                          f"'ipv4' or 'ipv6'")
-    infos = socket.getaddrinfo(socket.gethostname(), None, families[name], socket.SOCK_STREAM)
-    if not infos:
-        raise OSError(f"host {socket.gethostname()} has no {name} address")
-    return infos[0][4][0]
+    return families[name]
 
 
 def leave_world() -> None:
@@ -69,6 +85,32 @@ def leave_world() -> None:
     if dist.is_available() and dist.is_initialized():
         log.info("destroying the default process group of an earlier world")
         dist.destroy_process_group()
+
+
+def fresh_rendezvous() -> None:
+    """Before a second ``init_process_group()`` in the same elastic world: move MASTER_PORT to
+    a new store, as torchrun does for every restart (env:// reads unprefixed keys, so a second
+    world over the first store would meet the first one's stale addresses). Every member
+    calls it the same number of times; rank 0 serves the new store and posts its port in the
+    world's first store, which member 0 serves for as long as the world lasts."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    world_id = os.environ[WORLD_ID_VAR]
+    addr, port = os.environ[FIRST_STORE_VAR].rsplit(":", 1)
+    _runs[world_id] = run = _runs.get(world_id, 0) + 1
+    if run == 1:
+        return                                  # the first run uses the store set up for it
+    timeout = timedelta(seconds=STORE_TIMEOUT_S)
+    first = dist.TCPStore(addr, int(port), None, is_master=False, timeout=timeout)
+    key = f"hpcmesh.spmd/run{run}/master_port"
+    if os.environ.get("RANK") == "0":
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], 0, None, is_master=True,
+                              wait_for_workers=False, timeout=timeout)
+        _served[f"{world_id}/run{run}"] = store
+        first.set(key, str(store.port))
+    os.environ["MASTER_PORT"] = first.get(key).decode()
 
 
 class ElasticEnvActor(Actor):
@@ -90,8 +132,8 @@ class ElasticEnvActor(Actor):
     def enter(self, world_id: str, master: tuple[str, int], member_places: list,
               extent: list) -> None:
         leave_world()
-        for old in [k for k in _served if k != world_id]:
-            del _served[old]                    # closes the earlier world's store
+        for old in [k for k in _served if not k.startswith(world_id)]:
+            del _served[old]                    # closes the earlier world's stores
         place = member_places[current_rank().rank]
         device_local = os.environ.setdefault(DEVICE_LOCAL_RANK_VAR,
                                              os.environ.get("LOCAL_RANK", str(place.local_rank)))
@@ -105,6 +147,7 @@ class ElasticEnvActor(Actor):
             "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0",
             WORLD_ID_VAR: world_id,
+            FIRST_STORE_VAR: f"{master[0]}:{master[1]}",
             WORLD_EXTENT_VAR: ",".join(f"{k}={v}" for k, v in extent),
         })
 
@@ -118,6 +161,7 @@ def _setup_steps(proc_mesh: Any, master_addr: str | None, master_port: int | Non
     if (master_addr is None) != (master_port is None):
         raise ValueError("pass both master_addr and master_port, or neither (member 0 then "
                          "serves the rendezvous store on a port it keeps)")
+    address_family(use_ipaddr)
     world_id = uuid.uuid4().hex[:12]
     member_places = places(proc_mesh.host_ids)
     extent = list(proc_mesh.extent.items())

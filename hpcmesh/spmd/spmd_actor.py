@@ -15,8 +15,8 @@ from typing import Any
 
 from ..actor.endpoint import Actor, endpoint
 from ..runtime.context import current_rank
-from ..runtime.torchrun_env import MemberPlace, torchrun_env
-from .elastic_env import reachable_address, leave_world
+from ..runtime.torchrun_env import WORLD_ID_VAR, MemberPlace, torchrun_env
+from .elastic_env import ELASTIC_VARS, fresh_rendezvous, leave_world, reachable_address
 
 
 def _last_dim_place(point: Any) -> MemberPlace:
@@ -53,8 +53,9 @@ class SPMDActor(Actor):
 
     def _setup_env(self, master: tuple[str, int]) -> None:
         leave_world()
+        for var in ELASTIC_VARS:        # not an elastic world: RANK 0 serves this one's store
+            os.environ.pop(var, None)
         os.environ.update(torchrun_env(_last_dim_place(current_rank()), master))
-        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)    # RANK 0 serves this one
 
     def _check_world(self) -> None:
         point = current_rank()
@@ -81,6 +82,8 @@ class SPMDActor(Actor):
                 self._setup_env(self.master)
             else:
                 self._check_world()
+                if WORLD_ID_VAR in os.environ:
+                    fresh_rendezvous()
         else:
             raise TypeError("main() takes (script_args) or (master_addr, master_port, "
                             f"script_args); got {len(args)} arguments")

@@ -104,7 +104,7 @@ def launch(args: argparse.Namespace, script_args: list[str]) -> None:
     job = None
     if args.slurm:
         from hpcmesh.job import SlurmJob
-        job = SlurmJob(meshes={"hosts": args.slurm}, job_name="hpcmesh-train-ddp",
+        job = SlurmJob(meshes={"hosts": args.slurm}, job_name=args.job_name,
                        time_limit="00:20:00")
         hosts = job.state().hosts
     elif args.allocation:
@@ -142,6 +142,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--slurm", type=int, metavar="NODES", help="launch: submit a SlurmJob")
     ap.add_argument("--allocation", action="store_true", help="launch: use this allocation")
     ap.add_argument("--per-node", type=int, default=2, help="launch: processes per host")
+    ap.add_argument("--job-name", default="hpcmesh-train-ddp", help="launch: the SlurmJob's name")
     args, _ = ap.parse_known_args(argv)
     if "RANK" in os.environ and "MASTER_ADDR" in os.environ:     # started by torchrun / SPMDActor
         result = train(args.steps, args.batch, args.lr, args.seed)

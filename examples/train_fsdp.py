@@ -66,12 +66,13 @@ def main() -> None:
     ap.add_argument("--slurm", type=int, metavar="NODES", help="submit a SlurmJob")
     ap.add_argument("--allocation", action="store_true", help="use this Slurm allocation")
     ap.add_argument("--per-node", type=int, default=2)
+    ap.add_argument("--job-name", default="hpcmesh-train-fsdp", help="the SlurmJob's name")
     args = ap.parse_args()
 
     job = None
     if args.slurm:
         from hpcmesh.job import SlurmJob
-        job = SlurmJob(meshes={"hosts": args.slurm}, job_name="hpcmesh-train-fsdp",
+        job = SlurmJob(meshes={"hosts": args.slurm}, job_name=args.job_name,
                        time_limit="00:20:00")
     elif args.allocation:
         from hpcmesh.job import SlurmAllocation

@@ -43,3 +43,8 @@ def test_hosts_from_config_from_the_seed_and_monarch_paths():
         assert "no_such_name" in str(e)
     else:
         raise AssertionError("hpcmesh.actor.no_such_name should raise AttributeError")
+
+
+def test_spmd_on_the_controller_does_not_import_torch():
+    # setup_torch_elastic_env runs on the controller; only the actors need torch
+    assert "torch" not in _modules_after("import hpcmesh.spmd")

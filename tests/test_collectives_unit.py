@@ -598,3 +598,11 @@ def test_per_call_timeout_and_unusable_group(pool):
     took, msg = pool.run({"a": 2}, "timeout", timeout=10)["results"][0]
     assert took < 2.0, took
     assert "[0, 1]" in msg
+
+
+def test_members_sharing_a_gpu_are_named():
+    from hpcmesh.collectives.mesh import gpu_identity, members_sharing_a_gpu
+    a, b = gpu_identity("node1", "GPU-aaa"), gpu_identity("node1", "GPU-bbb")
+    other_host = gpu_identity("node2", "GPU-aaa")
+    assert members_sharing_a_gpu([a, b, other_host]) == []
+    assert members_sharing_a_gpu([a, b, a, other_host, b]) == [[0, 2], [1, 4]]

@@ -69,6 +69,10 @@ class Member(Actor):
         return {"world": dist.get_world_size(), "sum": t.item(), "env": env, "names": names}
 
     @endpoint
+    def mesh_names(self, extent):
+        return spmd.device_mesh(extent).mesh_dim_names
+
+    @endpoint
     def spawn_rank(self):
         return context().actor_instance.rank.rank
 
@@ -226,6 +230,9 @@ def test_bad_input_names_what_is_wrong(procs):
     members = procs.spawn("members", Member)
     with pytest.raises(ActorError, match=r"view of 2 of the mesh's 4 members.*setup_torch_elastic_env"):
         members.slice(hosts=0).mesh_groups.call().get(timeout=60)
+    with pytest.raises(ActorError, match=r"extent \{'dp': 5\} has 5 members but the mesh"):
+        members.mesh_names.call({"dp": 5}).get(timeout=60)
+    assert members.mesh_names.call({"dp": 2, "tp": 2}).get(timeout=60).values() == [("dp", "tp")] * 4
     stopped = this_host().spawn_procs({"gpus": 1})
     stopped.stop().get(timeout=60)
     with pytest.raises(MeshStoppedError):

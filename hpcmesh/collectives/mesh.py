@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import zlib
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Union
@@ -259,9 +260,33 @@ class MeshCollectives:
             device_type = "cuda" if torch.cuda.is_available() else "cpu"
         groups = [self._group_for(self.group(name, extent=extent), torch.device(device_type),
                                   "device_mesh") for name, _ in items]
+        if device_type == "cuda" and self.world_size > 1:
+            self._check_own_gpus()
         layout = torch.arange(self.world_size, dtype=torch.int).reshape([s for _, s in items])
         return DeviceMesh.from_group(groups, device_type, mesh=layout,
                                      mesh_dim_names=tuple(name for name, _ in items))
+
+    def _check_own_gpus(self) -> None:
+        """NCCL cannot put two ranks on one GPU: say which members share one, on every
+        member, instead of failing deep inside the first collective."""
+        import socket
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        mine = torch.tensor(gpu_identity(socket.gethostname(), str(getattr(props, "uuid", ""))
+                                         or f"index {torch.cuda.current_device()}"),
+                            dtype=torch.int64)
+        spec = self.group(None)
+        rows = [torch.empty_like(mine) for _ in range(spec.size)]
+        pg = self._group_for(spec, torch.device("cpu"), "device_mesh")
+        self._run(spec, "gloo", "device_mesh (GPU check)", self.timeout,
+                  lambda: dist.all_gather(rows, mine, group=pg, async_op=True))
+        shared = members_sharing_a_gpu([tuple(r.tolist()) for r in rows])
+        if shared:
+            raise CollectiveError(
+                f"device_mesh: members {shared} use the same GPU (NCCL needs one GPU per rank): "
+                "each process selects its GPU with torch.cuda.set_device(int(os.environ["
+                "'LOCAL_RANK'])) under spawn_procs' default gpu_binding='host'; with "
+                "gpu_binding='process' a host needs a GPU per process")
 
     def _prefix(self) -> str:
         rdv = self.rendezvous
@@ -474,6 +499,19 @@ class MeshCollectives:
             if w is not None and w is world_mod.current() and w.key == self._prefix():  # ours
                 world_mod.destroy()
             self._store = None
+
+
+def gpu_identity(host: str, device: str) -> tuple[int, int]:
+    """A GPU as two numbers every member can all-gather: (host, device id) hashed."""
+    return zlib.crc32(host.encode()), zlib.crc32(device.encode())
+
+
+def members_sharing_a_gpu(identities: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """Groups of members (flat ranks) whose GPU identities are equal."""
+    by_gpu: dict[tuple[int, int], list[int]] = {}
+    for member, ident in enumerate(identities):
+        by_gpu.setdefault(tuple(ident), []).append(member)
+    return [m for m in by_gpu.values() if len(m) > 1]
 
 
 def backend_kind(device: torch.device, opname: str) -> str:

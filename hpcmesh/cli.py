@@ -460,10 +460,11 @@ def cmd_worker(args) -> int:
     configure_logging()
     secret = _secret_for_worker(args)
     listen = args.listen or ["tcp://0.0.0.0:0"]
-    from .transport.addresses import parse_address
+    from .transport.addresses import parse_address, parse_bind_address
     for url in listen:
         try:
             parse_address(url)
+            parse_bind_address(url)
         except ValueError as e:
             raise UsageError(f"worker: --listen: {e}") from None
     attach = [a.strip() for item in (args.attach or ()) for a in item.split(",") if a.strip()]

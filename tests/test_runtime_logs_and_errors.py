@@ -89,7 +89,7 @@ def test_attach_to_refused_port_fails_fast_and_names_the_address():
 
 
 def test_attach_to_bad_addresses():
-    with pytest.raises(ValueError, match="scheme must be tcp:// or unix://"):
+    with pytest.raises(ValueError, match="scheme must be tcp://, unix:// or ipc://"):
         attach_to_workers(["http://localhost:80"], timeout=5)
     with pytest.raises(ValueError, match="tcp://host:port"):
         attach_to_workers(["tcp://localhost"], timeout=5)

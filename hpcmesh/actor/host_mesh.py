@@ -256,4 +256,5 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
             return HostRef(NodeRef(conn.info["peer_id"], (addr,)), info.get("host", addr), secret)
         return await asyncio.gather(*(one(a) for a in workers))
     hosts = node.run_sync(connect_all(), timeout + 5)
-    return HostMesh(list(hosts), Shape.from_extent(Extent({name: len(hosts)})), name)
+    # as Monarch's: one "hosts" dimension, whatever the mesh is called
+    return HostMesh(list(hosts), Shape.from_extent(Extent({"hosts": len(hosts)})), name)

@@ -3,9 +3,11 @@
 from .base import (JobState, JobTrait, activate_context, job_load, job_loads, load_current_job,
                    set_current_job)
 from .local import BatchJob, LocalJob, in_batch_job
+from .process import ProcessJob
 
-__all__ = ["JobTrait", "JobState", "LocalJob", "BatchJob", "job_load", "job_loads",
-           "set_current_job", "load_current_job", "activate_context", "in_batch_job"]
+__all__ = ["JobTrait", "JobState", "LocalJob", "BatchJob", "ProcessJob", "job_load",
+           "job_loads", "set_current_job", "load_current_job", "activate_context",
+           "in_batch_job"]
 
 # Slurm (SlurmJob from a login node; SlurmAllocation inside salloc/sbatch)
 from .slurm import (SlurmError, SlurmHostMesh, SlurmJob, SlurmJobFailed, SlurmStartTimeout,

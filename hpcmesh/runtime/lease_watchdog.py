@@ -8,7 +8,8 @@ returns. This thread watches the controller's socket without reading it (``poll`
 while the loop keeps reading), so a blocked loop cannot hide a lost controller. When the
 controller has been gone for the grace period and a margin (the loop, when it is free, exits
 cleanly first), it kills what the process started (its process group) and exits with 3, as
-the loop's lease does.
+the loop's lease does. It does the same at once when the process's parent (its host agent,
+or the agent's fork server) is gone: nothing could stop or reap the process any more.
 
 ``LeaseClock`` is the decision alone, fed with observations, testable without a thread.
 """
@@ -92,10 +93,12 @@ class LeaseWatchdog:
     """The thread. ``fd_of()`` gives the controller connection's socket fd as the loop last
     saw it (None before the first hello, -1 after it closed)."""
 
-    def __init__(self, grace: float, fd_of, *, what: str = "hpcmesh proc"):
+    def __init__(self, grace: float, fd_of, *, what: str = "hpcmesh proc",
+                 parent: int | None = None):
         self.clock = LeaseClock(grace + MARGIN_S)
         self.fd_of = fd_of
         self.what = what
+        self.parent = parent            # the host agent (or its fork server): our owner
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="hpcmesh-lease", daemon=True)
 
@@ -108,15 +111,20 @@ class LeaseWatchdog:
 
     def _run(self) -> None:
         while not self.stopped.wait(POLL_INTERVAL_S):
+            if self.parent is not None and os.getppid() != self.parent:
+                # nobody is left to stop, supervise or reap this process (the agent was
+                # killed, its node is going away): end with it, as a Slurm step's tasks do
+                self._expire(f"its host agent (pid {self.parent}) is gone")
+                return
             if self.clock.observe(time.monotonic(), controller_up(self.fd_of())):
-                self._expire()
+                grace = self.clock.grace - MARGIN_S
+                self._expire(f"controller gone for {grace:g} s while the event loop was "
+                             f"blocked")
                 return
 
-    def _expire(self) -> None:
-        grace = self.clock.grace - MARGIN_S
+    def _expire(self, why: str) -> None:
         try:       # os.write: no lock a blocked thread could hold; stderr may be a dead pipe
-            os.write(2, f"{self.what}: controller gone for {grace:g} s while the event loop "
-                        f"was blocked; exiting\n".encode())
+            os.write(2, f"{self.what}: {why}; exiting\n".encode())
         except OSError:
             pass
         kill_own_group_except_self()

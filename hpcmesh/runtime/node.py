@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ..settings import env_number
 from ..transport import serialization, tls
-from ..transport.addresses import Address
+from ..transport.addresses import Address, parse_address, split_alias
 from ..transport.connection import Connection, ConnectionClosed, Listener, dial
 from .errors import SupervisionError
 from .future import Future, register_loop_thread, unregister_loop_thread
@@ -166,7 +166,12 @@ class Node:
             lst = Listener(self.loop, a, self.secret, self._on_accept, self._server_tls)
             self._listeners.append(lst)
             addr = lst.address
-            if advertise_host and addr.scheme == "tcp" and addr.host in ("0.0.0.0", "::"):
+            dial, bind = split_alias(a)
+            if dial != bind:            # DIAL@BIND: peers are told DIAL
+                told = parse_address(dial)
+                addr = Address(told.scheme, host=told.host, port=told.port or addr.port,
+                               path=told.path)
+            elif advertise_host and addr.scheme == "tcp" and addr.host in ("0.0.0.0", "::"):
                 addr = Address("tcp", host=advertise_host, port=addr.port)
             out.append(str(addr))
         self.addresses = tuple(out)

@@ -47,8 +47,8 @@ class ProcRuntime:
         node.on_peer_hello.append(self._on_peer_hello)
         self._controller_seen = False
         # the lease again, on a thread: it holds while an endpoint blocks the loop
-        self.watchdog = LeaseWatchdog(grace, self.controller_fd,
-                                      what=f"hpcmesh proc {node.name}").start()
+        self.watchdog = LeaseWatchdog(grace, self.controller_fd, what=f"hpcmesh proc {node.name}",
+                                      parent=os.getppid()).start()
 
     def controller_fd(self) -> int | None:
         """The socket fd of the connection to the controller now (the watchdog's thread

@@ -16,34 +16,76 @@ class Address:
     host: str = ""
     port: int = 0
     path: str = ""
+    fd: int | None = None   # tcp://host:fdN: serve on the inherited listening socket N
 
     def __str__(self) -> str:
         if self.scheme == "unix":
             return f"unix://{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"tcp://{host}:{self.port}"
+        return f"tcp://{host}:{self.port if self.fd is None else f'fd{self.fd}'}"
+
+
+FORMS = ("tcp://host:port, unix:///path, ipc:///path (Monarch's name for a unix socket), "
+         "tcp://host:fdN (serve on inherited socket N), DIAL@BIND (advertise DIAL, bind BIND), "
+         "and Monarch's proc-id prefix: service@tcp://host:port")
+
+
+def split_alias(url: str) -> tuple[str, str]:
+    """(the address peers dial, the address to bind) of ``url``. Monarch's forms: a bare
+    URL is both; ``DIAL@BIND`` binds BIND and advertises DIAL (``tcp://node7:4444@
+    tcp://0.0.0.0:4444``); a leading proc id (``service@`` or ``service<id>@``) is dropped."""
+    if not isinstance(url, str):
+        raise TypeError(f"address must be a string like 'tcp://host:port', got {type(url).__name__}")
+    first = url.find("://")
+    at = url.find("@")
+    if 0 <= at < first:                          # "service<id>@tcp://..."
+        url = url[at + 1:]
+        first = url.find("://")
+    second = url.find("://", first + 3) if first >= 0 else -1
+    if second >= 0:
+        at = url.rfind("@", 0, second)
+        if at < 0:
+            raise ValueError(f"bad address {url!r}: two URLs must be joined by '@' "
+                             f"(DIAL@BIND); forms: {FORMS}")
+        return url[:at], url[at + 1:]
+    return url, url
 
 
 def parse_address(url: str) -> Address:
-    """Parse an address URL; the error names the URL and the accepted forms."""
-    if not isinstance(url, str):
-        raise TypeError(f"address must be a string like 'tcp://host:port', got {type(url).__name__}")
+    """Parse an address URL (for ``DIAL@BIND``: the one peers dial); the error names the URL
+    and the accepted forms."""
+    return _parse_one(split_alias(url)[0])
+
+
+def parse_bind_address(url: str) -> Address:
+    """The address a listener for ``url`` binds (for ``DIAL@BIND``: BIND)."""
+    return _parse_one(split_alias(url)[1])
+
+
+def _parse_one(url: str) -> Address:
     parts = urlsplit(url)
-    if parts.scheme == "unix":
+    if parts.scheme in ("unix", "ipc"):
         path = (parts.netloc + parts.path) if parts.netloc else parts.path
         if not path:
             raise ValueError(f"bad address {url!r}: unix addresses look like unix:///path/to/socket")
         return Address("unix", path=path)
     if parts.scheme == "tcp":
+        if parts.netloc.startswith("*:"):            # Monarch's wildcard: every interface
+            return _parse_one(f"tcp://0.0.0.0{parts.netloc[1:]}")
+        fd_port = parts.netloc.rpartition(":")[2]
+        if fd_port.startswith("fd") and fd_port[2:].isdigit() and parts.hostname:
+            return Address("tcp", host=parts.hostname, port=0, fd=int(fd_port[2:]))
         try:
             port = parts.port
         except ValueError:
             port = None
         if not parts.hostname or port is None or not 0 <= port < 65536:
             raise ValueError(f"bad address {url!r}: tcp addresses look like tcp://host:port "
-                             f"with a port in 1..65535 (0 when listening: pick a free port)")
+                             f"with a port in 1..65535 (0 when listening: pick a free port); "
+                             f"forms: {FORMS}")
         return Address("tcp", host=parts.hostname, port=port)
-    raise ValueError(f"bad address {url!r}: scheme must be tcp:// or unix://")
+    raise ValueError(f"bad address {url!r}: the scheme must be tcp://, unix:// or ipc://; "
+                     f"forms: {FORMS}")
 
 
 def new_secret() -> bytes:

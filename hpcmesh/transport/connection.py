@@ -24,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 from ..settings import env_number
-from .addresses import Address, parse_address
+from .addresses import Address, parse_address, parse_bind_address
 from .framing import (MAX_BATCH_COUNT, FrameDecoder, FrameError, encode_batch, encode_frame,
                       encode_lone)
 from .handshake import BUSY, Handshake, HandshakeBusy, HandshakeError
@@ -585,6 +585,19 @@ async def dial(loop, address: str | Address, secret: bytes, timeout: float = HAN
     return sock, leftover, session
 
 
+def inherited_listener(fd: int, address: str) -> socket.socket:
+    """The listening TCP socket a launcher handed down as fd ``fd`` (``tcp://host:fdN``)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise ValueError(f"{address}: fd {fd} is not an open socket ({e.strerror})") from None
+    if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6) \
+            or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+        sock.detach()
+        raise ValueError(f"{address}: fd {fd} is not a listening TCP socket")
+    return sock
+
+
 class Listener:
     """Accepts connections, authenticates them, and hands them to ``on_accept``."""
 
@@ -594,7 +607,7 @@ class Listener:
         self._secret = secret
         self._on_accept = on_accept
         self._tls_ctx = tls_ctx         # asked per connection: TLS can be turned on later
-        addr = parse_address(address)
+        addr = parse_bind_address(address)
         if addr.scheme == "unix":
             try:
                 os.unlink(addr.path)
@@ -604,6 +617,9 @@ class Listener:
             sock.bind(addr.path)
             os.chmod(addr.path, 0o600)
             self.address = addr
+        elif addr.fd is not None:
+            sock = inherited_listener(addr.fd, address)
+            self.address = Address("tcp", host=addr.host, port=sock.getsockname()[1])
         else:
             family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)

@@ -1,7 +1,9 @@
 """Record what each program here prints under real Monarch: the expected output that
 tests/test_monarch_programs.py compares hpcmesh against.
 
-    /work/peers/monarch/bin/python tests/monarch_programs/record.py
+    /work/peers/monarch/bin/python tests/monarch_programs/record.py [NAME ...]
+
+(NAME: a program's file name without .py; none: every program).
 
 Run it with a Python that has ``torchmonarch`` installed (0.7.0 recorded the files in
 ``expected/``). A program that fails under Monarch is reported and not recorded: every
@@ -17,8 +19,14 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def programs() -> list[pathlib.Path]:
-    return sorted(p for p in HERE.glob("*.py") if p.name != "record.py")
+def programs(names: list[str] | None = None) -> list[pathlib.Path]:
+    found = sorted(p for p in HERE.glob("*.py") if p.name != "record.py")
+    if names:
+        unknown = set(names) - {p.stem for p in found}
+        if unknown:
+            raise SystemExit(f"no such program(s): {', '.join(sorted(unknown))}")
+        found = [p for p in found if p.stem in names]
+    return found
 
 
 def main() -> int:
@@ -30,7 +38,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     failed = 0
-    for prog in programs():
+    for prog in programs(sys.argv[1:]):
         run = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True,
                              timeout=300, cwd=HERE)
         if run.returncode != 0:

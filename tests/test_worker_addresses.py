@@ -1,0 +1,112 @@
+"""The worker address forms Monarch programs use: ipc://, DIAL@BIND, a proc-id prefix, and
+tcp://host:fdN (a listening socket handed down by a launcher). Real agents, real sockets."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpcmesh.actor import Actor, attach_to_workers, endpoint
+from hpcmesh.transport.addresses import (Address, parse_address, parse_bind_address,
+                                         split_alias)
+
+
+class Pid(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_forms_parse_to_what_is_dialled_and_what_is_bound():
+    assert parse_address("ipc:///tmp/w.sock") == Address("unix", path="/tmp/w.sock")
+    alias = "tcp://node7:4444@tcp://0.0.0.0:4444"
+    assert split_alias(alias) == ("tcp://node7:4444", "tcp://0.0.0.0:4444")
+    assert parse_address(alias) == Address("tcp", host="node7", port=4444)
+    assert parse_bind_address(alias) == Address("tcp", host="0.0.0.0", port=4444)
+    for prefixed in ("service@tcp://w:4444", "service<2MuAHeDjLCEd>@tcp://w:4444"):
+        assert parse_address(prefixed) == Address("tcp", host="w", port=4444)
+    assert parse_bind_address("service<x>@tcp://w:1@tcp://0.0.0.0:1").host == "0.0.0.0"
+    assert parse_bind_address("tcp://127.0.0.1:fd7") == Address("tcp", "127.0.0.1", 0, "", 7)
+    assert parse_bind_address("tcp://*:4444") == Address("tcp", host="0.0.0.0", port=4444)
+    with pytest.raises(ValueError, match=r"joined by '@'.*ipc:///path"):
+        parse_address("tcp://a:1tcp://b:2")
+    with pytest.raises(ValueError, match=r"scheme must be tcp://, unix:// or ipc://"):
+        parse_address("zmq://a:1")
+
+
+def _worker(tmp_path, listen: str, secret: bytes, **popen) -> tuple[subprocess.Popen, str]:
+    ready = tmp_path / "ready"
+    agent = subprocess.Popen([sys.executable, "-m", "hpcmesh", "worker", "--listen", listen,
+                              "--ready-file", str(ready), "--grace", "30"],
+                             env=dict(os.environ, HPCMESH_SECRET=secret.hex()),
+                             stdout=subprocess.DEVNULL, **popen)
+    deadline = time.monotonic() + 30
+    while not (ready.exists() and ready.read_text().strip()):
+        if agent.poll() is not None or time.monotonic() > deadline:
+            agent.kill()
+            raise AssertionError(f"the worker on {listen} never wrote its ready file")
+        time.sleep(0.05)
+    return agent, ready.read_text().split()[0]
+
+
+def _use(addr: str, secret: bytes) -> int:
+    procs = attach_to_workers([addr], secret=secret, timeout=30).spawn_procs()
+    try:
+        return procs.spawn("pid", Pid).pid.call_one().get(timeout=60)
+    finally:
+        procs.stop().get(timeout=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("form", ["ipc", "alias", "fd"])
+def test_a_worker_serves_on_each_form(tmp_path, form):
+    secret = os.urandom(32)
+    popen, listener = {}, None
+    if form == "ipc":
+        listen = f"ipc://{tmp_path}/w.sock"
+    elif form == "alias":
+        port = _free_port()
+        listen = f"tcp://127.0.0.1:{port}@tcp://0.0.0.0:{port}"
+    else:
+        listener = socket.create_server(("127.0.0.1", 0))
+        fd = listener.fileno()
+        listen = f"tcp://127.0.0.1:fd{fd}"
+        popen = {"pass_fds": (fd,)}
+    agent, told = _worker(tmp_path, listen, secret, **popen)
+    try:
+        if form == "ipc":
+            assert told == f"unix://{tmp_path}/w.sock"
+        elif form == "alias":
+            assert told == f"tcp://127.0.0.1:{port}"        # the DIAL side is advertised
+        else:
+            assert told == f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        assert _use(listen if form != "fd" else told, secret) > 0
+    finally:
+        agent.terminate()
+        agent.wait(30)
+        if listener is not None:
+            listener.close()
+
+
+def test_a_worker_refuses_an_fd_that_is_not_a_listening_socket(tmp_path):
+    r, w = os.pipe()
+    try:
+        p = subprocess.run([sys.executable, "-m", "hpcmesh", "worker", "--listen",
+                            f"tcp://127.0.0.1:fd{r}", "--grace", "1"], pass_fds=(r,),
+                           env=dict(os.environ, HPCMESH_SECRET="ab" * 16),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert p.returncode != 0
+    assert f"fd {r} is not" in p.stderr, p.stderr

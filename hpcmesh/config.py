@@ -1,639 +1,230 @@
-"""Hosts configuration for ``hosts_from_config``: the YAML schema and its parser.
+"""Runtime configuration under Monarch's names: ``configure``, ``configured``,
+``get_runtime_config``, ``get_global_config``, ``clear_runtime_config``.
 
-``hosts_from_config(var="HPCMESH_HOSTS")`` reads the YAML file named by that
-environment variable (or an explicit path). This module holds the pure part:
-reading and validating that file into a :class:`HostsConfig`. Starting host
-agents from it lives elsewhere (it needs I/O); keeping parsing pure lets every
-mistake be reported before anything is launched, with the file and line.
+hpcmesh's settings are environment variables (``HPCMESH_*``, the README's tuning table), read
+when the part that needs them starts: the client runtime, a host agent, a process. So
+``configure(lease_grace=30)`` is the same as ``HPCMESH_LEASE_GRACE=30`` in the environment from
+now on: it holds for what starts after the call (agents and processes inherit it), and
+``clear_runtime_config()`` puts the environment back. Values are checked as the variables
+are, and a bad one names the key and what it takes.
 
-Schema
-------
+Monarch's own keys are accepted too, so its programs run unchanged: those with an hpcmesh
+counterpart set it (``stop_grace_period="10s"`` is ``stop_grace``); the others are kept in
+the runtime layer and have no effect here (logged once each).
 
-Top level is a mapping::
-
-    scheduler: slurm            # required: local | slurm | ssh | static
-    network:                    # optional: which interface to bind/advertise
-      ifname: ib0               #   a name, glob (ib*), comma list, or a list
-      # cidr: 10.0.0.0/8        #   or: addresses inside a network (str or list)
-    transport:                  # optional
-      tls: false                #   true to wrap connections in TLS
-      ca: /path/to/ca.pem       #   CA bundle, or "trust_all_connections";
-                                #   giving ca without tls implies tls: true
-
-plus the keys of the chosen scheduler (a key of another scheduler is an
-error, so a half-edited file cannot silently run on the wrong hosts):
-
-``local``
-    ``processes_per_host`` (optional positive int): default per-host process
-    count for ``spawn_procs`` on the local host.
-``slurm``
-    ``job`` (optional mapping): the job spec used only when the controller runs
-    outside an allocation (``nodes``, ``gpus_per_node``, ``cpus_per_task``,
-    ``mem``, ``time``, ``partition``, ``account``, ``qos``, ``constraint``,
-    ``exclusive``, ``sbatch_extra``, ``setup``, ``python``). It is kept as a
-    plain dict here and validated by ``hpcmesh.slurm.spec``.
-    ``srun_args`` (optional): extra arguments for ``srun --overlap`` inside an
-    allocation.
-``ssh``
-    ``hosts`` (required): a list of host names, each of which may be a hostlist
-    expression, or one hostlist string such as ``node[01-04],gpu-a[1-2]``.
-    ``ssh_args`` (optional): extra ``ssh`` arguments. ``python`` (optional):
-    the Python executable on the remote hosts.
-``static``
-    ``workers`` (required): list of already-running host agents' addresses,
-    ``tcp://host:port`` (port 1-65535, IPv6 as ``tcp://[addr]:port``) or
-    ``unix:///absolute/path``.
-
-Argument lists (``srun_args``, ``ssh_args``) may be YAML lists or a single
-string split with shell rules. Top-level keys starting with ``x-`` are
-ignored, so they can hold YAML anchors. A relative ``transport.ca`` is
-relative to the config file.
-
-Errors raise :class:`ConfigError` (a ``ValueError``) worded as
-``file:line: problem; allowed: a, b (did you mean 'b'?)``.
-:attr:`HostsConfig.lines` maps dotted keys to lines so later validators (the
-job spec) can report ``file:line`` too, via :meth:`HostsConfig.error`.
+(Until 0.x this module was the hosts-file schema: that is ``hpcmesh.hosts_file`` now, and its
+names are still importable from here, with a DeprecationWarning.)
 """
 
 from __future__ import annotations
 
-import ipaddress
+import contextlib
+import logging
+import math
 import os
 import re
-import shlex
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
-from urllib.parse import urlsplit
+import threading
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
-import yaml
+from .settings import LOG_LEVELS, env_choice, env_flag, env_number
 
-from .transport.tls import TRUST_ALL
-from .yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
-                         nearest_line)
-from .errors import HpcmeshError
+log = logging.getLogger("hpcmesh.config")
 
-__all__ = [
-    "SCHEDULERS",
-    "ConfigError",
-    "HostsConfig",
-    "load_hosts_config",
-    "parse_hosts_config",
-    "parse_worker_address",
-    "expand_hosts",
-]
-
-SCHEDULERS = ("local", "slurm", "ssh", "static")
-COMMON_KEYS = ("scheduler", "network", "transport")
-SCHEDULER_KEYS: dict[str, tuple[str, ...]] = {
-    "local": ("processes_per_host",),
-    "slurm": ("job", "srun_args"),
-    "ssh": ("hosts", "ssh_args", "python"),
-    "static": ("workers",),
-}
-NETWORK_KEYS = ("ifname", "cidr")
-TRANSPORT_KEYS = ("tls", "ca")
-WORKER_SCHEMES = ("tcp", "unix")
-
-_HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+__all__ = ["clear_runtime_config", "configure", "configured", "get_global_config",
+           "get_runtime_config"]
 
 
-class ConfigError(HpcmeshError, ValueError):
-    """A bad hosts configuration; the message names file, line, key and fix.
+@dataclass(frozen=True)
+class Key:
+    """One setting: its name here, its variable, what it takes, its default."""
 
-    Attributes keep the pieces for programmatic use: ``source``, ``line``
-    (1-based or None), ``key`` (dotted path), ``value``, ``allowed``.
-    """
+    name: str
+    var: str
+    kind: str                 # "seconds", "number", "flag", "choice", "text"
+    default: Any
+    choices: tuple[str, ...] = ()
+    unit: str = "seconds"
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        source: str | None = None,
-        line: int | None = None,
-        key: str | None = None,
-        value: Any = None,
-        allowed: Sequence[str] = (),
-        suggest: bool = True,
-    ) -> None:
-        self.source = source
-        self.line = line
-        self.key = key
-        self.value = value
-        self.allowed = tuple(allowed)
-        self.problem = message
-        guess = value if suggest and isinstance(value, str) else None
-        text = message + allowed_suffix(self.allowed, guess)
-        if source is not None:
-            loc = f"{source}:{line}" if line is not None else source
-            text = f"{loc}: {text}"
-        super().__init__(text)
-
-
-@dataclass
-class HostsConfig:
-    """A validated hosts file. Fields of other schedulers keep their defaults."""
-
-    scheduler: str
-    path: str | None = None
-    source: str = "<string>"
-    # local
-    processes_per_host: int | None = None
-    # slurm
-    job: dict[str, Any] | None = None
-    srun_args: list[str] = field(default_factory=list)
-    # ssh (hosts are expanded, in file order)
-    hosts: list[str] = field(default_factory=list)
-    ssh_args: list[str] = field(default_factory=list)
-    python: str | None = None
-    # static
-    workers: list[str] = field(default_factory=list)
-    # network: the explicit interface choice for netif.rank_candidates
-    # (names/globs or CIDRs, comma-separated), None = automatic
-    network_ifname: str | None = None
-    # transport
-    tls: bool = False
-    tls_ca: str | None = None
-    # dotted key ("job.nodes", "workers[1]") -> 1-based line
-    lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
-
-    def line_of(self, key: str) -> int | None:
-        """Line of ``key``, or of its nearest recorded parent."""
-        return nearest_line(self.lines, key)
-
-    def where(self, key: str) -> str:
-        """``file:line`` for messages about ``key``."""
-        line = self.line_of(key)
-        return f"{self.source}:{line}" if line is not None else self.source
-
-    def error(self, key: str, message: str, *, value: Any = None,
-              allowed: Sequence[str] = ()) -> ConfigError:
-        """A ConfigError located at ``key`` (for validators outside this module)."""
-        return ConfigError(message, source=self.source, line=self.line_of(key),
-                           key=key, value=value, allowed=allowed)
-
-
-# --------------------------------------------------------------------------
-# YAML walking with line numbers
-
-
-class _Doc:
-    """A composed YAML document: nodes keep marks, values come from SafeLoader."""
-
-    def __init__(self, text: str, source: str) -> None:
-        self.source = source
-        self.lines: dict[str, int] = {}
+    def check(self, value: Any) -> str:
+        """The variable's text for ``value``; a ValueError names the key and what it takes."""
+        text = self._text(value)
+        env = {self.var: text}
         try:
-            self._loader = yaml.SafeLoader(text)     # refuses a NUL byte here already
-            self.root = self._loader.get_single_node()
-        except yaml.YAMLError as exc:
-            message, line = describe_yaml_error(exc, text)
-            raise ConfigError(message, source=source, line=line) from None
-        if self.root is not None:
-            try:
-                index_lines(self._loader, self.root, self.lines)
-            except DuplicateKey as e:
-                raise ConfigError(str(e), source=source, line=e.line, key=e.path) from None
+            if self.kind in ("seconds", "number"):
+                env_number(self.var, 0, unit=self.unit, finite=True, env=env)
+            elif self.kind == "flag":
+                env_flag(self.var, False, env=env)
+            elif self.kind == "choice":
+                env_choice(self.var, self.choices[0], self.choices, env=env)
+        except ValueError as e:
+            raise ValueError(f"configure({self.name}={value!r}): {e}") from None
+        return text
 
-    def close(self) -> None:
-        self._loader.dispose()
+    def _text(self, value: Any) -> str:
+        if self.kind == "flag" and isinstance(value, bool):
+            return "1" if value else "0"
+        if self.kind == "seconds" and isinstance(value, str):
+            return str(humantime_seconds(value, self.name))
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            return str(value)
+        raise TypeError(f"configure({self.name}=...) takes "
+                        f"{'True/False' if self.kind == 'flag' else 'a ' + self.kind}, "
+                        f"got {type(value).__name__}")
 
-    def fail(self, node: yaml.Node | None, message: str, **kw: Any) -> ConfigError:
-        line = node.start_mark.line + 1 if node is not None else None
-        return ConfigError(message, source=self.source, line=line, **kw)
-
-    def value(self, node: yaml.Node) -> Any:
-        try:
-            return self._loader.construct_object(node, deep=True)
-        except yaml.MarkedYAMLError as exc:
-            raise self.fail(node, f"invalid YAML value: {exc.problem}") from None
-
-
-def _describe(value: Any) -> str:
-    """Short type+value text for 'got ...' in messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, int):
-        return f"integer {value}"
-    if isinstance(value, float):
-        return f"number {value}"
-    if isinstance(value, str):
-        return f"string {value!r}"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return type(value).__name__
+    def read(self) -> Any:
+        """The value in effect now (the environment, else the default)."""
+        raw = os.environ.get(self.var)
+        if raw is None or raw.strip() == "":
+            return self.default
+        if self.kind in ("seconds", "number"):
+            return env_number(self.var, 0, unit=self.unit, finite=True, env=os.environ)
+        if self.kind == "flag":
+            return env_flag(self.var, bool(self.default), env=os.environ)
+        return raw
 
 
-def _mapping_items(doc: _Doc, node: yaml.Node, what: str) -> list[tuple[str, yaml.Node, yaml.Node]]:
-    if not isinstance(node, yaml.MappingNode):
-        raise doc.fail(node, f"{what} must be a mapping, got {_describe(doc.value(node))}", key=what)
-    out = []
-    for knode, vnode in node.value:
-        key = doc.value(knode)
-        if not isinstance(key, str):
-            raise doc.fail(knode, f"keys of {what} must be strings, got {_describe(key)}",
-                           key=what, value=key)
-        out.append((key, knode, vnode))
-    return out
+KEYS = {k.name: k for k in (
+    Key("lease_grace", "HPCMESH_LEASE_GRACE", "seconds", 10.0),
+    Key("stop_grace", "HPCMESH_STOP_GRACE", "seconds", 5.0),
+    Key("keepalive", "HPCMESH_KEEPALIVE", "seconds", 4.0),
+    Key("collective_timeout", "HPCMESH_COLLECTIVE_TIMEOUT", "seconds", 60.0),
+    Key("collective_check", "HPCMESH_COLLECTIVE_CHECK", "flag", None),
+    Key("fanin_poll_us", "HPCMESH_FANIN_POLL_US", "number", 250.0, unit="microseconds"),
+    Key("ifname", "HPCMESH_IFNAME", "text", None),
+    Key("tls_ca", "HPCMESH_TLS_CA", "text", None),
+    Key("zygote", "HPCMESH_ZYGOTE", "flag", True),
+    Key("uvloop", "HPCMESH_UVLOOP", "flag", True),
+    Key("follow_caller", "HPCMESH_FOLLOW_CALLER", "flag", True),
+    Key("malloc_tune", "HPCMESH_MALLOC_TUNE", "flag", True),
+    Key("log_level", "HPCMESH_LOG_LEVEL", "choice", "WARNING", LOG_LEVELS),
+    Key("gpu_binding", "HPCMESH_GPU_BINDING", "choice", "host", ("host", "process")),
+)}
+
+#: Monarch keys that mean an hpcmesh setting.
+MONARCH_ALIASES = {"stop_grace_period": "stop_grace", "mesh_orphan_timeout": "lease_grace"}
+
+#: Monarch 0.7 keys with no counterpart here: accepted (programs that set them run), kept in
+#: the runtime layer, no effect.
+MONARCH_ONLY = frozenset("""
+default_transport enable_log_forwarding enable_file_capture tail_log_lines
+codec_max_frame_length message_delivery_timeout host_spawn_ready_timeout
+mesh_proc_spawn_max_idle process_exit_timeout message_ack_time_interval
+message_ack_every_n_messages message_ttl_default split_max_buffer_size split_max_buffer_age
+stop_actor_timeout cleanup_timeout default_encoding channel_net_rx_buffer_full_check_interval
+channel_tcp_congestion message_latency_sampling_rate enable_dest_actor_reordering_buffer
+mesh_bootstrap_enable_pdeathsig mesh_terminate_concurrency mesh_terminate_timeout
+small_write_threshold max_cast_dimension_size remote_alloc_bind_to_inaddr_any
+remote_alloc_bootstrap_addr remote_alloc_allowed_port_range read_log_buffer force_file_log
+prefix_with_rank actor_spawn_max_idle get_actor_state_max_idle supervision_watchdog_timeout
+proc_stop_max_idle get_proc_state_max_idle mesh_admin_addr mesh_attach_config_timeout
+pyspy_bin rdma_allow_tcp_fallback rdma_disable_ibverbs rdma_max_chunk_size_mb
+rdma_ibverbs_target rdma_peer_device_affinity rdma_max_nics_per_buffer
+rdma_min_stripe_size_kb rdma_qps_per_cq rdma_cq_poller_per_device rdma_runtime_worker_threads
+""".split())
+
+_lock = threading.RLock()
+_layer: dict[str, Any] = {}              # what configure() set, by the name it was given
+_saved_env: dict[str, str | None] = {}   # each variable configure() changed, as it was before
+_told: set[str] = set()
+
+_HUMANTIME = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|us|ns|s|m|min|h|d)?", re.IGNORECASE)
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0, "m": 60.0, "min": 60.0,
+           "h": 3600.0, "d": 86400.0}
 
 
-def _check_keys(doc: _Doc, items, allowed: Sequence[str], where: str) -> None:
-    for key, knode, _ in items:
-        if key not in allowed:
-            raise doc.fail(knode, f"unknown key {key!r} in {where}", key=f"{where}.{key}",
-                           value=key, allowed=allowed)
-
-
-# --------------------------------------------------------------------------
-# field validators
-
-
-def _string_list(doc: _Doc, node: yaml.Node, key: str, *, split: bool) -> list[str]:
-    """A list of strings; with ``split`` a single string is shell-split."""
-    value = doc.value(node)
-    if value is None:
-        return []
-    if isinstance(value, str):
-        if not split:
-            return [value]
-        try:
-            return shlex.split(value)
-        except ValueError as exc:
-            raise doc.fail(node, f"{key}: cannot split {value!r}: {exc}", key=key,
-                           value=value) from None
-    if not isinstance(value, list):
-        raise doc.fail(node, f"{key} must be a list of strings, got {_describe(value)}",
-                       key=key, value=value)
-    out = []
-    for i, (item, inode) in enumerate(zip(value, node.value)):
-        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-            raise doc.fail(inode, f"{key}[{i}] must be a string, got {_describe(item)}",
-                           key=f"{key}[{i}]", value=item)
-        out.append(str(item))
-    return out
-
-
-def expand_hosts(spec: str | Iterable[str]) -> list[str]:
-    """Expand hostlist expressions (``node[01-04],gpu-a[1-2]``) in order.
-
-    Raises ValueError for a malformed expression or host name.
-    """
-    import hostlist  # python-hostlist
-
-    parts = [spec] if isinstance(spec, str) else list(spec)
-    out: list[str] = []
+def humantime_seconds(text: str, key: str = "value") -> float:
+    """``"30s"``, ``"5m"``, ``"1h 30m"``, ``"500ms"`` (Monarch's durations) in seconds."""
+    parts = text.strip().split()
+    total, ok = 0.0, bool(parts)
     for part in parts:
-        try:
-            names = hostlist.expand_hostlist(part.strip())
-        except hostlist.BadHostlist as exc:
-            raise ValueError(f"bad hostlist {part!r}: {exc}") from None
-        for name in names:
-            user, _, host = name.rpartition("@")
-            if not _HOST_RE.match(host) or (user and not re.fullmatch(r"[\w.-]+", user)):
-                raise ValueError(f"bad host name {name!r} in {part!r}")
-            out.append(name)
-    return out
+        m = _HUMANTIME.fullmatch(part)
+        if m is None:
+            ok = False
+            break
+        total += float(m.group(1)) * _UNIT_S[(m.group(2) or "").lower() or None]
+    if not ok or not math.isfinite(total):
+        raise ValueError(f"configure({key}={text!r}): a duration looks like 30s, 5m, "
+                         f"1h 30m or 500ms")
+    return total
 
 
-def _parse_hosts(doc: _Doc, node: yaml.Node) -> list[str]:
-    value = doc.value(node)
-    if isinstance(value, str):
-        pairs = [(value, node)]
-    elif isinstance(value, list):
-        pairs = list(zip(value, node.value))
-    else:
-        raise doc.fail(node, "hosts must be a hostlist string or a list of host names, "
-                       f"got {_describe(value)}", key="hosts", value=value)
-    hosts: list[str] = []
-    first: dict[str, int] = {}
-    for i, (item, inode) in enumerate(pairs):
-        key = "hosts" if isinstance(value, str) else f"hosts[{i}]"
-        if not isinstance(item, str) or not item.strip():
-            raise doc.fail(inode, f"{key} must be a host name or hostlist, got {_describe(item)}",
-                           key=key, value=item)
-        try:
-            names = expand_hosts(item)
-        except ValueError as exc:
-            raise doc.fail(inode, f"{key}: {exc}", key=key, value=item) from None
-        for name in names:
-            line = inode.start_mark.line + 1
-            if name in first:
-                raise doc.fail(inode, f"host {name!r} is listed twice (also on line {first[name]})",
-                               key=key, value=name)
-            first[name] = line
-            hosts.append(name)
-    if not hosts:
-        raise doc.fail(node, "scheduler ssh needs at least one host in 'hosts'", key="hosts")
-    return hosts
+def _key_for(name: str) -> Key | None:
+    key = KEYS.get(MONARCH_ALIASES.get(name, name))
+    if key is None and name not in MONARCH_ONLY:
+        raise TypeError(f"configure() got an unknown key {name!r}; hpcmesh's keys: "
+                        f"{', '.join(sorted(KEYS))} (and Monarch's, which it accepts)")
+    return key
 
 
-def parse_worker_address(address: str) -> tuple[str, str, int | None]:
-    """Check a worker URL; return ``(scheme, host_or_path, port)``.
+def configure(**kwargs: Any) -> None:
+    """Set runtime configuration for this process and what it starts from now on."""
+    with _lock:
+        checked = {}
+        for name, value in kwargs.items():       # all checked before any is applied
+            key = _key_for(name)
+            checked[name] = (key, key.check(value) if key is not None else None)
+        for name, (key, text) in checked.items():
+            _layer[name] = kwargs[name]
+            if key is None:
+                if name not in _told:
+                    _told.add(name)
+                    log.info("configure(%s=...): a Monarch setting with no counterpart in "
+                             "hpcmesh; kept, no effect", name)
+                continue
+            _saved_env.setdefault(key.var, os.environ.get(key.var))
+            os.environ[key.var] = text
 
-    ``tcp://host:port`` gives ``("tcp", host, port)`` (IPv6 without brackets);
-    ``unix:///path`` gives ``("unix", "/path", None)``. Raises ValueError.
-    """
-    expected = "expected tcp://host:port (port 1-65535) or unix:///absolute/path"
-    if "://" not in address:
-        hint = ""
-        if re.fullmatch(r"[\w.-]+:\d+", address):
-            hint = f" (did you mean 'tcp://{address}'?)"
-        raise ValueError(f"worker {address!r} is not a URL; {expected}{hint}")
+
+def get_runtime_config() -> dict[str, Any]:
+    """What ``configure`` set (the runtime layer), by the names it was given."""
+    with _lock:
+        return dict(_layer)
+
+
+def get_global_config() -> dict[str, Any]:
+    """Every hpcmesh key's value in effect (environment, else default), plus the Monarch
+    keys set through ``configure``."""
+    with _lock:
+        merged = {name: key.read() for name, key in KEYS.items()}
+        merged.update({k: v for k, v in _layer.items() if k in MONARCH_ONLY})
+        return merged
+
+
+def clear_runtime_config() -> None:
+    """Forget what ``configure`` set: every variable it changed is as it was before."""
+    with _lock:
+        for var, old in _saved_env.items():
+            if old is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = old
+        _saved_env.clear()
+        _layer.clear()
+
+
+@contextlib.contextmanager
+def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
+    """``configure(**overrides)`` for a ``with`` block, then the previous configuration
+    again; yields ``get_global_config()``."""
+    with _lock:
+        before = get_runtime_config()
+    configure(**overrides)
     try:
-        parts = urlsplit(address)
-    except ValueError as exc:  # e.g. a bracketed non-IPv6 host
-        raise ValueError(f"worker {address!r}: bad IPv6 address ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in WORKER_SCHEMES:
-        raise ValueError(f"worker {address!r}: unknown scheme {parts.scheme!r}"
-                         f"{allowed_suffix(WORKER_SCHEMES, scheme, cutoff=0.5)}")   # http -> tcp
-    if parts.query or parts.fragment:
-        raise ValueError(f"worker {address!r}: unexpected '?' or '#' part; {expected}")
-    if scheme == "unix":
-        if parts.netloc or not parts.path.startswith("/"):
-            raise ValueError(f"worker {address!r}: unix addresses need an absolute path "
-                             "(three slashes: unix:///path)")
-        return "unix", parts.path, None
-    if parts.path not in ("", "/"):
-        raise ValueError(f"worker {address!r}: unexpected path {parts.path!r}; {expected}")
-    if "@" in parts.netloc:
-        raise ValueError(f"worker {address!r}: user names are not allowed; {expected}")
-    host = parts.hostname
-    if not host:
-        raise ValueError(f"worker {address!r} has no host; {expected}")
-    if ":" in host:
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"worker {address!r}: bad IPv6 address {host!r}") from None
-    elif not _HOST_RE.match(host):
-        raise ValueError(f"worker {address!r}: bad host name {host!r}")
-    try:
-        port = parts.port
-    except ValueError:
-        port_text = parts.netloc.rpartition(":")[2]
-        raise ValueError(f"worker {address!r}: bad port {port_text!r}; "
-                         "port must be 1-65535") from None
-    if port is None:
-        raise ValueError(f"worker {address!r} has no port; {expected}")
-    if not 1 <= port <= 65535:
-        raise ValueError(f"worker {address!r}: port {port} out of range 1-65535")
-    return "tcp", host, port
-
-
-def _parse_workers(doc: _Doc, node: yaml.Node) -> list[str]:
-    value = doc.value(node)
-    if isinstance(value, str):
-        value, items = [value], [node]
-    elif isinstance(value, list):
-        items = node.value
-    else:
-        raise doc.fail(node, f"workers must be a list of addresses, got {_describe(value)}",
-                       key="workers", value=value)
-    out: list[str] = []
-    first: dict[tuple, int] = {}
-    for i, (item, inode) in enumerate(zip(value, items)):
-        key = f"workers[{i}]"
-        if not isinstance(item, str):
-            raise doc.fail(inode, f"{key} must be an address string, got {_describe(item)}",
-                           key=key, value=item)
-        address = item.strip()
-        try:
-            parsed = parse_worker_address(address)
-        except ValueError as exc:
-            raise doc.fail(inode, str(exc), key=key, value=item) from None
-        line = inode.start_mark.line + 1
-        if parsed in first:
-            raise doc.fail(inode, f"worker {address!r} is listed twice "
-                           f"(also on line {first[parsed]})", key=key, value=item)
-        first[parsed] = line
-        out.append(address)
-    if not out:
-        raise doc.fail(node, "scheduler static needs at least one address in 'workers'",
-                       key="workers")
-    return out
-
-
-def _parse_network(doc: _Doc, node: yaml.Node) -> str | None:
-    if doc.value(node) is None:
-        return None
-    items = _mapping_items(doc, node, "network")
-    _check_keys(doc, items, NETWORK_KEYS, "network")
-    given = {k: (knode, vnode) for k, knode, vnode in items}
-    if "ifname" in given and "cidr" in given:
-        raise doc.fail(given["cidr"][0], "network: give either 'ifname' or 'cidr', not both",
-                       key="network.cidr")
-    if not given:
-        return None
-    key, (_, vnode) = next(iter(given.items()))
-    dotted = f"network.{key}"
-    value = doc.value(vnode)
-    if value is None:
-        return None
-    if isinstance(value, str):
-        pairs = [(t, vnode) for t in value.split(",")]
-    elif isinstance(value, list):
-        pairs = list(zip(value, vnode.value))
-    else:
-        raise doc.fail(vnode, f"{dotted} must be a string or a list of strings, "
-                       f"got {_describe(value)}", key=dotted, value=value)
-    tokens = []
-    for tok, tnode in pairs:
-        if not isinstance(tok, str) or not tok.strip() or re.search(r"\s", tok.strip()):
-            raise doc.fail(tnode, f"{dotted}: bad entry {_describe(tok)}", key=dotted,
-                           value=tok)
-        tok = tok.strip()
-        if key == "cidr":
-            try:
-                ipaddress.ip_network(tok, strict=False)
-            except ValueError as exc:
-                raise doc.fail(tnode, f"{dotted}: {tok!r} is not a network like "
-                               f"10.0.0.0/8 ({exc})", key=dotted, value=tok) from None
-        tokens.append(tok)
-    if not tokens:
-        raise doc.fail(vnode, f"{dotted} is empty", key=dotted)
-    return ",".join(tokens)
-
-
-def _parse_transport(doc: _Doc, node: yaml.Node, base_dir: Path | None) -> tuple[bool, str | None]:
-    if doc.value(node) is None:
-        return False, None
-    items = _mapping_items(doc, node, "transport")
-    _check_keys(doc, items, TRANSPORT_KEYS, "transport")
-    given = {k: vnode for k, _, vnode in items}
-    tls: bool | None = None
-    ca: str | None = None
-    if "tls" in given:
-        value = doc.value(given["tls"])
-        if not isinstance(value, bool):
-            raise doc.fail(given["tls"], f"transport.tls must be true or false, got "
-                           f"{_describe(value)}", key="transport.tls", value=value)
-        tls = value
-    if "ca" in given:
-        value = doc.value(given["ca"])
-        if value is not None:
-            if not isinstance(value, str) or not value.strip():
-                raise doc.fail(given["ca"], "transport.ca must be a file path or "
-                               f"{TRUST_ALL!r}, got {_describe(value)}", key="transport.ca",
-                               value=value)
-            ca = value.strip()
-            if ca != TRUST_ALL:
-                ca = os.path.expanduser(ca)
-                if base_dir is not None and not os.path.isabs(ca):
-                    ca = str(base_dir / ca)
-            if tls is False:
-                raise doc.fail(given["ca"], "transport.ca is set but transport.tls is false; "
-                               "remove ca or set tls: true", key="transport.ca", value=ca)
-    if tls is None:
-        tls = ca is not None
-    return tls, ca
-
-
-def _positive_int(doc: _Doc, node: yaml.Node, key: str) -> int | None:
-    value = doc.value(node)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise doc.fail(node, f"{key} must be a positive integer, got {_describe(value)}",
-                       key=key, value=value)
-    return value
-
-
-# --------------------------------------------------------------------------
-# entry points
-
-
-def parse_hosts_config(
-    text: str, source: str = "<string>", *, path: str | os.PathLike | None = None
-) -> HostsConfig:
-    """Validate hosts-file ``text``; ``source`` is the name used in messages.
-
-    ``path`` (the file, if any) anchors a relative ``transport.ca``.
-    """
-    doc = _Doc(text, source)
-    try:
-        return _build(doc, path)
+        yield get_global_config()
     finally:
-        doc.close()
+        clear_runtime_config()
+        configure(**before)
 
 
-def _build(doc: _Doc, path: str | os.PathLike | None) -> HostsConfig:
-    root = doc.root
-    if root is None:
-        raise ConfigError("empty hosts configuration; it needs at least 'scheduler:'",
-                          source=doc.source, key="scheduler", allowed=SCHEDULERS)
-    items = _mapping_items(doc, root, "the top level")
-    given = {k: (knode, vnode) for k, knode, vnode in items}
-
-    if "scheduler" not in given:
-        raise doc.fail(root, "missing key 'scheduler'", key="scheduler", allowed=SCHEDULERS)
-    snode = given["scheduler"][1]
-    scheduler = doc.value(snode)
-    if not isinstance(scheduler, str):
-        raise doc.fail(snode, f"scheduler must be a name, got {_describe(scheduler)}",
-                       key="scheduler", value=scheduler, allowed=SCHEDULERS)
-    if scheduler not in SCHEDULERS:
-        raise doc.fail(snode, f"unknown scheduler {scheduler!r}", key="scheduler",
-                       value=scheduler, allowed=SCHEDULERS)
-
-    own = SCHEDULER_KEYS[scheduler]
-    allowed = own + COMMON_KEYS
-    for key, knode, _ in items:
-        if key in allowed or key.startswith("x-"):
-            continue
-        owners = [s for s, keys in SCHEDULER_KEYS.items() if key in keys]
-        if owners:
-            raise doc.fail(knode, f"key {key!r} belongs to scheduler {' / '.join(owners)}, "
-                           f"not {scheduler}", key=key, value=key, allowed=allowed,
-                           suggest=False)
-        raise doc.fail(knode, f"unknown key {key!r} for scheduler {scheduler}", key=key,
-                       value=key, allowed=allowed)
-
-    file_path = str(path) if path is not None else None
-    base_dir = Path(file_path).parent if file_path else None
-    cfg = HostsConfig(scheduler=scheduler, path=file_path, source=doc.source,
-                      lines=dict(doc.lines))
-
-    if "network" in given:
-        cfg.network_ifname = _parse_network(doc, given["network"][1])
-    if "transport" in given:
-        cfg.tls, cfg.tls_ca = _parse_transport(doc, given["transport"][1], base_dir)
-
-    if scheduler == "local":
-        if "processes_per_host" in given:
-            cfg.processes_per_host = _positive_int(doc, given["processes_per_host"][1],
-                                                   "processes_per_host")
-    elif scheduler == "slurm":
-        if "job" in given:
-            jnode = given["job"][1]
-            job = doc.value(jnode)
-            if job is not None:
-                if not isinstance(job, dict):
-                    raise doc.fail(jnode, "job must be a mapping (a Slurm job spec: nodes, "
-                                   f"gpus_per_node, time, ...), got {_describe(job)}",
-                                   key="job", value=job)
-                bad = next((k for k in job if not isinstance(k, str)), None)
-                if bad is not None:
-                    raise doc.fail(jnode, f"keys of job must be strings, got {_describe(bad)}",
-                                   key="job", value=bad)
-                cfg.job = job
-        if "srun_args" in given:
-            cfg.srun_args = _string_list(doc, given["srun_args"][1], "srun_args", split=True)
-    elif scheduler == "ssh":
-        if "hosts" not in given:
-            raise doc.fail(root, "scheduler ssh needs 'hosts' (a list or a hostlist like "
-                           "node[01-04])", key="hosts")
-        cfg.hosts = _parse_hosts(doc, given["hosts"][1])
-        if "ssh_args" in given:
-            cfg.ssh_args = _string_list(doc, given["ssh_args"][1], "ssh_args", split=True)
-        if "python" in given:
-            pnode = given["python"][1]
-            python = doc.value(pnode)
-            if python is not None:
-                if not isinstance(python, str) or not python.strip():
-                    raise doc.fail(pnode, "python must be the remote Python executable "
-                                   f"(a string), got {_describe(python)}", key="python",
-                                   value=python)
-                cfg.python = python.strip()
-    elif scheduler == "static":
-        if "workers" not in given:
-            raise doc.fail(root, "scheduler static needs 'workers' (addresses like "
-                           "tcp://10.0.0.5:26600)", key="workers")
-        cfg.workers = _parse_workers(doc, given["workers"][1])
-    return cfg
-
-
-def load_hosts_config(
-    path_or_none: str | os.PathLike | None = None,
-    var: str = "HPCMESH_HOSTS",
-    env: Mapping[str, str] = os.environ,
-) -> HostsConfig | None:
-    """Read the hosts file at ``path_or_none``, else the one named by ``env[var]``.
-
-    Returns None when no path is given and the variable is unset or empty:
-    the caller then adopts the Slurm allocation or the local host.
-    """
-    if path_or_none is not None:
-        raw = os.fspath(path_or_none)
-        origin = raw
-    else:
-        raw = (env.get(var) or "").strip()
-        if not raw:
-            return None
-        origin = f"{var}={raw}"
-    path = os.path.expanduser(raw)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{origin}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{origin}: is a directory, expected a YAML file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{origin}: not UTF-8 text ({exc.reason})") from None
-    except OSError as exc:
-        raise ConfigError(f"{origin}: cannot read ({exc.strerror or exc})") from None
-    return parse_hosts_config(text, source=path, path=path)
+def __getattr__(name: str) -> Any:
+    """The hosts-file names this module used to hold, for one more release."""
+    from . import hosts_file
+    if name in hosts_file.__all__ or name in ("WORKER_SCHEMES", "SCHEDULER_KEYS"):
+        warnings.warn(f"hpcmesh.config.{name} moved to hpcmesh.hosts_file.{name} (hpcmesh.config "
+                      f"is Monarch's runtime configuration now); the old name goes in the "
+                      f"next release", DeprecationWarning, stacklevel=2)
+        return getattr(hosts_file, name)
+    raise AttributeError(f"module 'hpcmesh.config' has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """``hosts_from_config``: a HostMesh ``{"hosts": N}`` from a hosts file, or from where we run.
 
 * ``$HPCMESH_HOSTS`` (or the ``var`` given, or an explicit path) names a YAML file
-  (schema: :mod:`hpcmesh.config`);
+  (schema: :mod:`hpcmesh.hosts_file`);
 * unset inside a Slurm allocation (salloc, sbatch): adopt it, one host agent per
   node started with ``srun --overlap`` (:class:`~hpcmesh.job.allocation.SlurmAllocation`);
 * unset outside any allocation: this host, as a ``{"hosts": 1}`` mesh.
@@ -25,7 +25,7 @@ import socket
 import sys
 from typing import Any
 
-from .config import ConfigError, HostsConfig, load_hosts_config
+from .hosts_file import ConfigError, HostsConfig, load_hosts_config
 
 log = logging.getLogger("hpcmesh.hosts")
 

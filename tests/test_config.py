@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcmesh.config import (
+from hpcmesh.hosts_file import (
     SCHEDULERS,
     ConfigError,
     HostsConfig,

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from hpcmesh.actor import Actor, endpoint
-from hpcmesh.config import ConfigError
+from hpcmesh.hosts_file import ConfigError
 from hpcmesh.hosts import hosts_from_config
 
 PY = sys.executable

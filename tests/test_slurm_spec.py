@@ -161,7 +161,7 @@ def test_from_dict_and_round_trip():
 
 
 def test_from_dict_with_outer_file_lines():
-    """The `job:` section of a hosts file, with lines recorded by hpcmesh.config."""
+    """The `job:` section of a hosts file, with lines recorded by hpcmesh.hosts_file."""
     lines = {"job": 3, "job.nodes": 4, "job.time": 5}
     with pytest.raises(SpecError) as err:
         JobSpec.from_dict({"nodes": "two", "time": "1:00:00"}, "hosts.yaml", lines=lines,

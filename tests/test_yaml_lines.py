@@ -50,7 +50,7 @@ def test_messages():
 
 def test_a_nul_byte_is_a_located_error_in_hosts_files_and_job_specs(tmp_path):
     # before: yaml's bare ReaderError, with neither the file nor the line
-    from hpcmesh.config import ConfigError, load_hosts_config
+    from hpcmesh.hosts_file import ConfigError, load_hosts_config
     from hpcmesh.slurm.spec import SpecError, parse_yaml_with_lines
     path = tmp_path / "hosts.yaml"
     path.write_bytes(b"scheduler: local\n\x00oops: 1\n")

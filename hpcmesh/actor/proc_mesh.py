@@ -26,8 +26,9 @@ from .endpoint import ENDPOINT_ATTR, check_endpoint_names
 from .actor_mesh import ActorMesh, ActorMeshState, stop_actor_mesh
 from .mesh_view import MeshView, as_asyncio, chain, chain_any, spawning_actor
 
-#: Seconds ProcMesh.stop() waits for a clean exit before SIGTERM, then SIGKILL.
-DEFAULT_STOP_GRACE = env_number("HPCMESH_STOP_GRACE", 5, finite=True)
+#: Seconds ProcMesh.stop() waits for a clean exit before SIGTERM, then SIGKILL (read at each
+#: stop, so ``hpcmesh.config.configure(stop_grace=...)`` holds from then on).
+DEFAULT_STOP_GRACE_S = 5.0
 LAUNCH_WAIT = 60.0
 #: What a host agent's stop_procs takes beyond the grace (2 s after SIGTERM, 5 s after
 #: SIGKILL) plus 5 s for the answer to travel: past it, stop() gives up on that agent.
@@ -138,7 +139,8 @@ class ProcMesh(MeshView):
         st = self._state
         recs = [st.records[g] for g in self._shape.ranks()]
         node = current_or_client_node()
-        grace = DEFAULT_STOP_GRACE if grace is None else float(grace)
+        grace = env_number("HPCMESH_STOP_GRACE", DEFAULT_STOP_GRACE_S, finite=True) \
+            if grace is None else float(grace)
         if st.in_this_process:        # our own process: stop the actors spawned on it
             st.stopped = True
             return gather([stop_actor_mesh(am, "the this_proc() mesh it was spawned on was "

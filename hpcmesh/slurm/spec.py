@@ -652,7 +652,7 @@ class JobSpec:
 
         ``lines`` maps dotted paths (``meshes.trainers.nodes``, ``setup[0]``; under
         ``prefix`` such as ``job`` when the spec sits inside another file) to lines, as
-        :func:`parse_yaml_with_lines` and ``hpcmesh.config.HostsConfig.lines`` record
+        :func:`parse_yaml_with_lines` and ``hpcmesh.hosts_file.HostsConfig.lines`` record
         them, so errors read ``source:line: ...``. ``raw`` holds the scalars' text.
         A mapping without ``meshes`` is one flat mesh named ``mesh_name``.
         """

@@ -52,32 +52,41 @@ def train(steps: int, batch: int, lr: float, seed: int) -> dict:
     """DDP training in the world torchrun's variables describe."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        model = DistributedDataParallel(make_model(seed).to(device),
-                                        device_ids=[device.index] if cuda else None)
-        opt = torch.optim.SGD(model.parameters(), lr=lr)
-        losses = []
-        for step in range(steps):
-            x, y = global_batch(step, batch * world, seed)
-            x, y = x[rank * batch:(rank + 1) * batch].to(device), y[rank * batch:(rank + 1) * batch].to(device)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()                     # DDP averages the gradients over the world
-            opt.step()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            losses.append(mean.item() / world)
-        return {"world": world, "losses": losses, "weights": flat_weights(model.module)}
-    finally:
+        return _steps(steps, batch, lr, seed, cuda)
+    finally:        # after the DDP model is gone: its reducer still uses the group
         dist.destroy_process_group()
+
+
+def _steps(steps: int, batch: int, lr: float, seed: int, cuda: bool) -> dict:
+    """The training loop; returns before the group is destroyed, with its model gone."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    model = DistributedDataParallel(make_model(seed).to(device),
+                                    device_ids=[device.index] if cuda else None)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        x, y = global_batch(step, batch * world, seed)
+        shard = slice(rank * batch, (rank + 1) * batch)
+        x, y = x[shard].to(device), y[shard].to(device)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()                     # DDP averages the gradients over the world
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+    return {"world": world, "losses": losses, "weights": flat_weights(model.module)}
 
 
 def reference(steps: int, rows: int, lr: float, seed: int) -> dict:

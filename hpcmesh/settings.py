@@ -90,3 +90,4 @@ def check_process_settings(env: Mapping[str, str] | None = None) -> None:
                  "HPCMESH_FOLLOW_CALLER"):
         env_flag(flag, True, env=env)
     env_number("HPCMESH_LEASE_GRACE", 10, finite=True, env=env)
+    env_number("HPCMESH_STOP_GRACE", 5, finite=True, env=env)

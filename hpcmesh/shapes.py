@@ -357,7 +357,11 @@ class Point(Mapping[str, int]):
         return hash((Point, self._rank, self._extent))
 
     def __repr__(self) -> str:
-        return f"Point({self.coords!r})"
+        """As Monarch prints a point: each coordinate over its dimension's size,
+        ``{'hosts': 0/2, 'gpus': 1/4}`` (str() is the same)."""
+        sizes = self._extent._sizes
+        return "{" + ", ".join(f"{label!r}: {c}/{sizes[i]}" for i, (label, c) in
+                               enumerate(zip(self._extent._labels, self._coords))) + "}"
 
 
 # --------------------------------------------------------------------------

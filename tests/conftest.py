@@ -10,6 +10,17 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HPCMESH_LEASE_GRACE", "3")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def unhandled_faults():
+    """What reached ``unhandled_fault_hook`` in this pytest process. Tests make actors and
+    processes fail on purpose: the default hook would end the whole session (it exits the
+    client, as in Monarch), so here it only records them."""
+    import hpcmesh.actor
+    seen: list = []
+    hpcmesh.actor.unhandled_fault_hook = seen.append
+    yield seen
+
+
 @pytest.fixture
 def slurm_cluster():
     from slurm_cluster import require_cluster

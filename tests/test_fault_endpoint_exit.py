@@ -1,7 +1,6 @@
 """Mistakes in user code fail that call or that spawn, with what to write instead: sys.exit()
-or KeyboardInterrupt inside an endpoint fails that call, not the process
-(real processes). Before, an async endpoint run inline took its whole process down with it;
-a sync one already gave an ActorError."""
+or KeyboardInterrupt inside an endpoint fails that actor, as in Monarch, not the process
+(real processes). Before, an async endpoint run inline took its whole process down with it."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import sys
 
 import pytest
 
-from hpcmesh.actor import Actor, ActorError, endpoint, this_host
+from hpcmesh.actor import Actor, SupervisionError, endpoint, this_host
 
 
 class Quitter(Actor):
@@ -31,21 +30,24 @@ class Quitter(Actor):
 
 
 @pytest.fixture(scope="module")
-def quitter():
+def procs():
     procs = this_host().spawn_procs(per_host={"gpus": 1})
-    yield procs.spawn("quitter", Quitter)
+    yield procs
     procs.stop().get(timeout=30)
 
 
 @pytest.mark.parametrize("call, kind", [("exit_async", "SystemExit"),
                                         ("interrupt_async", "KeyboardInterrupt"),
                                         ("exit_sync", "SystemExit")])
-def test_an_endpoint_that_exits_fails_its_call_and_the_actor_goes_on(quitter, call, kind):
+def test_an_endpoint_that_exits_fails_its_actor_and_the_process_goes_on(procs, call, kind):
+    quitter = procs.spawn(f"quitter_{call}", Quitter)
     args = (3,) if "exit" in call else ()
-    with pytest.raises(ActorError, match=kind) as ei:
+    with pytest.raises(SupervisionError, match=f"{kind}.* raised in Quitter.{call}") as ei:
         getattr(quitter, call).call_one(*args).get(timeout=30)
-    assert ei.value.remote_type == kind and ei.value.endpoint == call
-    assert quitter.ping.call_one().get(timeout=30) == "pong"
+    assert "and all its descendants have failed" in str(ei.value)
+    with pytest.raises(SupervisionError, match=f"Endpoint call quitter_{call}.ping"):
+        quitter.ping.call_one().get(timeout=30)
+    assert procs.spawn("after", Quitter).ping.call_one().get(timeout=30) == "pong"
 
 
 @pytest.mark.parametrize("bad", ["gpus", 8, ["gpus", 2]])

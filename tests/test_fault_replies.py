@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from hpcmesh.actor import Actor, ActorError, endpoint, this_host
+from hpcmesh.actor import Actor, ActorError, SupervisionError, endpoint, this_host
 from hpcmesh.transport.framing import MAX_BUFFERS
 from hpcmesh.transport.serialization import SerializationError
 
@@ -153,7 +153,7 @@ class Answers(Actor):
 
     @endpoint(explicit_response_port=True)
     async def answer_lock(self, port):
-        port.send(self.lock)        # raises here, in the sender: the endpoint fails
+        port.send(self.lock)        # raises here, in the sender: the actor fails
 
 
 def test_in_process_replies_still_travel_by_reference():
@@ -174,8 +174,11 @@ def test_a_port_message_the_receiver_cannot_unpickle_fails_that_message_only():
         with pytest.raises(SerializationError, match="cannot be unpickled here.*TwoArgError"):
             answers.answer_unreadable.call_one().get(timeout=30)
         assert answers.answer.call_one(7).get(timeout=30) == 7
-        with pytest.raises(ActorError, match="port message.*cannot pickle '_thread.lock'"):
-            answers.answer_lock.call_one().get(timeout=30)
+        # one the sender cannot pickle raises in the endpoint: escaping an endpoint that
+        # answers through its port, that fails the actor (as in Monarch), named
+        sender = procs.spawn("sender", Answers)
+        with pytest.raises(SupervisionError, match="port message.*cannot pickle '_thread.lock'"):
+            sender.answer_lock.call_one().get(timeout=30)
         assert answers.answer.call_one(8).get(timeout=30) == 8
     finally:
         procs.stop().get(timeout=30)

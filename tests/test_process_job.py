@@ -97,3 +97,18 @@ def test_a_new_client_reconnects_through_the_cache(tmp_path):
     while any(_alive(p) for p in agents) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in agents)
+
+
+def test_killing_the_job_is_no_failure_of_its_processes(unhandled_faults):
+    job = ProcessJob({"hosts": 2})
+    state = job.state(cached_path=None)
+    procs = state.hosts.spawn_procs({"gpus": 2})
+    pids = procs.spawn("pid", Pid).pid.call().get(timeout=60).values()
+    before = len(unhandled_faults)
+    job.kill()                          # the agents stop, and their processes with them
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)                     # the exit reports have come in
+    assert not any(_alive(p) for p in pids)
+    assert unhandled_faults[before:] == []

@@ -34,8 +34,7 @@ def test_a_maximum_is_named_too():
             env_number("HPCMESH_X", 4, maximum=254, env={"HPCMESH_X": raw})
 
 
-@pytest.mark.parametrize("var, module", [("HPCMESH_STOP_GRACE", "hpcmesh.actor"),
-                                         ("HPCMESH_KEEPALIVE", "hpcmesh.transport.connection"),
+@pytest.mark.parametrize("var, module", [("HPCMESH_KEEPALIVE", "hpcmesh.transport.connection"),
                                          ("HPCMESH_LOST_PEER_WAIT", "hpcmesh.runtime.node")])
 def test_a_mistyped_setting_stops_the_import_with_its_name(var, module):
     out = subprocess.run([sys.executable, "-c", f"import {module}"],
@@ -53,13 +52,17 @@ def test_a_whole_number_setting_refuses_fractions():
             env_number("HPCMESH_X", 1, unit="arenas", integer=True, env={"HPCMESH_X": raw})
 
 
-def test_malloc_arenas_setting_is_checked_where_the_client_starts():
+@pytest.mark.parametrize("var, raw, says", [
+    ("HPCMESH_MALLOC_ARENAS", "lots", "HPCMESH_MALLOC_ARENAS must be a whole number of malloc arenas"),
+    # read at each stop (configure(stop_grace=) holds), checked when the client starts
+    ("HPCMESH_STOP_GRACE", "5s", "HPCMESH_STOP_GRACE must be a number of seconds")])
+def test_a_setting_read_later_is_checked_where_the_client_starts(var, raw, says):
     out = subprocess.run([sys.executable, "-c",
                           "from hpcmesh.runtime.client import client_runtime; client_runtime()"],
-                         env=dict(os.environ, HPCMESH_MALLOC_ARENAS="lots"), capture_output=True,
+                         env=dict(os.environ, **{var: raw}), capture_output=True,
                          text=True, timeout=60)
     assert out.returncode != 0
-    assert "HPCMESH_MALLOC_ARENAS must be a whole number of malloc arenas" in out.stderr
+    assert says in out.stderr
 
 
 def test_flags_take_the_usual_spellings_and_refuse_the_rest():

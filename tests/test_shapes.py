@@ -151,7 +151,7 @@ class TestPoint:
         assert dict(p) == {"hosts": 1, "gpus": 2}
         assert "gpus" in p and "cpus" not in p
         assert p.size("gpus") == 4
-        assert repr(p) == "Point({'hosts': 1, 'gpus': 2})"
+        assert repr(p) == str(p) == "{'hosts': 1/2, 'gpus': 2/4}"   # Monarch's format
 
     def test_extent_as_plain_mapping(self) -> None:
         assert Point(6, {"hosts": 2, "gpus": 4}) == Point(6, self.ext)
@@ -171,7 +171,7 @@ class TestPoint:
 
     def test_zero_dims(self) -> None:
         p = Point(0, Extent())
-        assert p.coords == {} and len(p) == 0 and repr(p) == "Point({})"
+        assert p.coords == {} and len(p) == 0 and repr(p) == "{}"
 
     def test_equality_and_hash(self) -> None:
         assert Point(3, self.ext) == Point(3, Extent({"hosts": 2, "gpus": 4}))

@@ -59,6 +59,7 @@ def test_owner_handles_the_failure_of_its_child():
         os.kill(leaf_pids[1], signal.SIGKILL)
         events = _wait_for(lambda: parent.seen.call_one().get(timeout=30))
         assert len(events) == 1 and "SIGKILL" in events[0] and str(leaf_pids[1]) in events[0]
+        assert events[0].startswith("MeshFailure: MeshFailure(mesh_name=procs")
         assert parent.ping.call_one().get(timeout=30) == "pong"    # handled: nothing raised
     finally:
         procs.stop().get(timeout=30)

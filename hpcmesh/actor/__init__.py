@@ -5,24 +5,31 @@
 
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime.context import Context, context, current_actor_name, current_rank, current_size
-from ..runtime.errors import ActorError, SupervisionError
+from ..runtime.errors import ActorError, MeshFailure, SupervisionError
 from ..runtime.future import Future
 from ..shapes import Extent, Point
 from .accumulator import Accumulator
 from .channel import Channel, Port, PortReceiver
-from .endpoint import Actor, endpoint
-from .actor_mesh import ActorMesh
-from .host_mesh import HostMesh, attach_to_workers, this_host
+from .endpoint import Actor, concurrent_endpoint, endpoint
+from .actor_mesh import ActorMesh, Endpoint, send
+from .controllers import get_or_spawn_controller
+from .host_mesh import HostMesh, attach_to_workers, shutdown_context, this_host
 from .proc_mesh import ProcMesh, this_proc
+from .returns_future import returns_future
 from .value_mesh import ValueMesh
-from ..runtime.worker import run_worker_loop_forever
+from . import concurrent
+from ..runtime.worker import run_worker_loop_forever, run_worker_loop_until_shutdown
+# a module attribute a program replaces (hpcmesh.actor.unhandled_fault_hook = f), as in Monarch
+from ..runtime.supervision import unhandled_fault_hook
 
 __all__ = [
     "Actor", "endpoint", "this_host", "attach_to_workers", "run_worker_loop_forever",
     "HostMesh", "ProcMesh", "ActorMesh", "ValueMesh", "Future", "Channel", "Port",
     "PortReceiver", "context", "current_rank", "current_size", "Context", "ActorError",
     "SupervisionError", "BootstrapCommand", "default_bootstrap_cmd", "Extent", "Point",
-    "Accumulator", "current_actor_name", "this_proc",
+    "Accumulator", "current_actor_name", "this_proc", "MeshFailure", "unhandled_fault_hook",
+    "Endpoint", "concurrent_endpoint", "concurrent", "send", "get_or_spawn_controller",
+    "shutdown_context", "returns_future", "run_worker_loop_until_shutdown",
 ]
 
 

@@ -3,19 +3,24 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, Generic, ParamSpec, TypeVar
 
 from ..runtime.future import Future
+from .actor_mesh import Endpoint
+
+P = ParamSpec("P")
+R = TypeVar("R")
+A = TypeVar("A")
 
 
-class Accumulator:
+class Accumulator(Generic[P, R, A]):
     """``Accumulator(mesh.endpoint, identity, combine).accumulate(*args)``: a Future of
     ``combine(...combine(combine(identity, r0), r1)..., rN)`` over every member's result.
 
     Results are combined in mesh order (rank 0 first), so a ``combine`` that is not
     commutative still gives the same value every time; the first failure fails it."""
 
-    def __init__(self, endpoint, identity: Any, combine: Callable[[Any, Any], Any]):
+    def __init__(self, endpoint: Endpoint[P, R], identity: A, combine: Callable[[A, R], A]):
         if not callable(getattr(endpoint, "call", None)):
             raise TypeError(f"Accumulator needs an endpoint of an actor mesh (mesh.method), "
                             f"got {type(endpoint).__name__}")
@@ -26,10 +31,10 @@ class Accumulator:
         self._identity = identity
         self._combine = combine
 
-    def accumulate(self, *args, **kwargs) -> Future:
+    def accumulate(self, *args: P.args, **kwargs: P.kwargs) -> Future[A]:
         identity, combine = self._identity, self._combine
 
-        def fold(results) -> Any:
+        def fold(results) -> A:
             value = identity
             for r in results.values():
                 value = combine(value, r)

@@ -12,7 +12,7 @@ import itertools
 import logging
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
 from ..runtime.client import current_or_client_node
 from ..runtime.errors import MeshStoppedError, SupervisionError
@@ -28,6 +28,10 @@ from .mesh_view import MeshView, chain, chain_any
 from .value_mesh import ValueMesh
 
 log = logging.getLogger("hpcmesh.actor")
+
+T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class ActorMeshState:
@@ -106,14 +110,16 @@ def _gives_way(attr: str) -> property:
                              f"actor class has one.")
 
 
-class ActorMesh(MeshView):
-    """One actor per process; attribute access gives an endpoint to call."""
+class ActorMesh(MeshView, Generic[T]):
+    """One actor per process; attribute access gives an endpoint to call. ``ActorMesh[T]``:
+    a mesh of ``T`` actors (for annotations; spawn() is typed to return the actor class,
+    as Monarch's is, so that a checker sees ``mesh.method`` as ``Endpoint[P, R]``)."""
 
     name = _gives_way("name")
     points = _gives_way("points")
     to_table = _gives_way("to_table")
 
-    def __getattr__(self, item: str) -> "Endpoint":
+    def __getattr__(self, item: str) -> "Endpoint[..., Any]":
         if item.startswith("__") or item in ("_state", "_shape"):
             raise AttributeError(item)
         st = self._state
@@ -219,8 +225,9 @@ def rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes,
     return ActorMesh(st, shape)
 
 
-class Endpoint:
-    """``mesh.method``: the ways to call one endpoint on a mesh."""
+class Endpoint(Generic[P, R]):
+    """``mesh.method``: the ways to call one endpoint on a mesh. ``Endpoint[P, R]`` for a
+    method ``(self, *P) -> R`` (or ``-> Awaitable[R]``), what ``@endpoint`` makes of it."""
     __slots__ = ("_mesh", "_name", "_route", "_routes")
 
     def __init__(self, mesh: ActorMesh, name: str):
@@ -232,7 +239,7 @@ class Endpoint:
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         return self._mesh._members()
 
-    def call_one(self, *args, **kwargs) -> Future:
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single member of this mesh; a Future of its value."""
         route = self._route
         if route is not None and not kwargs and is_plain(args):
@@ -259,7 +266,7 @@ class Endpoint:
         payload = mesh._payload(self._name, args, kwargs)
         return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True))
 
-    def call(self, *args, **kwargs) -> Future:
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every member; a Future of a ValueMesh with this mesh's extent."""
         routes = self._routes
         if routes is not None and not kwargs and is_plain(args):
@@ -286,7 +293,7 @@ class Endpoint:
                           current_or_client_node().poll_for_rest)
         return mesh._when_ready(go)
 
-    def broadcast(self, *args, **kwargs) -> None:
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every member without waiting; failures are reported through supervision.
 
         A member already known dead does not stop the others from getting the message;
@@ -318,7 +325,7 @@ class Endpoint:
         f.add_done_callback(lambda fut: fut.exception() is not None and _report_broadcast_failure(
             mesh, name, fut.exception()))
 
-    def choose(self, *args, **kwargs) -> Future:
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one member, picked round-robin among those with the least work in flight."""
         mesh = self._mesh
         members, ext = self._members()
@@ -339,7 +346,7 @@ class Endpoint:
             return mesh._send(best[1], best[2], ext, self._name, payload, True)
         return mesh._when_ready(go)
 
-    def stream(self, *args, **kwargs) -> "ResultStream":
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> "ResultStream[R]":
         """Call every member; the results in arrival order: ``async for`` gives the values,
         ``for`` gives settled Futures (as Monarch's ``stream`` does)."""
         mesh = self._mesh
@@ -371,6 +378,51 @@ class Endpoint:
                         f"stream(): e.g. mesh.{self._name}.call(...)")
 
 
+def send(endpoint: Endpoint[P, R], args: tuple, kwargs: dict, port=None,
+         selection: str = "all") -> None:
+    """Monarch's ``send``: call ``endpoint`` without waiting, on every member
+    (``selection="all"``) or on one (``"choose"``); each result goes to ``port`` (a
+    ``Port``: its receiver gets the values, or the ActorError of a member that failed).
+    Without a port the results are dropped, and a failure is reported as a broadcast's."""
+    if selection not in ("all", "choose"):
+        raise ValueError(f"send(selection={selection!r}): selection is 'all' or 'choose'")
+    if not isinstance(endpoint, Endpoint):
+        raise TypeError(f"send() takes an endpoint of an actor mesh (mesh.method), got "
+                        f"{type(endpoint).__name__}")
+    if port is None:
+        if selection == "all":
+            endpoint.broadcast(*args, **kwargs)
+            return
+        mesh = endpoint._mesh
+        endpoint.choose(*args, **kwargs).add_done_callback(
+            lambda f: f.exception() is not None and _report_broadcast_failure(
+                mesh, endpoint._name, f.exception()))
+        return
+    if not callable(getattr(port, "send", None)) or not callable(getattr(port, "exception", None)):
+        raise TypeError(f"send(port=...) takes a Port (from Channel.open()), got "
+                        f"{type(port).__name__}")
+
+    def answer(f: Future) -> None:
+        if f.exception() is not None:
+            port.exception(f.exception())
+        else:
+            port.send(f.value())
+    if selection == "choose":
+        endpoint.choose(*args, **kwargs).add_done_callback(answer)
+        return
+    mesh = endpoint._mesh
+    members, ext = mesh._members()
+    name = endpoint._name
+    payload = mesh._payload(name, tuple(args), dict(kwargs))
+
+    def go() -> Future:
+        for r, g in members:
+            mesh._send(g, r, ext, name, payload, True).add_done_callback(answer)
+        return completed(None)
+    mesh._when_ready(go).add_done_callback(
+        lambda f: f.exception() is not None and port.exception(f.exception()))
+
+
 def _report_broadcast_failure(mesh: ActorMesh, endpoint: str, exc: BaseException) -> None:
     log.error("broadcast %s.%s to actor mesh %r failed: %s", mesh._state.class_name, endpoint,
               mesh._state.name, exc)
@@ -378,28 +430,34 @@ def _report_broadcast_failure(mesh: ActorMesh, endpoint: str, exc: BaseException
           f"{mesh._state.name!r}: {exc}", file=sys.stderr, flush=True)
 
 
-class ResultStream:
+class ResultStream(Generic[R]):
     """Results of a ``stream()`` call in the order they arrive.
 
     ``async for v in stream`` gives the values; a member that failed raises its error when
     its turn comes. ``for f in stream`` gives each member's Future once it is settled, so a
     Monarch program's ``for f in ep.stream(): f.get()`` runs unchanged, and one failure
-    does not end the loop."""
+    does not end the loop. Where a loop runs on this thread (async code, an actor), waiting
+    would stall it: there ``for`` gives at once a Future of the i-th result to arrive, for
+    ``for f in ep.stream(): await f``."""
 
     def __init__(self, n: int):
         self._n = n
         self._done: list[Future] = []          # completed futures, in arrival order
         self._cond = threading.Condition()
         self._async_waiters: list[tuple] = []  # (loop, asyncio.Future) to wake on arrival
+        self._slots: dict[int, Future] = {}    # arrival index -> Future given out before it
 
     def __len__(self) -> int:
         return self._n
 
     def _on_done(self, f: Future) -> None:
         with self._cond:
+            slot = self._slots.pop(len(self._done), None) if self._slots else None
             self._done.append(f)
             self._cond.notify_all()
             waiters, self._async_waiters = self._async_waiters, []
+        if slot is not None:
+            forward(f, slot)
         for loop, waiter in waiters:
             try:
                 loop.call_soon_threadsafe(_wake, waiter)
@@ -412,14 +470,21 @@ class ResultStream:
         self._on_done(f)
 
     def __iter__(self):
+        try:
+            asyncio.get_running_loop()
+            in_loop = True
+        except RuntimeError:
+            in_loop = on_runtime_thread()
         for i in range(self._n):
             with self._cond:
-                if len(self._done) <= i and on_runtime_thread():
-                    raise RuntimeError("iterating a stream synchronously on the hpcmesh event-loop "
-                                       "thread would deadlock; use `async for`")
-                while len(self._done) <= i:
-                    self._cond.wait()
-                f = self._done[i]
+                if len(self._done) > i:
+                    f = self._done[i]
+                elif in_loop:
+                    f = self._slots[i] = Future()
+                else:
+                    while len(self._done) <= i:
+                        self._cond.wait()
+                    f = self._done[i]
             yield f
 
     async def __aiter__(self):

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections import deque
+from typing import Generic, TypeVar
 
 from ..runtime.client import current_or_client_node
 from ..runtime.future import Future
 from ..runtime.messages import fail_msg
 from ..runtime.node import PortRef
 
+T = TypeVar("T")
 
-class Port:
-    """Send end of a channel; picklable, works from any process of the job.
+
+class Port(Generic[T]):
+    """Send end of a channel (``Port[T]`` sends Ts); picklable, works from any process
+    of the job.
 
     Also the response port of an ``explicit_response_port`` endpoint; there it has no
     ``ref`` when the call was a ``broadcast()`` (nobody waits), and drops what it is sent."""
@@ -20,7 +24,7 @@ class Port:
     def __init__(self, ref: PortRef | None):
         self.ref = ref
 
-    def send(self, value) -> None:
+    def send(self, value: T) -> None:
         """Deliver ``value`` to the receiver (in send order); one that cannot be pickled
         raises here, one the receiver cannot unpickle fails only that message there."""
         if self.ref is not None:
@@ -43,7 +47,7 @@ class Port:
         return f"Port({self.ref.node.node_id[:8]}:{self.ref.port_id})"
 
 
-class PortReceiver:
+class PortReceiver(Generic[T]):
     """Receive end; ``recv()`` returns a Future of the next value."""
 
     def __init__(self):
@@ -57,7 +61,7 @@ class PortReceiver:
         else:
             self._values.append(value)
 
-    def recv(self) -> Future:
+    def recv(self) -> Future[T]:
         f = Future()
         node = current_or_client_node()
         if node.on_loop_thread():
@@ -76,8 +80,11 @@ class PortReceiver:
         current_or_client_node().close_port(self.port.ref)
 
 
-class Channel:
+class Channel(Generic[T]):
+    """``Channel[int].open()``: a connected Port and PortReceiver (the parameter is for
+    type checkers only)."""
+
     @staticmethod
-    def open() -> tuple[Port, PortReceiver]:
+    def open() -> tuple[Port[T], PortReceiver[T]]:
         r = PortReceiver()
         return r.port, r

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+import logging
+from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Literal, ParamSpec,
+                    Protocol, TypeVar, overload)
 
 from ..runtime.actor_host import ENDPOINT_ATTR, EndpointInfo
 from ..runtime.messages import ANSWERED_THROUGH_PORT
-from ..shapes import MESH_ATTRIBUTE_NAMES
+from ..shapes import MESH_ATTRIBUTE_NAMES, MeshTrait
+from .actor_mesh import Endpoint
+from .channel import Port
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: ActorMesh attributes that hpcmesh adds to Monarch's: an endpoint may take one of these
 #: names (Monarch programs do, e.g. ``def name(self)``), and on that actor mesh the endpoint
@@ -20,8 +27,61 @@ RESERVED_ENDPOINT_NAMES = frozenset(
     (MESH_ATTRIBUTE_NAMES | {"stop", "initialized", "name"}) - GIVES_WAY_TO_ENDPOINTS)
 
 
+class EndpointMethod(Protocol[P, R]):
+    """What ``@endpoint`` makes of a method ``(self, *P) -> R``, as type checkers see it:
+    read through an actor mesh, an ``Endpoint[P, R]``. Typing only: at run time the method
+    stays the plain function (marked), which the runtime calls directly."""
+
+    def __get__(self, instance: Any, owner: Any) -> Endpoint[P, R]: ...
+
+
+class EndpointDecorator(Protocol):
+    """``@endpoint(...)`` with options, as type checkers see it (typing only)."""
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, P], Awaitable[R]]
+                 ) -> EndpointMethod[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, P], R]) -> EndpointMethod[P, R]: ...
+
+
+class PortEndpointDecorator(Protocol):
+    """``@endpoint(explicit_response_port=True)``: ``(self, port: Port[R], *P)`` answers R."""
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, Port[R], P], Awaitable[None]]
+                 ) -> EndpointMethod[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Any, Port[R], P], None]
+                 ) -> EndpointMethod[P, R]: ...
+
+
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]], *, concurrent: bool = False,
+             propagate: Any = None, explicit_response_port: Literal[False] = False
+             ) -> EndpointMethod[P, R]: ...
+
+
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], R], *, concurrent: bool = False,
+             propagate: Any = None, explicit_response_port: Literal[False] = False
+             ) -> EndpointMethod[P, R]: ...
+
+
+@overload
+def endpoint(fn: None = None, *, concurrent: bool = False, propagate: Any = None,
+             explicit_response_port: Literal[False] = False) -> EndpointDecorator: ...
+
+
+@overload
+def endpoint(fn: None = None, *, concurrent: bool = False, propagate: Any = None,
+             explicit_response_port: Literal[True]) -> PortEndpointDecorator: ...
+
+
 def endpoint(fn: Callable | None = None, *, concurrent: bool = False, propagate: Any = None,
-             explicit_response_port: bool = False):
+             explicit_response_port: bool = False) -> Any:
     """Mark a method as callable through an ActorMesh.
 
     ``concurrent=True`` lets several calls of it run at once (async endpoints);
@@ -30,8 +90,9 @@ def endpoint(fn: Callable | None = None, *, concurrent: bool = False, propagate:
     ``explicit_response_port=True`` (as in Monarch): the method gets a ``Port`` before its
     arguments and answers through it (``port.send(value)``, or ``port.exception(exc)``),
     now or later, from any actor it hands the port to; what it returns is not sent. The
-    caller's Future takes the first answer. If the method raises before answering, the
-    caller gets the ``ActorError``; an error after the answer is lost. For a
+    caller's Future takes the first answer. An error escaping the method fails the actor,
+    as in Monarch (its owner's ``__supervise__`` is told; the caller, if not answered yet,
+    gets the ``SupervisionError``): send errors with ``port.exception(e)``. For a
     ``broadcast()`` the port drops what it is sent. The caller's Future fails if the actor
     it called dies, not if another actor it handed the port to does: wait with a timeout.
     """
@@ -51,11 +112,24 @@ def endpoint(fn: Callable | None = None, *, concurrent: bool = False, propagate:
     return mark(fn) if fn is not None else mark
 
 
+def concurrent_endpoint(fn: Callable | None = None, *, propagate: Any = None,
+                        explicit_response_port: bool = False) -> Any:
+    """Monarch's ``@concurrent_endpoint``: an async endpoint whose calls run at once,
+    each as a task of its own, instead of one after another (``@endpoint(concurrent=True)``).
+    Calls start in the order they were sent."""
+
+    def mark(f: Callable) -> Any:
+        if not inspect.iscoroutinefunction(f):
+            raise TypeError(f"@concurrent_endpoint needs an async def: {f.__qualname__} is "
+                            f"a plain def (its calls could not run at once on one thread)")
+        return endpoint(f, concurrent=True, propagate=propagate,
+                        explicit_response_port=explicit_response_port)
+    return mark(fn) if fn is not None else mark
+
+
 def _answering_through_port(f: Callable, is_async: bool) -> Callable:
     """``f(self, port, *args)`` called as the runtime calls a response-port endpoint: with
     the reply PortRef first, and nothing sent back from its return value."""
-    from .channel import Port
-
     if is_async:
         @functools.wraps(f)
         async def run(self, reply, *args, **kwargs):
@@ -78,9 +152,30 @@ def check_endpoint_names(cls: type) -> None:
                 f"rename it (reserved names: {', '.join(sorted(RESERVED_ENDPOINT_NAMES))})")
 
 
-class Actor:
+# A checker sees an actor class as a mesh (slice, extent, stop...): spawn() is typed to
+# return the actor class, as Monarch's is, so that ``mesh.method`` is an Endpoint[P, R].
+# At run time Actor is a plain class: its instances get no mesh attributes.
+_ActorBase = MeshTrait if TYPE_CHECKING else object
+
+
+class Actor(_ActorBase):
     """Base class of actors. Subclass it and decorate methods with ``@endpoint``."""
+
+    if TYPE_CHECKING:
+        def stop(self, reason: str = ...) -> Any: ...
+
+        @property
+        def initialized(self) -> Any: ...
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         check_endpoint_names(cls)
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class, at DEBUG (as Monarch's ``Actor.logger``):
+        what it logs goes where the process's logging goes (the controller, when its
+        output is forwarded)."""
+        logger = logging.getLogger(type(self).__name__)
+        logger.setLevel(logging.DEBUG)
+        return logger

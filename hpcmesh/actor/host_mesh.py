@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 import socket
 import uuid
@@ -16,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
-from ..runtime.client import ProcRecord, client_runtime
-from ..runtime.future import Future, failed, gather
+from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
+from ..runtime.future import Future, completed, failed, gather, on_runtime_thread
 from ..runtime.gpu_binding import BINDING_VAR, SLOT_VAR, choose_binding
 from ..runtime.node import NodeRef
 from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
@@ -25,7 +26,8 @@ from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import tls
 from ..transport.addresses import parse_address
 from ..transport.handshake import HandshakeBusy, HandshakeError
-from .mesh_view import spawning_actor
+from .controllers import offer_controllers
+from .mesh_view import chain, spawning_actor
 from .proc_mesh import ProcMesh, ProcMeshState
 
 _mesh_counter = itertools.count()
@@ -90,6 +92,7 @@ class HostMesh(MeshTrait):
                                  f"mesh {dict(self.extent)}; pick another name")
         rt = client_runtime()
         node = rt.node
+        offer_controllers(node)
         owner = spawning_actor()
         extent = Extent({**dict(self._shape.extent), **per_host})
         mesh_name = name or f"procs{next(_mesh_counter)}"
@@ -160,8 +163,73 @@ class HostMesh(MeshTrait):
                                launched)
         return ProcMesh(state, Shape.from_extent(extent))
 
+    @property
+    def initialized(self) -> Future:
+        """Resolves to True once the hosts are reachable (Monarch's ``initialized``): an
+        hpcmesh HostMesh is made of agents it has reached already, so at once."""
+        return completed(True)
+
+    def stop(self) -> Future:
+        """Stop every process this controller started on these hosts (as ``ProcMesh.stop``
+        does: ``__cleanup__`` runs); the host agents go on, ready for new processes or a
+        new controller. A Future of None."""
+        return _stop_procs_on({h.agent.node_id for h in self.refs}).then(lambda _: None)
+
+    def shutdown(self) -> Future:
+        """``stop()``, then end the host agents themselves: they exit (an agent started by
+        ``run_worker_loop_until_shutdown`` returns from it) and take no new controller.
+        ``this_host()``'s agent lives in this process: there this is ``stop()``. A Future
+        of None."""
+        rt = client_runtime()
+        agents = [h.agent for h in self.refs if h.agent.node_id != rt.node.node_id]
+
+        return chain(self.stop(), lambda: gather(
+            [rt.node.rpc(a, "shutdown_agent") for a in agents])).then(lambda _: None)
+
     def __repr__(self) -> str:
         return f"HostMesh({dict(self.extent)}, hosts={self.hostnames})"
+
+
+def _stop_procs_on(agent_ids: set[str], grace: float | None = None) -> Future:
+    """Stop the live processes this controller started through the agents ``agent_ids``."""
+    rt = client_runtime()
+    recs = [r for r in rt.procs.values() if r.agent.node_id in agent_ids and not r.stopping
+            and r.failure is None]
+    if not recs:
+        return completed({})
+    mesh = ProcMesh.from_records("host-procs", recs, Extent({"procs": len(recs)}), None)
+    return mesh.stop(grace)
+
+
+_shutdown_claimed = False
+
+
+def shutdown_context(host_timeout: float | None = None) -> Future:
+    """End this process's hpcmesh client (Monarch's ``shutdown_context``): stop the
+    processes ``this_host()`` started (``host_timeout`` s of grace, default 10), kill what
+    is left, close the client's connections. Processes on other hosts end by their lease.
+    Later calls, or a call with no client, return a settled Future at once. A Future of
+    None."""
+    global _shutdown_claimed
+    if host_timeout is not None and (isinstance(host_timeout, bool) or not isinstance(
+            host_timeout, (int, float)) or not math.isfinite(host_timeout) or host_timeout < 0):
+        raise ValueError(f"shutdown_context(host_timeout={host_timeout!r}): seconds, finite "
+                         f"and >= 0, or None for 10")
+    rt = existing_client_runtime()
+    if rt is None or _shutdown_claimed:
+        return completed(None)
+    if on_runtime_thread():
+        raise RuntimeError("shutdown_context() cannot run on the hpcmesh event-loop thread "
+                           "(it waits for that loop to end); call it from the controller's "
+                           "own code")
+    _shutdown_claimed = True
+    grace = 10.0 if host_timeout is None else float(host_timeout)
+    try:
+        _stop_procs_on({rt.node.node_id}, grace).get(timeout=grace + 20)
+    except Exception as e:  # noqa: BLE001 - the shutdown goes on: what is left is killed
+        log.warning("shutdown_context: stopping this host's processes: %s", e)
+    rt.shutdown()
+    return completed(None)
 
 
 def _mesh_env(place: MemberPlace, master: tuple[str, int] | None,

@@ -11,6 +11,7 @@ import pickle
 import socket
 import sys
 import uuid
+from typing import TypeVar, cast
 
 from ..runtime.actor_services import ActorServices
 from ..runtime.client import ProcRecord, current_or_client_node, existing_client_runtime
@@ -34,6 +35,7 @@ LAUNCH_WAIT = 60.0
 #: SIGKILL) plus 5 s for the answer to travel: past it, stop() gives up on that agent.
 STOP_PROCS_SLACK = 12.0      # stop() of a mesh still starting waits this long for the agents
 log = logging.getLogger("hpcmesh.actor")
+TActor = TypeVar("TActor")
 
 
 class ProcMeshState:
@@ -80,8 +82,10 @@ class ProcMesh(MeshView):
     def log_paths(self) -> list[dict]:
         return [self._state.records[g].log_paths for g in self._shape.ranks()]
 
-    def spawn(self, name: str, actor_class: type, *args, **kwargs) -> "ActorMesh":
-        """Place one ``actor_class(*args, **kwargs)`` on every process of this view."""
+    def spawn(self, name: str, actor_class: type[TActor], *args, **kwargs) -> TActor:
+        """Place one ``actor_class(*args, **kwargs)`` on every process of this view; an
+        ActorMesh of them (typed as the actor class, as in Monarch, so that a type checker
+        sees ``mesh.method`` as ``Endpoint[P, R]``)."""
         if self._state.stopped:
             raise MeshStoppedError(f"proc mesh {self.name!r} has been stopped; spawn new "
                                    f"processes", self.name)
@@ -105,8 +109,8 @@ class ProcMesh(MeshView):
         state = ActorMeshState(actor_id, name, actor_class.__name__, endpoints,
                                 [r.name for r in recs], recs)
         state.owner = spawning_actor()
-        if rt is not None:
-            rt.actor_meshes[actor_id] = state     # so an unhandled failure below it finds it
+        if rt is not None and state.owner is not None:
+            rt.owners[actor_id] = state.owner     # who a failure of one of them goes to
         if self._state.in_this_process:
             self._state.actor_meshes.append(state)
 
@@ -130,7 +134,7 @@ class ProcMesh(MeshView):
         ready.add_done_callback(lambda f: state.open(
             f.value() if f.exception() is None else None, f.exception()))
         state.ready = ready
-        return ActorMesh(state, Shape.from_extent(extent))
+        return cast(TActor, ActorMesh(state, Shape.from_extent(extent)))
 
     def stop(self, grace: float | None = None) -> Future:
         """Stop the processes cleanly (actors' ``__cleanup__`` runs); whatever has not exited
@@ -208,8 +212,69 @@ class ProcMesh(MeshView):
             return codes
         return _run_on_loop(node, stop_all())
 
+    async def logging_option(self, stream_to_client: bool = False,
+                             aggregate_window_sec: int | None = None,
+                             level: int = logging.INFO) -> None:
+        """Monarch's log settings for these processes. ``stream_to_client``: print their
+        stdout/stderr here, each line prefixed with its process (hpcmesh's default is on;
+        Monarch's default for this call is off, as here). ``level``: the level of each
+        process's root logger. ``aggregate_window_sec`` is checked as Monarch checks it
+        (needs ``stream_to_client``) and otherwise has no effect: hpcmesh prints each line
+        as it comes, prefixed, rather than folding alike lines of a window into one."""
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 255:
+            raise ValueError(f"logging_option(level={level!r}): a logging level, an int "
+                             f"0-255 such as logging.INFO")
+        if aggregate_window_sec is not None:
+            if not stream_to_client:
+                raise ValueError("logging_option(aggregate_window_sec=...) needs "
+                                 "stream_to_client=True: only streamed logs are aggregated")
+            if isinstance(aggregate_window_sec, bool) or not isinstance(
+                    aggregate_window_sec, (int, float)) or aggregate_window_sec < 0:
+                raise ValueError(f"logging_option(aggregate_window_sec="
+                                 f"{aggregate_window_sec!r}): seconds >= 0, or None")
+        await self.initialized
+        st = self._state
+        recs = [st.records[g] for g in self._shape.ranks()]
+        for r in recs:
+            r.forward_logs = bool(stream_to_client)
+        if st.in_this_process:
+            logging.getLogger().setLevel(level)
+            return
+        node = current_or_client_node()
+        await gather([node.rpc(r.node, "set_log_level", level) for r in recs])
+
+    def __reduce__(self):
+        """What travels to another actor: where each process is, not the controller's
+        bookkeeping (its Futures hold callbacks and contexts, which cannot be pickled, and
+        a copy of them would never settle). A mesh still starting is waited for, as an
+        ActorMesh passed right after ``spawn()`` is."""
+        st = self._state
+        if not st.ready.done():
+            if on_runtime_thread():
+                raise RuntimeError(f"proc mesh {st.name!r} is not initialized yet; `await "
+                                   f"procs.initialized` before passing it to another actor")
+            st.ready.get()
+        elif st.ready.exception() is not None:
+            raise st.ready.exception()
+        places = [(r.name, r.mesh_name, r.point, r.agent, r.label, r.node, r.pid, r.host)
+                  for r in st.records]
+        return rebuild_proc_mesh, (st.name, places, st.hosts, self._shape)
+
     def __repr__(self) -> str:
         return f"ProcMesh({self.name!r}, {dict(self.extent)})"
+
+
+def rebuild_proc_mesh(name: str, places: list[tuple], hosts, shape: Shape) -> ProcMesh:
+    """A ProcMesh unpickled in another process: its processes are up (``__reduce__``
+    waited for them), so every member is ready."""
+    records = []
+    for proc_name, mesh_name, point, agent, label, node, pid, host in places:
+        rec = ProcRecord(proc_name, mesh_name, point, agent, label)
+        rec.node, rec.pid, rec.host = node, pid, host
+        rec.ready.set_result(node)
+        records.append(rec)
+    return ProcMesh(ProcMeshState(name, records, completed([r.node for r in records]), hosts),
+                    shape)
 
 
 def _run_on_loop(node: Node, coro) -> Future:

@@ -18,6 +18,8 @@ from typing import Any
 
 import cloudpickle
 
+from ..runtime.client import expect_exits
+
 DEFAULT_CACHE = ".hpcmesh/job_state.pkl"
 BATCH_MARKER = "HPCMESH_BATCH_JOB"
 
@@ -49,6 +51,10 @@ class JobTrait(ABC):
     """Base of every job kind. Subclasses implement ``_create``, ``_state``, ``_kill``,
     ``_is_active`` and ``_spec_key`` (what must match for a cached job to be reused)."""
 
+    #: Does ``kill()`` end the host agents (and so every process on them)? Not for a job
+    #: whose hosts outlive it (LocalJob: this host).
+    kill_ends_processes = True
+
     def __init__(self):
         self.apply_id: str | None = None
         self._applied = False
@@ -79,6 +85,8 @@ class JobTrait(ABC):
         if not job.active:
             job.apply()
         meshes = job._state()
+        job._live_agent_ids = {ref.agent.node_id for mesh in meshes.values()
+                               for ref in getattr(mesh, "refs", ())}
         if cached_path is not None:
             job.dump(cached_path)     # after _state(): what it learned (addresses) is kept
         if job is not self:
@@ -86,6 +94,10 @@ class JobTrait(ABC):
         return JobState(meshes)
 
     def kill(self) -> None:
+        """End the job. What this client started on its hosts ends with it, on purpose: no
+        supervision failure (``unhandled_fault_hook``) for those processes."""
+        if self.kill_ends_processes:
+            expect_exits(self.__dict__.get("_live_agent_ids", set()))
         self._kill()
 
     @property

@@ -15,6 +15,8 @@ from .base import BATCH_MARKER, JobTrait, try_load
 class LocalJob(JobTrait):
     """Every mesh is ``this_host()``; a client script runs as a detached local process."""
 
+    kill_ends_processes = False          # kill() ends the client script, not this host
+
     def __init__(self, hosts: tuple[str, ...] | list[str] = ("hosts",), log_dir: str = ".hpcmesh/logs"):
         super().__init__()
         if isinstance(hosts, str):

@@ -26,10 +26,11 @@ except ImportError:  # pragma: no cover - a future Python
 from typing import Any
 
 from .context import ActorInstance, Context, current_context_var
-from .errors import ActorError, MeshStoppedError
+from .errors import (ActorError, MeshFailure, MeshStoppedError, SupervisionError, actor_failed,
+                     call_failed, describe_actor)
 from ..shapes import Extent, Point
 from ..transport import serialization
-from .messages import (EVENT_ENDPOINT_FAILED, ReplyNotSent, call_msg, decode_args, deliver_msg,
+from .messages import (EVENT_ACTOR_FAULT, ReplyNotSent, call_msg, decode_args, deliver_msg,
                        describe_exception, failure, format_exception)
 from .node import Node, PortRef
 
@@ -131,6 +132,7 @@ class ActorHost:
         self._extents: dict[tuple, Extent] = {}
         self._contexts: dict[tuple, Context] = {}
         self.stopped = False
+        self.fault: SupervisionError | None = None   # the actor failed: see fail_actor()
 
     # -- lookup ----------------------------------------------------------------------
     def _method(self, name: str):
@@ -180,6 +182,9 @@ class ActorHost:
             except AttributeError as e:
                 self._fail(msg[2], origin, msg[4], e)
                 return
+        if self.fault is not None:
+            self._refuse(msg[2], origin, msg[4])
+            return
         if self.stopped:
             self._fail(msg[2], origin, msg[4],
                        MeshStoppedError(f"actor {self.instance.mesh_name} has been stopped",
@@ -263,10 +268,8 @@ class ActorHost:
                 self._busy = True
                 self._wake_mailbox()
                 return
-        except BaseException as e:  # noqa: BLE001 - reported to the caller
-            # SystemExit and KeyboardInterrupt too: raised by an endpoint they are its
-            # error (as in a sync endpoint or from the mailbox), not the process's end
-            self._fail(endpoint, origin, reply, e)
+        except BaseException as e:  # noqa: BLE001 - SystemExit too: the actor's, not the process's
+            self._raised(e, endpoint, origin, reply)
         else:
             if reply is not None:
                 self._reply(endpoint, origin, reply, value)
@@ -323,6 +326,9 @@ class ActorHost:
                 # backlog must not hold every reply back until it is all done.
                 await asyncio.sleep(0)
             msg, origin, buffers, (fn, info) = queue.popleft()
+            if self.fault is not None:
+                self._refuse(msg[2], origin, msg[4])
+                continue
             if self.stopped:
                 self._fail(msg[2], origin, msg[4], MeshStoppedError(
                     f"actor {self.instance.mesh_name} has been stopped", self.instance.mesh_name))
@@ -374,14 +380,76 @@ class ActorHost:
     def _failed(self, exc: BaseException, endpoint: str, origin: str | None,
                 reply: int | None) -> None:
         """An endpoint raised (or was cancelled): tell the caller; a cancellation that
-        is not this actor stopping goes on up to the task."""
+        is not this actor stopping or failing goes on up to the task."""
         if isinstance(exc, asyncio.CancelledError):
+            if self.fault is not None:      # cancelled by fail_actor()
+                self._refuse(endpoint, origin, reply)
+                return
             self._fail(endpoint, origin, reply, RuntimeError(
                 f"actor {self.instance.mesh_name} was stopped before {endpoint} finished"))
             if not self.stopped:
                 raise exc
             return
-        self._fail(endpoint, origin, reply, exc)
+        self._raised(exc, endpoint, origin, reply)
+
+    def _raised(self, exc: BaseException, endpoint: str, origin: str | None,
+                reply: int | None) -> None:
+        """An endpoint raised. Called with a reply port, an Exception fails that call (an
+        ActorError) and the actor goes on. Otherwise nobody could be told, so the actor
+        fails, as in Monarch: a broadcast, an endpoint that answers through its response
+        port, a BaseException (SystemExit, KeyboardInterrupt)."""
+        info = self._methods[endpoint][1]      # looked up before the endpoint ran
+        if reply is not None and isinstance(exc, Exception) and not info.response_port:
+            self._fail(endpoint, origin, reply, exc)
+            return
+        how = ("it was called with broadcast(), so no caller could get the error; call() "
+               "or call_one() returns it instead" if reply is None else
+               "it answers through its response port, so the error had no caller to go to; "
+               "catch it and send it with port.exception(e)" if info.response_port else
+               f"{type(exc).__name__} is a BaseException, not an Exception")
+        self.fail_actor(self.raised_in(exc, endpoint, how))
+        self._refuse(endpoint, origin, reply)
+
+    def raised_in(self, exc: BaseException, endpoint: str, how: str = "") -> str:
+        """Why this actor failed: ``exc`` escaped ``endpoint`` (``how``: why that is fatal)."""
+        return (f"{type(exc).__qualname__}: {describe_exception(exc, with_type=False)} raised "
+                f"in {self.cls.__name__}.{endpoint}{f' ({how})' if how else ''}\n\n"
+                f"Remote traceback:\n{format_exception(exc).rstrip()}")
+
+    def fail_actor(self, reason: str) -> None:
+        """This actor has failed (in Monarch: it is dead): calls waiting for it, queued or
+        running, and every later call fail with a SupervisionError naming it and
+        ``reason``; its owner's ``__supervise__`` gets a MeshFailure. Its process, the
+        other actors there and the meshes it spawned go on until that process stops."""
+        if self.fault is not None:
+            return
+        inst = self.instance
+        self.fault = actor_failed(describe_actor(self.cls.__name__, inst.mesh_name, inst.rank),
+                                  reason, inst.mesh_name, inst.rank)
+        log.info("%s", self.fault)       # its owner hears of it, and reports it if unhandled
+        while self._queue:
+            msg, origin, _, _ = self._queue.popleft()
+            self._refuse(msg[2], origin, msg[4])
+        here = asyncio.current_task(self.node.loop)   # (the call that failed it, if any)
+        running = [t for t in self._tasks if t is not here]
+        if self._busy and self._runner is not None and self._runner is not here:
+            running.append(self._runner)    # a call in progress: its caller is told now
+        for t in running:
+            t.cancel()
+        if self.supervisor is None:
+            return
+        try:
+            self.node.send(self.supervisor.node, deliver_msg(
+                self.supervisor.port_id,
+                (EVENT_ACTOR_FAULT, inst.actor_id, MeshFailure(inst.mesh_name, self.fault,
+                                                               inst.rank))))
+        except Exception:  # noqa: BLE001 - its owner is gone too
+            log.warning("could not report to the owner of %s: %s", inst.mesh_name, self.fault)
+
+    def _refuse(self, endpoint: str, origin: str | None, reply: int | None) -> None:
+        """A call to this failed actor fails, naming it."""
+        if reply is not None:
+            self.node.reply_to(origin, reply, failure(call_failed(endpoint, self.fault)))
 
     # -- replies ---------------------------------------------------------------------
     def _reply(self, endpoint: str, origin: str | None, reply: int, value: Any) -> None:
@@ -407,14 +475,7 @@ class ActorHost:
         if reply is not None:
             self.node.reply_to(origin, reply, failure(err))
             return
-        log.error("endpoint %s.%s failed (broadcast, nobody awaiting): %s",
-                  self.cls.__name__, endpoint, err)
-        if self.supervisor is not None:
-            try:
-                self.node.send(self.supervisor.node, deliver_msg(
-                    self.supervisor.port_id, (EVENT_ENDPOINT_FAILED, self.instance.actor_id, err)))
-            except Exception:  # noqa: BLE001
-                log.debug("could not report to supervisor", exc_info=True)
+        log.error("a broadcast to %s.%s could not run: %s", self.cls.__name__, endpoint, err)
 
     # -- lifecycle -------------------------------------------------------------------
     async def stop(self) -> None:

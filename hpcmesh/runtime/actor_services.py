@@ -12,14 +12,20 @@ import os
 import socket
 
 from ..transport import serialization
-from .actor_host import ActorHost
+from .actor_host import ENDPOINT_ATTR, ActorHost
 from .context import ActorInstance, Context, Rendezvous, current_context_var
-from .errors import ActorError
-from .messages import format_exception
 from .node import Node, PortRef
 from .rendezvous import needs_store, serve_store
 
 log = logging.getLogger("hpcmesh.proc")
+
+
+def is_async_actor(cls: type) -> bool:
+    """An actor class whose endpoints are all ``async def`` (at least one): Monarch's async
+    actor, whose constructor runs on the event loop's thread."""
+    infos = [info for info in (getattr(getattr(cls, n, None), ENDPOINT_ATTR, None)
+                               for n in dir(cls)) if info is not None]
+    return bool(infos) and all(info.is_async for info in infos)
 
 
 class ActorServices:
@@ -63,11 +69,20 @@ class ActorServices:
             finally:
                 current_context_var.reset(token)
         try:
-            await self.node.loop.run_in_executor(host.executor(), construct)
-        except Exception as e:  # noqa: BLE001
-            raise ActorError(type(e).__qualname__, str(e), format_exception(e), point,
-                             cls.__name__, "__init__") from None
+            if is_async_actor(cls):
+                # its endpoints run on this loop's thread: so does its constructor (as in
+                # Monarch), and what it leaves in thread-local state (a threading.local,
+                # torch.cuda.set_device) is theirs
+                construct()
+            else:
+                await self.node.loop.run_in_executor(host.executor(), construct)
+        except (Exception, KeyboardInterrupt, SystemExit) as e:  # noqa: BLE001
+            # As in Monarch, that actor has failed (its calls raise a SupervisionError, its
+            # owner is told); unlike Monarch, its process and the other actors there go on.
+            host.fail_actor(host.raised_in(e, "__init__"))
         self.node.actors[actor_id] = host
+        if host.fault is not None:
+            return os.getpid()
         if needs_store(instance):
             await self.node.loop.run_in_executor(host.executor(), serve_store, instance)
         return os.getpid()

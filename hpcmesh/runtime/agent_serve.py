@@ -89,6 +89,8 @@ async def serve(listen: list[str], attach: list[str], secret: bytes, lease: Leas
     node.listen(listen, advertise_host=advertise_host)
     set_current_node(node)
     agent = HostAgent(node, advertise_host=advertise_host)
+    # HostMesh.shutdown(): the controller ends this agent (its processes were stopped first)
+    node.services["shutdown_agent"] = lambda: lease.stop("shut down by its HostMesh")
     lease.watch(node)
     if ready_file:
         with open(ready_file, "w") as f:

@@ -11,19 +11,19 @@ import logging
 import os
 import sys
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..settings import check_process_settings, env_number
 from ..transport.addresses import new_secret
-from .errors import SupervisionError, describe_exit
+from .actor_host import ActorThread
+from .errors import MeshFailure, SupervisionError, describe_exit
 from . import placement
 from .future import Future, set_wait_hook
 from .host_agent import HostAgent
-from .messages import (EVENT_CHILD_FAILED, EVENT_ENDPOINT_FAILED, EVENT_EXIT, EVENT_LOG,
-                       deliver_msg)
+from .messages import EVENT_ACTOR_FAULT, EVENT_EXIT, EVENT_LOG
 from .node import Node, NodeRef, current_node, set_current_node
+from .supervision import run_unhandled_fault_hook
 from .tuning import tune_malloc
 
 log = logging.getLogger("hpcmesh.client")
@@ -91,7 +91,10 @@ class ClientRuntime:
             self.node = node
             node.on_stop.append(self.shutdown)    # the process stops: what it owns goes too
         self.procs: dict[str, ProcRecord] = {}
-        self.actor_meshes: "weakref.WeakValueDictionary[str, Any]" = weakref.WeakValueDictionary()
+        # actor mesh id -> the ActorInstance that spawned it (absent: this process's code)
+        self.owners: dict[str, Any] = {}
+        self._hook_thread: ActorThread | None = None
+        self._closing = False
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
@@ -129,12 +132,8 @@ class ClientRuntime:
             self._print_log(*event[1:])
         elif kind == EVENT_EXIT:
             self._on_exit(*event[1:])
-        elif kind == EVENT_CHILD_FAILED:
-            self._on_child_failed(event[1], event[2])
-        elif kind == EVENT_ENDPOINT_FAILED:
-            _, actor_id, err = event
-            log.error("a broadcast to actor mesh %s failed: %s", actor_id[:8], err)
-            print(f"hpcmesh: broadcast failed: {err}", file=sys.stderr)
+        elif kind == EVENT_ACTOR_FAULT:
+            self.report_failure(self.owners.get(event[1]), event[2])
 
     def _print_log(self, name: str, stream: str, lines: list[str]) -> None:
         rec = self.procs.get(name)
@@ -172,64 +171,60 @@ class ClientRuntime:
                                    pid, status)
             rec.failure = exc
             self.node.fail_peer(rec.node.node_id, exc)
-            if rec.owner is None:
-                print(f"hpcmesh: supervision: {exc}", file=sys.stderr)
-        if rec.owner is not None:
-            self.supervise(rec.owner, exc)
+        if rec.owner is not None or rec.node is not None:
+            # one that never connected fails the spawn: whoever waits for it is told
+            self.report_failure(rec.owner, MeshFailure(rec.mesh_name, exc, rec.point))
         if rec.on_failure is not None:
             rec.on_failure(rec, exc)
 
     # -- supervision by owning actors ---------------------------------------------
-    def supervise(self, owner, event: SupervisionError) -> None:
-        """Offer ``event`` to the owning actor's ``__supervise__``; True handles it, anything
-        else passes it to that actor's own owner (ultimately the controller)."""
+    def report_failure(self, owner, failure: MeshFailure) -> None:
+        """A member of a mesh ``owner`` spawned failed: offer it to the owner's
+        ``__supervise__``; with no owner (this process's own code spawned it), to
+        ``unhandled_fault_hook`` on the controller."""
+        if owner is not None:
+            self.supervise(owner, failure)
+        elif self.node.role == "proc":    # no hook in an actor process: say so, at least
+            log.error("unhandled failure: %s", failure)
+            print(f"hpcmesh: unhandled failure: {failure.report()}", file=sys.stderr,
+                  flush=True)
+        elif not self._closing:           # (processes killed at exit are no failure)
+            if self._hook_thread is None:
+                self._hook_thread = ActorThread("hpcmesh-unhandled-fault-hook")
+            self._hook_thread.submit(run_unhandled_fault_hook, failure)
+
+    def supervise(self, owner, failure: MeshFailure) -> None:
+        """Offer ``failure`` to the owning actor's ``__supervise__``; a true result handles
+        it. Otherwise that actor fails too (as in Monarch), which its own owner hears of,
+        up to ``unhandled_fault_hook`` on the controller."""
         host = self.node.actors.get(owner.actor_id)
-        if host is None:
+        if host is None or host.fault is not None:   # stopped, or failed already
             return
         handler = getattr(owner.actor, "__supervise__", None)
 
         async def offer() -> None:
             handled = False
+            why = ""
             if handler is not None:
                 try:
                     if inspect.iscoroutinefunction(handler):
-                        handled = (await handler(event)) is True
+                        handled = bool(await handler(failure))
                     else:
-                        handled = (await self.node.loop.run_in_executor(
-                            host.executor(), handler, event)) is True
-                except Exception:  # noqa: BLE001 - a failing handler does not handle it
+                        handled = bool(await self.node.loop.run_in_executor(
+                            host.executor(), handler, failure))
+                except Exception as e:  # noqa: BLE001 - a failing handler does not handle it
                     log.exception("__supervise__ of %s raised", owner.class_name)
-            if handled:
-                return
-            sup = host.supervisor
-            if sup is not None:
-                try:
-                    self.node.send(sup.node, deliver_msg(
-                        sup.port_id, (EVENT_CHILD_FAILED, owner.actor_id, event)))
-                except Exception:  # noqa: BLE001 - the owner's owner is gone too
-                    log.warning("could not pass an unhandled failure up: %s", event)
+                    why = f" (__supervise__ raised {type(e).__name__}: {e})"
+            if not handled:
+                host.fail_actor(f"it did not handle the failure of mesh {failure.mesh_name!r} "
+                                f"that it owns{why}: {failure.report()}")
         self.node.call_soon(lambda: self.node.loop.create_task(offer()))
-
-    def _on_child_failed(self, actor_id: str, event: BaseException) -> None:
-        """An actor of one of our meshes did not handle a failure below it: that mesh is
-        failed (its next call raises), and its owner, if an actor, is asked in turn."""
-        state = self.actor_meshes.get(actor_id)
-        name = state.name if state is not None else actor_id[:8]
-        exc = SupervisionError(f"actor mesh {name!r} did not handle the failure of a process "
-                               f"it owns: {event}", getattr(event, "mesh", ""),
-                               getattr(event, "point", None), getattr(event, "host", ""),
-                               getattr(event, "pid", None), getattr(event, "exit_status", ""))
-        if state is not None:
-            state.failed = exc
-            if state.owner is not None:
-                self.supervise(state.owner, exc)
-                return
-        print(f"hpcmesh: supervision: {exc}", file=sys.stderr)
 
     # -- shutdown ---------------------------------------------------------------------
     def shutdown(self) -> None:
         """Kill what the local agent started, close the node. Runs at interpreter exit."""
         global _runtime
+        self._closing = True
         if self._local_agent is not None:
             self._local_agent.kill_all()
         if self._follower is not None:
@@ -274,6 +269,18 @@ def client_runtime() -> ClientRuntime:
 
 def existing_client_runtime() -> ClientRuntime | None:
     return _runtime
+
+
+def expect_exits(agent_ids: set[str]) -> None:
+    """The processes this controller started through these agents are about to end on
+    purpose (their job is being killed): their exits fail calls to them, as any stop does,
+    but are no failure to supervise or report."""
+    rt = _runtime
+    if rt is None:
+        return
+    for rec in list(rt.procs.values()):
+        if rec.agent.node_id in agent_ids:
+            rec.stopping = True
 
 
 def current_or_client_node() -> Node:

@@ -63,3 +63,66 @@ def describe_exit(returncode: int | None) -> str:
             name = f"signal {-returncode}"
         return f"killed by {name}"
     return f"exit code {returncode}"
+
+
+class MeshFailure:
+    """What ``__supervise__`` and ``unhandled_fault_hook`` get (Monarch's ``MeshFailure``):
+    one member of a mesh someone owns failed. An actor member: its constructor raised, or
+    an endpoint called without a reply port (``broadcast``), or answering through its
+    response port, raised, or one raised a BaseException, or it did not handle a failure
+    below it. A process member: it died. Not an exception, as in Monarch.
+
+    ``mesh_name`` and ``report()`` are Monarch's; ``point`` is the failed member, ``error``
+    the SupervisionError calls to it raise (``host``, ``pid`` and ``exit_status`` are its,
+    for a process that died). ``mesh`` is the mesh's name, as ``SupervisionError.mesh``
+    (Monarch 0.7 gives an empty tuple there)."""
+
+    def __init__(self, mesh_name: str, error: SupervisionError, point=None):
+        self.mesh_name = mesh_name
+        self.error = error
+        self.point = point
+
+    @property
+    def mesh(self) -> str:
+        return self.mesh_name
+
+    @property
+    def host(self) -> str:
+        return self.error.host
+
+    @property
+    def pid(self) -> int | None:
+        return self.error.pid
+
+    @property
+    def exit_status(self) -> str:
+        return self.error.exit_status
+
+    def report(self) -> str:
+        """What failed and why, for a person to read."""
+        return self.error.message
+
+    def __str__(self) -> str:
+        rank = f", rank={self.point.rank}" if self.point is not None else ""
+        return f"MeshFailure(mesh_name={self.mesh_name}{rank}): {self.report()}"
+
+    __repr__ = __str__
+
+
+def describe_actor(class_name: str, mesh_name: str, point) -> str:
+    """``Counter counters{'gpus': 1/2}``: an actor as failure messages name it."""
+    return f"{class_name} {mesh_name}{point!r}" if point is not None else \
+        f"{class_name} {mesh_name}"
+
+
+def actor_failed(who: str, reason: str, mesh_name: str, point=None) -> SupervisionError:
+    """The error of an actor that failed: what its calls raise and its MeshFailure reports."""
+    return SupervisionError(f"The actor {who} and all its descendants have failed: {reason}",
+                            mesh_name, point)
+
+
+def call_failed(endpoint_name: str, fault: SupervisionError) -> SupervisionError:
+    """A call to an actor that has failed: Monarch's wording, naming the call first."""
+    return SupervisionError(f"Endpoint call {fault.mesh}.{endpoint_name}() failed, "
+                            f"{fault.message}", fault.mesh, fault.point, fault.host, fault.pid,
+                            fault.exit_status)

@@ -12,8 +12,10 @@ import asyncio
 import itertools
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
+T = TypeVar("T")
+U = TypeVar("U")
 _PENDING, _DONE = 0, 1
 _loop_thread_ids: dict[int, int] = {}   # id(loop) -> thread id running it (set by the runtime)
 _runtime_threads: set[int] = set()      # threads running an hpcmesh event loop
@@ -66,7 +68,9 @@ def on_runtime_thread() -> bool:
     return threading.get_ident() in _runtime_threads
 
 
-class Future:
+class Future(Generic[T]):
+    """``Future[T]``: a T later. ``Generic`` costs nothing per Future (it adds no
+    ``__init__`` or ``__new__``); it lets programs write ``Future[int]`` in code."""
     __slots__ = ("_state", "_value", "_exc", "_callbacks", "__weakref__")
 
     def __init__(self):
@@ -130,7 +134,7 @@ class Future:
     def exception(self) -> BaseException | None:
         return self._exc
 
-    def value(self) -> Any:
+    def value(self) -> T:
         """The result of a Future that has settled without an error, read without waiting
         (in a done-callback, say). A pending or failed Future is a mistake here."""
         if not self._state or self._exc is not None:
@@ -139,10 +143,10 @@ class Future:
                                   else "it is still pending; use get() to wait for it"))
         return self._value
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> T:
         return self.get(timeout)
 
-    def get(self, timeout: float | None = None) -> Any:
+    def get(self, timeout: float | None = None) -> T:
         """Block until the value is there; raise the remote error if it failed."""
         if not self._state:
             if threading.get_ident() in _runtime_threads:
@@ -165,24 +169,34 @@ class Future:
     def __await__(self):
         if not self._state:
             loop = asyncio.get_running_loop()
-            afut = loop.create_future()
-            owner_tid = _loop_thread_ids.get(id(loop))
-            if _wait_hook is not None and owner_tid is None:
+            if _wait_hook is not None and _loop_thread_ids.get(id(loop)) is None:
                 _wait_hook()
-
-            def wake(f: "Future") -> None:
-                if threading.get_ident() == owner_tid:
-                    _transfer(f, afut)
-                else:
-                    loop.call_soon_threadsafe(_transfer, f, afut)
-
-            self.add_done_callback(wake)
-            yield from afut.__await__()
+            yield from self._asyncio_future(loop).__await__()
         if self._exc is not None:
             raise self._exc
         return self._value
 
-    def then(self, fn: Callable[[Any], Any]) -> "Future":
+    def as_asyncio(self) -> "asyncio.Future[T]":
+        """An ``asyncio.Future`` of the running loop that settles as this one does
+        (Monarch's ``Future.as_asyncio``); for ``asyncio.wait``, ``shield`` and the like,
+        which take asyncio futures. Raises RuntimeError off a running loop."""
+        return self._asyncio_future(asyncio.get_running_loop())
+
+    def _asyncio_future(self, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[T]":
+        """An asyncio Future of ``loop`` settled from this one (directly when this one
+        settles on the loop's own thread)."""
+        afut = loop.create_future()
+        owner_tid = _loop_thread_ids.get(id(loop))
+
+        def wake(f: "Future") -> None:
+            if threading.get_ident() == owner_tid:
+                _transfer(f, afut)
+            else:
+                loop.call_soon_threadsafe(_transfer, f, afut)
+        self.add_done_callback(wake)
+        return afut
+
+    def then(self, fn: Callable[[T], U]) -> "Future[U]":
         """A Future of fn(value), failing if this one fails."""
         out = Future()
 

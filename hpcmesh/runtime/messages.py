@@ -64,8 +64,7 @@ class PortRef:
 # (kind, ...) tuples delivered with MSG_DELIVER.
 EVENT_LOG = "log"                          # (LOG, proc_name, stream, [lines])
 EVENT_EXIT = "exit"                        # (EXIT, proc_name, pid, returncode, hostname)
-EVENT_CHILD_FAILED = "child_failed"        # (CHILD_FAILED, owner actor_id, event)
-EVENT_ENDPOINT_FAILED = "endpoint_failed"  # (ENDPOINT_FAILED, actor_id, ActorError)
+EVENT_ACTOR_FAULT = "actor_fault"          # (ACTOR_FAULT, actor_id, MeshFailure)
 
 
 def hello_msg(node_id: str, addresses: tuple[str, ...], info: dict) -> tuple:

@@ -42,6 +42,7 @@ class ProcRuntime:
         node.services.update({
             "stop": self.stop,
             "ping": lambda: os.getpid(),
+            "set_log_level": lambda level: logging.getLogger().setLevel(level),
         })
         node.on_peer_closed.append(self._on_peer_closed)
         node.on_peer_hello.append(self._on_peer_hello)

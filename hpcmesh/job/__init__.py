@@ -4,8 +4,9 @@ from .base import (JobState, JobTrait, activate_context, job_load, job_loads, lo
                    set_current_job)
 from .local import BatchJob, LocalJob, in_batch_job
 from .process import ProcessJob
+from .shell import shell
 
-__all__ = ["JobTrait", "JobState", "LocalJob", "BatchJob", "ProcessJob", "job_load",
+__all__ = ["JobTrait", "JobState", "LocalJob", "BatchJob", "ProcessJob", "shell", "job_load",
            "job_loads", "set_current_job", "load_current_job", "activate_context",
            "in_batch_job"]
 

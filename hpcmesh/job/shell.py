@@ -1,0 +1,198 @@
+"""``shell(host_mesh)``: an interactive shell on one host of a mesh (Monarch's ``job.shell``).
+
+The remote side is an actor that runs the user's shell on a pseudo-terminal and streams what
+it writes back through a Port; the local side puts the terminal in raw mode (when stdin is
+one), sends keystrokes and window sizes, and copies the output to stdout. The terminal is
+restored and the remote shell ended whatever way this side stops (exit, Ctrl-C on the
+controller, an error). Without a terminal (a pipe), lines go through as typed, so scripts
+and tests can drive it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from typing import Any, Iterator
+
+from ..actor.channel import Channel, Port
+from ..actor.endpoint import Actor, endpoint
+from ..runtime.context import context
+
+CHUNK = 16 * 1024
+#: Seconds the remote shell gets after SIGHUP before SIGKILL, when this side goes away.
+STOP_GRACE_S = 1.0
+
+
+def _exit_status(status: int) -> int:
+    """A shell's status the way shells report it: 128 + signal for a signal."""
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def rank_env() -> dict[str, str]:
+    """``HPCMESH_RANK_<dim>`` / ``HPCMESH_SIZE_<dim>`` of the host the shell runs on."""
+    point = context().actor_instance.rank
+    env = {f"HPCMESH_RANK_{k}": str(v) for k, v in point.items()}
+    env.update({f"HPCMESH_SIZE_{k}": str(v) for k, v in point.extent.items()})
+    return env
+
+
+class ShellActor(Actor):
+    """Runs one shell on a pseudo-terminal; output goes to ``out`` as ("data", bytes) and
+    finally ("exit", status)."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.master: int | None = None
+
+    @endpoint
+    def start(self, out: Port, env: dict | None, workdir: str | None, client_cwd: str,
+              size: tuple[int, int], editing: bool = True) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        if workdir is not None and not os.path.isdir(workdir):
+            raise FileNotFoundError(f"shell: workdir {workdir!r} does not exist on this host")
+        shell = os.environ.get("SHELL") or "/bin/bash"
+        child_env = {**os.environ, **rank_env(), **(env or {})}
+        pid, master = pty.fork()
+        if pid == 0:                               # the child: the pty is its terminal
+            try:
+                if workdir is not None:
+                    os.chdir(workdir)
+                elif os.path.isdir(client_cwd):
+                    os.chdir(client_cwd)
+                # typed from a pipe: no line editor, so that the ^D sent at the end of
+                # input is the end of input (readline, in raw mode, would drop it)
+                argv = [shell] + ([] if editing or not shell.endswith("bash")
+                                  else ["--noediting"]) + ["-i"]
+                os.execve(shell, argv, child_env)
+            finally:
+                os._exit(127)
+        self.pid, self.master = pid, master
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", size[0], size[1], 0, 0))
+        threading.Thread(target=self._pump, args=(out,), daemon=True,
+                         name="hpcmesh-shell-out").start()
+
+    def _pump(self, out: Port) -> None:
+        """Copy the terminal's output to the client until the shell ends, then its status."""
+        while True:
+            try:
+                data = os.read(self.master, CHUNK)
+            except OSError:                       # EIO: the shell and its children closed it
+                data = b""
+            if not data:
+                break
+            out.send(("data", data))
+        _, status = os.waitpid(self.pid, 0)
+        os.close(self.master)
+        out.send(("exit", _exit_status(status)))
+
+    @endpoint
+    def write(self, data: bytes) -> None:
+        if self.master is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.master, data)
+
+    @endpoint
+    def resize(self, rows: int, columns: int) -> None:
+        import fcntl
+        import struct
+        import termios
+        if self.master is not None:
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(self.master, termios.TIOCSWINSZ,
+                            struct.pack("HHHH", rows, columns, 0, 0))
+
+    @endpoint
+    def hang_up(self) -> None:
+        """The client went away: SIGHUP the shell's process group, SIGKILL after a grace."""
+        import time
+        if self.pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGHUP)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+
+
+def _window_size(fd: int) -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        return 24, 80
+    return size.lines, size.columns
+
+
+@contextlib.contextmanager
+def _raw_terminal(fd: int) -> Iterator[None]:
+    """Keystrokes as they come (no local echo or line editing: the remote shell does it)."""
+    import termios
+    import tty
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setraw(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None,
+          workdir: str | None = None) -> int:
+    """Run an interactive shell on a one-host HostMesh; returns the shell's exit status.
+    ``workdir``: where it starts (default: this client's directory, if the host has it)."""
+    if host_mesh_singleton.extent.nelem != 1:
+        raise ValueError(f"shell needs a HostMesh of one host, got {dict(host_mesh_singleton.extent)}"
+                         f"; slice it first, e.g. hosts.slice(hosts=0)")
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.buffer
+    interactive = os.isatty(stdin)
+    procs = host_mesh_singleton.spawn_procs()
+    try:
+        remote = procs.spawn("shell", ShellActor)
+        out_port, received = Channel.open()
+        remote.start.call_one(out_port, env, workdir, os.getcwd(), _window_size(stdin),
+                              interactive).get()
+        stop = threading.Event()
+
+        def forward_input() -> None:
+            while not stop.is_set():
+                try:
+                    data = os.read(stdin, CHUNK)
+                except OSError:
+                    return
+                if not data:                      # a pipe ended: end of input, as ^D is
+                    remote.write.broadcast(b"\x04")
+                    return
+                remote.write.broadcast(data)
+
+        resized = None
+        if interactive:
+            resized = signal.signal(signal.SIGWINCH, lambda *_: remote.resize.broadcast(
+                *_window_size(stdin)))
+        with _raw_terminal(stdin) if interactive else contextlib.nullcontext():
+            threading.Thread(target=forward_input, daemon=True, name="hpcmesh-shell-in").start()
+            try:
+                while True:
+                    kind, value = received.recv().get()
+                    if kind == "exit":
+                        return value
+                    stdout.write(value)
+                    stdout.flush()
+            finally:
+                stop.set()
+                if resized is not None:
+                    signal.signal(signal.SIGWINCH, resized)
+                remote.hang_up.call_one().get(timeout=10)
+    finally:
+        procs.stop().get()

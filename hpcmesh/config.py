@@ -99,6 +99,7 @@ KEYS = {k.name: k for k in (
     Key("uvloop", "HPCMESH_UVLOOP", "flag", True),
     Key("follow_caller", "HPCMESH_FOLLOW_CALLER", "flag", True),
     Key("malloc_tune", "HPCMESH_MALLOC_TUNE", "flag", True),
+    Key("malloc_arenas", "HPCMESH_MALLOC_ARENAS", "number", None, unit="malloc arenas"),
     Key("log_level", "HPCMESH_LOG_LEVEL", "choice", "WARNING", LOG_LEVELS),
     Key("gpu_binding", "HPCMESH_GPU_BINDING", "choice", "host", ("host", "process")),
 )}

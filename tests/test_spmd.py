@@ -69,6 +69,20 @@ class Member(Actor):
         return {"world": dist.get_world_size(), "sum": t.item(), "env": env, "names": names}
 
     @endpoint
+    def tensor_parallel(self):
+        """TP along "gpus" of the mesh's DeviceMesh: a column-sharded Linear gives the full
+        layer's output, each member holding half of its weight."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+        mesh = spmd.device_mesh()
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(4, 6)
+        full = layer(torch.ones(2, 4)).detach()
+        parallelize_module(layer, mesh["gpus"], ColwiseParallel(use_local_output=False))
+        out = layer(torch.ones(2, 4))           # a DTensor sharded along the output columns
+        return (torch.allclose(out.full_tensor(), full, atol=1e-6),
+                tuple(layer.weight.to_local().shape))
+
+    @endpoint
     def mesh_names(self, extent):
         return spmd.device_mesh(extent).mesh_dim_names
 
@@ -109,6 +123,11 @@ def test_device_mesh_has_the_mesh_dims_and_torch_groups(procs):
     assert [g["per_dim"]["tp"] for g in renamed] == [(3.0, 3.0), (3.0, 3.0), (7.0, 7.0), (7.0, 7.0)]
     flat = members.flatten("rank").mesh_groups.call().get(timeout=120).values()
     assert [g["per_dim"]["rank"] for g in flat] == [(10.0, 10.0)] * 4
+
+
+def test_tensor_parallel_along_a_mesh_dim(procs):
+    got = procs.spawn("tp", Member).tensor_parallel.call().get(timeout=120).values()
+    assert got == [(True, (3, 4))] * 4
 
 
 def test_a_slice_is_a_world_of_its_own_again_and_again(procs):

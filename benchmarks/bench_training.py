@@ -76,6 +76,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)       # also when SPMDActor runs this file (runpy adds no path)
+from bench_collectives import load_avg, tree_state  # noqa: E402 - the same notes as there
 SCRIPT = os.path.abspath(__file__)
 IFNAME = "lo"
 WARMUP = 3
@@ -575,24 +577,6 @@ def part_c(args, tmp: str, logdir: str, out: dict) -> None:
 
 
 # ----------------------------------------------------------------------------- reporting
-def load_avg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "?"
-
-
-def tree_state() -> str:
-    try:
-        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "hpcmesh"],
-                               capture_output=True, text=True, timeout=10).stdout.splitlines()
-        return f"{head} + {len(dirty)} uncommitted change(s) under hpcmesh/"
-    except Exception as e:  # noqa: BLE001
-        return f"unknown ({e})"
-
-
 def _med(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({', '.join(f'{x:.2f}' for x in xs)})" if xs else "—"
 

@@ -561,8 +561,10 @@ class _Plain(Actor):
 
 
 def test_non_endpoint_method_is_a_clear_error(workers):
-    with pytest.raises(AttributeError, match="no endpoint 'helper'.*sync_echo"):
-        workers.helper
+    with pytest.raises(RuntimeError, match="helper is not an endpoint.*as_endpoint"):
+        workers.helper()        # as in Monarch: read through the mesh, a plain method is
+    with pytest.raises(AttributeError, match="no endpoint 'nope'.*sync_echo"):
+        workers.nope            # callable only with as_endpoint(); an unknown name is not
     with pytest.raises(TypeError, match="call_one\\(\\), call\\(\\)"):
         workers.sync_echo(1)
 

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("hpcmesh.runtime",)),
     ("actor", ("hpcmesh.actor",)),
     ("extensions", ("hpcmesh.collectives", "hpcmesh.spmd", "hpcmesh.mpi", "hpcmesh.slurm",
-                    "hpcmesh.config", "hpcmesh.hosts_file")),
+                    "hpcmesh.config", "hpcmesh.hosts_file", "hpcmesh.admin")),
     ("job", ("hpcmesh.job", "hpcmesh.hosts")),
     ("cli", ("hpcmesh.cli", "hpcmesh.__main__")),
 ]

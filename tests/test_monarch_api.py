@@ -91,7 +91,7 @@ def test_monarch_public_names_are_here():
     purpose (see tests/monarch_programs/README.md)."""
     left_out = {"ChannelTransport", "ProcId", "Uid", "config", "debug_controller",
                 "enable_transport", "get_meter", "span", "traced", "start_worker_loop_forever",
-                "as_endpoint", "attach"}
+                "attach"}
     # recorded from torchmonarch 0.7.0 (``dir(monarch.actor)``), so CI needs no Monarch
     monarch_names = set(MONARCH_NAMES.read_text().split())
     assert len(monarch_names) > 30
@@ -277,3 +277,104 @@ def test_a_starting_proc_mesh_cannot_be_pickled_on_the_loop_thread():
         assert copy.extent == procs.extent and copy._state.ready.done()
     finally:
         procs.stop().get(timeout=30)
+
+
+class Plainly(Actor):
+    def __init__(self, abort_in_init: bool = False) -> None:
+        self.value = 0
+        if abort_in_init:
+            ha.context().actor_instance.abort("from __init__")
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+    async def aplain(self, by: int) -> int:
+        await asyncio.sleep(0)
+        self.value += by
+        return self.value
+
+    async def answer(self, port: Port[int], x: int) -> None:
+        port.send(x + 1)
+
+    async def quit_then_wait(self, reason: str) -> str:
+        ha.context().actor_instance.abort(reason)
+        await asyncio.sleep(0.2)
+        return "answered"
+
+    @endpoint(concurrent=True)
+    async def concurrent_quit(self) -> str:
+        ha.context().actor_instance.abort("concurrently")
+        return "answered"
+
+
+def test_as_endpoint_runs_a_plain_async_method_and_survives_pickling():
+    import pickle
+    mesh = this_proc().spawn("as_endpoint_async", Plainly)
+    try:
+        assert ha.as_endpoint(mesh.aplain).call_one(2).get(timeout=30) == 2
+        assert ha.as_endpoint(mesh.aplain) is ha.as_endpoint(mesh.aplain)   # kept per view
+        port_ep = ha.as_endpoint(mesh.answer, explicit_response_port=True)
+        assert port_ep.call_one(41).get(timeout=30) == 42
+        copy = pickle.loads(pickle.dumps(mesh))       # as an actor receives it
+        assert ha.as_endpoint(copy.aplain).call_one(3).get(timeout=30) == 5
+        with pytest.raises(RuntimeError, match=r"not an endpoint.*as_endpoint\(mesh.aplain\)"):
+            mesh.aplain(1)
+        with pytest.raises(AttributeError, match="not an endpoint"):
+            mesh.aplain.call_one
+        with pytest.raises(ValueError, match="an endpoint already"):
+            ha.as_endpoint(mesh.ping)
+        with pytest.raises(AttributeError, match="no endpoint 'nothing'"):
+            mesh.nothing
+        # a name the actor's host refuses: not a function of the class (a cached_property)
+        with pytest.raises(ha.ActorError, match="no method 'logger'"):
+            ha.as_endpoint(mesh.logger).call_one().get(timeout=30)
+        assert mesh.ping.call_one().get(timeout=30) == "pong"
+    finally:
+        mesh.stop().get(timeout=30)
+
+
+def test_the_host_takes_a_plain_method_only_through_as_endpoint():
+    from hpcmesh.actor.actor_mesh import Endpoint as RawEndpoint
+    mesh = this_proc().spawn("plain_by_name", Plainly)
+    try:
+        with pytest.raises(ha.ActorError, match="not an endpoint of Plainly"):
+            RawEndpoint(mesh, "aplain").call_one(1).get(timeout=30)
+    finally:
+        mesh.stop().get(timeout=30)
+
+
+def _supervision_reason(fut) -> str:
+    with pytest.raises(ha.SupervisionError) as e:
+        fut.get(timeout=30)
+    assert "and all its descendants have failed" in str(e.value)
+    return str(e.value).split("failed: ", 1)[1]
+
+
+def test_abort_fails_an_async_call_that_awaits_and_the_calls_behind_it():
+    mesh = this_proc().spawn("abort_waits", Plainly)
+    try:
+        # the first call of a fresh actor: it suspends before the mailbox task has run
+        quitting = ha.as_endpoint(mesh.quit_then_wait).call_one("bye")
+        queued = mesh.ping.call_one()
+        assert _supervision_reason(quitting) == "actor explicitly aborted due to: bye"
+        assert _supervision_reason(queued) == "actor explicitly aborted due to: bye"
+    finally:
+        mesh.stop().get(timeout=30)
+
+
+def test_abort_in_a_concurrent_endpoint_and_in_init():
+    mesh = this_proc().spawn("abort_concurrent", Plainly)
+    born_aborted = this_proc().spawn("abort_init", Plainly, True)
+    try:
+        assert mesh.concurrent_quit.call_one().get(timeout=30) == "answered"
+        assert _supervision_reason(mesh.ping.call_one()).endswith("concurrently")
+        assert _supervision_reason(born_aborted.ping.call_one()).endswith("from __init__")
+    finally:
+        mesh.stop().get(timeout=30)
+        born_aborted.stop().get(timeout=30)
+
+
+def test_abort_on_the_client_is_refused():
+    with pytest.raises(RuntimeError, match="the client is not an actor"):
+        ha.context().actor_instance.abort("client")

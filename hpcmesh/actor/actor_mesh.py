@@ -36,11 +36,12 @@ R = TypeVar("R")
 
 class ActorMeshState:
     def __init__(self, actor_id: str, name: str, class_name: str, endpoints: set,
-                 proc_names: list[str], records: list | None):
+                 proc_names: list[str], records: list | None, methods: frozenset = frozenset()):
         self.actor_id = actor_id
         self.name = name
         self.class_name = class_name
         self.endpoints = endpoints
+        self.methods = methods      # the class's other attributes: see NotAnEndpoint
         self.proc_names = proc_names
         self.records = records      # controller only
         self.nodes: list[NodeRef] | None = None
@@ -124,6 +125,8 @@ class ActorMesh(MeshView, Generic[T]):
             raise AttributeError(item)
         st = self._state
         if item not in st.endpoints:
+            if item in st.methods:
+                return NotAnEndpoint(self, item)
             raise AttributeError(
                 f"{st.class_name} has no endpoint {item!r}; endpoints: "
                 f"{', '.join(sorted(st.endpoints)) or '(none)'}")
@@ -153,7 +156,7 @@ class ActorMesh(MeshView, Generic[T]):
                                    f"`await mesh.initialized` before passing it to another actor")
             st.ready.get()      # a mesh passed right after spawn(): wait until it is up
         return rebuild_actor_mesh, (st.actor_id, st.name, st.class_name, sorted(st.endpoints),
-                                     st.proc_names, st.nodes, self._shape)
+                                     st.proc_names, st.nodes, self._shape, sorted(st.methods))
 
     def __repr__(self) -> str:
         st = self._state
@@ -216,13 +219,41 @@ class ActorMesh(MeshView, Generic[T]):
         return self._when_ready(fn)
 
 
-def rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes, shape):
-    st = ActorMeshState(actor_id, name, class_name, set(endpoints), proc_names, None)
+def rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes, shape,
+                       methods=()):
+    st = ActorMeshState(actor_id, name, class_name, set(endpoints), proc_names, None,
+                        frozenset(methods))
     st.nodes = list(nodes)
     st.live = True
     st.ready = Future()
     st.ready.set_result(st.nodes)
     return ActorMesh(st, shape)
+
+
+class NotAnEndpoint:
+    """``mesh.method`` for a method of the actor class that is not an endpoint (as in
+    Monarch): calling it is an error; ``as_endpoint(mesh.method)`` calls it as one."""
+    __slots__ = ("_mesh", "_name")
+
+    def __init__(self, mesh: ActorMesh, name: str):
+        self._mesh = mesh
+        self._name = name
+
+    def _advice(self) -> str:
+        return (f"{self._mesh._state.class_name}.{self._name} is not an endpoint: decorate it "
+                f"with @endpoint, or call it as one with as_endpoint(mesh.{self._name})"
+                f".call(...)")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(self._advice())
+
+    def __getattr__(self, item: str) -> Any:
+        if item.startswith("__"):
+            raise AttributeError(item)
+        raise AttributeError(f"{item!r}: {self._advice()}")
+
+    def __repr__(self) -> str:
+        return f"NotAnEndpoint({self._mesh._state.class_name}.{self._name})"
 
 
 class Endpoint(Generic[P, R]):

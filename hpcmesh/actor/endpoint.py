@@ -8,10 +8,11 @@ import logging
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Literal, ParamSpec,
                     Protocol, TypeVar, overload)
 
-from ..runtime.actor_host import ENDPOINT_ATTR, EndpointInfo
+from ..runtime import actor_host
+from ..runtime.actor_host import AS_ENDPOINT, AS_ENDPOINT_PORT, ENDPOINT_ATTR, EndpointInfo
 from ..runtime.messages import ANSWERED_THROUGH_PORT
 from ..shapes import MESH_ATTRIBUTE_NAMES, MeshTrait
-from .actor_mesh import Endpoint
+from .actor_mesh import Endpoint, NotAnEndpoint
 from .channel import Port
 
 P = ParamSpec("P")
@@ -141,6 +142,30 @@ def _answering_through_port(f: Callable, is_async: bool) -> Callable:
             f(self, Port(reply), *args, **kwargs)
             return ANSWERED_THROUGH_PORT
     return run
+
+
+actor_host.response_port_wrapper = _answering_through_port   # for as_endpoint(...)
+
+
+def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None,
+                explicit_response_port: bool = False) -> Endpoint[..., Any]:
+    """Call a plain method of a spawned actor (one without ``@endpoint``) as if it were an
+    endpoint, as Monarch's ``as_endpoint``: ``as_endpoint(mesh.method).call(...)``. The
+    options are ``@endpoint``'s: ``explicit_response_port=True`` gives the method a
+    ``Port`` before its arguments to answer through. An ``async def`` method runs on the
+    actor's event loop, a plain ``def`` on its thread, as an endpoint would."""
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError(
+            f"as_endpoint() takes a plain method read through an actor mesh "
+            f"(as_endpoint(mesh.method)), got {type(not_an_endpoint).__name__}"
+            + ("; it is an endpoint already: call it directly"
+               if isinstance(not_an_endpoint, Endpoint) else ""))
+    mesh = not_an_endpoint._mesh
+    name = (AS_ENDPOINT_PORT if explicit_response_port else AS_ENDPOINT) + not_an_endpoint._name
+    ep = mesh.__dict__.get(name)     # one per mesh view and kind, as mesh.endpoint is
+    if ep is None:
+        ep = mesh.__dict__[name] = Endpoint(mesh, name)
+    return ep
 
 
 def check_endpoint_names(cls: type) -> None:

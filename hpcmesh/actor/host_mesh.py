@@ -20,6 +20,7 @@ from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.future import Future, completed, failed, gather, on_runtime_thread
 from ..runtime.gpu_binding import BINDING_VAR, SLOT_VAR, choose_binding
+from ..runtime.introspect import ADMIN_URL_VARS
 from ..runtime.node import NodeRef
 from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
 from ..shapes import Extent, MeshTrait, Point, Shape
@@ -237,8 +238,9 @@ def _mesh_env(place: MemberPlace, master: tuple[str, int] | None,
     """torchrun's variables, so a user's own ``init_process_group()`` works, and the GPU
     binding the agent applies; they sit under the bootstrap command's env (which can
     override or remove them)."""
+    admin = {var: os.environ[var] for var in ADMIN_URL_VARS if var in os.environ}
     return {**torchrun_env(place, master), SLOT_VAR: str(place.local_rank),
-            BINDING_VAR: binding}
+            BINDING_VAR: binding, **admin}    # the admin URL: for agents on other hosts too
 
 
 def _label(point: Point) -> str:

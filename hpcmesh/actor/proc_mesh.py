@@ -106,11 +106,14 @@ class ProcMesh(MeshView):
         extent = self._shape.extent
         rt = existing_client_runtime()
         supervisor = rt.events if rt is not None else None
+        methods = frozenset(n for n in dir(actor_class) if not n.startswith("__")) - endpoints
         state = ActorMeshState(actor_id, name, actor_class.__name__, endpoints,
-                                [r.name for r in recs], recs)
+                                [r.name for r in recs], recs, methods)
         state.owner = spawning_actor()
         if rt is not None and state.owner is not None:
             rt.owners[actor_id] = state.owner     # who a failure of one of them goes to
+        if rt is not None:
+            rt.actor_meshes[actor_id] = state     # the admin view (hpcmesh.admin)
         if self._state.in_this_process:
             self._state.actor_meshes.append(state)
 

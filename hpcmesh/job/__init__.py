@@ -30,3 +30,8 @@ __all__ += ["BashActor", "exec_command", "exec_python", "LoginJob", "SSHJob", "S
 from ..hosts import hosts_from_config  # noqa: E402
 
 __all__ += ["hosts_from_config"]
+
+# the admin view's configuration (``job.enable_admin(MeshAdminConfig(...))``)
+from ..admin.config import MeshAdminConfig  # noqa: E402
+
+__all__ += ["MeshAdminConfig"]

@@ -25,10 +25,19 @@ BATCH_MARKER = "HPCMESH_BATCH_JOB"
 
 
 class JobState:
-    """The HostMeshes of an applied job, one attribute per mesh name."""
+    """The HostMeshes of an applied job, one attribute per mesh name, and the URLs of its
+    services (Monarch's fields: ``admin_url`` once ``enable_admin()`` was called; the
+    telemetry ones stay None, hpcmesh has no telemetry service yet)."""
 
-    def __init__(self, meshes: dict[str, Any]):
-        self._meshes = dict(meshes)
+    def __init__(self, hosts: dict[str, Any], query_engine: Any = None,
+                 query_engine_client: Any = None, telemetry_url: str | None = None,
+                 dashboard_url: str | None = None, admin_url: str | None = None):
+        self._meshes = dict(hosts)
+        self.query_engine = query_engine
+        self.query_engine_client = query_engine_client
+        self.telemetry_url = telemetry_url
+        self.dashboard_url = dashboard_url
+        self.admin_url = admin_url
 
     def __getattr__(self, name: str):
         meshes = self.__dict__.get("_meshes", {})
@@ -44,7 +53,8 @@ class JobState:
         return list(self._meshes)
 
     def __repr__(self) -> str:
-        return f"JobState({', '.join(f'{k}={v!r}' for k, v in self._meshes.items())})"
+        extra = f", admin_url={self.admin_url!r}" if self.admin_url else ""
+        return f"JobState({', '.join(f'{k}={v!r}' for k, v in self._meshes.items())}{extra})"
 
 
 class JobTrait(ABC):
@@ -58,6 +68,37 @@ class JobTrait(ABC):
     def __init__(self):
         self.apply_id: str | None = None
         self._applied = False
+
+    # -- services of the job ------------------------------------------------------------
+    def enable_admin(self, config: Any = None, **kwargs: Any) -> "JobTrait":
+        """Serve the admin view (hosts, processes, actors, stacks) from the next ``state()``
+        on, and again whenever a client reconnects to this job. Configuration only; returns
+        the job, for chaining. ``config``: a ``MeshAdminConfig``, or its fields as keywords
+        (``admin_addr="0.0.0.0:0"``)."""
+        from ..admin.config import MeshAdminConfig, parse_addr
+        if config is not None and kwargs:
+            raise TypeError(f"enable_admin takes a MeshAdminConfig or its fields as keywords, "
+                            f"not both (got config and {', '.join(sorted(kwargs))})")
+        if config is None:
+            try:
+                config = MeshAdminConfig(**kwargs)
+            except TypeError:
+                raise TypeError(f"enable_admin got unknown options {', '.join(sorted(kwargs))}; "
+                                f"MeshAdminConfig has admin_addr") from None
+        if not isinstance(config, MeshAdminConfig):
+            raise TypeError(f"enable_admin's config must be a MeshAdminConfig, got "
+                            f"{type(config).__name__}")
+        parse_addr(config.admin_addr)      # a bad address fails here, not at state()
+        self._admin_config = config
+        return self
+
+    def _start_services(self) -> dict[str, Any]:
+        """Start what ``enable_admin()`` configured; the JobState fields they fill."""
+        config = self.__dict__.get("_admin_config")
+        if config is None:
+            return {}
+        from ..admin.server import start_admin
+        return {"admin_url": start_admin(config)}
 
     # -- the public life cycle ----------------------------------------------------------
     def apply(self, client_script: str | None = None) -> None:
@@ -84,6 +125,9 @@ class JobTrait(ABC):
                     remove_cache(cached_path)
         if not job.active:
             job.apply()
+        admin = self.__dict__.get("_admin_config") or job.__dict__.get("_admin_config")
+        if admin is not None:
+            job._admin_config = admin     # dumped below: a reconnect serves it again
         meshes = job._state()
         job._live_agent_ids = {ref.agent.node_id for mesh in meshes.values()
                                for ref in getattr(mesh, "refs", ())}
@@ -91,7 +135,7 @@ class JobTrait(ABC):
             job.dump(cached_path)     # after _state(): what it learned (addresses) is kept
         if job is not self:
             self.__dict__.update({k: v for k, v in job.__dict__.items()})
-        return JobState(meshes)
+        return JobState(meshes, **self._start_services())
 
     def kill(self) -> None:
         """End the job. What this client started on its hosts ends with it, on purpose: no

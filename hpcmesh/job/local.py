@@ -112,10 +112,16 @@ class BatchJob(JobTrait):
         self.job.apply(client_script)
         self.apply_id = self.job.apply_id
 
+    def enable_admin(self, config=None, **kwargs) -> "BatchJob":
+        """As ``JobTrait.enable_admin``, for the wrapped job too (its ``state()`` serves it)."""
+        super().enable_admin(config, **kwargs)
+        self.job.enable_admin(self._admin_config)
+        return self
+
     def state(self, cached_path: str | None = None):
         if in_batch_job():
             from .base import JobState
-            return JobState(self._inner()._state())
+            return JobState(self._inner()._state(), **self._start_services())
         return self.job.state(cached_path) if cached_path else self.job.state()
 
     def _spec_key(self) -> Any:

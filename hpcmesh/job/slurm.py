@@ -701,7 +701,9 @@ class SlurmJob(JobTrait):
             path = os.environ.get("HPCMESH_JOB_STATE")
             running = try_load(path) if path else None
             if isinstance(running, SlurmJob):
-                return JobState(running._state())
+                if self.__dict__.get("_admin_config") is not None:
+                    running._admin_config = self._admin_config
+                return JobState(running._state(), **running._start_services())
         st = super().state(cached_path)
         if cached_path is not None and self.__dict__.get("_redump"):
             self._redump = False

@@ -37,6 +37,14 @@ from .node import Node, PortRef
 log = logging.getLogger("hpcmesh.actor")
 
 ENDPOINT_ATTR = "_hpcmesh_endpoint"
+#: ``as_endpoint(mesh.method)`` calls a plain method under one of these prefixes (an
+#: endpoint's name has no ``:``), so that only such a call reaches a method that is not an
+#: endpoint, and its host knows whether the method takes a response port.
+AS_ENDPOINT = "as_endpoint:"
+AS_ENDPOINT_PORT = "as_endpoint(explicit_response_port):"
+#: ``wrap(fn, is_async)``: ``fn(self, port, *args)`` made callable as a response-port
+#: endpoint is (with the reply PortRef first). Set by hpcmesh.actor.endpoint, which has Port.
+response_port_wrapper: Any = None
 #: A mailbox with a backlog gives the event loop a turn after this many messages.
 _YIELD_EVERY = 128
 
@@ -105,6 +113,28 @@ def endpoint_names(cls) -> list[str]:
     return sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_ATTR, None))
 
 
+def shown_name(endpoint: str) -> str:
+    """The method's own name, as messages show it: without an ``as_endpoint`` prefix."""
+    return endpoint.rpartition(":")[2]
+
+
+def plain_method(cls: type, name: str) -> tuple | None:
+    """``(fn, EndpointInfo)`` for an ``as_endpoint`` call ``name`` of a plain method of
+    ``cls``; None if ``name`` is not one."""
+    prefix, sep, attr = name.rpartition(":")
+    prefix += sep
+    if prefix not in (AS_ENDPOINT, AS_ENDPOINT_PORT) or attr.startswith("__"):
+        return None
+    fn = getattr(cls, attr, None)
+    if not inspect.isfunction(fn):
+        return None
+    is_async = inspect.iscoroutinefunction(fn)
+    port = prefix == AS_ENDPOINT_PORT
+    if port:
+        fn = response_port_wrapper(fn, is_async)
+    return fn, EndpointInfo(attr, False, is_async, False, response_port=port)
+
+
 class ActorHost:
     """One actor instance on this process.
 
@@ -140,12 +170,17 @@ class ActorHost:
         if m is None:
             fn = getattr(self.cls, name, None)
             info = getattr(fn, ENDPOINT_ATTR, None)
-            if info is None:
+            if info is not None:
+                m = (fn, info)
+            elif (m := plain_method(self.cls, name)) is None:
+                if name.startswith(AS_ENDPOINT.partition(":")[0]):
+                    raise AttributeError(f"{self.cls.__name__} has no method "
+                                         f"{shown_name(name)!r} to call with as_endpoint()")
                 raise AttributeError(
                     f"{name!r} is not an endpoint of {self.cls.__name__}; endpoints: "
                     f"{', '.join(endpoint_names(self.cls)) or '(none)'}. "
                     f"Decorate the method with @endpoint.")
-            m = self._methods[name] = (fn, info)
+            self._methods[name] = m
         return m
 
     def executor(self) -> "ActorThread":
@@ -386,7 +421,8 @@ class ActorHost:
                 self._refuse(endpoint, origin, reply)
                 return
             self._fail(endpoint, origin, reply, RuntimeError(
-                f"actor {self.instance.mesh_name} was stopped before {endpoint} finished"))
+                f"actor {self.instance.mesh_name} was stopped before {shown_name(endpoint)} "
+                f"finished"))
             if not self.stopped:
                 raise exc
             return
@@ -413,12 +449,31 @@ class ActorHost:
     def raised_in(self, exc: BaseException, endpoint: str, how: str = "") -> str:
         """Why this actor failed: ``exc`` escaped ``endpoint`` (``how``: why that is fatal)."""
         return (f"{type(exc).__qualname__}: {describe_exception(exc, with_type=False)} raised "
-                f"in {self.cls.__name__}.{endpoint}{f' ({how})' if how else ''}\n\n"
+                f"in {self.cls.__name__}.{shown_name(endpoint)}{f' ({how})' if how else ''}\n\n"
                 f"Remote traceback:\n{format_exception(exc).rstrip()}")
 
-    def fail_actor(self, reason: str) -> None:
+    def abort(self, reason: str | None) -> None:
+        """``context().actor_instance.abort(reason)``, from this actor's endpoint (or
+        constructor): the actor fails, as in Monarch, once the aborting code gives the
+        event loop a turn. So an async endpoint that aborts still answers if it returns
+        without waiting, and fails with the SupervisionError if it awaits; a sync one (on
+        the actor's thread) answers when it returns, as the mailbox's call is spared (a
+        concurrent sync call that aborts is failed)."""
+        why = f"actor explicitly aborted due to: {reason or '(no reason provided)'}"
+        loop = self.node.loop
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            loop.call_soon(self.fail_actor, why)
+        else:
+            loop.call_soon_threadsafe(self.fail_actor, why, True)
+
+    def fail_actor(self, reason: str, spare_mailbox: bool = False) -> None:
         """This actor has failed (in Monarch: it is dead): calls waiting for it, queued or
-        running, and every later call fail with a SupervisionError naming it and
+        running (but the one running in the current task, or the mailbox's with
+        ``spare_mailbox``), and every later call fail with a SupervisionError naming it and
         ``reason``; its owner's ``__supervise__`` gets a MeshFailure. Its process, the
         other actors there and the meshes it spawned go on until that process stops."""
         if self.fault is not None:
@@ -432,7 +487,21 @@ class ActorHost:
             self._refuse(msg[2], origin, msg[4])
         here = asyncio.current_task(self.node.loop)   # (the call that failed it, if any)
         running = [t for t in self._tasks if t is not here]
-        if self._busy and self._runner is not None and self._runner is not here:
+        handoff, self._handoff = self._handoff, None
+        if handoff is not None and not spare_mailbox:
+            # a call that suspended while run inline, not yet taken over by the mailbox
+            # task (which may not have started: it is not cancelled): it ends here
+            ctx, coro, _, endpoint, origin, reply = handoff
+            try:
+                ctx.run(coro.close)
+            except BaseException:  # noqa: BLE001 - it would not end: dropped all the same
+                log.warning("%s.%s did not end when its actor failed", self.cls.__name__,
+                            shown_name(endpoint))
+            self._refuse(endpoint, origin, reply)
+        elif handoff is not None:
+            self._handoff = handoff
+        elif (self._busy and self._runner is not None and self._runner is not here
+                and not spare_mailbox):
             running.append(self._runner)    # a call in progress: its caller is told now
         for t in running:
             t.cancel()
@@ -449,7 +518,8 @@ class ActorHost:
     def _refuse(self, endpoint: str, origin: str | None, reply: int | None) -> None:
         """A call to this failed actor fails, naming it."""
         if reply is not None:
-            self.node.reply_to(origin, reply, failure(call_failed(endpoint, self.fault)))
+            self.node.reply_to(origin, reply, failure(call_failed(shown_name(endpoint),
+                                                                  self.fault)))
 
     # -- replies ---------------------------------------------------------------------
     def _reply(self, endpoint: str, origin: str | None, reply: int, value: Any) -> None:
@@ -464,14 +534,15 @@ class ActorHost:
         """The endpoint returned, but its result cannot travel: the caller gets the
         serialization error (not an ActorError: the endpoint itself did not raise), naming
         the endpoint and the actor."""
-        where = f"{self.cls.__name__}.{endpoint} of {self.instance.mesh_name}[{self.instance.rank.rank}]"
+        where = (f"{self.cls.__name__}.{shown_name(endpoint)} of {self.instance.mesh_name}"
+                 f"[{self.instance.rank.rank}]")
         self.node.reply_to(origin, reply, failure(ReplyNotSent(f"{where}: {exc}")))
 
     def _fail(self, endpoint: str, origin: str | None, reply: int | None,
               exc: BaseException) -> None:
         err = exc if isinstance(exc, ActorError) and exc.point is not None else ActorError(
             type(exc).__qualname__, describe_exception(exc, with_type=False),
-            format_exception(exc), self.instance.rank, self.cls.__name__, endpoint)
+            format_exception(exc), self.instance.rank, self.cls.__name__, shown_name(endpoint))
         if reply is not None:
             self.node.reply_to(origin, reply, failure(err))
             return

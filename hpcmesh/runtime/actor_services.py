@@ -61,6 +61,7 @@ class ActorServices:
         obj = cls.__new__(cls)
         instance.actor = obj
         host = ActorHost(self.node, instance, obj, supervisor)
+        instance.abort_actor = host.abort
 
         def construct() -> None:
             token = current_context_var.set(Context(instance, point))

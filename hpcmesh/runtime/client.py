@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -93,6 +94,9 @@ class ClientRuntime:
         self.procs: dict[str, ProcRecord] = {}
         # actor mesh id -> the ActorInstance that spawned it (absent: this process's code)
         self.owners: dict[str, Any] = {}
+        # actor mesh id -> its ActorMeshState while someone holds it (the admin view's
+        # record of the actors of a process that cannot be asked)
+        self.actor_meshes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._hook_thread: ActorThread | None = None
         self._closing = False
         self._local_agent: HostAgent | None = None

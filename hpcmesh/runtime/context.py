@@ -29,10 +29,22 @@ class ActorInstance:
     rendezvous_store: Any = None         # member 0's torch TCPStore (rendezvous.py)
     actor: Any = None                    # the user's object
     extras: dict = field(default_factory=dict)
+    #: ``abort_actor(reason)``: fails this actor (set by the runtime when it spawns one)
+    abort_actor: Any = field(default=None, repr=False)
 
     @property
     def extent(self) -> Extent:
         return self.rank.extent
+
+    def abort(self, reason: str | None = None) -> None:
+        """Fail this actor, as Monarch's ``Instance.abort``: the call in progress (the one
+        that aborted) still finishes and answers; calls queued or made later raise a
+        SupervisionError ("... actor explicitly aborted due to: ``reason``"), and the
+        owner's ``__supervise__`` (or ``unhandled_fault_hook``) gets a MeshFailure."""
+        if self.abort_actor is None:
+            raise RuntimeError("abort() fails the actor it is called in; the client is not "
+                               "an actor (end the program instead)")
+        self.abort_actor(reason)
 
 
 @dataclass(frozen=True)

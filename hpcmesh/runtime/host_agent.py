@@ -23,6 +23,7 @@ from ..settings import env_flag
 from . import placement
 from .errors import describe_exit
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env
+from .introspect import dump_stacks_by_signal, remove_stack_file
 from .messages import EVENT_EXIT, EVENT_LOG, deliver_msg
 from .node import Node, NodeRef, PortRef
 from .zygote import ZygoteClient, ZygoteProcess
@@ -70,6 +71,7 @@ class HostAgent:
             "reserve_master_port": self.reserve_port,
             "stop_procs": self.stop_procs,
             "host_info": self.host_info,
+            "dump_stacks": self.dump_stacks,
         })
 
     def host_info(self) -> dict:
@@ -340,9 +342,18 @@ class HostAgent:
             except Exception:  # noqa: BLE001
                 pass
         self.procs.pop(p.name, None)
+        remove_stack_file(p.popen.pid)
         self.exited[p.name] = p.returncode
         while len(self.exited) > EXITED_KEPT:
             self.exited.pop(next(iter(self.exited)))
+
+    async def dump_stacks(self, name: str) -> str:
+        """The admin view's fallback when a process's loop does not answer: its stacks as
+        faulthandler writes them on a signal (see ``introspect``)."""
+        p = self.procs.get(name)
+        if p is None:
+            raise LookupError(f"host {self.hostname} runs no process {name!r} (now)")
+        return await dump_stacks_by_signal(p.popen.pid)
 
     # -- stopping -------------------------------------------------------------------
     async def stop_procs(self, names: list[str], grace: float = 5.0) -> dict:
@@ -390,5 +401,6 @@ class HostAgent:
         for p in list(self.procs.values()):
             if p.popen.poll() is None:
                 self._kill(p, signal.SIGKILL)
+            remove_stack_file(p.popen.pid)    # no exit report comes for these
         if self._zygote is not None:
             self._zygote.close()

@@ -19,6 +19,7 @@ from ..transport.addresses import secret_from_env
 from .actor_services import ActorServices
 from .bootstrap import PROCESS_NAME_VAR
 from .future import register_loop_thread
+from .introspect import install_services, install_stack_dump_handler
 from .lease_watchdog import LeaseWatchdog
 from .tuning import tune_malloc
 from .loop import new_event_loop
@@ -44,6 +45,7 @@ class ProcRuntime:
             "ping": lambda: os.getpid(),
             "set_log_level": lambda level: logging.getLogger().setLevel(level),
         })
+        install_services(node)        # the admin view: actors and stacks (introspect.py)
         node.on_peer_closed.append(self._on_peer_closed)
         node.on_peer_hello.append(self._on_peer_hello)
         self._controller_seen = False
@@ -123,6 +125,7 @@ async def _amain() -> int:
     set_current_node(node)
     rt = ProcRuntime(node, controller, grace)
     loop.add_signal_handler(signal.SIGTERM, rt.on_sigterm)
+    install_stack_dump_handler()    # stacks even while an endpoint blocks the loop
     # A SIGTERM while still connecting (a mesh stopped as it starts) ends the process now:
     # there are no actors to clean up yet.
     connecting = asyncio.ensure_future(

@@ -17,8 +17,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROC_MODULE, PROCESS_NAME_VAR,
-                        BootstrapCommand, build_environment, runs_entry_point)
+from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
+                        build_environment, runs_entry_point)
 from ..settings import env_flag
 from . import placement
 from .errors import describe_exit
@@ -46,6 +46,17 @@ class _Proc:
     open_streams: int = 0
     returncode: int | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def process_cap_message(label: str, host: str, why: str) -> str:
+    """Why a process could not be started when fork says EAGAIN, and what to do."""
+    import resource
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    cap = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    return (f"cannot start process {label} on host {host}: this user's process limit is "
+            f"reached ({why}; RLIMIT_NPROC, ulimit -u, is {cap}, and counts every thread "
+            f"of the user's processes); start fewer processes per host (per_host=) or raise "
+            f"the limit")
 
 
 class HostAgent:
@@ -239,6 +250,9 @@ class HostAgent:
             raise PermissionError(
                 f"bootstrap program {cmd.program!r} for {label} is not executable on host "
                 f"{self.hostname} ({e.strerror})") from None
+        except BlockingIOError as e:        # fork's EAGAIN: this user's process cap
+            raise BlockingIOError(e.errno, process_cap_message(label, self.hostname,
+                                                               e.strerror)) from None
 
     def _watch(self, p: _Proc, log_dir: str) -> None:
         loop = self.node.loop

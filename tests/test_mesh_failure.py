@@ -120,3 +120,47 @@ def test_no_call_waits_for_a_failed_actor(procs, unhandled_faults):
     failure = next(f for f in unhandled_faults if f.mesh_name == "stuck")
     assert isinstance(failure, MeshFailure) and failure.point.rank == 0
     assert failure.report() == failure.error.message and "stuck" in str(failure)
+
+
+class Leaf(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Spawner(Actor):
+    """Spawns processes and actors of its own, then fails."""
+
+    @endpoint
+    def grow(self) -> list:
+        self.procs = this_host().spawn_procs(per_host={"gpus": 2})
+        self.leaves = self.procs.spawn("leaves", Leaf)
+        return self.leaves.pid.call().get(timeout=60).values()
+
+    @endpoint
+    def boom(self) -> None:
+        raise ValueError("the owner fails")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_a_failed_actor_takes_its_descendants_with_it(procs, unhandled_faults):
+    spawner = procs.spawn("spawner", Spawner).slice(gpus=0)
+    pids = spawner.grow.call_one().get(timeout=120)
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    before = len(unhandled_faults)
+    spawner.boom.broadcast()                   # nobody could be told: the actor fails
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids), "what the failed actor spawned lives on"
+    time.sleep(0.5)
+    reported = [f for f in unhandled_faults[before:]]
+    # the owner's failure is reported; its descendants' stopping is no failure of its own
+    assert [f.mesh_name for f in reported] == ["spawner"], [str(f) for f in reported]

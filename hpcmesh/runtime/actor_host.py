@@ -45,6 +45,9 @@ AS_ENDPOINT_PORT = "as_endpoint(explicit_response_port):"
 #: ``wrap(fn, is_async)``: ``fn(self, port, *args)`` made callable as a response-port
 #: endpoint is (with the reply PortRef first). Set by hpcmesh.actor.endpoint, which has Port.
 response_port_wrapper: Any = None
+#: Called with the ActorInstance of every actor of this process that fails (``fail_actor``),
+#: on the event loop: the client runtime of the process ends what that actor spawned.
+on_actor_failed: list = []
 #: A mailbox with a backlog gives the event loop a turn after this many messages.
 _YIELD_EVERY = 128
 
@@ -474,14 +477,20 @@ class ActorHost:
         """This actor has failed (in Monarch: it is dead): calls waiting for it, queued or
         running (but the one running in the current task, or the mailbox's with
         ``spare_mailbox``), and every later call fail with a SupervisionError naming it and
-        ``reason``; its owner's ``__supervise__`` gets a MeshFailure. Its process, the
-        other actors there and the meshes it spawned go on until that process stops."""
+        ``reason``; its owner's ``__supervise__`` gets a MeshFailure. What it spawned is
+        stopped (``on_actor_failed``: Monarch's "and all its descendants have failed"); its
+        process and the other actors there go on."""
         if self.fault is not None:
             return
         inst = self.instance
         self.fault = actor_failed(describe_actor(self.cls.__name__, inst.mesh_name, inst.rank),
                                   reason, inst.mesh_name, inst.rank)
         log.info("%s", self.fault)       # its owner hears of it, and reports it if unhandled
+        for end_descendants in on_actor_failed:
+            try:
+                end_descendants(inst)
+            except Exception:  # noqa: BLE001 - the failure itself must still be reported
+                log.exception("could not stop what %s spawned", inst.mesh_name)
         while self._queue:
             msg, origin, _, _ = self._queue.popleft()
             self._refuse(msg[2], origin, msg[4])

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from ..settings import check_process_settings, env_number
 from ..transport.addresses import new_secret
+from . import actor_host
 from .actor_host import ActorThread
 from .errors import MeshFailure, SupervisionError, describe_exit
 from . import placement
@@ -99,6 +100,7 @@ class ClientRuntime:
         self.actor_meshes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self._hook_thread: ActorThread | None = None
         self._closing = False
+        actor_host.on_actor_failed.append(self.end_descendants)
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
@@ -224,11 +226,32 @@ class ClientRuntime:
                                 f"that it owns{why}: {failure.report()}")
         self.node.call_soon(lambda: self.node.loop.create_task(offer()))
 
+    def end_descendants(self, owner) -> None:
+        """An actor that failed takes what it spawned with it (Monarch: the actor "and all
+        its descendants have failed"): its actor meshes are stopped and its processes
+        stopped at once, quietly (their ends are no further failure). Fire and forget: on
+        the event loop, which must not wait."""
+        for actor_id, who in list(self.owners.items()):
+            if who is not owner:
+                continue
+            state = self.actor_meshes.get(actor_id)
+            for n in dict.fromkeys(getattr(state, "nodes", None) or ()):
+                self.node.rpc(n, "stop_actors", [actor_id])
+        by_agent: dict[str, tuple] = {}
+        for rec in list(self.procs.values()):
+            if rec.owner is owner and not rec.stopping and rec.failure is None:
+                rec.stopping = True
+                by_agent.setdefault(rec.agent.node_id, (rec.agent, []))[1].append(rec.name)
+        for agent, names in by_agent.values():
+            self.node.rpc(agent, "stop_procs", names, 0.0)
+
     # -- shutdown ---------------------------------------------------------------------
     def shutdown(self) -> None:
         """Kill what the local agent started, close the node. Runs at interpreter exit."""
         global _runtime
         self._closing = True
+        if self.end_descendants in actor_host.on_actor_failed:
+            actor_host.on_actor_failed.remove(self.end_descendants)
         if self._local_agent is not None:
             self._local_agent.kill_all()
         if self._follower is not None:

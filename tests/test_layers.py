@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime", ("hpcmesh.runtime",)),
     ("actor", ("hpcmesh.actor",)),
     ("extensions", ("hpcmesh.collectives", "hpcmesh.spmd", "hpcmesh.mpi", "hpcmesh.slurm",
-                    "hpcmesh.config", "hpcmesh.hosts_file", "hpcmesh.admin")),
+                    "hpcmesh.config", "hpcmesh.hosts_file", "hpcmesh.admin",
+                    "hpcmesh.telemetry")),
     ("job", ("hpcmesh.job", "hpcmesh.hosts")),
     ("cli", ("hpcmesh.cli", "hpcmesh.__main__")),
 ]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import sys
 import threading
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
+from ..runtime import telemetry_recorder as _tel
 from ..runtime.client import current_or_client_node
 from ..runtime.errors import MeshStoppedError, SupervisionError
 from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
@@ -270,8 +272,19 @@ class Endpoint(Generic[P, R]):
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         return self._mesh._members()
 
+    def _note_sent(self, method: str, one: bool = False) -> None:
+        """This call in the telemetry's ``sent_messages`` (only while it records)."""
+        rec = _tel.RECORDER
+        if rec is not None:
+            shape = self._mesh._shape
+            rec.sent(self._mesh._state.actor_id, self._name, method,
+                     json.dumps(dict(shape.extent)), 1 if one else shape.nelem,
+                     current_or_client_node().name)
+
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single member of this mesh; a Future of its value."""
+        if _tel.RECORDER is not None:
+            self._note_sent("call_one", one=True)
         route = self._route
         if route is not None and not kwargs and is_plain(args):
             # The common case, kept short: a live mesh, arguments made of builtin values.
@@ -299,6 +312,8 @@ class Endpoint(Generic[P, R]):
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every member; a Future of a ValueMesh with this mesh's extent."""
+        if _tel.RECORDER is not None:
+            self._note_sent("call")
         routes = self._routes
         if routes is not None and not kwargs and is_plain(args):
             # The common case, kept short (as in call_one): live mesh, builtin arguments.
@@ -329,6 +344,8 @@ class Endpoint(Generic[P, R]):
 
         A member already known dead does not stop the others from getting the message;
         the failure is raised after all were sent (the controller raises on the next call)."""
+        if _tel.RECORDER is not None:
+            self._note_sent("broadcast")
         mesh = self._mesh
         members, ext = self._members()
         name = self._name
@@ -358,6 +375,8 @@ class Endpoint(Generic[P, R]):
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one member, picked round-robin among those with the least work in flight."""
+        if _tel.RECORDER is not None:
+            self._note_sent("choose", one=True)
         mesh = self._mesh
         members, ext = self._members()
         st = mesh._state
@@ -380,6 +399,8 @@ class Endpoint(Generic[P, R]):
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> "ResultStream[R]":
         """Call every member; the results in arrival order: ``async for`` gives the values,
         ``for`` gives settled Futures (as Monarch's ``stream`` does)."""
+        if _tel.RECORDER is not None:
+            self._note_sent("stream")
         mesh = self._mesh
         members, ext = self._members()
         stream = ResultStream(len(members))
@@ -441,6 +462,8 @@ def send(endpoint: Endpoint[P, R], args: tuple, kwargs: dict, port=None,
     if selection == "choose":
         endpoint.choose(*args, **kwargs).add_done_callback(answer)
         return
+    if _tel.RECORDER is not None:
+        endpoint._note_sent("send")
     mesh = endpoint._mesh
     members, ext = mesh._members()
     name = endpoint._name

@@ -7,6 +7,7 @@ agents), or a job (``hpcmesh.job``). ``use_tls`` turns on TLS for what follows.
 from __future__ import annotations
 
 import asyncio
+import json
 import itertools
 import logging
 import math
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
+from ..runtime import telemetry_recorder as _tel
 from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.future import Future, completed, failed, gather, on_runtime_thread
 from ..runtime.gpu_binding import BINDING_VAR, SLOT_VAR, choose_binding
@@ -162,6 +164,9 @@ class HostMesh(MeshTrait):
         node.rpc(first_agent, "reserve_master_port").add_done_callback(spawn_all)
         state = ProcMeshState(mesh_name, records, gather([r.ready for r in records]), self,
                                launched)
+        if (tel := _tel.RECORDER) is not None:
+            tel.mesh(mesh_name, "proc", "ProcMesh", mesh_name, json.dumps(dict(extent)),
+                     self.name)
         return ProcMesh(state, Shape.from_extent(extent))
 
     @property
@@ -238,9 +243,10 @@ def _mesh_env(place: MemberPlace, master: tuple[str, int] | None,
     """torchrun's variables, so a user's own ``init_process_group()`` works, and the GPU
     binding the agent applies; they sit under the bootstrap command's env (which can
     override or remove them)."""
-    admin = {var: os.environ[var] for var in ADMIN_URL_VARS if var in os.environ}
+    admin = {var: os.environ[var] for var in (*ADMIN_URL_VARS, _tel.TELEMETRY_VAR)
+             if var in os.environ}
     return {**torchrun_env(place, master), SLOT_VAR: str(place.local_rank),
-            BINDING_VAR: binding, **admin}    # the admin URL: for agents on other hosts too
+            BINDING_VAR: binding, **admin}    # admin URL, telemetry: for agents on other hosts too
 
 
 def _label(point: Point) -> str:

@@ -5,6 +5,7 @@ actors on them, stop them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import pickle
@@ -14,6 +15,7 @@ import uuid
 from typing import TypeVar, cast
 
 from ..runtime.actor_services import ActorServices
+from ..runtime import telemetry_recorder as _tel
 from ..runtime.client import ProcRecord, current_or_client_node, existing_client_runtime
 from ..runtime.context import Rendezvous
 from ..runtime.errors import MeshStoppedError
@@ -116,6 +118,9 @@ class ProcMesh(MeshView):
             rt.actor_meshes[actor_id] = state     # the admin view (hpcmesh.admin)
         if self._state.in_this_process:
             self._state.actor_meshes.append(state)
+        if (tel := _tel.RECORDER) is not None:
+            tel.mesh(actor_id, "actor", actor_class.__name__, name,
+                     json.dumps(dict(extent)), self._state.name)
 
         def start() -> Future:
             nodes = [r.node for r in recs]
@@ -136,6 +141,9 @@ class ProcMesh(MeshView):
 
         ready.add_done_callback(lambda f: state.open(
             f.value() if f.exception() is None else None, f.exception()))
+        if _tel.RECORDER is not None:
+            ready.add_done_callback(lambda f: f.exception() is None and _record_actors(
+                actor_id, name, recs))
         state.ready = ready
         return cast(TActor, ActorMesh(state, Shape.from_extent(extent)))
 
@@ -175,6 +183,8 @@ class ProcMesh(MeshView):
             async def ask(r: ProcRecord):
                 if r.node is None or r.failure is not None:
                     return
+                if _tel.SINK is not None:
+                    await _last_drain(node, r)
                 try:
                     await asyncio.wait_for(as_asyncio(node.rpc(r.node, "stop")), grace)
                 except Exception:  # noqa: BLE001 - dead or hung: the agent deals with it
@@ -265,6 +275,32 @@ class ProcMesh(MeshView):
 
     def __repr__(self) -> str:
         return f"ProcMesh({self.name!r}, {dict(self.extent)})"
+
+
+#: How long stop() waits for a process's last telemetry (only while telemetry is on).
+LAST_DRAIN_S = 1.0
+
+
+async def _last_drain(node: Node, r: ProcRecord) -> None:
+    """Hand what a process recorded since the telemetry's last collection to the collector
+    before the process is stopped (bounded: a stuck process is stopped all the same)."""
+    try:
+        res = await asyncio.wait_for(as_asyncio(node.rpc(r.node, "telemetry_drain")),
+                                     LAST_DRAIN_S)
+    except Exception:  # noqa: BLE001 - gone or stuck: its last rows are lost, no more
+        return
+    sink = _tel.SINK
+    if sink is not None:
+        sink(res)
+
+
+def _record_actors(actor_id: str, name: str, recs: list[ProcRecord]) -> None:
+    """The telemetry's ``actors`` rows of a mesh that started (here, not in its processes:
+    a process killed before its first collection would take them along)."""
+    tel = _tel.RECORDER
+    if tel is not None:
+        for i, r in enumerate(recs):
+            tel.actor(f"{actor_id}.{i}", actor_id, i, f"{name}[{i}]", r.name, r.host, r.pid)
 
 
 def rebuild_proc_mesh(name: str, places: list[tuple], hosts, shape: Shape) -> ProcMesh:

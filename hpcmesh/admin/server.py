@@ -9,21 +9,16 @@ request gets a bare 401. The token is in the URL that ``state().admin_url`` retu
 from __future__ import annotations
 
 import atexit
-import hmac
-import json
 import logging
 import os
-import secrets
-import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 from ..runtime.client import ClientRuntime, client_runtime
 from ..runtime.introspect import ADMIN_URL_VARS
-from .config import MeshAdminConfig, parse_addr
+from .config import MeshAdminConfig
+from .token_http import TokenHandler, TokenServer, endpoint_url
 from .tree import build_tree, process_status
 
 log = logging.getLogger("hpcmesh.admin")
@@ -33,10 +28,8 @@ URL_VARS = ADMIN_URL_VARS     # where the URL is exported (see introspect)
 LOOP_TIMEOUT_S = 2.0
 
 
-def admin_endpoint(admin_url: str, path: str) -> str:
-    """The URL of ``path`` (``/api/tree``) on the server of ``admin_url``, keeping its token."""
-    parts = urlsplit(admin_url)
-    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+#: The URL of ``path`` (``/api/tree``) on the server of ``admin_url``, keeping its token.
+admin_endpoint = endpoint_url
 
 
 # -- what the endpoints answer ------------------------------------------------------------
@@ -94,89 +87,23 @@ def collect_stacks(rt: ClientRuntime, name: str, timeout: float = LOOP_TIMEOUT_S
 
 
 # -- the HTTP server ------------------------------------------------------------------------
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(TokenHandler):
     server_version = "hpcmesh-admin"
-    sys_version = ""
 
-    def log_message(self, format: str, *args: Any) -> None:   # noqa: A002
-        pass    # the request line holds the token: never write it to a shared log
-
-    def _authorized(self) -> bool:
-        token = self.server.token.encode()
-        got = self.headers.get("Authorization", "")
-        if got.startswith("Bearer ") and hmac.compare_digest(got[7:].strip().encode(), token):
-            return True
-        for value in parse_qs(urlsplit(self.path).query).get("token", []):
-            if hmac.compare_digest(value.encode(), token):
-                return True
-        return False
-
-    def _send(self, code: int, doc: dict | None) -> None:
-        body = b"" if doc is None else json.dumps(doc, default=str).encode()
-        self.send_response(code)
-        if doc is not None:
-            self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _deny(self) -> bool:
-        if self._authorized():
-            return False
-        self._send(401, None)
-        return True
-
-    def do_GET(self) -> None:  # noqa: N802
-        if self._deny():
-            return
-        path = urlsplit(self.path).path.rstrip("/")
+    def get(self, path: str, query: dict) -> tuple:
         rt = self.server.runtime
-        try:
-            if path == "/api/tree":
-                self._send(200, collect_tree(rt))
-            elif path.startswith("/api/stack/"):
-                self._send(*collect_stacks(rt, unquote(path[len("/api/stack/"):])))
-            else:
-                self._send(404, {"error": f"no endpoint {path!r}; there are /api/tree and "
-                                          f"/api/stack/<process>"})
-        except Exception as e:  # noqa: BLE001 - a broken view must not kill the server
-            log.exception("admin request %s failed", path)
-            self._send(500, {"error": f"{type(e).__name__}: {e}"})
-
-    def _not_allowed(self) -> None:
-        if not self._deny():
-            self._send(405, {"error": "the admin view is read-only: GET only"})
-
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _not_allowed  # noqa: N815
+        if path == "/api/tree":
+            return 200, collect_tree(rt)
+        if path.startswith("/api/stack/"):
+            return collect_stacks(rt, unquote(path[len("/api/stack/"):]))
+        return 404, {"error": f"no endpoint {path!r}; there are /api/tree and "
+                              f"/api/stack/<process>"}
 
 
-class AdminServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class AdminServer(TokenServer):
     def __init__(self, runtime: ClientRuntime, addr: str | None):
-        host, port = parse_addr(addr)
-        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        super().__init__((host, port), _Handler)
         self.runtime = runtime
-        self.addr = addr
-        self.token = secrets.token_urlsafe(32)
-        self._thread = threading.Thread(target=self.serve_forever, name="hpcmesh-admin",
-                                        daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        if host in ("0.0.0.0", "::"):
-            host = socket.gethostname()      # reachable from elsewhere: say where
-        shown = f"[{host}]" if ":" in host else host
-        return f"http://{shown}:{port}/?token={self.token}"
-
-    def close(self) -> None:
-        self.shutdown()
-        self.server_close()
+        super().__init__(_Handler, addr, name="hpcmesh-admin")
 
 
 _server: AdminServer | None = None

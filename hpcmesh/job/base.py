@@ -26,8 +26,9 @@ BATCH_MARKER = "HPCMESH_BATCH_JOB"
 
 class JobState:
     """The HostMeshes of an applied job, one attribute per mesh name, and the URLs of its
-    services (Monarch's fields: ``admin_url`` once ``enable_admin()`` was called; the
-    telemetry ones stay None, hpcmesh has no telemetry service yet)."""
+    services (Monarch's fields): ``admin_url`` once ``enable_admin()`` was called;
+    ``query_engine``, ``query_engine_client``, ``telemetry_url`` (and ``dashboard_url``
+    with ``include_dashboard``) once ``enable_telemetry()`` was."""
 
     def __init__(self, hosts: dict[str, Any], query_engine: Any = None,
                  query_engine_client: Any = None, telemetry_url: str | None = None,
@@ -53,7 +54,8 @@ class JobState:
         return list(self._meshes)
 
     def __repr__(self) -> str:
-        extra = f", admin_url={self.admin_url!r}" if self.admin_url else ""
+        extra = "".join(f", {k}={getattr(self, k)!r}" for k in
+                        ("telemetry_url", "dashboard_url", "admin_url") if getattr(self, k))
         return f"JobState({', '.join(f'{k}={v!r}' for k, v in self._meshes.items())}{extra})"
 
 
@@ -92,13 +94,70 @@ class JobTrait(ABC):
         self._admin_config = config
         return self
 
-    def _start_services(self) -> dict[str, Any]:
-        """Start what ``enable_admin()`` configured; the JobState fields they fill."""
-        config = self.__dict__.get("_admin_config")
+    def enable_telemetry(self, config: Any = None, **kwargs: Any) -> "JobTrait":
+        """Record what every process of the job does (calls, failures, logs, CPU, memory,
+        GPUs) from the next ``state()`` on, and again whenever a client reconnects, which
+        finds what was recorded before. Configuration only; returns the job, for chaining.
+        ``config``: a ``TelemetryConfig``, or its fields as keywords (``retention_secs``,
+        ``include_dashboard``, ``dashboard_port``, ``snapshot_interval_secs``)."""
+        from ..telemetry.config import TelemetryConfig
+        if config is not None and kwargs:
+            raise TypeError(f"enable_telemetry takes a TelemetryConfig or its fields as "
+                            f"keywords, not both (got config and {', '.join(sorted(kwargs))})")
         if config is None:
-            return {}
-        from ..admin.server import start_admin
-        return {"admin_url": start_admin(config)}
+            try:
+                config = TelemetryConfig(**kwargs)
+            except TypeError:
+                raise TypeError(f"enable_telemetry got unknown options "
+                                f"{', '.join(sorted(kwargs))}; TelemetryConfig has "
+                                f"retention_secs, include_dashboard, dashboard_port, "
+                                f"snapshot_interval_secs") from None
+        if not isinstance(config, TelemetryConfig):
+            raise TypeError(f"enable_telemetry's config must be a TelemetryConfig, got "
+                            f"{type(config).__name__}")
+        self._telemetry_config = config.check()     # a bad value fails here, not at state()
+        return self
+
+    def _start_services(self, meshes: dict[str, Any] | None = None,
+                        cached_path: str | None = None) -> dict[str, Any]:
+        """Start what ``enable_admin()``/``enable_telemetry()`` configured; the JobState
+        fields they fill. Telemetry is kept beside the job's cache file, for a reconnect."""
+        fields: dict[str, Any] = {}
+        telemetry = self.__dict__.get("_telemetry_config")
+        if telemetry is not None:
+            from ..telemetry.server import start_telemetry
+            save_to = (os.path.join(os.path.dirname(os.path.realpath(cached_path)),
+                                    "telemetry") if cached_path else None)
+            fields.update(start_telemetry(telemetry, save_to=save_to, meshes=meshes,
+                                          job_status=self._job_status))
+        config = self.__dict__.get("_admin_config")
+        if config is not None:
+            from ..admin.server import start_admin
+            fields["admin_url"] = start_admin(config)
+        return fields
+
+    def _job_status(self) -> dict[str, Any]:
+        """What the dashboard shows of the job: its kind, and its Slurm jobs' state and
+        time left where it has any."""
+        doc: dict[str, Any] = {"kind": type(self).__name__}
+        ids = self.slurm_job_ids()
+        if not ids:
+            return doc
+        from .slurmctl import squeue_jobs
+        recs = squeue_jobs(ids, timeout=10)
+        jobs = []
+        for jid in ids:
+            r = recs.get(jid)
+            if r is None:
+                jobs.append({"job_id": jid, "state": "unknown (not in squeue)"})
+                continue
+            used, limit = r.time_used_seconds, r.time_limit_seconds
+            jobs.append({"job_id": jid, "state": r.state, "reason": r.reason,
+                         "nodes": r.nodes, "time_used": r.time_used,
+                         "time_limit": r.time_limit,
+                         "time_left_s": None if used is None or limit is None else limit - used})
+        doc["slurm_jobs"] = jobs
+        return doc
 
     # -- the public life cycle ----------------------------------------------------------
     def apply(self, client_script: str | None = None) -> None:
@@ -125,9 +184,10 @@ class JobTrait(ABC):
                     remove_cache(cached_path)
         if not job.active:
             job.apply()
-        admin = self.__dict__.get("_admin_config") or job.__dict__.get("_admin_config")
-        if admin is not None:
-            job._admin_config = admin     # dumped below: a reconnect serves it again
+        for service in ("_admin_config", "_telemetry_config"):
+            config = self.__dict__.get(service) or job.__dict__.get(service)
+            if config is not None:
+                setattr(job, service, config)   # dumped below: a reconnect serves it again
         meshes = job._state()
         job._live_agent_ids = {ref.agent.node_id for mesh in meshes.values()
                                for ref in getattr(mesh, "refs", ())}
@@ -135,7 +195,7 @@ class JobTrait(ABC):
             job.dump(cached_path)     # after _state(): what it learned (addresses) is kept
         if job is not self:
             self.__dict__.update({k: v for k, v in job.__dict__.items()})
-        return JobState(meshes, **self._start_services())
+        return JobState(meshes, **self._start_services(meshes, cached_path))
 
     def kill(self) -> None:
         """End the job. What this client started on its hosts ends with it, on purpose: no

@@ -118,10 +118,17 @@ class BatchJob(JobTrait):
         self.job.enable_admin(self._admin_config)
         return self
 
+    def enable_telemetry(self, config=None, **kwargs) -> "BatchJob":
+        """As ``JobTrait.enable_telemetry``, for the wrapped job too."""
+        super().enable_telemetry(config, **kwargs)
+        self.job.enable_telemetry(self._telemetry_config)
+        return self
+
     def state(self, cached_path: str | None = None):
         if in_batch_job():
             from .base import JobState
-            return JobState(self._inner()._state(), **self._start_services())
+            meshes = self._inner()._state()
+            return JobState(meshes, **self._start_services(meshes))
         return self.job.state(cached_path) if cached_path else self.job.state()
 
     def _spec_key(self) -> Any:

@@ -701,9 +701,11 @@ class SlurmJob(JobTrait):
             path = os.environ.get("HPCMESH_JOB_STATE")
             running = try_load(path) if path else None
             if isinstance(running, SlurmJob):
-                if self.__dict__.get("_admin_config") is not None:
-                    running._admin_config = self._admin_config
-                return JobState(running._state(), **running._start_services())
+                for service in ("_admin_config", "_telemetry_config"):
+                    if self.__dict__.get(service) is not None:
+                        setattr(running, service, getattr(self, service))
+                meshes = running._state()
+                return JobState(meshes, **running._start_services(meshes))
         st = super().state(cached_path)
         if cached_path is not None and self.__dict__.get("_redump"):
             self._redump = False

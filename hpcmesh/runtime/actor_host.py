@@ -33,6 +33,7 @@ from ..transport import serialization
 from .messages import (EVENT_ACTOR_FAULT, ReplyNotSent, call_msg, decode_args, deliver_msg,
                        describe_exception, failure, format_exception)
 from .node import Node, PortRef
+from . import telemetry_recorder as _tel
 
 log = logging.getLogger("hpcmesh.actor")
 
@@ -112,6 +113,14 @@ class ActorThread(Executor):
         self._jobs.put(None)
 
 
+def payload_bytes(payload: Any, buffers: list) -> int:
+    """About how many bytes a call's arguments took on the wire (telemetry only)."""
+    n = len(payload) if type(payload) is bytes else max(serialization.frozen_size(payload), 0)
+    for b in buffers:
+        n += memoryview(b).nbytes
+    return n
+
+
 def endpoint_names(cls) -> list[str]:
     return sorted(n for n in dir(cls) if getattr(getattr(cls, n, None), ENDPOINT_ATTR, None))
 
@@ -166,6 +175,8 @@ class ActorHost:
         self._contexts: dict[tuple, Context] = {}
         self.stopped = False
         self.fault: SupervisionError | None = None   # the actor failed: see fail_actor()
+        # this actor in the telemetry tables (``actors.id``): its mesh and rank there
+        self.telemetry_id = f"{instance.actor_id}.{getattr(instance.rank, 'rank', 0)}"
 
     # -- lookup ----------------------------------------------------------------------
     def _method(self, name: str):
@@ -293,6 +304,9 @@ class ActorHost:
         _, _, endpoint, payload, reply, rank, extent_items = msg
         ctx = self._contexts.get((rank, extent_items))
         current_context_var.set(ctx if ctx is not None else self._message_context(rank, extent_items))
+        tel = _tel.RECORDER
+        seen = (_tel.now_us(), payload_bytes(payload, buffers)) if tel is not None else None
+        ok = False
         try:
             args, kwargs = decode_args(payload, buffers)
             coro = fn(self.obj, *args, **kwargs)
@@ -302,15 +316,20 @@ class ActorHost:
                 value = done.value
             else:
                 self._handoff = (contextvars.copy_context(), coro, waiting_on, endpoint, origin,
-                                 reply)
+                                 reply, seen)
                 self._busy = True
                 self._wake_mailbox()
+                seen = None         # recorded when it finishes (_finish)
                 return
         except BaseException as e:  # noqa: BLE001 - SystemExit too: the actor's, not the process's
             self._raised(e, endpoint, origin, reply)
         else:
+            ok = True
             if reply is not None:
                 self._reply(endpoint, origin, reply, value)
+        finally:
+            if seen is not None:
+                self._note(seen, endpoint, origin, ok)
 
     async def _run_mailbox(self) -> None:
         """The actor's mailbox task: parked while the actor is idle; finishes an endpoint
@@ -342,20 +361,26 @@ class ActorHost:
             self._waker = None
 
     async def _finish(self, handoff: tuple, cancelled: bool) -> None:
-        ctx, coro, waiting_on, endpoint, origin, reply = handoff
+        ctx, coro, waiting_on, endpoint, origin, reply, seen = handoff
+        ok = False
         try:
             value = await _Resume(ctx, coro, waiting_on, cancelled)
         except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
             self._failed(e, endpoint, origin, reply)
         else:
+            ok = True
             if reply is not None:
                 self._reply(endpoint, origin, reply, value)
+        finally:
+            if seen is not None:
+                self._note(seen, endpoint, origin, ok)
 
     async def _drain(self) -> None:
         queue = self._queue
         obj = self.obj
         contexts = self._contexts
         reply_to = self.node.reply_to
+        tel = _tel.RECORDER
         n = 0
         while queue:
             n += 1
@@ -378,6 +403,9 @@ class ActorHost:
             ctx = contexts.get((rank, extent_items))
             token = current_context_var.set(ctx if ctx is not None else
                                  self._message_context(rank, extent_items))
+            if tel is not None:
+                seen = (_tel.now_us(), payload_bytes(payload, buffers))
+            ok = False
             try:
                 # decode_args() written out: the pipelined hot path
                 args, kwargs = (payload if type(payload) is tuple
@@ -386,6 +414,7 @@ class ActorHost:
             except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
                 self._failed(e, endpoint, origin, reply)
             else:
+                ok = True
                 if reply is not None:
                     try:
                         reply_to(origin, reply, value)
@@ -393,12 +422,17 @@ class ActorHost:
                         self._unsent(endpoint, origin, reply, e)
             finally:
                 current_context_var.reset(token)
+                if tel is not None:
+                    self._note(seen, endpoint, origin, ok)
 
     async def _execute(self, msg: tuple, origin: str | None, buffers: list, fn,
                        info: EndpointInfo) -> None:
         """One call as its own coroutine: concurrent endpoints and sync endpoints."""
         _, _, endpoint, payload, reply, rank, extent_items = msg
         token = current_context_var.set(self._message_context(rank, extent_items))
+        tel = _tel.RECORDER
+        seen = (_tel.now_us(), payload_bytes(payload, buffers)) if tel is not None else None
+        ok = False
         try:
             args, kwargs = decode_args(payload, buffers)
             if info.is_async:
@@ -410,10 +444,22 @@ class ActorHost:
         except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
             self._failed(e, endpoint, origin, reply)
         else:
+            ok = True
             if reply is not None:
                 self._reply(endpoint, origin, reply, value)
         finally:
             current_context_var.reset(token)
+            if seen is not None:
+                self._note(seen, endpoint, origin, ok)
+
+    def _note(self, seen: tuple, endpoint: str, origin: str | None, ok: bool) -> None:
+        """One handled call into the telemetry's ``messages`` table (``seen``: when it
+        started, how many bytes its arguments were)."""
+        rec = _tel.RECORDER
+        if rec is not None:
+            start, nbytes = seen
+            rec.received(start, self.telemetry_id, shown_name(endpoint), origin,
+                         _tel.now_us() - start, "ok" if ok else "error", nbytes)
 
     def _failed(self, exc: BaseException, endpoint: str, origin: str | None,
                 reply: int | None) -> None:
@@ -485,6 +531,8 @@ class ActorHost:
         inst = self.instance
         self.fault = actor_failed(describe_actor(self.cls.__name__, inst.mesh_name, inst.rank),
                                   reason, inst.mesh_name, inst.rank)
+        if (rec := _tel.RECORDER) is not None:
+            rec.status(self.telemetry_id, "failed", reason)
         log.info("%s", self.fault)       # its owner hears of it, and reports it if unhandled
         for end_descendants in on_actor_failed:
             try:
@@ -500,7 +548,7 @@ class ActorHost:
         if handoff is not None and not spare_mailbox:
             # a call that suspended while run inline, not yet taken over by the mailbox
             # task (which may not have started: it is not cancelled): it ends here
-            ctx, coro, _, endpoint, origin, reply = handoff
+            ctx, coro, _, endpoint, origin, reply, _ = handoff
             try:
                 ctx.run(coro.close)
             except BaseException:  # noqa: BLE001 - it would not end: dropped all the same
@@ -561,6 +609,8 @@ class ActorHost:
     async def stop(self) -> None:
         """Run the actor's ``__cleanup__`` (if any) and release its thread."""
         self.stopped = True
+        if (rec := _tel.RECORDER) is not None and self.fault is None:
+            rec.status(self.telemetry_id, "stopped", "stopped by its owner")
         cleanup = getattr(self.obj, "__cleanup__", None)
         if cleanup is not None:
             token = current_context_var.set(Context(self.instance, self.instance.rank))

@@ -12,6 +12,7 @@ import os
 import socket
 
 from ..transport import serialization
+from . import telemetry_recorder
 from .actor_host import ENDPOINT_ATTR, ActorHost
 from .context import ActorInstance, Context, Rendezvous, current_context_var
 from .node import Node, PortRef
@@ -82,6 +83,8 @@ class ActorServices:
             # owner is told); unlike Monarch, its process and the other actors there go on.
             host.fail_actor(host.raised_in(e, "__init__"))
         self.node.actors[actor_id] = host
+        if (rec := telemetry_recorder.RECORDER) is not None and host.fault is None:
+            rec.status(host.telemetry_id, "spawned")    # (its actors row: the spawner's)
         if host.fault is not None:
             return os.getpid()
         if needs_store(instance):

@@ -19,6 +19,7 @@ from ..settings import check_process_settings, env_number
 from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
+from . import telemetry_recorder
 from .errors import MeshFailure, SupervisionError, describe_exit
 from . import placement
 from .future import Future, set_wait_hook
@@ -131,6 +132,9 @@ class ClientRuntime:
             rec.pid = info.get("pid")
             rec.host = info.get("host", rec.host)
             rec.ready.set_result(ref)
+            if (tel := telemetry_recorder.RECORDER) is not None:
+                tel.process_status(rec.name, rec.mesh_name, rec.label, rec.host, rec.pid,
+                                   "running")
 
     def _on_event(self, event: tuple) -> None:
         kind = event[0]
@@ -146,6 +150,10 @@ class ClientRuntime:
         if rec is not None and not rec.forward_logs:
             return
         prefix = f"[{rec.label}] " if rec is not None else f"[{name}] "
+        if (tel := telemetry_recorder.RECORDER) is not None:
+            source = rec.name if rec is not None else name
+            for ln in lines:
+                tel.event(stream, source, ln)
         out = sys.stdout if stream == "stdout" else sys.stderr
         text = "".join(f"{prefix}{ln}\n" for ln in lines)
         with self._print_lock:
@@ -157,6 +165,7 @@ class ClientRuntime:
         if rec is None:
             return
         status = describe_exit(returncode)
+        self._record_exit(rec, pid, host, status)
         if rec.stopping:
             if rec.node is not None:
                 self.node.fail_peer(rec.node.node_id, SupervisionError(
@@ -182,6 +191,21 @@ class ClientRuntime:
             self.report_failure(rec.owner, MeshFailure(rec.mesh_name, exc, rec.point))
         if rec.on_failure is not None:
             rec.on_failure(rec, exc)
+
+    def _record_exit(self, rec: ProcRecord, pid: int, host: str, status: str) -> None:
+        """The telemetry of a process's end: its own row, and one per actor it hosted
+        (those cannot say so themselves)."""
+        tel = telemetry_recorder.RECORDER
+        if tel is None:
+            return
+        ended = "stopped" if rec.stopping else "failed"
+        why = (f"process {rec.label} of mesh {rec.mesh_name} on host {host} (pid {pid}) "
+               f"{'was stopped' if rec.stopping else 'died'}: {status}")
+        tel.process_status(rec.name, rec.mesh_name, rec.label, host, pid, ended, why)
+        for actor_id, st in list(self.actor_meshes.items()):
+            names = getattr(st, "proc_names", ())
+            if rec.name in names:
+                tel.status(f"{actor_id}.{names.index(rec.name)}", ended, why)
 
     # -- supervision by owning actors ---------------------------------------------
     def report_failure(self, owner, failure: MeshFailure) -> None:

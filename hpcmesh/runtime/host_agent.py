@@ -17,6 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from . import telemetry_recorder
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
                         build_environment, runs_entry_point)
 from ..settings import env_flag
@@ -84,6 +85,8 @@ class HostAgent:
             "host_info": self.host_info,
             "dump_stacks": self.dump_stacks,
         })
+        # the telemetry's process and GPU samples of this host (hpcmesh.telemetry)
+        telemetry_recorder.install_service(node, sample_gpus=True)
 
     def host_info(self) -> dict:
         return {"hostname": self.hostname, "advertise_host": self.advertise_host,

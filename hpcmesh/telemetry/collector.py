@@ -1,0 +1,169 @@
+"""Drains every process's recorder into the store, about once a second, on its own thread.
+
+The controller's collector asks each running process it started (``telemetry_drain``, in
+parallel, bounded by a timeout), each host agent (their process and GPU samples) and its
+own recorder (what the controller saw: meshes, sends, process exits, log lines). A query
+collects first, so it sees the calls made just before it. Every
+``snapshot_interval_secs`` it also records each process's stacks and saves the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from ..runtime import telemetry_recorder
+from ..runtime.client import ClientRuntime
+from ..settings import env_number
+from .schema import TABLES
+from .store import TelemetryStore
+
+log = logging.getLogger("hpcmesh.telemetry")
+
+INTERVAL_VAR = "HPCMESH_TELEMETRY_INTERVAL"
+#: How long a collection waits for the processes' answers (a stuck one is skipped).
+DRAIN_TIMEOUT_S = 2.0
+
+
+class Collector:
+    def __init__(self, rt: ClientRuntime, store: TelemetryStore, *,
+                 snapshot_interval: float = 30.0, save_to: str | None = None):
+        self.rt = rt
+        self.store = store
+        self.interval = env_number(INTERVAL_VAR, 1.0, minimum=0.01, finite=True)
+        self.snapshot_interval = snapshot_interval
+        self.save_to = save_to
+        self.recorder = telemetry_recorder.enable(sample_gpus=True)
+        self.who = {"name": rt.node.name, "host": socket.gethostname(), "pid": os.getpid()}
+        self.extra_agents: dict[str, Any] = {}     # host agents of the job's meshes
+        self.collections = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpcmesh-telemetry",
+                                        daemon=True)
+
+    def start(self) -> "Collector":
+        telemetry_recorder.SINK = self.ingest     # the last drain of a stopping process
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if telemetry_recorder.SINK == self.ingest:
+            telemetry_recorder.SINK = None
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=DRAIN_TIMEOUT_S + 2)
+        try:
+            self.collect()
+            self.save()
+        except Exception:  # noqa: BLE001 - at exit: keep what we have
+            log.exception("telemetry: the last collection failed")
+
+    def watch_hosts(self, meshes: dict[str, Any]) -> None:
+        """Also drain the host agents of these HostMeshes (their GPUs, before any process
+        runs there)."""
+        for mesh in meshes.values():
+            for ref in getattr(mesh, "refs", ()):
+                if ref.agent.node_id != self.rt.node.node_id:
+                    self.extra_agents[ref.agent.node_id] = ref.agent
+
+    # -- the thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        next_snapshot = time.monotonic() + self.snapshot_interval
+        while not self._stop.wait(self.interval):
+            try:
+                self.collect()
+                if self.snapshot_interval > 0 and time.monotonic() >= next_snapshot:
+                    next_snapshot = time.monotonic() + self.snapshot_interval
+                    self.snapshot_stacks()
+                    self.save()
+                self.store.prune()
+            except Exception:  # noqa: BLE001 - telemetry must never take the job down
+                log.exception("telemetry collection failed")
+
+    # -- one collection --------------------------------------------------------------
+    def _targets(self) -> dict[str, Any]:
+        node = self.rt.node
+        out: dict[str, Any] = {}
+        for rec in list(self.rt.procs.values()):
+            if rec.node is not None and rec.failure is None and \
+                    node.peer_connected(rec.node.node_id) and rec.node.node_id != node.node_id:
+                out[rec.node.node_id] = rec.node
+            if rec.agent.node_id != node.node_id:
+                out.setdefault(rec.agent.node_id, rec.agent)
+        for agent_id, ref in list(self.extra_agents.items()):
+            if node.peer_connected(agent_id):
+                out.setdefault(agent_id, ref)
+        return out
+
+    def collect(self, timeout: float = DRAIN_TIMEOUT_S) -> int:
+        """Drain every process now; how many answered (the controller included)."""
+        with self._lock:
+            node = self.rt.node
+            asks = {nid: node.rpc(ref, "telemetry_drain") for nid, ref in self._targets().items()}
+            local = self.recorder.drain(
+                lambda nid: telemetry_recorder.peer_name(node, nid), self.who)
+            self.ingest(local)
+            deadline = time.monotonic() + timeout
+            n = 1
+            for fut in asks.values():
+                try:
+                    res = fut.result(timeout=max(0.01, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 - gone or stuck: next time, maybe
+                    continue
+                self.ingest(res)
+                n += 1
+            self.collections += 1
+            return n
+
+    def ingest(self, res: dict) -> None:
+        who = res.get("who") or {}
+        src = (who.get("name"), who.get("host"), who.get("pid"))
+        for name, rows in res.get("tables", {}).items():
+            if name not in TABLES or not rows:
+                continue
+            if TABLES[name].from_source:
+                rows = [tuple(r) + src for r in rows]
+            self.store.append(name, rows)
+        p = res.get("process")
+        if p:
+            self.store.append("metric_process", [(p["timestamp_us"], float(p["cpu_percent"]),
+                                                  int(p["rss_bytes"]), int(p["threads"])) + src])
+        ts = telemetry_recorder.now_us()
+        gpus = res.get("gpus") or []
+        if gpus:
+            self.store.append("metric_gpu", [
+                (ts, g["gpu"], g["uuid"], g["name"], g["utilization_percent"],
+                 g["memory_used_bytes"], g["memory_total_bytes"]) + src for g in gpus])
+        dropped = res.get("dropped") or {}
+        if dropped:
+            self.store.append("telemetry_drops", [(ts, t, int(n)) + src
+                                                  for t, n in dropped.items()])
+
+    def snapshot_stacks(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
+        """Each running process's threads now, into ``stack_snapshots``."""
+        node = self.rt.node
+        asks = {}
+        for rec in list(self.rt.procs.values()):
+            if rec.node is not None and rec.failure is None and node.peer_connected(
+                    rec.node.node_id) and rec.node.node_id != node.node_id:
+                asks[rec.name] = (rec, node.rpc(rec.node, "admin_stacks"))
+        deadline = time.monotonic() + timeout
+        rows = []
+        for rec, fut in asks.values():
+            try:
+                threads = fut.result(timeout=max(0.01, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001
+                continue
+            ts = telemetry_recorder.now_us()
+            rows += [(ts, t["thread"], t["stack"], rec.name, rec.host, rec.pid)
+                     for t in threads]
+        self.store.append("stack_snapshots", rows)
+
+    def save(self) -> None:
+        if self.save_to:
+            self.store.save(self.save_to)

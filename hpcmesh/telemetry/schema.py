@@ -1,0 +1,134 @@
+"""The telemetry tables: their columns, types and meaning (pure data, no pyarrow here).
+
+Names follow Monarch's telemetry where it has them (``meshes``, ``actors``,
+``actor_status_events``, ``messages``, ``sent_messages``, ``events``, ``metric_*``;
+``timestamp_us``, ``new_status``, ``actor_mesh_id``, ``view_json``, ``shape_json``...).
+Each table lists the columns a process records (``RECORDED``, in the order of the row
+tuples of ``hpcmesh.runtime.telemetry_recorder``) and those the collector adds per process
+(``process``, ``host``, ``pid``: who recorded the row). ``docs/TELEMETRY.md`` prints this
+file as the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Added to the rows of the tables that say so, by the collector, per drained process.
+SOURCE_COLUMNS = (("process", "string", "the process that recorded the row (\"client\": "
+                                        "the controller)"),
+                  ("host", "string", "its host"),
+                  ("pid", "int64", "its pid"))
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    doc: str
+    columns: tuple[tuple[str, str, str], ...]     # (name, arrow type, meaning)
+    from_source: bool = True       # the collector appends SOURCE_COLUMNS
+
+    @property
+    def all_columns(self) -> tuple[tuple[str, str, str], ...]:
+        return self.columns + (SOURCE_COLUMNS if self.from_source else ())
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c[0] for c in self.all_columns]
+
+
+TS = ("timestamp_us", "int64", "when, in microseconds since the Unix epoch (wall clock)")
+
+TABLES: dict[str, Table] = {t.name: t for t in (
+    Table("meshes", "one row per mesh created: proc meshes and actor meshes", (
+        TS,
+        ("id", "string", "the mesh's id (an actor mesh's id is its actors' actor_mesh_id)"),
+        ("kind", "string", "proc or actor"),
+        ("class", "string", "the actor class (ProcMesh for a proc mesh)"),
+        ("given_name", "string", "the name given at spawn"),
+        ("shape_json", "string", "its extent as JSON, e.g. {\"hosts\": 2, \"gpus\": 4}"),
+        ("parent_mesh_id", "string", "the mesh it was spawned on (a proc mesh's host mesh "
+                                     "name; an actor mesh's proc mesh)"))),
+    Table("actors", "one row per actor started (recorded by the process that spawned it, "
+          "once the spawn succeeded)", (
+        TS,
+        ("id", "string", "<actor_mesh_id>.<rank>: what the other tables call actor_id"),
+        ("mesh_id", "string", "its actor mesh (meshes.id)"),
+        ("rank", "int64", "its rank in that mesh"),
+        ("full_name", "string", "<mesh name>[<rank>]"),
+        ("process", "string", "the process it runs in"),
+        ("host", "string", "that process's host"),
+        ("pid", "int64", "its pid")), from_source=False),
+    Table("actor_status_events", "status changes of actors: spawned, failed, stopped, "
+          "with the reason (a failure's message; a killed process's signal)", (
+        TS,
+        ("actor_id", "string", "actors.id"),
+        ("new_status", "string", "spawned, failed or stopped"),
+        ("reason", "string", "why (None for spawned)"))),
+    Table("process_status_events", "status changes of processes, as the controller sees "
+          "them: running (connected), stopped, failed (with its exit status or signal)", (
+        TS,
+        ("process", "string", "the process's name"),
+        ("mesh", "string", "its proc mesh"),
+        ("label", "string", "its point, as in log prefixes (hosts=0,gpus=1)"),
+        ("host", "string", "its host"),
+        ("pid", "int64", "its pid"),
+        ("new_status", "string", "running, stopped or failed"),
+        ("reason", "string", "how it ended")), from_source=False),
+    Table("messages", "one row per call an actor handled (the receiving side)", (
+        TS,
+        ("to_actor_id", "string", "the actor that handled it (actors.id)"),
+        ("endpoint", "string", "the endpoint's name"),
+        ("caller", "string", "the calling process (\"client\": the controller)"),
+        ("duration_us", "int64", "from the start of the call to its reply, in microseconds"),
+        ("status", "string", "ok, or error (it raised, or its result could not be sent)"),
+        ("bytes", "int64", "about how many bytes its arguments took"))),
+    Table("sent_messages", "one row per call made to an actor mesh (the sending side; a "
+          "call to N actors is one row)", (
+        TS,
+        ("sender", "string", "the calling process"),
+        ("actor_mesh_id", "string", "the mesh called (meshes.id)"),
+        ("endpoint", "string", "the endpoint's name"),
+        ("method", "string", "call_one, call, broadcast, choose, stream or send"),
+        ("view_json", "string", "the extent of the view called, as JSON"),
+        ("n_dest", "int64", "how many actors it went to"))),
+    Table("events", "log lines of the processes (forwarded stdout/stderr) and other facts", (
+        TS,
+        ("level", "string", "stdout, stderr, or a logging level"),
+        ("source", "string", "the process the line came from"),
+        ("message", "string", "the line"))),
+    Table("metric_process", "a sample of each process per collection (about once a second)", (
+        TS,
+        ("cpu_percent", "double", "CPU since the previous sample, in percent of one core"),
+        ("rss_bytes", "int64", "resident memory"),
+        ("threads", "int64", "threads"))),
+    Table("metric_gpu", "a sample of each host's GPUs per collection (nvidia-smi, where "
+          "present), from its host agent", (
+        TS,
+        ("gpu", "int64", "the GPU's index on its host"),
+        ("uuid", "string", "its UUID"),
+        ("name", "string", "its model"),
+        ("utilization_percent", "double", "GPU utilisation"),
+        ("memory_used_bytes", "int64", "memory in use"),
+        ("memory_total_bytes", "int64", "memory in all"))),
+    Table("stack_snapshots", "every snapshot_interval_secs, each process's Python threads "
+          "(hpcmesh's own stack service, as the admin view; Monarch takes py-spy dumps)", (
+        TS,
+        ("thread", "string", "the thread's name"),
+        ("stack", "string", "its stack, innermost frame last"))),
+    Table("telemetry_drops", "rows a process could not keep (its buffer was full between "
+          "two collections, or the store's cap was reached)", (
+        TS,
+        ("table_name", "string", "the table they were for"),
+        ("dropped", "int64", "how many"))),
+)}
+
+
+def reference_markdown() -> str:
+    """The schema as Markdown (docs/TELEMETRY.md's reference section)."""
+    out = []
+    for t in TABLES.values():
+        out.append(f"### `{t.name}`\n\n{t.doc[0].upper()}{t.doc[1:]}.\n\n| column | type | "
+                   f"meaning |\n|---|---|---|")
+        out += [f"| `{n}` | {ty} | {doc} |" for n, ty, doc in t.all_columns]
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,157 @@
+"""The controller's telemetry store: Arrow record batches per table, bounded by age and rows.
+
+Drained rows become one record batch per table per collection (off every call's path: in
+the collector's thread), so a query concatenates batches without copying. Retention
+(``retention_secs``) drops whole batches once their newest row is older; the row cap
+(``HPCMESH_TELEMETRY_MAX_ROWS`` per table) drops the oldest batches and counts them in
+``telemetry_drops``, so the store's memory is bounded however long a job runs. ``save``
+and ``load`` keep it in the job's folder, so a client that reconnects finds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any, Iterable
+
+from ..settings import env_number
+from .schema import TABLES, Table
+
+log = logging.getLogger("hpcmesh.telemetry")
+
+MAX_ROWS_VAR = "HPCMESH_TELEMETRY_MAX_ROWS"
+DEFAULT_MAX_ROWS = 2_000_000
+
+
+def _pa():
+    try:
+        import pyarrow
+    except ImportError:
+        raise ImportError("hpcmesh telemetry needs pyarrow and datafusion: pip install "
+                          "'hpcmesh[telemetry]'") from None
+    return pyarrow
+
+
+def arrow_schema(table: Table):
+    pa = _pa()
+    types = {"string": pa.string(), "int64": pa.int64(), "double": pa.float64()}
+    return pa.schema([(n, types[t]) for n, t, _ in table.all_columns])
+
+
+class TelemetryStore:
+    def __init__(self, retention_secs: float = 3600.0, max_rows: int | None = None):
+        self.retention_us = int(retention_secs * 1e6)
+        self.max_rows = max_rows or int(env_number(MAX_ROWS_VAR, DEFAULT_MAX_ROWS, unit="rows",
+                                                   minimum=1, integer=True))
+        self.schemas = {name: arrow_schema(t) for name, t in TABLES.items()}
+        self._batches: dict[str, list] = {name: [] for name in TABLES}
+        self._rows: dict[str, int] = dict.fromkeys(TABLES, 0)
+        self._lock = threading.Lock()
+
+    # -- writing ---------------------------------------------------------------------
+    def append(self, table: str, rows: Iterable[tuple]) -> None:
+        """Rows as tuples in the table's column order (source columns included)."""
+        rows = list(rows)
+        if not rows:
+            return
+        pa = _pa()
+        schema = self.schemas[table]
+        columns = list(zip(*rows))
+        if len(columns) != len(schema):
+            raise ValueError(f"telemetry table {table}: rows have {len(columns)} fields, the "
+                             f"table has {len(schema)} columns ({', '.join(schema.names)})")
+        arrays = [pa.array(col, type=field.type) for col, field in zip(columns, schema)]
+        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        over = 0
+        with self._lock:
+            self._batches[table].append(batch)
+            self._rows[table] += batch.num_rows
+            while self._rows[table] > self.max_rows and len(self._batches[table]) > 1:
+                old = self._batches[table].pop(0)
+                self._rows[table] -= old.num_rows
+                over += old.num_rows
+        if over and table != "telemetry_drops":
+            self.append("telemetry_drops", [(int(time.time() * 1e6), table, over,
+                                             "client", socket.gethostname(), os.getpid())])
+
+    def prune(self, now_us: int | None = None) -> None:
+        """Drop batches older than the retention."""
+        cutoff = (now_us if now_us is not None else int(time.time() * 1e6)) - self.retention_us
+        with self._lock:
+            for table, batches in self._batches.items():
+                keep = []
+                for b in batches:
+                    if b.num_rows and _max_ts(b) < cutoff:
+                        self._rows[table] -= b.num_rows
+                    else:
+                        keep.append(b)
+                self._batches[table] = keep
+
+    # -- reading ---------------------------------------------------------------------
+    def batches(self, table: str) -> list:
+        """The table's record batches (at least one, maybe empty: an engine needs the
+        schema)."""
+        with self._lock:
+            batches = list(self._batches[table])
+        return batches or [_pa().RecordBatch.from_pylist([], schema=self.schemas[table])]
+
+    def table(self, table: str):
+        return _pa().Table.from_batches(self.batches(table), schema=self.schemas[table])
+
+    def row_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._rows)
+
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(b.nbytes for bs in self._batches.values() for b in bs)
+
+    # -- keeping it across a client restart ------------------------------------------
+    def save(self, folder: str) -> None:
+        """Write every table to ``folder/<table>.arrow`` (Arrow IPC), each file replaced
+        whole (written beside it, then renamed)."""
+        pa = _pa()
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        for name in TABLES:
+            path = os.path.join(folder, f"{name}.arrow")
+            tmp = f"{path}.tmp"
+            with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, self.schemas[name]) as w:
+                for b in self.batches(name):
+                    if b.num_rows:
+                        w.write_batch(b)
+            os.replace(tmp, path)
+
+    def load(self, folder: str) -> int:
+        """Read what ``save`` wrote (tables with another schema are skipped, named in the
+        log); the number of rows loaded."""
+        pa = _pa()
+        n = 0
+        for name in TABLES:
+            path = os.path.join(folder, f"{name}.arrow")
+            if not os.path.exists(path):
+                continue
+            try:
+                with pa.memory_map(path) as src:
+                    table = pa.ipc.open_file(src).read_all()
+            except (OSError, pa.ArrowInvalid) as e:
+                log.warning("telemetry: could not read %s: %s", path, e)
+                continue
+            if not table.schema.equals(self.schemas[name]):
+                log.warning("telemetry: %s has other columns than this hpcmesh's %s table; "
+                            "not loaded", path, name)
+                continue
+            batches = table.combine_chunks().to_batches()
+            with self._lock:
+                self._batches[name] = batches + self._batches[name]
+                self._rows[name] += table.num_rows
+            n += table.num_rows
+        self.prune()
+        return n
+
+
+def _max_ts(batch: Any) -> int:
+    import pyarrow.compute as pc
+    return pc.max(batch.column("timestamp_us")).as_py() or 0

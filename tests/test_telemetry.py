@@ -1,0 +1,387 @@
+"""Telemetry (``job.enable_telemetry()``): SQL over what real processes did.
+
+The pure parts (recorder, store, schema, config) are tested on their own; the rest runs a
+LocalJob with real actor processes, a real collector thread, DataFusion and HTTP.
+"""
+
+import inspect
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+import pyarrow as pa
+import pytest
+
+from hpcmesh.actor import Actor, endpoint
+from hpcmesh.job import JobTrait, LocalJob
+from hpcmesh.runtime import telemetry_recorder
+from hpcmesh.runtime.telemetry_recorder import Recorder, parse_nvidia_smi
+from hpcmesh.telemetry import TelemetryConfig
+from hpcmesh.telemetry.engine import QueryEngine, TelemetryQueryError
+from hpcmesh.telemetry.schema import TABLES, reference_markdown
+from hpcmesh.telemetry.store import TelemetryStore
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def wait_for_release(release: str, limit: float = 30) -> str:
+    deadline = time.monotonic() + limit
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return "released"
+
+
+class Worker(Actor):
+    @endpoint
+    async def fast(self, x: int) -> int:
+        return x
+
+    @endpoint
+    def slow(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    @endpoint
+    def boom(self) -> None:
+        raise ValueError("boom on purpose")
+
+    @endpoint
+    def say(self, text: str) -> int:
+        print(text, flush=True)
+        return os.getpid()
+
+    @endpoint
+    def recording(self) -> bool:
+        return telemetry_recorder.RECORDER is not None
+
+    @endpoint
+    def hold(self, release: str) -> str:
+        return wait_for_release(release)
+
+
+@pytest.fixture
+def stop_telemetry_after():
+    yield
+    from hpcmesh.telemetry.server import stop_telemetry
+    stop_telemetry()
+    from hpcmesh.admin.server import stop_admin
+    stop_admin()
+
+
+def telemetry_state(**config):
+    job = LocalJob(hosts=("hosts",)).enable_telemetry(TelemetryConfig(**config))
+    return job.state(cached_path=None)
+
+
+def rows(state, sql: str) -> list[dict]:
+    return state.query_engine.query(sql).to_pylist()
+
+
+# -- pure parts ---------------------------------------------------------------------------
+def test_recorder_is_bounded_and_counts_what_it_dropped():
+    rec = Recorder(max_rows=3)
+    for i in range(5):
+        rec.received(i, "a.0", "ep", "node-x", 10, "ok", 4)
+    out = rec.drain(caller_name=lambda nid: {"node-x": "client"}[nid], who={"name": "p"})
+    assert [r[0] for r in out["tables"]["messages"]] == [0, 1, 2]
+    assert {r[3] for r in out["tables"]["messages"]} == {"client"}   # ids become names
+    assert out["dropped"] == {"messages": 2} and out["who"] == {"name": "p"}
+    assert out["process"]["rss_bytes"] > 0 and out["process"]["threads"] >= 1
+    again = rec.drain()
+    assert again["tables"]["messages"] == [] and again["dropped"] == {}
+
+
+def test_nvidia_smi_output_is_parsed_and_unreadable_fields_are_none():
+    text = ("0, GPU-1f2e, NVIDIA H200, 37, 1024, 143771\n"
+            "1, GPU-aa00, NVIDIA H200, [N/A], 0, 143771\n"
+            "garbage line\n")
+    gpus = parse_nvidia_smi(text)
+    assert gpus[0] == {"gpu": 0, "uuid": "GPU-1f2e", "name": "NVIDIA H200",
+                       "utilization_percent": 37.0, "memory_used_bytes": 1024 * 2**20,
+                       "memory_total_bytes": 143771 * 2**20}
+    assert gpus[1]["utilization_percent"] is None and len(gpus) == 2
+
+
+def test_store_keeps_its_row_cap_and_retention_and_counts_the_drops(tmp_path):
+    store = TelemetryStore(retention_secs=60, max_rows=10)
+    now = int(time.time() * 1e6)
+    for k in range(3):
+        store.append("events", [(now + i, "stdout", "p", f"line {k}.{i}", "p", "h", 1)
+                                for i in range(6)])
+    assert store.row_counts()["events"] == 6           # the oldest batches went
+    drops = store.table("telemetry_drops").to_pylist()
+    assert sum(d["dropped"] for d in drops) == 12 and {d["table_name"] for d in drops} == {
+        "events"}
+    store.save(str(tmp_path))
+    again = TelemetryStore(retention_secs=60, max_rows=10)
+    assert again.load(str(tmp_path)) == 6 + len(drops)
+    assert again.table("events").to_pylist() == store.table("events").to_pylist()
+    store.prune(now_us=now + 61 * 10**6)                # past the retention
+    assert store.row_counts()["events"] == 0
+    with pytest.raises(ValueError, match="events: rows have 2 fields"):
+        store.append("events", [(1, 2)])
+
+
+def test_a_bad_query_names_the_tables():
+    engine = QueryEngine(TelemetryStore())
+    assert engine.query("SELECT COUNT(*) AS n FROM messages").to_pylist() == [{"n": 0}]
+    with pytest.raises(TelemetryQueryError, match="the tables: meshes, actors"):
+        engine.query("SELECT nope FROM nowhere")
+    with pytest.raises(TelemetryQueryError, match="SQL string"):
+        engine.query("")
+
+
+def test_the_schema_reference_in_the_docs_is_the_code_s():
+    doc = (ROOT / "docs" / "TELEMETRY.md").read_text()
+    assert reference_markdown() in doc, "regenerate with: python -c 'from " \
+        "hpcmesh.telemetry.schema import reference_markdown as r; print(r())'"
+    for monarch_name in ("meshes", "actors", "actor_status_events", "messages",
+                         "sent_messages", "events"):
+        assert monarch_name in TABLES
+
+
+def test_enable_telemetry_is_configuration_only_chainable_and_checked():
+    assert list(inspect.signature(JobTrait.__init__).parameters) == ["self"]
+    job = LocalJob()
+    assert job.enable_telemetry() is job
+    assert job.enable_telemetry(retention_secs=5)._telemetry_config.retention_secs == 5
+    assert job.enable_telemetry(TelemetryConfig(include_dashboard=True)) is job
+    assert TelemetryConfig() == TelemetryConfig(3600, False, 8265, 30.0)   # Monarch's
+    with pytest.raises(TypeError, match="unknown options bogus"):
+        job.enable_telemetry(bogus=1)
+    with pytest.raises(TypeError, match="not both"):
+        job.enable_telemetry(TelemetryConfig(), retention_secs=1)
+    with pytest.raises(ValueError, match="retention_secs must be a finite number > 0"):
+        job.enable_telemetry(retention_secs=0)
+    with pytest.raises(ValueError, match="dashboard_port must be a port number"):
+        job.enable_telemetry(dashboard_port=70000)
+    with pytest.raises(ValueError, match="snapshot_interval_secs"):
+        job.enable_telemetry(snapshot_interval_secs=float("inf"))
+
+
+# -- a running job ------------------------------------------------------------------------
+def test_off_by_default_nothing_records():
+    job = LocalJob(hosts=("hosts",))
+    state = job.state(cached_path=None)
+    assert state.query_engine is None and state.telemetry_url is None
+    pm = state.hosts.spawn_procs(per_host={"gpus": 1}, name="teloff")
+    try:
+        w = pm.spawn("w", Worker)
+        assert w.recording.call_one().get(timeout=60) is False
+        assert telemetry_recorder.RECORDER is None
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_sql_about_the_calls_just_made(stop_telemetry_after):
+    state = telemetry_state()
+    assert isinstance(state.query_engine, QueryEngine)
+    assert urlsplit(state.telemetry_url).hostname == "127.0.0.1"      # loopback
+    pm = state.hosts.spawn_procs(per_host={"gpus": 2}, name="telsql")
+    try:
+        w = pm.spawn("tw", Worker)
+        one = w.slice(gpus=0)
+        for i in range(50):
+            assert one.fast.call_one(i).get(timeout=60) == i
+        for _ in range(5):
+            one.slow.call_one(0.02).get(timeout=60)
+        with pytest.raises(Exception, match="boom on purpose"):
+            one.boom.call_one().get(timeout=60)
+        w.say.call("a line from the actors").get(timeout=60)
+        # at once: the query drains every process first
+        stats = rows(state, """
+            SELECT endpoint, COUNT(*) AS calls,
+                   SUM(CASE WHEN status = 'error' THEN 1 ELSE 0 END) AS errors,
+                   approx_percentile_cont(duration_us, 0.5) AS p50,
+                   approx_percentile_cont(duration_us, 0.99) AS p99
+            FROM messages m JOIN actors a ON m.to_actor_id = a.id
+            WHERE a.full_name LIKE 'tw[%' GROUP BY endpoint ORDER BY endpoint""")
+        by = {s["endpoint"]: s for s in stats}
+        assert {k: by[k]["calls"] for k in by} == {"boom": 1, "fast": 50, "say": 2, "slow": 5}
+        assert by["boom"]["errors"] == 1 and by["fast"]["errors"] == 0
+        assert by["slow"]["p50"] >= 20_000 > by["fast"]["p50"]
+        assert by["slow"]["p99"] >= by["slow"]["p50"]
+        sent = rows(state, "SELECT method, endpoint, COUNT(*) AS n, SUM(n_dest) AS dest "
+                           "FROM sent_messages WHERE sender = 'client' AND endpoint IN "
+                           "('fast', 'say') GROUP BY method, endpoint ORDER BY endpoint")
+        assert sent == [{"method": "call_one", "endpoint": "fast", "n": 50, "dest": 50},
+                        {"method": "call", "endpoint": "say", "n": 1, "dest": 2}]
+        callers = rows(state, "SELECT DISTINCT caller FROM messages")
+        assert callers == [{"caller": "client"}]
+        meshes = rows(state, "SELECT kind, class, given_name, shape_json FROM meshes "
+                             "WHERE given_name IN ('telsql', 'tw') ORDER BY kind")
+        assert meshes == [{"kind": "actor", "class": "Worker", "given_name": "tw",
+                           "shape_json": '{"gpus": 2}'},
+                          {"kind": "proc", "class": "ProcMesh", "given_name": "telsql",
+                           "shape_json": '{"gpus": 2}'}]
+        spawned = rows(state, "SELECT a.rank, a.pid, s.new_status FROM actors a JOIN "
+                              "actor_status_events s ON s.actor_id = a.id WHERE a.full_name "
+                              "LIKE 'tw[%' ORDER BY a.rank")
+        assert [(r["rank"], r["new_status"]) for r in spawned] == [(0, "spawned"),
+                                                                  (1, "spawned")]
+        assert [r["pid"] for r in spawned] == pm.pids
+        logs = rows(state, "SELECT source FROM events WHERE message = 'a line from the actors'")
+        assert len(logs) == 2
+        metrics = rows(state, "SELECT process, MAX(rss_bytes) AS rss FROM metric_process "
+                              "GROUP BY process")
+        assert {m["process"] for m in metrics} >= {"client"} | {
+            f"{r['source']}" for r in logs}
+        assert all(m["rss"] > 1_000_000 for m in metrics)
+        # the same over HTTP, as Monarch's query_engine_client does
+        table = state.query_engine_client.query("SELECT COUNT(*) AS n FROM messages "
+                                                "WHERE endpoint = 'fast'")
+        assert isinstance(table, pa.Table) and table.to_pylist() == [{"n": 50}]
+        with pytest.raises(TelemetryQueryError, match="nope"):
+            state.query_engine_client.query("SELECT nope FROM messages")
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_a_request_without_the_token_is_refused(stop_telemetry_after):
+    state = telemetry_state()
+    p = urlsplit(state.telemetry_url)
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        req = urllib.request.Request(f"{p.scheme}://{p.netloc}/api/query",
+                                     data=b'{"sql": "SELECT 1"}', headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 401 and err.value.read() == b""
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{p.scheme}://{p.netloc}/api/tables?token=nope", timeout=10)
+    assert err.value.code == 401 and err.value.read() == b""
+    with urllib.request.urlopen(state.telemetry_url.replace("/?", "/api/tables?"),
+                                timeout=10) as r:
+        assert "duration_us" in [c["name"] for c in json.loads(r.read())["messages"]]
+
+
+def test_a_killed_process_is_failed_with_its_signal_within_a_second(stop_telemetry_after):
+    job = LocalJob(hosts=("hosts",)).enable_telemetry().enable_admin()
+    state = job.state(cached_path=None)
+    pm = state.hosts.spawn_procs(per_host={"gpus": 2}, name="telkill")
+    try:
+        w = pm.spawn("tk", Worker)
+        w.fast.call(1).get(timeout=60)
+        victim = pm.pids[1]
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        seen_sql = seen_tree = None
+        while time.monotonic() - t0 < 5 and (seen_sql is None or seen_tree is None):
+            if seen_sql is None:
+                failed = rows(state, "SELECT s.reason FROM actor_status_events s JOIN actors a "
+                                     "ON s.actor_id = a.id WHERE a.full_name = 'tk[1]' AND "
+                                     "s.new_status = 'failed'")
+                if failed:
+                    seen_sql = (time.monotonic() - t0, failed[0]["reason"])
+            if seen_tree is None:
+                from hpcmesh.admin.server import admin_endpoint
+                with urllib.request.urlopen(admin_endpoint(state.admin_url, "/api/tree"),
+                                            timeout=10) as r:
+                    tree = json.loads(r.read())
+                procs = [p for h in tree["hosts"] for p in h["processes"] if p["pid"] == victim]
+                if procs and procs[0]["status"] == "failed":
+                    seen_tree = (time.monotonic() - t0, procs[0]["error"])
+            time.sleep(0.02)
+        assert seen_sql is not None and seen_tree is not None, (
+            seen_sql, seen_tree, rows(state, "SELECT * FROM actor_status_events"),
+            rows(state, "SELECT * FROM actors"))
+        print(f"killed process: failed in SQL after {seen_sql[0] * 1000:.0f} ms, in the admin "
+              f"tree after {seen_tree[0] * 1000:.0f} ms")
+        assert seen_sql[0] < 1.0 and "SIGKILL" in seen_sql[1] and str(victim) in seen_sql[1]
+        assert seen_tree[0] < 1.0 and "SIGKILL" in seen_tree[1]
+        procs = rows(state, f"SELECT new_status, reason FROM process_status_events WHERE pid = "
+                            f"{victim} ORDER BY timestamp_us")
+        assert [p["new_status"] for p in procs] == ["running", "failed"]
+        # the other member goes on, and says so
+        assert w.slice(gpus=0).fast.call_one(2).get(timeout=30) == 2
+        alive = rows(state, "SELECT new_status FROM actor_status_events s JOIN actors a ON "
+                            "s.actor_id = a.id WHERE a.full_name = 'tk[0]'")
+        assert alive == [{"new_status": "spawned"}]
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_stack_snapshots_show_an_actor_stuck_in_a_sync_endpoint(tmp_path,
+                                                                 stop_telemetry_after):
+    state = telemetry_state(snapshot_interval_secs=0.3)
+    pm = state.hosts.spawn_procs(per_host={"gpus": 1}, name="telstack")
+    release = str(tmp_path / "release")
+    try:
+        w = pm.spawn("ts", Worker)
+        held = w.hold.call_one(release)
+        deadline = time.monotonic() + 10
+        found = []
+        while time.monotonic() < deadline and not found:
+            time.sleep(0.3)
+            found = rows(state, f"SELECT thread, stack FROM stack_snapshots WHERE pid = "
+                                f"{pm.pids[0]} AND stack LIKE '%wait_for_release%'")
+        assert found, "no snapshot of the stuck endpoint within 10 s"
+        assert "in hold\n" in found[0]["stack"] and "in wait_for_release" in found[0]["stack"]
+        pathlib.Path(release).touch()
+        assert held.get(timeout=30) == "released"
+        stopped = pm.stop().get(timeout=30)
+        assert list(stopped.values()) == [0]
+        ended = rows(state, f"SELECT new_status FROM process_status_events WHERE pid = "
+                            f"{pm.pids[0]} ORDER BY timestamp_us")
+        assert ended == [{"new_status": "running"}, {"new_status": "stopped"}]
+    finally:
+        pathlib.Path(release).touch()
+        pm.stop().get(timeout=30)
+
+
+CLIENT = """
+import sys
+import hpcmesh.actor
+from hpcmesh.job import LocalJob
+from hpcmesh.telemetry import TelemetryConfig
+sys.path.insert(0, {tests!r})
+from test_telemetry import Worker
+
+job = LocalJob(hosts=("hosts",)).enable_telemetry(TelemetryConfig())
+state = job.state(cached_path={cache!r})
+if sys.argv[1] == "first":
+    pm = state.hosts.spawn_procs(per_host={{"gpus": 1}}, name="first")
+    w = pm.spawn("w", Worker)
+    for i in range(7):
+        w.fast.call_one(i).get(timeout=60)
+    pm.stop().get(timeout=30)
+else:
+    n = state.query_engine.query(
+        "SELECT COUNT(*) AS n FROM messages WHERE endpoint = 'fast'").to_pylist()[0]["n"]
+    print("CALLS", n)
+"""
+
+
+def test_a_reconnecting_client_finds_the_telemetry_it_had(tmp_path):
+    script = tmp_path / "client.py"
+    cache = str(tmp_path / ".hpcmesh" / "job_state.pkl")
+    script.write_text(CLIENT.format(tests=str(ROOT / "tests"), cache=cache))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop(telemetry_recorder.TELEMETRY_VAR, None)
+    for run in ("first", "second"):
+        res = subprocess.run([sys.executable, str(script), run], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-3000:]
+    assert "CALLS 7" in res.stdout, res.stdout + res.stderr[-2000:]
+    saved = list((tmp_path / ".hpcmesh").rglob("telemetry/messages.arrow"))
+    assert saved, "the store was not saved beside the job's cache"
+
+
+def test_docs_are_shipped_and_the_page_is_package_data():
+    from importlib import resources
+    page = resources.files("hpcmesh.telemetry").joinpath("dashboard.html").read_text()
+    assert "/api/dashboard" in page
+    assert "telemetry/*.html" in (ROOT / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize("text", [textwrap.dedent("""
+    SELECT endpoint, median(duration_us) AS med FROM messages GROUP BY endpoint""")])
+def test_monarch_style_sql_runs(text):
+    assert QueryEngine(TelemetryStore()).query(text).num_rows == 0

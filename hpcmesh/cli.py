@@ -489,6 +489,32 @@ def cmd_worker(args) -> int:
     return exit_status(reason)
 
 
+def cmd_top(args) -> int:
+    from .admin.top import build_app, read_services_file
+    from .job.base import context_state_path
+    admin_url, telemetry_url = args.url, os.environ.get("HPCMESH_TELEMETRY_URL")
+    if not admin_url:
+        admin_url = os.environ.get("HPCMESH_ADMIN_URL") or os.environ.get("MONARCH_ADMIN_URL")
+    if not admin_url:
+        folder = os.path.dirname(context_state_path())
+        try:
+            urls = read_services_file(folder)
+        except (OSError, ValueError):
+            urls = {}
+        admin_url = urls.get("admin_url")
+        telemetry_url = telemetry_url or urls.get("telemetry_url")
+        if not admin_url:
+            raise UsageError(f"no admin URL: pass one, set HPCMESH_ADMIN_URL, or call "
+                             f"job.enable_admin() in the job's client (it writes the URL to "
+                             f"{folder}/services.json)")
+    try:
+        app = build_app(admin_url, telemetry_url, interval=args.interval)
+    except ImportError as e:
+        raise UsageError(f"hpcmesh top needs textual: pip install 'hpcmesh[top]' ({e})") from None
+    app.run()
+    return 0
+
+
 # ---------------------------------------------------------------------------------------
 # argument parsing
 # ---------------------------------------------------------------------------------------
@@ -582,6 +608,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "and why. Set HPCMESH_IFNAME to see an explicit choice.")
     i.add_argument("--json", action="store_true", help="machine-readable output")
     i.set_defaults(fn=cmd_info)
+
+    t = sub.add_parser("top", parents=[ctx], help="watch a running job's processes live",
+                       description="The admin view of a running job in the terminal: every "
+                                   "process with its host, point, pid, status, calls per "
+                                   "second (with telemetry) and actors, refreshed every "
+                                   "second; s shows the selected process's stacks, q quits. "
+                                   "The job's client must have called enable_admin(); the URL "
+                                   "comes from the argument, $HPCMESH_ADMIN_URL, or what the "
+                                   "client wrote beside the context's job state.")
+    t.add_argument("url", nargs="?", help="the admin URL (with its token)")
+    t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    t.set_defaults(fn=cmd_top)
 
     w = sub.add_parser("worker", help="run a host agent (used by launch scripts)",
                        description="Run an hpcmesh host agent on this host. It listens on "

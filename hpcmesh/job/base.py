@@ -134,6 +134,9 @@ class JobTrait(ABC):
         if config is not None:
             from ..admin.server import start_admin
             fields["admin_url"] = start_admin(config)
+        if fields and cached_path:      # for `hpcmesh top` in another terminal
+            from ..admin.top import write_services_file
+            write_services_file(os.path.dirname(os.path.realpath(cached_path)), fields)
         return fields
 
     def _job_status(self) -> dict[str, Any]:

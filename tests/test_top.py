@@ -1,0 +1,100 @@
+"""``hpcmesh top``: the rows from a real admin tree, and the textual app driven headless
+(textual's ``run_test`` pilot) against a running job's admin view and telemetry."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from ci_gate import import_or_skip
+
+from hpcmesh.actor import Actor, endpoint
+from hpcmesh.admin.top import process_rows, read_services_file
+from hpcmesh.job import LocalJob
+
+
+class Busy(Actor):
+    @endpoint
+    async def ping(self) -> int:
+        return os.getpid()
+
+
+def test_rows_of_a_tree():
+    tree = {"hosts": [{"host": "node1", "processes": [
+        {"name": "p-0", "mesh": "m", "label": "gpus=0", "pid": 7, "status": "failed",
+         "error": "died: killed by SIGKILL\nmore", "actors": [
+             {"mesh": "w", "point": {"rank": 0}, "status": "failed"}]},
+        {"name": "p-1", "mesh": "m", "label": "gpus=1", "pid": 8, "status": "running",
+         "error": None, "actors": [{"mesh": "w", "point": {"rank": 1}, "status": "running"}]}]}]}
+    rows = process_rows(tree, {"p-1": 12.5})
+    assert [(r["name"], r["status"], r["rate"], r["actors"], r["error"]) for r in rows] == [
+        ("p-0", "failed", 0.0, "w[rank=0] failed", "died: killed by SIGKILL"),
+        ("p-1", "running", 12.5, "w[rank=1]", "")]
+    assert process_rows(tree)[0]["rate"] is None          # no telemetry: no rates
+
+
+def test_top_shows_the_processes_their_rates_and_stacks(tmp_path):
+    import_or_skip("textual")
+    from textual.widgets import DataTable, Static
+    from hpcmesh.admin.top import build_app
+    job = LocalJob(hosts=("hosts",)).enable_admin().enable_telemetry()
+    cache = tmp_path / ".hpcmesh" / "job_state.pkl"
+    state = job.state(cached_path=str(cache))
+    urls = read_services_file(os.path.dirname(os.path.realpath(cache)))
+    assert urls["admin_url"] == state.admin_url and urls["telemetry_url"] == state.telemetry_url
+    services = os.path.join(os.path.dirname(os.path.realpath(cache)), "services.json")
+    assert oct(os.stat(services).st_mode & 0o777) == "0o600"     # the URLs carry the token
+    pm = state.hosts.spawn_procs(per_host={"gpus": 2}, name="toptest")
+    try:
+        b = pm.spawn("busy", Busy)
+        for _ in range(50):
+            b.ping.call().get(timeout=60)
+        os.kill(pm.pids[1], signal.SIGKILL)
+        time.sleep(0.3)
+
+        async def drive() -> tuple[list, str, str]:
+            app = build_app(state.admin_url, state.telemetry_url, interval=0.5)
+            async with app.run_test(size=(160, 40)) as pilot:
+                await pilot.pause(0.5)
+                table = app.query_one(DataTable)
+                rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+                mine = [i for i, r in enumerate(rows) if r[1] == "toptest"]
+                table.move_cursor(row=mine[0])
+                await pilot.press("s")
+                await pilot.pause(0.5)
+                stacks = str(app.query_one("#stacktext", Static).render())
+                status = str(app.query_one("#status", Static).render())
+                return rows, stacks, status
+        rows, stacks, status = asyncio.run(drive())
+        mine = sorted((r for r in rows if r[1] == "toptest"), key=lambda r: r[2])
+        assert [(r[2], r[3], r[4]) for r in mine] == [
+            ("gpus=0", str(pm.pids[0]), "running"), ("gpus=1", str(pm.pids[1]), "failed")]
+        assert float(mine[0][5]) > 0 and "busy[gpus=0]" in mine[0][6]      # calls/s from SQL
+        assert "SIGKILL" in mine[1][7]
+        assert f"pid {pm.pids[0]}" in stacks and "Thread" in stacks
+        assert "processes:" in status and "failed" in status
+    finally:
+        pm.stop().get(timeout=30)
+        from hpcmesh.admin.server import stop_admin
+        from hpcmesh.telemetry.server import stop_telemetry
+        stop_telemetry()
+        stop_admin()
+
+
+def test_top_without_an_admin_url_says_where_it_looked(tmp_path):
+    env = {k: v for k, v in os.environ.items() if "ADMIN_URL" not in k}
+    res = subprocess.run([sys.executable, "-m", "hpcmesh", "top"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert "no admin URL" in res.stderr and "enable_admin()" in res.stderr
+    assert "services.json" in res.stderr
+
+
+@pytest.mark.parametrize("bad", ["--interval=x"])
+def test_top_bad_option(bad):
+    res = subprocess.run([sys.executable, "-m", "hpcmesh", "top", bad], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "invalid float value" in res.stderr

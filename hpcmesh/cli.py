@@ -489,10 +489,12 @@ def cmd_worker(args) -> int:
     return exit_status(reason)
 
 
-def cmd_top(args) -> int:
-    from .admin.top import build_app, read_services_file
+def _service_urls(url: str | None) -> tuple[str, str | None]:
+    """(admin URL, telemetry URL or None) of the running job: ``url``, the environment, or
+    what the job's client wrote beside the context's job state."""
+    from .admin.top import read_services_file
     from .job.base import context_state_path
-    admin_url, telemetry_url = args.url, os.environ.get("HPCMESH_TELEMETRY_URL")
+    admin_url, telemetry_url = url, os.environ.get("HPCMESH_TELEMETRY_URL")
     if not admin_url:
         admin_url = os.environ.get("HPCMESH_ADMIN_URL") or os.environ.get("MONARCH_ADMIN_URL")
     if not admin_url:
@@ -507,6 +509,34 @@ def cmd_top(args) -> int:
             raise UsageError(f"no admin URL: pass one, set HPCMESH_ADMIN_URL, or call "
                              f"job.enable_admin() in the job's client (it writes the URL to "
                              f"{folder}/services.json)")
+    return admin_url, telemetry_url
+
+
+def cmd_debug(args) -> int:
+    from .admin.debug import AdminDebugClient, attach, describe, pick
+    admin_url, _ = _service_urls(args.url)
+    client = AdminDebugClient(admin_url)
+    sessions = client.list()
+    if args.list:
+        for s in sessions:
+            print(describe(s))
+        if not sessions:
+            print("no actor is paused at a breakpoint()")
+        return 0
+    try:
+        session = pick(sessions, args.session)
+    except LookupError as e:
+        _err(str(e))
+        return 1
+    print(f"attached to {describe(session)}; c, q or detach continues the endpoint",
+          flush=True)
+    attach(session, client.send)
+    return 0
+
+
+def cmd_top(args) -> int:
+    from .admin.top import build_app
+    admin_url, telemetry_url = _service_urls(args.url)
     try:
         app = build_app(admin_url, telemetry_url, interval=args.interval)
     except ImportError as e:
@@ -620,6 +650,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("url", nargs="?", help="the admin URL (with its token)")
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     t.set_defaults(fn=cmd_top)
+
+    d = sub.add_parser("debug", parents=[ctx], help="attach to an actor paused at breakpoint()",
+                       description="List the actors of the running job that are paused at a "
+                                   "breakpoint() in a sync endpoint, and attach a pdb prompt "
+                                   "to one (the only one, or --session N). c, q, detach or "
+                                   "end of input continues the endpoint; other actors keep "
+                                   "running meanwhile. Goes through the job's admin view "
+                                   "(enable_admin()); the URL is found as for `hpcmesh top`.")
+    d.add_argument("url", nargs="?", help="the admin URL (with its token)")
+    d.add_argument("--session", type=int, help="the session to attach to")
+    d.add_argument("--list", action="store_true", help="only list the sessions")
+    d.set_defaults(fn=cmd_debug)
 
     w = sub.add_parser("worker", help="run a host agent (used by launch scripts)",
                        description="Run an hpcmesh host agent on this host. It listens on "

@@ -39,4 +39,7 @@ def __getattr__(name: str):
     if name == "hosts_from_config":
         from ..hosts import hosts_from_config
         return hosts_from_config
+    if name == "debug_controller":     # Monarch's name; hpcmesh.admin is above this layer
+        from ..admin.debug import debug_controller
+        return debug_controller
     raise AttributeError(f"module 'hpcmesh.actor' has no attribute {name!r}")

@@ -9,6 +9,7 @@ request gets a bare 401. The token is in the URL that ``state().admin_url`` retu
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import threading
@@ -18,6 +19,7 @@ from urllib.parse import unquote
 from ..runtime.client import ClientRuntime, client_runtime
 from ..runtime.introspect import ADMIN_URL_VARS
 from .config import MeshAdminConfig
+from .debug import send_to, sessions_of
 from .token_http import TokenHandler, TokenServer, endpoint_url
 from .tree import build_tree, process_status
 
@@ -96,8 +98,25 @@ class _Handler(TokenHandler):
             return 200, collect_tree(rt)
         if path.startswith("/api/stack/"):
             return collect_stacks(rt, unquote(path[len("/api/stack/"):]))
-        return 404, {"error": f"no endpoint {path!r}; there are /api/tree and "
-                              f"/api/stack/<process>"}
+        if path == "/api/debug":
+            return 200, {"sessions": sessions_of(rt)}
+        return 404, {"error": f"no endpoint {path!r}; there are /api/tree, "
+                              f"/api/stack/<process> and /api/debug"}
+
+    def post(self, path: str, body: bytes) -> tuple:
+        """``POST /api/debug/<process>`` with ``{"session": N, "line": "..."}``: one line
+        to a paused endpoint's pdb (``hpcmesh debug``); the only thing that is not GET."""
+        if not path.startswith("/api/debug/"):
+            return 405, {"error": "the admin view is read-only but for POST /api/debug/<process>"}
+        try:
+            doc = json.loads(body or b"{}")
+            session, line = int(doc["session"]), doc.get("line")
+        except (ValueError, KeyError, TypeError):
+            return 400, {"error": 'the body must be JSON like {"session": 1, "line": "p x"}'}
+        if line is not None and not isinstance(line, str):
+            return 400, {"error": "line must be a string or null"}
+        return 200, send_to(self.server.runtime, unquote(path[len("/api/debug/"):]), session,
+                            line)
 
 
 class AdminServer(TokenServer):

@@ -21,7 +21,7 @@ from .bootstrap import PROCESS_NAME_VAR
 from .future import register_loop_thread
 from .introspect import install_services, install_stack_dump_handler
 from .lease_watchdog import LeaseWatchdog
-from . import telemetry_recorder
+from . import debugger, telemetry_recorder
 from .tuning import tune_malloc
 from .loop import new_event_loop
 from .node import Node, NodeRef, set_current_node
@@ -48,6 +48,7 @@ class ProcRuntime:
         })
         install_services(node)        # the admin view: actors and stacks (introspect.py)
         telemetry_recorder.install_service(node)   # hpcmesh.telemetry drains it
+        debugger.install(node)        # breakpoint() in an endpoint: `hpcmesh debug`
         node.on_peer_closed.append(self._on_peer_closed)
         node.on_peer_hello.append(self._on_peer_hello)
         self._controller_seen = False

@@ -1,0 +1,131 @@
+"""Attach to ``breakpoint()`` sessions of a job's actors (``hpcmesh debug``,
+``debug_controller()``).
+
+The sessions live in the actors' processes (``runtime/debugger.py``). The controller asks
+its processes over the job's transport; ``hpcmesh debug`` in another terminal goes through
+the controller's admin view (``GET /api/debug``, ``POST /api/debug/<process>``, behind its
+token), which relays the same way. :func:`attach` is the prompt loop both use.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+from typing import Any, Callable, TextIO
+
+from ..runtime.client import ClientRuntime, client_runtime
+from .token_http import endpoint_url, url_token
+
+#: A paused endpoint's session, as listed: process, host, pid, mesh, rank, point, session.
+Session = dict
+
+
+def sessions_of(rt: ClientRuntime, timeout: float = 5.0) -> list[Session]:
+    """The open sessions of every running process this controller started."""
+    node = rt.node
+    asks = {rec.name: node.rpc(rec.node, "debug_sessions") for rec in list(rt.procs.values())
+            if rec.node is not None and rec.failure is None
+            and node.peer_connected(rec.node.node_id)}
+    deadline = time.monotonic() + timeout
+    out: list[Session] = []
+    for fut in asks.values():
+        try:
+            out += fut.result(timeout=max(0.01, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - a process without the service, or busy: none
+            continue
+    return sorted(out, key=lambda s: (str(s.get("mesh")), s.get("rank") or 0, s["session"]))
+
+
+def send_to(rt: ClientRuntime, process: str, session: int, line: str | None,
+            timeout: float = 30.0) -> dict[str, Any]:
+    rec = rt.procs.get(process)
+    if rec is None or rec.node is None:
+        return {"output": "", "ended": True, "error": f"no running process {process!r}"}
+    return rt.node.rpc(rec.node, "debug_send", session, line).result(timeout=timeout)
+
+
+def describe(s: Session) -> str:
+    point = ",".join(f"{k}={v}" for k, v in (s.get("point") or {}).items()) or s.get("rank")
+    return (f"{s.get('mesh')}[{point}] ({s.get('actor_class')}) on {s.get('host')} pid "
+            f"{s.get('pid')}, session {s['session']}")
+
+
+def attach(session: Session, send: Callable[[str, int, str | None], dict],
+           stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> bool:
+    """The pdb prompt of ``session`` on ``stdin``/``stdout`` until the endpoint continues
+    (``c``, ``q``, ``detach``, or end of input); True if it ended there."""
+    res = send(session["process"], session["session"], None)
+    while True:
+        stdout.write(res.get("output", ""))
+        if res.get("error"):
+            stdout.write(res["error"] + "\n")
+        stdout.flush()
+        if res.get("ended"):
+            stdout.write("hpcmesh: detached; the endpoint continues\n")
+            stdout.flush()
+            return True
+        line = stdin.readline()
+        res = send(session["process"], session["session"], line if line else "detach")
+
+
+class DebugController:
+    """``debug_controller()`` in the client: the sessions of this controller's processes."""
+
+    def __init__(self, rt: ClientRuntime | None = None):
+        self.rt = rt or client_runtime()
+
+    def list(self) -> list[Session]:
+        return sessions_of(self.rt)
+
+    def send(self, process: str, session: int, line: str | None) -> dict[str, Any]:
+        return send_to(self.rt, process, session, line)
+
+    def attach(self, session: Session | int | None = None, stdin: TextIO = sys.stdin,
+               stdout: TextIO = sys.stdout) -> bool:
+        return attach(pick(self.list(), session), self.send, stdin, stdout)
+
+
+def debug_controller() -> DebugController:
+    return DebugController()
+
+
+def pick(sessions: list[Session], which: Session | int | None) -> Session:
+    """The session to attach to: the only one, or the one with that number."""
+    if isinstance(which, dict):
+        return which
+    if not sessions:
+        raise LookupError("no actor is paused at a breakpoint() (only sync endpoints pause; "
+                          "a process prints 'paused at a breakpoint' when one does)")
+    if which is None:
+        if len(sessions) > 1:
+            raise LookupError("several sessions; pick one with --session N:\n" +
+                              "\n".join(describe(s) for s in sessions))
+        return sessions[0]
+    for s in sessions:
+        if s["session"] == which:
+            return s
+    raise LookupError(f"no session {which}; open ones:\n" +
+                      "\n".join(describe(s) for s in sessions))
+
+
+# -- through the admin view, for `hpcmesh debug` ---------------------------------------------
+class AdminDebugClient:
+    def __init__(self, admin_url: str):
+        self.url = admin_url
+
+    def _request(self, path: str, doc: dict | None = None, timeout: float = 60.0) -> Any:
+        req = urllib.request.Request(
+            endpoint_url(self.url, path).split("?")[0],
+            data=None if doc is None else json.dumps(doc).encode(),
+            headers={"Authorization": f"Bearer {url_token(self.url)}",
+                     "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def list(self) -> list[Session]:
+        return self._request("/api/debug")["sessions"]
+
+    def send(self, process: str, session: int, line: str | None) -> dict[str, Any]:
+        return self._request(f"/api/debug/{process}", {"session": session, "line": line})

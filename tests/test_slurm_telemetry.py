@@ -8,10 +8,12 @@ Apart from tests/test_slurm_e2e.py (whose fixture and names it shares) because t
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import time
+import urllib.error
 import urllib.request
 
 from ci_gate import import_or_skip
@@ -20,7 +22,7 @@ from test_slurm_e2e import PREFIX, cluster  # noqa: F401 - cluster is a fixture
 
 import_or_skip("datafusion")
 
-from hpcmesh.actor import Actor, endpoint  # noqa: E402
+from hpcmesh.actor import Actor, debug_controller, endpoint  # noqa: E402
 from hpcmesh.admin.server import admin_endpoint  # noqa: E402
 from hpcmesh.job import SlurmJob  # noqa: E402
 from hpcmesh.telemetry import TelemetryConfig  # noqa: E402
@@ -35,6 +37,18 @@ class Node(Actor):
     def work(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds
+
+    @endpoint
+    def stuck_until(self, release: str) -> str:
+        while not os.path.exists(release):
+            time.sleep(0.02)
+        return "released"
+
+    @endpoint
+    def paused(self, x: int) -> int:
+        y = x + 1
+        breakpoint()
+        return y
 
 
 def test_telemetry_and_admin_on_two_nodes(cluster):
@@ -66,6 +80,42 @@ def test_telemetry_and_admin_on_two_nodes(cluster):
         seen = state.query_engine.query(
             "SELECT DISTINCT process FROM metric_process").to_pylist()
         assert {r["process"] for r in seen} >= {r["process"] for r in per_proc}
+
+        # the stack of an actor stuck in a sync endpoint on node2, from the admin view
+        release = str(cluster / "release")
+        stuck = nodes.slice(hosts=1, gpus=0).stuck_until.call_one(release)
+        name = [p for p in state.query_engine.query(
+            f"SELECT process FROM process_status_events WHERE pid = {pm.pids[2]}").to_pylist()
+        ][0]["process"]
+        deadline = time.monotonic() + 10
+        text = ""
+        while "stuck_until" not in text and time.monotonic() < deadline:
+            with urllib.request.urlopen(admin_endpoint(state.admin_url, f"/api/stack/{name}"),
+                                        timeout=30) as r:
+                text = json.loads(r.read())["text"]
+        assert "in stuck_until" in text, text
+        open(release, "w").close()
+        assert stuck.get(timeout=30) == "released"
+        # without the token: 401 and nothing else, on every server of the job
+        for url in (state.admin_url, state.telemetry_url, state.dashboard_url):
+            bare = url.split("?")[0] + "api/tree"
+            try:
+                urllib.request.urlopen(bare, timeout=10)
+                raise AssertionError(f"{bare} answered without the token")
+            except urllib.error.HTTPError as e:
+                assert (e.code, e.read()) == (401, b"")
+        # a breakpoint on node2, attached to from the client and continued
+        held = nodes.slice(hosts=1, gpus=1).paused.call_one(41)
+        deadline = time.monotonic() + 20
+        sessions = []
+        while not sessions and time.monotonic() < deadline:
+            sessions = debug_controller().list()
+            time.sleep(0.05)
+        assert [(s["host"], s["rank"]) for s in sessions] == [("node2", 3)], sessions
+        out = io.StringIO()
+        assert debug_controller().attach(stdin=io.StringIO("p y * 2\nc\n"), stdout=out)
+        assert "84" in out.getvalue() and "(hpcmesh-pdb)" in out.getvalue()
+        assert held.get(timeout=30) == 42
 
         victim = pm.pids[3]          # hosts=1, gpus=1: on node2
         os.kill(victim, signal.SIGKILL)

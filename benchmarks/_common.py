@@ -49,6 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="(hpcmesh only) run one workload in a loop for a profiler: "
                          "await | sync | pipelined | bulk_bytes | bulk_tensor")
     ap.add_argument("--seconds", type=float, default=8.0, help="duration of --profile")
+    ap.add_argument("--telemetry", action="store_true",
+                    help="(hpcmesh only) start the job's telemetry before any process is "
+                         "spawned: every process records, the collector drains them")
     return ap.parse_args(argv)
 
 

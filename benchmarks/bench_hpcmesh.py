@@ -3,6 +3,9 @@
 --part bringup : one cold bring-up in this fresh process (first and second ProcMesh).
 --part steady  : latency, gather, pipelined and bulk workloads.
 --profile W    : run workload W in a loop for ``--seconds`` (for py-spy / cProfile).
+--telemetry    : the same with the job's telemetry on (run.py's ``hpcmesh+telemetry``):
+                 ``start_telemetry()`` first, so every process spawned records; this also
+                 creates the client runtime, so the 1st bring-up no longer includes it.
 """
 
 from __future__ import annotations
@@ -154,14 +157,27 @@ def profile(workload: str, seconds: float) -> None:
     procs.stop().get(timeout=30)
 
 
+def start_telemetry() -> float:
+    """The job's telemetry on, as a program turns it on; how long that took (s)."""
+    t0 = time.perf_counter()
+    from hpcmesh.telemetry import TelemetryConfig
+    from hpcmesh.telemetry.server import start_telemetry
+    start_telemetry(TelemetryConfig())
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     args = C.parse_args()
+    t_tel = start_telemetry() if args.telemetry else None
     if args.profile:
         profile(args.profile, args.seconds)
         return
     cfg = C.config(args.quick)
-    rep = C.Report("hpcmesh")
+    rep = C.Report("hpcmesh+telemetry" if args.telemetry else "hpcmesh")
     rep.version("hpcmesh", hpcmesh)
+    if t_tel is not None:
+        rep.put("telemetry_start_s", t_tel)
+        rep.note("telemetry: start_telemetry(TelemetryConfig()) before any process is spawned")
     try:
         import uvloop
         rep.version("uvloop", uvloop)
@@ -171,6 +187,11 @@ def main() -> None:
         rep.run("bringup", bringup, rep)
     if args.part in ("all", "steady"):
         rep.run("steady", steady, rep, cfg)
+    if t_tel is not None:       # proof that it recorded: the stopped processes' last drains
+        from hpcmesh.telemetry.server import current_service
+        counts = current_service().store.row_counts()
+        rep.put("telemetry_rows", {t: counts[t] for t in ("messages", "sent_messages",
+                                                           "telemetry_drops")})
     rep.emit()
     # Exit normally: the runtime's atexit hook kills the processes the local agent started.
     # (os._exit here would orphan them: see RESULTS.md, "lease bug".)

@@ -3,11 +3,14 @@
     .venv/bin/python benchmarks/run.py                 # full run (~4-5 min on 2 cores)
     .venv/bin/python benchmarks/run.py --quick         # ~1 min
     .venv/bin/python benchmarks/run.py --only hpcmesh,floor
+    .venv/bin/python benchmarks/run.py --only hpcmesh+telemetry,hpcmesh   # telemetry on vs off
 
 Each system's workloads run as ``bench_<system>.py`` under that system's python
 (the main venv for floor and hpcmesh, /work/peers/<name>/bin/python for peers),
 print one ``BENCHJSON`` line, and this script prints the combined table with
-ratios to the floor and to hpcmesh. Cold bring-up runs in fresh processes
+ratios to the floor and to hpcmesh. ``hpcmesh+telemetry`` is hpcmesh again with the job's
+telemetry on (``bench_hpcmesh.py --telemetry``); with both, a column gives telemetry/off.
+Systems run in the order ``--only`` names them. Cold bring-up runs in fresh processes
 (``--part bringup``), once per repetition; everything else in one process
 (``--part steady``). Raw JSON and per-run logs go to benchmarks/out/.
 """
@@ -29,7 +32,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import _common as C  # noqa: E402
 
-SYSTEMS = ("floor", "hpcmesh", "monarch", "ray")
+SYSTEMS = ("floor", "hpcmesh", "hpcmesh+telemetry", "monarch", "ray")
+#: Pseudo-systems: another system's script with extra options.
+VARIANTS = {"hpcmesh+telemetry": ("hpcmesh", ["--telemetry"])}
+TEL, OFF = "hpcmesh+telemetry", "hpcmesh"
 PEERS = {"monarch": ("torchmonarch==0.7.0", "monarch.actor"),
          "ray": ("ray==2.60.0", "ray")}
 
@@ -62,6 +68,7 @@ ROWS = [
     ("bringup_first_s", "cold bring-up 4 procs, 1st mesh (s)", "lower"),
     ("bringup_second_s", "cold bring-up 4 procs, 2nd mesh (s)", "lower"),
     ("import_s", "import time (s)", "lower"),
+    ("telemetry_start_s", "start_telemetry() (s)", "lower"),
 ]
 FLOOR_ROWS = {"rt_await.med_us", "rt_await.p99_us", "rt_sync.med_us", "rt_sync.p99_us",
               "gather4_paired.a.med_us", "gather4_paired.b.med_us", "gather4_paired.ratio"}
@@ -92,7 +99,7 @@ def fmt(v) -> str:
 
 # ------------------------------------------------------------------------ running
 def python_for(system: str, peers_dir: str) -> str | None:
-    if system in ("floor", "hpcmesh"):
+    if system in ("floor", "hpcmesh") or system in VARIANTS:
         return sys.executable
     py = os.path.join(peers_dir, system, "bin", "python")
     return py if os.path.exists(py) else None
@@ -100,8 +107,9 @@ def python_for(system: str, peers_dir: str) -> str | None:
 
 def run_one(system: str, py: str, part: str, quick: bool, timeout: float, logdir: str,
             tag: str) -> dict:
-    script = os.path.join(HERE, f"bench_{system}.py")
-    cmd = [py, script, "--part", part] + (["--quick"] if quick else [])
+    base, extra = VARIANTS.get(system, (system, []))
+    script = os.path.join(HERE, f"bench_{base}.py")
+    cmd = [py, script, "--part", part] + (["--quick"] if quick else []) + extra
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = HERE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     cwd = tempfile.mkdtemp(prefix=f"bench-{system}-")
@@ -231,8 +239,9 @@ def table(all_res: dict, skipped: dict) -> str:
     systems = [s for s in SYSTEMS if s in all_res]
     floor = all_res.get("floor", {}).get("results", {})
     hm = all_res.get("hpcmesh", {}).get("results", {})
+    tel = all_res.get(TEL, {}).get("results") if hm else None
     lines = []
-    head = ["metric"] + systems
+    head = ["metric"] + systems + (["telemetry/off"] if tel is not None else [])
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for key, label, _ in ROWS:
@@ -253,11 +262,15 @@ def table(all_res: dict, skipped: dict) -> str:
             fv = get(floor, key.replace("rt_sync", "rt_await")) if key in FLOOR_ROWS else None
             if v is not None and fv:
                 notes.append(f"{v / fv:.2f}× floor")
-            if s != "hpcmesh" and v is not None and get(hm, key):
+            if s not in (OFF, TEL) and v is not None and get(hm, key):
                 notes.append(f"{v / get(hm, key):.2f}× hpcmesh")
             if notes:
                 cell += " (" + ", ".join(notes) + ")"
             cells.append(cell)
+        if tel is not None:
+            v, off = get(tel, key), get(hm, key)
+            cells.append(f"{v / off:.3f}" if isinstance(v, (int, float)) and off and
+                         "minus" not in key else "—")    # (a ratio of differences: no)
         if any_val:
             lines.append("| " + " | ".join(cells) + " |")
     out = "\n".join(lines)
@@ -315,6 +328,10 @@ TARGETS = [
      lambda v, _: (v <= 0.25, f"1st {v:.3f} s, 2nd {r_second:.3f} s")),
 ]
 r_second = float("nan")
+#: Judged on hpcmesh+telemetry against hpcmesh: latency <= 1.1x, msg/s >= 0.9x.
+TEL_TARGETS = [(k, label, better) for k, label, better in ROWS if k in (
+    "rt_await.med_us", "rt_sync.med_us", "pipelined_sync.msgs_per_s_med",
+    "pipelined_async.msgs_per_s_med")]
 
 
 def _judge_await(paired: tuple, separate: tuple) -> tuple[bool, str]:
@@ -344,6 +361,15 @@ def targets(all_res: dict) -> str:
             continue
         ok, text = judge(v, fv)
         lines.append(f"| {name} | {text} | {'met' if ok else 'NOT met'} |")
+    t = all_res.get(TEL, {}).get("results")
+    for key, label, better in TEL_TARGETS if t is not None else ():
+        v, off = get(t, key), get(r, key)
+        if v is None or not off:
+            lines.append(f"| telemetry on: {label} within 10 % of off | not measured | — |")
+            continue
+        ok = v / off <= 1.1 if better == "lower" else v / off >= 0.9
+        lines.append(f"| telemetry on: {label} within 10 % of off | {fmt(v)} vs {fmt(off)} "
+                     f"= {v / off:.3f}× off | {'met' if ok else 'NOT met'} |")
     return "\n".join(lines)
 
 
@@ -351,11 +377,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations (~1 min)")
     ap.add_argument("--only", default=",".join(SYSTEMS),
-                    help=f"comma list among {','.join(SYSTEMS)}")
+                    help=f"comma list among {','.join(SYSTEMS)}, run in that order")
     ap.add_argument("--peers-dir", default=os.environ.get("HPCMESH_BENCH_PEERS", "/work/peers"))
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     args = ap.parse_args()
-    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    only = list(dict.fromkeys(s.strip() for s in args.only.split(",") if s.strip()))
     bad = [s for s in only if s not in SYSTEMS]
     if bad:
         ap.error(f"unknown system(s) {bad}; choose among {SYSTEMS}")
@@ -365,9 +391,7 @@ def main() -> None:
     t0 = time.perf_counter()
     all_res: dict = {}
     skipped: dict = {}
-    for s in SYSTEMS:
-        if s not in only:
-            continue
+    for s in only:
         py = python_for(s, args.peers_dir)
         if py is None:
             skipped[s] = (f"not installed ({os.path.join(args.peers_dir, s)}/bin/python missing; "

@@ -8,6 +8,7 @@ import inspect
 import json
 import os
 import pathlib
+import pickle
 import signal
 import subprocess
 import sys
@@ -97,6 +98,11 @@ def test_recorder_is_bounded_and_counts_what_it_dropped():
     assert out["process"]["rss_bytes"] > 0 and out["process"]["threads"] >= 1
     again = rec.drain()
     assert again["tables"]["messages"] == [] and again["dropped"] == {}
+    rec.received(9, "a.0", "as_endpoint:helper", None, 1, "ok", 0)     # the name it shows
+    assert rec.drain()["tables"]["messages"][0][2] == "helper"
+    rows = [(1, "a.0", "ep", "client", 2, "ok", 3)]                   # how a drain travels
+    assert pickle.loads(pickle.dumps(telemetry_recorder.Pickled({"messages": rows}))) == {
+        "messages": rows}
 
 
 def test_nvidia_smi_output_is_parsed_and_unreadable_fields_are_none():
@@ -209,6 +215,8 @@ def test_sql_about_the_calls_just_made(stop_telemetry_after):
         assert by["boom"]["errors"] == 1 and by["fast"]["errors"] == 0
         assert by["slow"]["p50"] >= 20_000 > by["fast"]["p50"]
         assert by["slow"]["p99"] >= by["slow"]["p50"]
+        sizes = rows(state, "SELECT MIN(bytes) AS b FROM messages WHERE endpoint = 'fast'")
+        assert sizes[0]["b"] > 0       # arguments that came inline are counted too
         sent = rows(state, "SELECT method, endpoint, COUNT(*) AS n, SUM(n_dest) AS dest "
                            "FROM sent_messages WHERE sender = 'client' AND endpoint IN "
                            "('fast', 'say') GROUP BY method, endpoint ORDER BY endpoint")

@@ -261,13 +261,14 @@ class NotAnEndpoint:
 class Endpoint(Generic[P, R]):
     """``mesh.method``: the ways to call one endpoint on a mesh. ``Endpoint[P, R]`` for a
     method ``(self, *P) -> R`` (or ``-> Awaitable[R]``), what ``@endpoint`` makes of it."""
-    __slots__ = ("_mesh", "_name", "_route", "_routes")
+    __slots__ = ("_mesh", "_name", "_route", "_routes", "_view")
 
     def __init__(self, mesh: ActorMesh, name: str):
         self._mesh = mesh
         self._name = name
         self._route: tuple | None = None     # call_one's fast path, once the mesh is live
         self._routes: tuple | None = None    # call's fast path, once the mesh is live
+        self._view: tuple | None = None      # what _note_sent records of the (immutable) view
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         return self._mesh._members()
@@ -276,10 +277,12 @@ class Endpoint(Generic[P, R]):
         """This call in the telemetry's ``sent_messages`` (only while it records)."""
         rec = _tel.RECORDER
         if rec is not None:
-            shape = self._mesh._shape
-            rec.sent(self._mesh._state.actor_id, self._name, method,
-                     json.dumps(dict(shape.extent)), 1 if one else shape.nelem,
-                     current_or_client_node().name)
+            view = self._view
+            if view is None:        # once: json.dumps per call was a third of a call_one
+                shape = self._mesh._shape
+                view = self._view = (self._mesh._state.actor_id, json.dumps(dict(shape.extent)),
+                                     shape.nelem, current_or_client_node().name)
+            rec.sent(view[0], self._name, method, view[1], 1 if one else view[2], view[3])
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single member of this mesh; a Future of its value."""

@@ -23,6 +23,7 @@ try:    # asyncio's own bookkeeping of the running task: lets a call run inline 
     from asyncio.tasks import _enter_task, _leave_task
 except ImportError:  # pragma: no cover - a future Python
     _enter_task = _leave_task = None
+from time import time_ns as _time_ns
 from typing import Any
 
 from .context import ActorInstance, Context, current_context_var
@@ -114,8 +115,18 @@ class ActorThread(Executor):
 
 
 def payload_bytes(payload: Any, buffers: list) -> int:
-    """About how many bytes a call's arguments took on the wire (telemetry only)."""
-    n = len(payload) if type(payload) is bytes else max(serialization.frozen_size(payload), 0)
+    """About how many bytes a call's arguments took on the wire (telemetry only): a pickled
+    payload's length, or the ``frozen_size`` of an ``(args, kwargs)`` that came unpickled
+    in a batch frame (of the pair itself it is -1, for the dict: that read 0 for them)."""
+    if type(payload) is tuple and len(payload) == 2 and type(payload[1]) is dict:
+        n = 0
+        for x in payload[0]:
+            n += len(x) if type(x) is bytes or type(x) is str else \
+                max(serialization.frozen_size(x), 0)
+        for k, v in payload[1].items():
+            n += len(k) + max(serialization.frozen_size(v), 0)
+    else:
+        n = len(payload) if type(payload) is bytes else max(serialization.frozen_size(payload), 0)
     for b in buffers:
         n += memoryview(b).nbytes
     return n
@@ -404,7 +415,8 @@ class ActorHost:
             token = current_context_var.set(ctx if ctx is not None else
                                  self._message_context(rank, extent_items))
             if tel is not None:
-                seen = (_tel.now_us(), payload_bytes(payload, buffers))
+                start = _time_ns()
+                nbytes = payload_bytes(payload, buffers)
             ok = False
             try:
                 # decode_args() written out: the pipelined hot path
@@ -422,8 +434,9 @@ class ActorHost:
                         self._unsent(endpoint, origin, reply, e)
             finally:
                 current_context_var.reset(token)
-                if tel is not None:
-                    self._note(seen, endpoint, origin, ok)
+                if tel is not None:     # _note() written out: the pipelined hot path
+                    tel.received(start // 1000, self.telemetry_id, endpoint, origin,
+                                 (_time_ns() - start) // 1000, "ok" if ok else "error", nbytes)
 
     async def _execute(self, msg: tuple, origin: str | None, buffers: list, fn,
                        info: EndpointInfo) -> None:
@@ -458,7 +471,7 @@ class ActorHost:
         rec = _tel.RECORDER
         if rec is not None:
             start, nbytes = seen
-            rec.received(start, self.telemetry_id, shown_name(endpoint), origin,
+            rec.received(start, self.telemetry_id, endpoint, origin,
                          _tel.now_us() - start, "ok" if ok else "error", nbytes)
 
     def _failed(self, exc: BaseException, endpoint: str, origin: str | None,

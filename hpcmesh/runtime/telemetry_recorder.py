@@ -16,11 +16,13 @@ pid): a drained row travels as a plain tuple.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import socket
 import subprocess
 import time
 from collections import deque
+from time import time_ns as _time_ns
 from typing import Any, Callable
 
 from ..settings import env_flag, env_number
@@ -70,7 +72,8 @@ class Recorder:
 
     def received(self, start_us: int, actor_id: str, endpoint: str, caller: str | None,
                  duration_us: int, status: str, nbytes: int) -> None:
-        """One call handled by an actor of this process (``messages``)."""
+        """One call handled by an actor of this process (``messages``; ``endpoint`` as
+        the call named it: ``drain`` shows it without an ``as_endpoint`` prefix)."""
         if len(self._messages) < self.max_rows:
             self._messages.append((start_us, actor_id, endpoint, caller, duration_us, status,
                                    nbytes))
@@ -82,7 +85,8 @@ class Recorder:
         """One call made from this process to an actor mesh or a view of one
         (``sent_messages``: one row per call, however many actors it went to)."""
         if len(self._sent) < self.max_rows:
-            self._sent.append((now_us(), sender, actor_mesh_id, endpoint, method, view, n_dest))
+            self._sent.append((_time_ns() // 1000, sender, actor_mesh_id, endpoint, method,
+                               view, n_dest))
         else:
             self.dropped["sent_messages"] += 1
 
@@ -118,11 +122,15 @@ class Recorder:
         for name, rows in self.rows.items():
             n = len(rows)       # popleft, not a swap: appends from other threads go on
             tables[name] = [rows.popleft() for _ in range(n)]
-        if caller_name is not None and tables["messages"]:
+        if tables["messages"]:
             names: dict = {}
+            shown: dict = {}
+            who_called = caller_name or (lambda node_id: node_id)
             tables["messages"] = [
-                (r[0], r[1], r[2], names[r[3]] if r[3] in names else
-                 names.setdefault(r[3], caller_name(r[3])), *r[4:])
+                (r[0], r[1], shown[r[2]] if r[2] in shown else
+                 shown.setdefault(r[2], r[2].rpartition(":")[2]),
+                 names[r[3]] if r[3] in names else names.setdefault(r[3], who_called(r[3])),
+                 *r[4:])
                 for r in tables["messages"]]
         dropped = {k: v for k, v in self.dropped.items() if v}
         for k in dropped:
@@ -241,8 +249,25 @@ def install_service(node: Any, *, sample_gpus: bool = False) -> None:
     enable_from_env(sample_gpus=sample_gpus)
     who = {"name": node.name, "host": socket.gethostname(), "pid": os.getpid(),
            "role": node.role}
-    node.services["telemetry_drain"] = lambda: enable(sample_gpus=sample_gpus).drain(
-        lambda node_id: peer_name(node, node_id), who)
+    def drain() -> dict[str, Any]:
+        out = enable(sample_gpus=sample_gpus).drain(lambda node_id: peer_name(node, node_id),
+                                                    who)
+        out["tables"] = Pickled(out["tables"])
+        return out
+    node.services["telemetry_drain"] = drain
+
+
+class Pickled:
+    """A value pickled now, by the C pickler, into one bytes object; unpickled it is the
+    value again. The drained rows travel so: the runtime's reply pickler would walk each
+    of their fields (~2.1 µs of the process's CPU a call, against ~0.6 µs so)."""
+    __slots__ = ("data",)
+
+    def __init__(self, value: Any):
+        self.data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+
+    def __reduce__(self):
+        return pickle.loads, (self.data,)
 
 
 def peer_name(node: Any, node_id: str | None) -> str | None:

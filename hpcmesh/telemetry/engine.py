@@ -15,12 +15,13 @@ import urllib.request
 from typing import Any
 
 from ..admin.token_http import endpoint_url, url_token
+from ..errors import HpcmeshError
 from .schema import TABLES
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
-class TelemetryQueryError(ValueError):
+class TelemetryQueryError(HpcmeshError, ValueError):
     """A query the engine refused (bad SQL, an unknown table or column)."""
 
 

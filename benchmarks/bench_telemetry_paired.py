@@ -1,0 +1,102 @@
+"""What recording costs a call, telemetry on and off in alternating blocks (one run).
+
+    .venv/bin/python benchmarks/bench_telemetry_paired.py [--rounds 10] [--mode both|ctl|worker]
+
+Two runs of ``run.py`` (``hpcmesh`` beside ``hpcmesh+telemetry``) land in different phases
+of this VM, whose speed drifts by a third over minutes: their ratio moves by ±0.3 from
+one run to the next. Here one controller and one actor process switch their recorders
+on and off (``--mode``: both sides, only the controller's sends, only the worker's
+handled calls) between blocks, in alternating order: a pipelined burst of 10 000
+``call_one`` (sync ``.get()``) and 300 ``await call_one`` each block. The collector is
+parked (``HPCMESH_TELEMETRY_INTERVAL=1000``, buffers large enough to keep every row):
+this is the cost on the call's path; what collecting costs besides is in
+``bench_telemetry_memory.py``'s time per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+
+os.environ.setdefault("HPCMESH_TELEMETRY_INTERVAL", "1000")
+os.environ.setdefault("HPCMESH_TELEMETRY_BUFFER", "20000000")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common as C  # noqa: E402
+from _monarch_style import pipelined_sync  # noqa: E402
+
+from hpcmesh.actor import Actor, endpoint, this_host  # noqa: E402
+from hpcmesh.runtime import telemetry_recorder as T  # noqa: E402
+from hpcmesh.telemetry import TelemetryConfig  # noqa: E402
+from hpcmesh.telemetry.server import start_telemetry  # noqa: E402
+
+
+class Echo(Actor):
+    @endpoint
+    async def echo(self, x):
+        return x
+
+    @endpoint
+    async def record(self, on: bool) -> bool:
+        T.enable() if on else T.disable()
+        return T.RECORDER is not None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--mode", default="both", choices=("both", "ctl", "worker"))
+    args = ap.parse_args()
+    start_telemetry(TelemetryConfig())
+    rec = T.RECORDER
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    mesh = procs.spawn("echo", Echo)
+    ep = mesh.echo
+    pipelined_sync(ep, 2000)
+
+    def switch(on: bool) -> None:
+        T.RECORDER = rec if on and args.mode != "worker" else None
+        w = on and args.mode != "ctl"
+        assert mesh.record.call_one(w).get() == w
+
+    async def block(n: int = 300) -> list[int]:
+        out = []
+        for _ in range(n):
+            t0 = C.now()
+            await ep.call_one(C.SMALL)
+            out.append(C.now() - t0)
+        return out
+
+    pipe: dict = {False: [], True: []}
+    lat: dict = {False: [], True: []}
+    for r in range(args.rounds):
+        for on in (False, True) if r % 2 == 0 else (True, False):
+            switch(on)
+            pipe[on].append(pipelined_sync(ep, C.PIPELINE_N))
+            lat[on] += asyncio.run(block())
+    switch(False)
+    procs.stop().get(timeout=30)
+    po, pn = statistics.median(pipe[False]), statistics.median(pipe[True])
+    lo, ln = C.lat_stats(lat[False]), C.lat_stats(lat[True])
+    rep = C.Report("telemetry_paired")
+    rep.put("mode", args.mode)
+    rep.put("pipelined_off", po)
+    rep.put("pipelined_on", pn)
+    rep.put("pipelined_ratio", pn / po)
+    rep.put("await_off", lo)
+    rep.put("await_on", ln)
+    rep.put("await_ratio", ln["med_us"] / lo["med_us"])
+    rep.emit()
+    print(f"recording on {args.mode}, {args.rounds} rounds of alternating blocks\n"
+          f"| workload | off | on | on/off |\n|---|---|---|---|\n"
+          f"| pipelined 10k, sync (msg/s; µs a call) | {po / 1e3:.0f}k; {1e6 / po:.2f} | "
+          f"{pn / 1e3:.0f}k; {1e6 / pn:.2f} | {pn / po:.3f} |\n"
+          f"| call_one await, median (µs) | {lo['med_us']:.1f} | {ln['med_us']:.1f} | "
+          f"{ln['med_us'] / lo['med_us']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -6,8 +6,10 @@
 #   openssh-server, openssh-client  tests/test_ssh_job.py runs a private sshd on 127.0.0.1
 #   procps                          ps/pkill, used by the cluster scripts and by tests
 #   python3-venv                    scripts/venv.sh (Debian's python3 lacks ensurepip)
+#   chromium, chromium-driver       tests/test_dashboard.py renders the telemetry dashboard in
+#                                   headless Chromium (through selenium and chromedriver)
 set -euo pipefail
-PKGS=(openssh-server openssh-client procps python3-venv)
+PKGS=(openssh-server openssh-client procps python3-venv chromium chromium-driver)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

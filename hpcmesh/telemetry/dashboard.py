@@ -56,11 +56,12 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
                approx_percentile_cont(duration_us, 0.99) AS p99_us
         FROM messages GROUP BY endpoint ORDER BY calls DESC LIMIT 50""")
     failures = q("""
-        SELECT timestamp_us, actor_id AS what, reason FROM actor_status_events
-        WHERE new_status = 'failed'
+        SELECT s.timestamp_us, COALESCE(a.full_name, s.actor_id) AS what, s.reason
+        FROM actor_status_events s LEFT JOIN actors a ON a.id = s.actor_id
+        WHERE s.new_status = 'failed'
         UNION ALL
-        SELECT timestamp_us, process AS what, reason FROM process_status_events
-        WHERE new_status = 'failed'
+        SELECT timestamp_us, CONCAT('process ', label, ' of ', mesh) AS what, reason
+        FROM process_status_events WHERE new_status = 'failed'
         ORDER BY timestamp_us DESC LIMIT 30""")
     logs = q("SELECT timestamp_us, source, level, message FROM events "
              "ORDER BY timestamp_us DESC LIMIT 60")

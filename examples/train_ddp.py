@@ -60,6 +60,10 @@ def train(steps: int, batch: int, lr: float, seed: int) -> dict:
     try:
         return _steps(steps, batch, lr, seed, cuda)
     finally:        # after the DDP model is gone: its reducer still uses the group
+        # every rank done before any tears its gloo pairs down: one that destroys its group
+        # while a peer still talks to it can abort the peer at exit (torch 2.13, gloo:
+        # "terminate called without an active exception", seen under torchrun)
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -199,10 +199,26 @@ class MPIProcRuntime(ProcRuntime):
                 f"no controller connected within {attach_timeout:g} s")
 
     # -- lease: any client counts ------------------------------------------------------
+    def controller_fd(self) -> int | None:
+        """The lease watchdog's view (see ``ProcRuntime.controller_fd``): the socket of a
+        connected client; -1 once every client is gone; None before the first one. Runs on
+        the watchdog's thread, from the moment ``ProcRuntime.__init__`` starts it."""
+        node = self.node
+        for client in list(getattr(self, "clients", ())):
+            p = node.peers.get(client)
+            conn = p.conn if p is not None else None
+            if conn is not None:
+                try:
+                    return conn.sock.fileno()
+                except (OSError, AttributeError):
+                    continue
+        return -1 if self._controller_seen else None
+
     def _on_peer_hello(self, node, ref, info, conn) -> None:
         if info.get("role") != "client":
             return
         self.clients.add(ref.node_id)
+        self._controller_seen = True
         if self._lease_timer is not None:
             self._lease_timer.cancel()
             self._lease_timer = None

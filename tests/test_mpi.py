@@ -76,6 +76,11 @@ class Probe(Actor):
         time.sleep(t)
         return t
 
+    @endpoint
+    async def block_loop(self, t: float) -> float:
+        time.sleep(t)         # blocks the rank's event loop: only the watchdog sees a lease
+        return t
+
 
 # ---------------------------------------------------------------------------------------
 # helpers
@@ -302,6 +307,48 @@ def test_lease_ranks_exit_when_the_outside_client_dies(launch, tmp_path):
     assert "controller gone" in lr.output()
     assert set(pids) <= set(tree) and wait_gone(tree) == []
     print(f"\nlease: ranks gone {took:.2f} s after the client was killed (grace {GRACE} s)")
+
+
+@needs_mpi
+def test_lease_holds_while_the_ranks_event_loops_are_blocked(launch, tmp_path):
+    """The client dies while every rank's loop is blocked in an async endpoint: the loop's
+    own lease timer cannot run, the watchdog thread ends the ranks (issue 13)."""
+    addr = tmp_path / "job.addr"
+    lr = launch(mpiexec(2, "--address-file", str(addr)))
+    client = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            sys.path.insert(0, {str(REPO / "tests")!r})
+            from hpcmesh.mpi import attach_to_mpi
+            from test_mpi import Probe
+            procs = attach_to_mpi({str(addr)!r}, timeout=30)
+            p = procs.spawn("probe", Probe)
+            p.double.call(1).get(timeout=30)
+            p.block_loop.broadcast(600)
+            time.sleep(0.5)
+            print("pids", *procs.pids, flush=True)
+            time.sleep(600)
+            """)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        line = client.stdout.readline()
+        assert line.startswith("pids"), line + lr.output()
+        tree = lr.descendants()
+        client.kill()
+        client.wait(5)
+        t0 = time.monotonic()
+        rc = lr.wait(GRACE + 15)
+        took = time.monotonic() - t0
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(5)
+    assert rc != 0
+    assert took <= GRACE + 6, f"ranks exited {took:.1f} s after the client died"
+    assert "while the event loop was blocked" in lr.output(), lr.output()
+    assert wait_gone(tree) == []
+    print(f"\nblocked loops: ranks gone {took:.2f} s after the client was killed "
+          f"(grace {GRACE} s)")
 
 
 @needs_mpi

@@ -41,3 +41,19 @@ def processes_with_env(mark: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def processes_with_cmdline(marker: str) -> list[tuple[int, str]]:
+    """Live processes whose command line holds ``marker``: (pid, its first 200 chars)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and alive(int(entry)):
+            found.append((int(entry), cmd[:200]))
+    return found

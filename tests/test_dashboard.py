@@ -16,6 +16,8 @@ import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
+from ci_gate import skip_or_fail
+from proc_helpers import processes_with_cmdline
 
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import LocalJob
@@ -36,9 +38,7 @@ def _require_browser():
     if missing:
         why = (f"the dashboard test needs {', '.join(missing)} (bash scripts/system-packages.sh; "
                f"pip install -e '.[dev]')")
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
+        skip_or_fail(why)
 
 
 class DashWorker(Actor):
@@ -61,25 +61,6 @@ def stop_telemetry_after():
     yield
     from hpcmesh.telemetry.server import stop_telemetry
     stop_telemetry()
-
-
-def _processes_with(marker: str) -> list[tuple[int, str]]:
-    """Live processes whose command line holds ``marker`` (no psutil: /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
-            continue
-        if marker in cmd:
-            found.append((int(entry), cmd[:200]))
-    return found
 
 
 def _browser(tmp_path):
@@ -191,9 +172,9 @@ def _quit(driver, profile: str) -> None:
     driver.quit()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (
-            (proc is not None and proc.poll() is None) or _processes_with(profile)):
+            (proc is not None and proc.poll() is None) or processes_with_cmdline(profile)):
         time.sleep(0.1)
-    left = _processes_with(profile)
+    left = processes_with_cmdline(profile)
     for pid, _ in left:
         try:
             os.kill(pid, signal.SIGKILL)

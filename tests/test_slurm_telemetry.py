@@ -51,9 +51,42 @@ class Node(Actor):
         return y
 
 
+def _render_in_chromium(url: str, tmp_path, job_id: str) -> None:
+    """The dashboard of the Slurm job in headless Chromium: the grid of mesh n (3 spawned,
+    the killed one failed) and the Slurm job RUNNING with its time left."""
+    from test_dashboard import _browser, _quit, _require_browser
+    _require_browser()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    driver, profile = _browser(tmp_path)
+    try:
+        driver.get(url)
+
+        def shown(d) -> bool:
+            cells = d.find_elements(By.CSS_SELECTOR, 'div.mesh[data-mesh="n"] td.cell')
+            job = d.find_element(By.ID, "job").text
+            return (sorted(c.get_attribute("data-status") for c in cells) ==
+                    ["failed", "spawned", "spawned", "spawned"]
+                    and f"Slurm job {job_id} RUNNING" in job and "left" in job)
+        try:
+            WebDriverWait(driver, 20, poll_frequency=0.2).until(shown)
+        except Exception:
+            print("page text:", driver.find_element(By.TAG_NAME, "body").text)
+            raise
+        shot = tmp_path / "slurm-dashboard.png"
+        assert driver.save_screenshot(str(shot))
+        print("dashboard of the Slurm job, screenshot:", shot)
+        if os.environ.get("HPCMESH_TEST_ARTIFACTS"):
+            import shutil
+            os.makedirs(os.environ["HPCMESH_TEST_ARTIFACTS"], exist_ok=True)
+            shutil.copy(shot, os.environ["HPCMESH_TEST_ARTIFACTS"])
+    finally:
+        _quit(driver, profile)
+
+
 def test_telemetry_and_admin_on_two_nodes(cluster):
     job = SlurmJob(meshes={"hosts": 2}, job_name=f"{PREFIX}-telemetry",
-                   log_dir=str(cluster / "logs"), timeout=60)
+                   log_dir=str(cluster / "logs"), timeout=60, time_limit="10:00")
     job.enable_telemetry(TelemetryConfig(include_dashboard=True, dashboard_port=0))
     job.enable_admin()
     state = job.state(cached_path=None)
@@ -148,8 +181,10 @@ def test_telemetry_and_admin_on_two_nodes(cluster):
             doc = json.loads(r.read())
         jobs = doc["job"]["slurm_jobs"]
         assert jobs[0]["job_id"] == job.job_id and jobs[0]["state"] == "RUNNING"
+        assert 0 < jobs[0]["time_left_s"] <= 600
         (mesh,) = [m for m in doc["meshes"] if m["name"] == "n"]
         assert [c["status"] for c in mesh["actors"]] == ["spawned"] * 3 + ["failed"]
+        _render_in_chromium(state.dashboard_url, cluster, job.job_id)
     finally:
         job.kill()
         from hpcmesh.telemetry.server import stop_telemetry

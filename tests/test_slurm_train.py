@@ -19,13 +19,24 @@ from test_slurm_e2e import PREFIX, PY, REPO, cluster  # noqa: F401 - cluster is 
 import_or_skip("torch")
 
 
+#: torch 2.13's gloo sometimes aborts a torchrun worker at interpreter exit, after the work
+#: is done ("terminate called without an active exception", SIGABRT): in plain torchrun,
+#: without hpcmesh, in about 1 run of 10 here even with a barrier before
+#: destroy_process_group. The reference run is torch's, not ours: it gets another try then.
+TORCH_EXIT_ABORT = "terminate called without an active exception"
+
+
 def _torchrun_losses(tmp_path, steps: int) -> dict:
     torchrun = shutil.which("torchrun", path=os.path.dirname(PY))
     out = tmp_path / "torchrun.json"
-    p = subprocess.run([torchrun, "--nproc-per-node", "4",
-                        os.path.join(REPO, "examples", "train_ddp.py"), "--steps", str(steps),
-                        "--out", str(out)], capture_output=True, text=True, timeout=240,
-                       cwd=tmp_path)
+    for attempt in range(3):
+        p = subprocess.run([torchrun, "--nproc-per-node", "4",
+                            os.path.join(REPO, "examples", "train_ddp.py"), "--steps",
+                            str(steps), "--out", str(out)], capture_output=True, text=True,
+                           timeout=240, cwd=tmp_path)
+        if p.returncode == 0 or TORCH_EXIT_ABORT not in p.stderr:
+            break
+        print(f"torchrun reference run {attempt + 1}: torch aborted a worker at exit; again")
     assert p.returncode == 0, p.stdout + p.stderr
     return json.loads(out.read_text())
 

@@ -30,30 +30,26 @@ def wait_gone(pids, timeout: float = 5.0) -> list[int]:
 def processes_with_env(mark: str) -> list[int]:
     """Live processes whose environment holds ``mark`` (``NAME=value`` or a part of one):
     how a test finds the processes a run started when it never learnt their pids."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if mark.encode() in f.read() and alive(int(entry)):
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
+    return [pid for pid, environ in _read_all("environ") if mark.encode() in environ
+            and alive(pid)]
 
 
 def processes_with_cmdline(marker: str) -> list[tuple[int, str]]:
     """Live processes whose command line holds ``marker``: (pid, its first 200 chars)."""
-    found = []
+    out = []
+    for pid, raw in _read_all("cmdline"):
+        cmd = raw.replace(b"\0", b" ").decode(errors="replace")
+        if marker in cmd and alive(pid):
+            out.append((pid, cmd[:200]))
+    return out
+
+
+def _read_all(name: str):
+    """(pid, /proc/<pid>/<name>) of every process that can be read."""
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd and alive(int(entry)):
-            found.append((int(entry), cmd[:200]))
-    return found
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/{name}", "rb") as f:
+                    yield int(entry), f.read()
+            except OSError:
+                continue

@@ -141,6 +141,25 @@ def launch(tmp_path):
         lr.kill()
 
 
+def _kill_client_and_wait(client: subprocess.Popen, lr: Launched, timeout: float):
+    """Once ``client`` printed "pids ...": SIGKILL it and time the launcher's end.
+    (pids the client saw, the launcher's process tree before, its exit code, seconds)."""
+    try:
+        line = client.stdout.readline()
+        assert line.startswith("pids"), line + lr.output()
+        pids = [int(x) for x in line.split()[1:]]
+        tree = lr.descendants()
+        client.kill()
+        client.wait(5)
+        t0 = time.monotonic()
+        rc = lr.wait(timeout)
+        return pids, tree, rc, time.monotonic() - t0
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait(5)
+
+
 def mpiexec(n: int, *args: str) -> list[str]:
     return [MPIEXEC, "-n", str(n), sys.executable, "-m", "hpcmesh.mpi", *args]
 
@@ -288,20 +307,7 @@ def test_lease_ranks_exit_when_the_outside_client_dies(launch, tmp_path):
             time.sleep(600)
             """)],
         cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        line = client.stdout.readline()
-        assert line.startswith("pids"), line
-        pids = [int(x) for x in line.split()[1:]]
-        tree = lr.descendants()
-        client.kill()
-        client.wait(5)
-        t0 = time.monotonic()
-        rc = lr.wait(GRACE + 10)
-        took = time.monotonic() - t0
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(5)
+    pids, tree, rc, took = _kill_client_and_wait(client, lr, GRACE + 10)
     assert rc != 0
     assert GRACE * 0.8 <= took <= GRACE + 6, f"ranks exited {took:.1f} s after the client died"
     assert "controller gone" in lr.output()
@@ -330,19 +336,7 @@ def test_lease_holds_while_the_ranks_event_loops_are_blocked(launch, tmp_path):
             time.sleep(600)
             """)],
         cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        line = client.stdout.readline()
-        assert line.startswith("pids"), line + lr.output()
-        tree = lr.descendants()
-        client.kill()
-        client.wait(5)
-        t0 = time.monotonic()
-        rc = lr.wait(GRACE + 15)
-        took = time.monotonic() - t0
-    finally:
-        if client.poll() is None:
-            client.kill()
-            client.wait(5)
+    _, tree, rc, took = _kill_client_and_wait(client, lr, GRACE + 15)
     assert rc != 0
     assert took <= GRACE + 6, f"ranks exited {took:.1f} s after the client died"
     assert "while the event loop was blocked" in lr.output(), lr.output()

@@ -7,8 +7,8 @@ agents), or a job (``hpcmesh.job``). ``use_tls`` turns on TLS for what follows.
 from __future__ import annotations
 
 import asyncio
-import json
 import itertools
+import json
 import logging
 import math
 import os
@@ -246,7 +246,7 @@ def _mesh_env(place: MemberPlace, master: tuple[str, int] | None,
     admin = {var: os.environ[var] for var in (*ADMIN_URL_VARS, _tel.TELEMETRY_VAR)
              if var in os.environ}
     return {**torchrun_env(place, master), SLOT_VAR: str(place.local_rank),
-            BINDING_VAR: binding, **admin}    # admin URL, telemetry: for agents on other hosts too
+            BINDING_VAR: binding, **admin}    # admin URL, telemetry: for other hosts too
 
 
 def _label(point: Point) -> str:

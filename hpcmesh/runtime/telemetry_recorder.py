@@ -249,6 +249,7 @@ def install_service(node: Any, *, sample_gpus: bool = False) -> None:
     enable_from_env(sample_gpus=sample_gpus)
     who = {"name": node.name, "host": socket.gethostname(), "pid": os.getpid(),
            "role": node.role}
+
     def drain() -> dict[str, Any]:
         out = enable(sample_gpus=sample_gpus).drain(lambda node_id: peer_name(node, node_id),
                                                     who)

@@ -57,9 +57,24 @@ class HostMesh(MeshTrait):
         self._hosts = hosts
         self._shape = shape
         self.name = name
+        self._python: str | None = None     # see with_python_executable
 
     def _new_with_shape(self, shape: Shape) -> "HostMesh":
-        return HostMesh(self._hosts, shape, self.name)
+        mesh = HostMesh(self._hosts, shape, self.name)
+        mesh._python = self.__dict__.get("_python")
+        return mesh
+
+    def with_python_executable(self, path: str) -> "HostMesh":
+        """This mesh, but its processes start with the interpreter at ``path`` on each host
+        (a venv synced or mounted there) instead of the agent's own. Monarch's name. That
+        interpreter must be able to import hpcmesh; a path that is not executable on a host
+        fails that spawn with an error naming the host."""
+        if not isinstance(path, str) or not path:
+            raise TypeError(f"with_python_executable takes the interpreter's path on the hosts "
+                            f"as a non-empty string, got {path!r}")
+        mesh = HostMesh(self._hosts, self._shape, self.name)
+        mesh._python = path
+        return mesh
 
     @property
     def hostnames(self) -> list[str]:
@@ -110,7 +125,7 @@ class HostMesh(MeshTrait):
             cmd = bootstrap_command(point) if callable(bootstrap_command) and not isinstance(
                 bootstrap_command, BootstrapCommand) else bootstrap_command
             if cmd is None:
-                cmd = default_bootstrap_cmd()
+                cmd = default_bootstrap_cmd(self.__dict__.get("_python"))
             if not isinstance(cmd, BootstrapCommand):
                 raise TypeError(f"bootstrap_command must be a BootstrapCommand or a callable "
                                 f"returning one; for {_label(point)} got {type(cmd).__name__}")

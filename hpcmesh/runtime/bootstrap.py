@@ -88,9 +88,9 @@ def _checked_env(mapping: Mapping) -> dict[str, str | None]:
     return out
 
 
-def default_bootstrap_cmd() -> BootstrapCommand:
-    """Start the hpcmesh process entry point with this interpreter."""
-    return BootstrapCommand(sys.executable, ["-m", PROC_MODULE], {})
+def default_bootstrap_cmd(python: str | None = None) -> BootstrapCommand:
+    """Start the hpcmesh process entry point with ``python`` (default: this interpreter)."""
+    return BootstrapCommand(python or sys.executable, ["-m", PROC_MODULE], {})
 
 
 def runs_entry_point(cmd: BootstrapCommand) -> bool:

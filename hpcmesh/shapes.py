@@ -113,6 +113,12 @@ def _strided_indices(offset: int, sizes: Sequence[int], strides: Sequence[int]) 
 # --------------------------------------------------------------------------
 
 
+def subdir_for(coords: Mapping[str, int]) -> str:
+    """A member's folder name from its coordinates (what ``$SUBDIR`` becomes):
+    ``{"hosts": 0, "gpus": 1}`` -> ``hosts_0_gpus_1``; ``0`` for no dimensions."""
+    return "_".join(f"{d}_{c}" for d, c in coords.items()) or "0"
+
+
 class Extent(Mapping[str, int]):
     """The named, ordered sizes of a mesh (``{"hosts": 2, "gpus": 4}``).
 

@@ -76,6 +76,23 @@ class HostMesh(MeshTrait):
         mesh._python = path
         return mesh
 
+    def sync_workspace(self, workspace: Any, conda: bool = False,
+                       auto_reload: bool = False) -> Future:
+        """Copy client directories onto every host of this mesh (Monarch's name): only what
+        a host lacks travels, down a chain of hosts. ``workspace``: a directory, a list of
+        them (each lands at its own path), a ``{source: destination}`` dict, or an object
+        with ``dirs``; ``conda=True`` adds the running environment (``sys.prefix``). Files
+        removed on the client are removed on the hosts the next time; files the sync never
+        wrote are left alone. Without FUSE this is what ``remote_mount`` falls back to. A
+        Future of a ``SyncResult`` (bytes uploaded, files written per host)."""
+        from .workspace import in_thread, sync_workspace, workspace_dirs
+        if auto_reload:
+            raise NotImplementedError(
+                "sync_workspace(auto_reload=True) is not supported: hpcmesh does not reload "
+                "modules in running actors; start new processes after the sync")
+        workspace_dirs(workspace, conda)        # bad input fails here, not on a thread
+        return in_thread(sync_workspace, self, workspace, conda)
+
     @property
     def hostnames(self) -> list[str]:
         return [self._hosts[g].hostname for g in self._shape.ranks()]

@@ -126,7 +126,10 @@ class HostAgent:
         if z is None or not z.alive or not runs_entry_point(cmd):
             return False
         try:
-            if not os.path.samefile(cmd.program, sys.executable):
+            # the same file is not enough: a venv's python is a symlink to its base
+            # interpreter, and which venv it is comes from the path (pyvenv.cfg beside it)
+            if not (os.path.samefile(cmd.program, sys.executable) and os.path.samefile(
+                    os.path.dirname(cmd.program) or ".", os.path.dirname(sys.executable))):
                 return False
         except OSError:
             return False

@@ -8,8 +8,10 @@
 #   python3-venv                    scripts/venv.sh (Debian's python3 lacks ensurepip)
 #   chromium, chromium-driver       tests/test_dashboard.py renders the telemetry dashboard in
 #                                   headless Chromium (through selenium and chromedriver)
+#   fuse3                           fusermount3 and libfuse3 for remote_mount/gather_mount
+#                                   (tests/test_mounts.py, tests/test_slurm_mounts.py)
 set -euo pipefail
-PKGS=(openssh-server openssh-client procps python3-venv chromium chromium-driver)
+PKGS=(openssh-server openssh-client procps python3-venv chromium chromium-driver fuse3)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -23,13 +23,14 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmesh"
 
 #: Bottom to top. A module belongs to the first entry that is it or a package above it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("hpcmesh.errors", "hpcmesh.settings", "hpcmesh.shapes", "hpcmesh.yaml_lines")),
+    ("base", ("hpcmesh.errors", "hpcmesh.settings", "hpcmesh.shapes", "hpcmesh.yaml_lines",
+              "hpcmesh.file_tree")),
     ("transport", ("hpcmesh.transport",)),
     ("runtime", ("hpcmesh.runtime",)),
     ("actor", ("hpcmesh.actor",)),
     ("extensions", ("hpcmesh.collectives", "hpcmesh.spmd", "hpcmesh.mpi", "hpcmesh.slurm",
                     "hpcmesh.config", "hpcmesh.hosts_file", "hpcmesh.admin",
-                    "hpcmesh.telemetry")),
+                    "hpcmesh.telemetry", "hpcmesh.mounts")),
     ("job", ("hpcmesh.job", "hpcmesh.hosts")),
     ("cli", ("hpcmesh.cli", "hpcmesh.__main__")),
 ]

@@ -32,8 +32,12 @@ class JobState:
 
     def __init__(self, hosts: dict[str, Any], query_engine: Any = None,
                  query_engine_client: Any = None, telemetry_url: str | None = None,
-                 dashboard_url: str | None = None, admin_url: str | None = None):
+                 dashboard_url: str | None = None, admin_url: str | None = None,
+                 mounts: list[Any] | None = None, gathers: list[Any] | None = None):
         self._meshes = dict(hosts)
+        #: the live ``remote_mount``s (each has ``refresh()``) and ``gather_mount``s
+        self.mounts = list(mounts or [])
+        self.gathers = list(gathers or [])
         self.query_engine = query_engine
         self.query_engine_client = query_engine_client
         self.telemetry_url = telemetry_url
@@ -118,6 +122,63 @@ class JobTrait(ABC):
         self._telemetry_config = config.check()     # a bad value fails here, not at state()
         return self
 
+    # -- code and data to and from the hosts (hpcmesh.mounts) ----------------------------
+    def remote_mount(self, source: str, mntpoint: str | None = None, meshes: Any = None,
+                     python_exe: str | None = ".venv/bin/python", **kwargs: Any) -> "JobTrait":
+        """Mount the client directory ``source`` read-only at ``mntpoint`` (default: the
+        same path) on every host of ``meshes`` (default: all), over FUSE, from the next
+        ``state()`` on; a later ``state()`` (a reconnect too) ships what changed.
+        ``python_exe``, relative to the mount point, is the interpreter those meshes'
+        processes start with (None: the agent's own). Configuration only; returns the job.
+        Where FUSE is not usable the error says so and names ``sync_workspace``."""
+        from ..mounts.remote_mount import RemoteMountSpec
+        if kwargs:
+            raise TypeError(f"remote_mount got unknown options {', '.join(sorted(kwargs))}; "
+                            f"it takes source, mntpoint, meshes, python_exe")
+        spec = RemoteMountSpec.make(source, mntpoint, meshes, python_exe)
+        others = [m for m in self.__dict__.get("_remote_mounts", [])
+                  if m.mntpoint != spec.mntpoint]
+        self._remote_mounts = [*others, spec]
+        return self
+
+    def gather_mount(self, remote_mount_point: str, local_mount_point: str,
+                     meshes: Any = None) -> "JobTrait":
+        """Show each host's ``remote_mount_point`` read-only under ``local_mount_point`` on
+        the client, one folder per host named by its mesh coordinates (``hosts_0``); a
+        ``$SUBDIR`` in ``remote_mount_point`` becomes that same key on each host.
+        Configuration only, applied on the next ``state()``; returns the job."""
+        from ..mounts.gather import GatherMountSpec
+        spec = GatherMountSpec.make(remote_mount_point, local_mount_point, meshes)
+        others = [g for g in self.__dict__.get("_gather_mounts", [])
+                  if g.local_mount_point != spec.local_mount_point]
+        self._gather_mounts = [*others, spec]
+        return self
+
+    def _apply_mounts(self, meshes: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Make or refresh what ``remote_mount``/``gather_mount`` declared; the meshes (the
+        mounted ones start their processes with the mounted python) and JobState fields."""
+        specs = self.__dict__.get("_remote_mounts") or []
+        gathers = self.__dict__.get("_gather_mounts") or []
+        if not specs and not gathers:
+            return meshes, {}
+        fields: dict[str, Any] = {}
+        if specs:
+            from ..mounts.remote_mount import apply_mounts
+            meshes, fields["mounts"] = apply_mounts(self.apply_id, specs, meshes)
+        if gathers:
+            from ..mounts.gather import apply_gathers
+            fields["gathers"] = apply_gathers(self.apply_id, gathers, meshes)
+        return meshes, fields
+
+    def _close_mounts(self) -> None:
+        if self.__dict__.get("_remote_mounts") or self.__dict__.get("_gather_mounts"):
+            from ..mounts.gather import close_gathers
+            from ..mounts.remote_mount import close_mounts
+            try:
+                close_gathers(self.apply_id)
+            finally:
+                close_mounts(self.apply_id)
+
     def _start_services(self, meshes: dict[str, Any] | None = None,
                         cached_path: str | None = None) -> dict[str, Any]:
         """Start what ``enable_admin()``/``enable_telemetry()`` configured; the JobState
@@ -187,7 +248,8 @@ class JobTrait(ABC):
                     remove_cache(cached_path)
         if not job.active:
             job.apply()
-        for service in ("_admin_config", "_telemetry_config"):
+        for service in ("_admin_config", "_telemetry_config", "_remote_mounts",
+                        "_gather_mounts"):
             config = self.__dict__.get(service) or job.__dict__.get(service)
             if config is not None:
                 setattr(job, service, config)   # dumped below: a reconnect serves it again
@@ -198,14 +260,18 @@ class JobTrait(ABC):
             job.dump(cached_path)     # after _state(): what it learned (addresses) is kept
         if job is not self:
             self.__dict__.update({k: v for k, v in job.__dict__.items()})
-        return JobState(meshes, **self._start_services(meshes, cached_path))
+        meshes, mounted = self._apply_mounts(meshes)
+        return JobState(meshes, **mounted, **self._start_services(meshes, cached_path))
 
     def kill(self) -> None:
         """End the job. What this client started on its hosts ends with it, on purpose: no
         supervision failure (``unhandled_fault_hook``) for those processes."""
         if self.kill_ends_processes:
             expect_exits(self.__dict__.get("_live_agent_ids", set()))
-        self._kill()
+        try:
+            self._close_mounts()
+        finally:
+            self._kill()
 
     @property
     def active(self) -> bool:

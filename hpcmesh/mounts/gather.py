@@ -1,0 +1,221 @@
+"""``job.gather_mount``: every host's directory, read-only, on the client.
+
+Each host of the chosen meshes gets a folder under the local mount point named by its mesh
+coordinates (``hosts_0``; ``<mesh>_hosts_0`` when several meshes are chosen), and a
+``$SUBDIR`` in the remote path becomes that same name on the host, so per-host output
+directories land side by side. A ``GatherActor`` on each host answers lookups and reads; the
+client's FUSE process (``fuse_gather``) asks through a socket that this module serves by
+calling those actors.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..actor.endpoint import Actor, endpoint
+from ..actor.host_mesh import HostMesh
+from ..shapes import Point, subdir_for
+from .fuse_gather import SUBTYPE, recv_frame, send_frame
+from .fuse_process import FuseProcess, MountError, fuse_problem, ready_mount_point
+from .remote_mount import START_TIMEOUT, chosen_meshes, hosts_of, mesh_names
+
+#: seconds one request to a host may take before the read fails with EIO
+REQUEST_TIMEOUT = 30.0
+#: the most bytes one read asks a host for
+MAX_READ = 1 << 20
+
+
+@dataclass(frozen=True)
+class GatherMountSpec:
+    """What ``gather_mount()`` declared (Monarch's arguments)."""
+    remote_mount_point: str
+    local_mount_point: str
+    meshes: tuple[str, ...] | None
+
+    @classmethod
+    def make(cls, remote: Any, local: Any, meshes: Any = None) -> "GatherMountSpec":
+        for name, value in (("remote_mount_point", remote), ("local_mount_point", local)):
+            if not isinstance(value, (str, os.PathLike)) or not os.path.isabs(
+                    os.fspath(value)):
+                raise ValueError(f"gather_mount's {name} must be an absolute path, got "
+                                 f"{value!r}")
+        return cls(os.fspath(remote), os.path.abspath(os.fspath(local)),
+                   mesh_names(meshes, "gather_mount"))
+
+    def root_for(self, key: str) -> str:
+        return self.remote_mount_point.replace("${SUBDIR}", key).replace("$SUBDIR", key)
+
+
+class GatherActor(Actor):
+    """Answers the client's lookups and reads under each of its host's roots."""
+
+    def __init__(self, roots: dict[str, str]):
+        self.roots = roots
+
+    def _path(self, key: str, path: str) -> str:
+        root = os.path.abspath(self.roots[key])
+        full = os.path.normpath(os.path.join(root, path)) if path else root
+        if full != root and not full.startswith(root + os.sep):
+            raise PermissionError(errno.EACCES, "outside the gathered directory")
+        return full
+
+    @endpoint
+    def fs(self, op: str, key: str, path: str, args: tuple) -> tuple[str, Any]:
+        """One filesystem request: ("ok", value) or ("err", errno)."""
+        try:
+            full = self._path(key, path)
+            if op == "lstat":
+                try:
+                    st = os.lstat(full)
+                except FileNotFoundError:
+                    if path:
+                        raise
+                    return "ok", {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
+                return "ok", {"st_mode": st.st_mode, "st_nlink": st.st_nlink,
+                              "st_size": st.st_size, "st_mtime": st.st_mtime_ns,
+                              "st_ctime": st.st_ctime_ns, "st_atime": st.st_atime_ns,
+                              "st_blocks": st.st_blocks}
+            if op == "listdir":
+                try:
+                    return "ok", sorted(os.listdir(full))
+                except FileNotFoundError:
+                    if path:
+                        raise
+                    return "ok", []     # the host has not made its folder (yet)
+            if op == "readlink":
+                return "ok", os.readlink(full)
+            if op == "read":
+                offset, size = args
+                with open(full, "rb") as f:
+                    return "ok", os.pread(f.fileno(), min(size, MAX_READ), offset)
+            return "err", errno.ENOSYS
+        except OSError as e:
+            return "err", e.errno or errno.EIO
+        except KeyError:
+            return "err", errno.ENOENT
+
+
+def host_keys(spec: GatherMountSpec, meshes: dict[str, HostMesh]) -> dict[str, Any]:
+    """folder name -> host (HostRef) for every host of the chosen meshes."""
+    names = chosen_meshes(spec.meshes, meshes, f"gather_mount of {spec.remote_mount_point}")
+    out: dict[str, Any] = {}
+    for name in names:
+        mesh = meshes[name]
+        for i, ref in enumerate(mesh.refs):
+            key = subdir_for(dict(Point(i, mesh.extent)))
+            out[key if len(names) == 1 else f"{name}_{key}"] = ref
+    return out
+
+
+class GatherMount:
+    """A live gather mount on this client."""
+
+    def __init__(self, spec: GatherMountSpec, meshes: dict[str, HostMesh]):
+        self.spec = spec
+        self.hosts_by_key = host_keys(spec, meshes)
+        self.fs: FuseProcess | None = None
+        self._procs: Any = None
+        self._sock: socket.socket | None = None
+
+    def start(self) -> "GatherMount":
+        problem = fuse_problem()
+        if problem is not None:
+            raise MountError(f"gather_mount cannot mount on this client: {problem}")
+        local = self.spec.local_mount_point
+        ready_mount_point(local, SUBTYPE, "this client", "gather_mount")
+        hosts = hosts_of(list(self.hosts_by_key.values()))
+        rank_of = {ref.agent.node_id: r for r, ref in enumerate(hosts.refs)}
+        roots = {key: self.spec.root_for(key) for key in self.hosts_by_key}
+        self._procs = hosts.spawn_procs(name="gather-mount")
+        try:
+            actors = self._procs.spawn("gather", GatherActor, roots).flatten("rank")
+            members = {key: actors.slice(rank=rank_of[ref.agent.node_id])
+                       for key, ref in self.hosts_by_key.items()}
+            actors.fs.call("lstat", next(iter(roots)), "", ()).get(timeout=START_TIMEOUT)
+            mine, theirs = socket.socketpair()
+            self._sock = mine
+            threading.Thread(target=self._serve, args=(mine, members), daemon=True,
+                             name="hpcmesh-gather-mount").start()
+            try:
+                self.fs = FuseProcess(["-m", "hpcmesh.mounts.fuse_gather", "--fd",
+                                       str(theirs.fileno()), "--keys",
+                                       ",".join(self.hosts_by_key)], local, "this client",
+                                      pass_fds=(theirs.fileno(),))
+            finally:
+                theirs.close()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @staticmethod
+    def _serve(sock: socket.socket, members: dict[str, Any]) -> None:
+        """Answer the FUSE process's requests until it closes its end."""
+        while True:
+            try:
+                request = recv_frame(sock)
+            except OSError:
+                return
+            if request is None:
+                return
+            op, key, path, args = request
+            try:
+                answer = members[key].fs.call_one(op, key, path, args).get(
+                    timeout=REQUEST_TIMEOUT)
+            except Exception:  # noqa: BLE001 - the host is gone or slow: an I/O error there
+                answer = ("err", errno.EIO)
+            try:
+                send_frame(sock, answer)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        fs, procs, sock = self.fs, self._procs, self._sock
+        self.fs = self._procs = self._sock = None
+        try:
+            if fs is not None:
+                fs.stop()
+        finally:
+            if sock is not None:
+                sock.close()
+            if procs is not None:
+                procs.stop().get(timeout=60)
+
+    def __repr__(self) -> str:
+        return (f"GatherMount({self.spec.remote_mount_point} -> "
+                f"{self.spec.local_mount_point}: {', '.join(self.hosts_by_key)})")
+
+
+_LIVE: dict[tuple[str | None, GatherMountSpec], GatherMount] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def apply_gathers(job_id: str | None, specs: list[GatherMountSpec],
+                  meshes: dict[str, Any]) -> list[GatherMount]:
+    """Make the gather mounts of ``specs`` (a live one of this client is kept as it is:
+    it always shows the hosts' current files)."""
+    out = []
+    for spec in specs:
+        key = (job_id, spec)
+        with _LIVE_LOCK:
+            live = _LIVE.get(key)
+        if live is None:
+            live = GatherMount(spec, meshes).start()
+            with _LIVE_LOCK:
+                _LIVE[key] = live
+        out.append(live)
+    return out
+
+
+def close_gathers(job_id: str | None) -> None:
+    with _LIVE_LOCK:
+        mounts = [_LIVE.pop(k) for k in [k for k in _LIVE if k[0] == job_id]]
+    for m in mounts:
+        m.close()
+

@@ -1,0 +1,176 @@
+"""remote_mount and gather_mount on the Slurm test cluster (issue 17's Must show). Every
+node there has its own mount namespace: a mount on node2 is seen by node2's processes only,
+so what the actors see on each node came through that node's own FUSE mount.
+
+- a SlurmJob mounts a venv with a package in it on 3 nodes; the actors start with the venv's
+  python from the mount and import the package from it; an edit on the client is seen by
+  the running actors after refresh() and by new ones after state();
+- gather_mount shows each node's $SUBDIR directory on the client, from a tmpfs that only
+  that node has;
+- after kill(), and after the client is SIGKILLed, no node has a mount left.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from test_slurm_e2e import PREFIX, _listed, cluster  # noqa: F401 - cluster is a fixture
+from test_mounts import _venv                                 # skips/fails without FUSE
+
+from hpcmesh.actor import Actor, endpoint
+from hpcmesh.job import SlurmJob
+from hpcmesh.mounts.fuse_process import mount_fstype
+
+NODE_EXEC = str(pathlib.Path(__file__).parent / "cluster" / "node-exec.sh")
+NODES = (1, 2, 3)
+
+
+def node_mounts(k: int, fstype: str = "fuse.hpcmesh") -> list[str]:
+    """The mount points of ``fstype`` in node k's mount namespace."""
+    out = subprocess.run([NODE_EXEC, str(k), "cat", "/proc/self/mountinfo"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    return [line.split()[4] for line in out.splitlines()
+            if line.partition(" - ")[2].startswith(fstype + " ")]
+
+
+class Worker(Actor):
+    @endpoint
+    def seen(self) -> dict:
+        import socket
+        import mounted_pkg
+        importlib.reload(mounted_pkg)
+        return {"host": socket.gethostname(), "prefix": sys.prefix,
+                "python": sys.executable, "pkg": mounted_pkg.__file__,
+                "value": mounted_pkg.VALUE}
+
+
+def test_a_venv_mounted_on_three_nodes_runs_the_actors_and_follows_edits(cluster):
+    venv = _venv(cluster)
+    pkg = pathlib.Path(venv).glob("lib/python3*/site-packages/mounted_pkg/__init__.py")
+    (init,) = list(pkg)
+    init.write_text("VALUE = 1\n")
+    mnt = cluster / "mnt"
+    job = SlurmJob(meshes={"hosts": 3}, job_name=f"{PREFIX}-mount",
+                   log_dir=str(cluster / "logs"), timeout=60, time_limit="10:00")
+    job.remote_mount(venv, mntpoint=str(mnt), python_exe="bin/python")
+    t0 = time.monotonic()
+    state = job.state(cached_path=None)
+    up = time.monotonic() - t0
+    try:
+        (mount,) = state.mounts
+        push = mount.last_push
+        print(f"\n3 nodes mounted in {up:.1f} s (with the job's start); the client uploaded "
+              f"{push.uploaded_bytes} bytes for {push.stored_bytes} stored on the nodes")
+        assert push.stored_bytes == 3 * push.uploaded_bytes > 0
+        assert mount_fstype(str(mnt)) is None             # the login node has no mount
+        for k in NODES:
+            assert node_mounts(k) == [str(mnt)]
+        procs = state.hosts.spawn_procs(per_host={"gpus": 2})
+        workers = procs.spawn("w", Worker)
+        seen = [v for _, v in workers.seen.call().get(timeout=120).items()]
+        assert sorted({s["host"] for s in seen}) == ["node1", "node2", "node3"]
+        for s in seen:
+            assert s["prefix"] == str(mnt)
+            assert s["python"].startswith(str(mnt))
+            assert s["pkg"].startswith(str(mnt) + "/lib/")
+            assert s["value"] == 1
+
+        edit = f"VALUE = 2  # {os.urandom(8).hex()}\n"       # content no store holds yet
+        init.write_text(edit)
+        mount.refresh()
+        assert mount.last_push.uploaded_bytes == len(edit)
+        assert [v["value"] for _, v in workers.seen.call().get(timeout=60).items()] == [2] * 6
+        init.write_text("VALUE = 3  # through state()\n")
+        state = job.state(cached_path=None)
+        fresh = state.hosts.spawn_procs(per_host={"gpus": 1}).spawn("f", Worker)
+        assert [v["value"] for _, v in fresh.seen.call().get(timeout=120).items()] == [3] * 3
+    finally:
+        job.kill()
+    for k in NODES:
+        assert node_mounts(k) == [], f"node{k} still has a mount after kill()"
+
+
+def test_gather_mount_shows_each_nodes_own_directory(cluster):
+    local_only = cluster / "nodelocal"           # a tmpfs in each node's namespace only
+    local_only.mkdir()
+    for k in NODES:
+        subprocess.run([NODE_EXEC, str(k), "mount", "-t", "tmpfs", "-o", "size=8m",
+                        f"hpcm-test-node{k}", str(local_only)], check=True, timeout=30)
+    gathered = cluster / "gathered"
+    job = SlurmJob(meshes={"hosts": 3}, job_name=f"{PREFIX}-gather",
+                   log_dir=str(cluster / "logs"), timeout=60, time_limit="10:00")
+    job.gather_mount(str(local_only / "$SUBDIR"), str(gathered))
+    try:
+        state = job.state(cached_path=None)
+        procs = state.hosts.spawn_procs()
+        w = procs.spawn("w", Writer)
+        w.write.call(str(local_only)).get(timeout=60)
+        assert os.listdir(local_only) == []              # not on the login node
+        assert sorted(os.listdir(gathered)) == ["hosts_0", "hosts_1", "hosts_2"]
+        for i in range(3):
+            assert (gathered / f"hosts_{i}" / "who.txt").read_text() == f"node{i + 1}\n"
+    finally:
+        job.kill()
+        for k in NODES:
+            subprocess.run([NODE_EXEC, str(k), "umount", str(local_only)], timeout=30)
+    assert mount_fstype(str(gathered)) is None
+
+
+class Writer(Actor):
+    @endpoint
+    def write(self, root: str) -> None:
+        """who.txt in root/<this actor's $SUBDIR>: hosts_0 on node1, ..."""
+        import socket
+        from hpcmesh.actor import context
+        from hpcmesh.shapes import subdir_for
+        folder = os.path.join(root, subdir_for(dict(context().actor_instance.rank)))
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "who.txt"), "w") as f:
+            f.write(socket.gethostname() + "\n")
+
+
+def test_a_sigkilled_client_leaves_no_mount_on_any_node(cluster):
+    venv = _venv(cluster)
+    mnt = cluster / "mnt"
+    script = cluster / "client.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        from hpcmesh.job import SlurmJob
+        job = SlurmJob(meshes={{"hosts": 3}}, job_name="{PREFIX}-mountvictim",
+                       log_dir="{cluster / 'logs'}", progress=False, time_limit="10:00")
+        job.remote_mount({venv!r}, mntpoint={str(mnt)!r}, python_exe="bin/python")
+        job.state(cached_path=None)
+        print("READY", job.job_id, flush=True)
+        time.sleep(600)
+    """))
+    env = dict(os.environ, HPCMESH_LEASE_GRACE="3")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), line
+        jid = line.split()[1]
+        assert all(node_mounts(k) == [str(mnt)] for k in NODES)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        t0 = time.monotonic()
+        left = {k: node_mounts(k) for k in NODES}
+        while any(left.values()) and time.monotonic() - t0 < 30:
+            time.sleep(0.2)
+            left = {k: node_mounts(k) for k in NODES}
+        took = time.monotonic() - t0
+        print(f"\nclient SIGKILLed (lease grace 3 s): every node unmounted after {took:.1f} s")
+        assert not any(left.values()), f"mounts left: {left}"
+        while _listed(jid) and time.monotonic() - t0 < 30:
+            time.sleep(0.2)
+        assert not _listed(jid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..file_tree import BLOCK_SIZE, FileTree, file_digest
+from ..file_tree import BLOCK_SIZE, FileTree, file_digest, new_hasher
 from .endpoint import Actor, endpoint
 
 #: blocks a client keeps in flight to a chain's first host (x BLOCK_SIZE bytes)
@@ -44,7 +44,8 @@ class BlobStore:
 
     def __init__(self, root: str):
         self.root = root
-        self._partial: dict[str, int] = {}     # digest -> bytes received so far
+        #: digest -> (bytes received so far, the hash of them while they came in order)
+        self._partial: dict[str, tuple[int, Any]] = {}
         self._lock = threading.Lock()
         os.makedirs(os.path.join(root, "blobs"), mode=0o700, exist_ok=True)
         os.makedirs(os.path.join(root, "partial"), mode=0o700, exist_ok=True)
@@ -59,7 +60,9 @@ class BlobStore:
         return [d for d in digests if not self.has(d)]
 
     def write_block(self, digest: str, offset: int, total: int, data: bytes) -> bool:
-        """Write one block of a blob; True once the blob is complete and in place."""
+        """Write one block of a blob; True once the blob is complete and in place. Blocks
+        that come in order (a chain keeps the sender's order) are hashed as they come; out
+        of order, the whole file is hashed once it is complete."""
         if self.has(digest):
             return True
         part = os.path.join(self.root, "partial", digest)
@@ -70,12 +73,18 @@ class BlobStore:
         finally:
             os.close(fd)
         with self._lock:
-            got = self._partial.get(digest, 0) + len(data)
+            got, hasher = self._partial.get(digest, (0, new_hasher()))
+            if hasher is not None and offset == got:
+                hasher.update(data)
+            else:
+                hasher = None
+            got += len(data)
             if got < total:
-                self._partial[digest] = got
+                self._partial[digest] = (got, hasher)
                 return False
             self._partial.pop(digest, None)
-        if file_digest(part) != digest:
+        actual = hasher.hexdigest() if hasher is not None else file_digest(part)
+        if actual != digest:
             os.unlink(part)
             raise ValueError(f"blob {digest} arrived with other content (the file changed on "
                              f"the client while it was being shipped?): run the push again")
@@ -89,7 +98,10 @@ class BlobReceiver(Actor):
     """One per host: fills the host's BlobStore and passes blocks down the chain."""
 
     def __init__(self, store_root: str | None = None):
-        self.store = BlobStore(store_root or default_store_root())
+        """``store_root``: the store's folder on each host ("{host}" in it becomes the
+        host's name); default ``default_store_root()``."""
+        root = (store_root or default_store_root()).replace("{host}", socket.gethostname())
+        self.store = BlobStore(root)
         self._forwards: list[Any] = []
 
     @endpoint

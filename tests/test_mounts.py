@@ -29,6 +29,10 @@ class Reader(Actor):
             return f.read()
 
     @endpoint
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    @endpoint
     def python(self) -> tuple[str, str]:
         import mounted_pkg
         return sys.prefix, mounted_pkg.__file__
@@ -81,6 +85,7 @@ def test_a_mount_serves_the_tree_read_only_and_refresh_reaches_running_processes
         reader = procs.spawn("r", Reader)
         assert reader.read.call_one(str(mnt / "pkg" / "conf.txt")).get(timeout=30).startswith(
             "version 1")
+        assert reader.exists.call_one(str(mnt / "link")).get(timeout=30)     # now cached
 
         # a second state() with nothing changed moves no data
         job.state(cached_path=None)
@@ -88,6 +93,7 @@ def test_a_mount_serves_the_tree_read_only_and_refresh_reaches_running_processes
         # an edit: only that file travels, the running process sees it, no remount
         (src / "pkg" / "conf.txt").write_text(f"version 2 {tmp_path}\n")
         (src / "new.txt").write_text(f"new {tmp_path}\n")
+        (src / "link").unlink()
         t0 = time.monotonic()
         state = job.state(cached_path=None)
         took = time.monotonic() - t0
@@ -95,6 +101,8 @@ def test_a_mount_serves_the_tree_read_only_and_refresh_reaches_running_processes
         assert reader.read.call_one(str(mnt / "pkg" / "conf.txt")).get(timeout=30).startswith(
             "version 2")
         assert reader.read.call_one(str(mnt / "new.txt")).get(timeout=30) == f"new {tmp_path}\n"
+        assert not reader.exists.call_one(str(mnt / "link")).get(timeout=30)
+        assert sorted(os.listdir(mnt)) == ["big.bin", "new.txt", "pkg"]
         assert _fs_pids(mnt) == fs_pids
         print(f"\nrefresh after an edit: {took * 1000:.0f} ms")
         procs.stop().get(timeout=30)
@@ -243,3 +251,26 @@ def test_gather_mount_shows_each_hosts_directory_read_only(tmp_path):
     finally:
         job.kill()
     assert mount_fstype(str(local)) is None
+
+
+def test_an_exit_action_unmounts_only_the_mount_it_names(tmp_path):
+    """What an agent does once a mount's process is gone (runtime/exit_actions.py): the
+    action names the mount's source, so a newer mount at the same path stays."""
+    import json
+    from hpcmesh.runtime.exit_actions import mounts_at, run_exit_actions
+    src, mnt = _src(tmp_path), tmp_path / "mnt"
+    job = LocalJob().remote_mount(str(src), mntpoint=str(mnt), python_exe=None)
+    job.state(cached_path=None)
+    try:
+        ((fstype, source),) = mounts_at(str(mnt))
+        assert fstype == "fuse.hpcmesh" and source.startswith("hpcmesh-")
+        actions = tmp_path / "p.exit-actions"
+        actions.write_text(json.dumps({"unmount": str(mnt), "source": "hpcmesh-other"}) + "\n")
+        run_exit_actions(str(actions))
+        assert mounts_at(str(mnt)) == [(fstype, source)] and not actions.exists()
+        actions.write_text("not json\n" + json.dumps({"unmount": str(mnt), "source": source})
+                           + "\n")
+        run_exit_actions(str(actions))
+        assert mounts_at(str(mnt)) == []
+    finally:
+        job.kill()

@@ -7,7 +7,9 @@ so what the actors see on each node came through that node's own FUSE mount.
   the running actors after refresh() and by new ones after state();
 - gather_mount shows each node's $SUBDIR directory on the client, from a tmpfs that only
   that node has;
-- after kill(), and after the client is SIGKILLed, no node has a mount left.
+- after kill(), after the client is SIGKILLed, and after scancel (Slurm kills every
+  process of the job at once, fusermount3's auto_unmount helper included) no node has a
+  mount left.
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ NODE_EXEC = str(pathlib.Path(__file__).parent / "cluster" / "node-exec.sh")
 NODES = (1, 2, 3)
 
 
-def node_mounts(k: int, fstype: str = "fuse.hpcmesh") -> list[str]:
-    """The mount points of ``fstype`` in node k's mount namespace."""
+def node_mounts(k: int, under: pathlib.Path, fstype: str = "fuse.hpcmesh") -> list[str]:
+    """The mount points of ``fstype`` below ``under`` (this test's folder: what other runs
+    left on a node is not this test's business) in node k's mount namespace."""
     out = subprocess.run([NODE_EXEC, str(k), "cat", "/proc/self/mountinfo"],
                          capture_output=True, text=True, timeout=30, check=True).stdout
     return [line.split()[4] for line in out.splitlines()
-            if line.partition(" - ")[2].startswith(fstype + " ")]
+            if line.partition(" - ")[2].startswith(fstype + " ")
+            and line.split()[4].startswith(str(under) + "/")]
 
 
 class Worker(Actor):
@@ -71,7 +75,7 @@ def test_a_venv_mounted_on_three_nodes_runs_the_actors_and_follows_edits(cluster
         assert push.stored_bytes == 3 * push.uploaded_bytes > 0
         assert mount_fstype(str(mnt)) is None             # the login node has no mount
         for k in NODES:
-            assert node_mounts(k) == [str(mnt)]
+            assert node_mounts(k, cluster) == [str(mnt)]
         procs = state.hosts.spawn_procs(per_host={"gpus": 2})
         workers = procs.spawn("w", Worker)
         seen = [v for _, v in workers.seen.call().get(timeout=120).items()]
@@ -94,7 +98,7 @@ def test_a_venv_mounted_on_three_nodes_runs_the_actors_and_follows_edits(cluster
     finally:
         job.kill()
     for k in NODES:
-        assert node_mounts(k) == [], f"node{k} still has a mount after kill()"
+        assert node_mounts(k, cluster) == [], f"node{k} still has a mount after kill()"
 
 
 def test_gather_mount_shows_each_nodes_own_directory(cluster):
@@ -157,14 +161,15 @@ def test_a_sigkilled_client_leaves_no_mount_on_any_node(cluster):
         line = proc.stdout.readline()
         assert line.startswith("READY"), line
         jid = line.split()[1]
-        assert all(node_mounts(k) == [str(mnt)] for k in NODES)
+        seen = {k: node_mounts(k, cluster) for k in NODES}
+        assert all(v == [str(mnt)] for v in seen.values()), seen
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         t0 = time.monotonic()
-        left = {k: node_mounts(k) for k in NODES}
+        left = {k: node_mounts(k, cluster) for k in NODES}
         while any(left.values()) and time.monotonic() - t0 < 30:
             time.sleep(0.2)
-            left = {k: node_mounts(k) for k in NODES}
+            left = {k: node_mounts(k, cluster) for k in NODES}
         took = time.monotonic() - t0
         print(f"\nclient SIGKILLed (lease grace 3 s): every node unmounted after {took:.1f} s")
         assert not any(left.values()), f"mounts left: {left}"
@@ -174,3 +179,25 @@ def test_a_sigkilled_client_leaves_no_mount_on_any_node(cluster):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_scancel_of_the_job_leaves_no_mount_on_any_node(cluster):
+    """The agent's exit undoes its processes' mounts (runtime/exit_actions.py): Slurm's kill
+    takes fusermount3 along, so auto_unmount alone would leave dead mounts behind."""
+    venv = _venv(cluster)
+    mnt = cluster / "mnt"
+    job = SlurmJob(meshes={"hosts": 3}, job_name=f"{PREFIX}-mountcancel",
+                   log_dir=str(cluster / "logs"), timeout=60, time_limit="10:00")
+    job.remote_mount(venv, mntpoint=str(mnt), python_exe=None)
+    job.state(cached_path=None)
+    try:
+        assert all(node_mounts(k, cluster) == [str(mnt)] for k in NODES)
+        subprocess.run(["scancel", job.job_id], check=True, timeout=30)
+        t0 = time.monotonic()
+        while _listed(job.job_id) and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        left = {k: node_mounts(k, cluster) for k in NODES}
+        print(f"\nscancel: job gone after {time.monotonic() - t0:.1f} s, mounts left: {left}")
+        assert not any(left.values()), f"mounts left: {left}"
+    finally:
+        job.kill()

@@ -113,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcmesh.mounts.fuse_gather")
     parser.add_argument("--fd", type=int, required=True, help="the client's request socket")
     parser.add_argument("--keys", required=True, help="the hosts' folder names, comma-separated")
+    parser.add_argument("--fsname", required=True, help="the mount's source: unique per mount")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
-    run(make_operations(args.keys.split(","), sock), args.mountpoint, SUBTYPE)
+    run(make_operations(args.keys.split(","), sock), args.mountpoint, SUBTYPE, args.fsname)
     return 0
 
 

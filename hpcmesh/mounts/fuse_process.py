@@ -15,18 +15,19 @@ import shutil
 import subprocess
 import sys
 import threading
+import uuid
 from typing import Callable
 
 from ..errors import HpcmeshError
+from ..runtime.exit_actions import mounts_at, register_unmount, unmount
 
-#: seconds the kernel may cache a lookup or attributes: how long a change may take to show
+#: seconds the kernel may cache that a path does not exist (and, where a filesystem cannot
+#: invalidate what changed, any lookup): how long a new file may take to show
 ATTR_TIMEOUT = 1.0
-
-
-def unmount(mountpoint: str) -> None:
-    """Detach the mount at once (lazily: files still open keep working until closed)."""
-    subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+#: seconds the kernel may cache lookups and attributes of a filesystem that invalidates
+#: what changed itself (``fuse_tree`` on libfuse 3): an hour, so a warm ``import torch``
+#: does not ask the filesystem again for each of its thousands of files
+CACHED_TIMEOUT = 3600.0
 
 
 def _serve_commands(mountpoint: str, on_command: Callable[[str, str], str] | None) -> None:
@@ -42,16 +43,38 @@ def _serve_commands(mountpoint: str, on_command: Callable[[str, str], str] | Non
     unmount(mountpoint)
 
 
-def run(operations, mountpoint: str, subtype: str,
-        on_command: Callable[[str, str], str] | None = None) -> None:
+def invalidator():
+    """A function that drops the kernel's cached lookup, attributes and pages of a path of
+    the filesystem this process serves (libfuse 3's ``fuse_invalidate_path``), or None
+    where libfuse lacks it. Call ``invalidator()`` from inside a filesystem callback (it
+    needs the filesystem's handle, which only a callback's context has)."""
+    import ctypes
+    import mfusepy
+    lib = mfusepy._libfuse
+    if not hasattr(lib, "fuse_invalidate_path"):
+        return None
+    fuse = lib.fuse_get_context().contents.fuse
+    lib.fuse_invalidate_path.argtypes = (ctypes.c_void_p, ctypes.c_char_p)
+    lib.fuse_invalidate_path.restype = ctypes.c_int
+
+    def invalidate(path: str) -> None:
+        lib.fuse_invalidate_path(fuse, path.encode("utf-8", "surrogateescape"))
+    return invalidate
+
+
+def run(operations, mountpoint: str, subtype: str, fsname: str,
+        on_command: Callable[[str, str], str] | None = None,
+        cache_timeout: float = ATTR_TIMEOUT) -> None:
     """Mount ``operations`` read-only at ``mountpoint`` and serve until stdin ends. The
-    operations print ``mounted`` from their ``init`` (the kernel has the mount then)."""
+    operations print ``mounted`` from their ``init`` (the kernel has the mount then).
+    ``cache_timeout``: how long the kernel keeps lookups and attributes (longer only for a
+    filesystem that invalidates what changes)."""
     import mfusepy
     threading.Thread(target=_serve_commands, args=(mountpoint, on_command), daemon=True,
                      name="hpcmesh-fuse-owner").start()
     options = dict(foreground=True, ro=True, default_permissions=True, auto_unmount=True,
-                   fsname="hpcmesh-mount", subtype=subtype, auto_cache=True,
-                   attr_timeout=ATTR_TIMEOUT, entry_timeout=ATTR_TIMEOUT,
+                   fsname=fsname, subtype=subtype, auto_cache=True,
+                   attr_timeout=cache_timeout, entry_timeout=cache_timeout,
                    negative_timeout=ATTR_TIMEOUT)
     if os.getuid() == 0:
         options["allow_other"] = True     # other users' processes on the node may read it
@@ -86,21 +109,9 @@ def fuse_problem() -> str | None:
 
 
 def mount_fstype(path: str) -> str | None:
-    """The filesystem type mounted exactly at ``path`` in this mount namespace, or None."""
-    path = os.path.abspath(path)
-    found = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:                    # the last mount at a path is the one seen there
-            left, _, right = line.partition(" - ")
-            fields = left.split()
-            if len(fields) > 4 and _unescape(fields[4]) == path:
-                found = right.split()[0]
-    return found
-
-
-def _unescape(field: str) -> str:
-    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n") \
-        .replace("\\134", "\\")
+    """The filesystem type mounted at ``path`` in this mount namespace, or None."""
+    found = mounts_at(path)
+    return found[-1][0] if found else None
 
 
 def ready_mount_point(path: str, subtype: str, where: str, what: str) -> None:
@@ -122,15 +133,21 @@ def ready_mount_point(path: str, subtype: str, where: str, what: str) -> None:
 
 
 class FuseProcess:
-    """A filesystem process this side owns: started, waited for, told, stopped."""
+    """A filesystem process this side owns: started, waited for, told, stopped. Its mount's
+    source (``fsname``) is unique, so an unmount can tell this mount from a later one at
+    the same path; where an agent started this process, the agent is asked to unmount it
+    after this process is gone, however it went (``runtime.exit_actions``)."""
 
     def __init__(self, argv: list[str], mountpoint: str, where: str, pass_fds=()):
         self.mountpoint = mountpoint
         self.where = where
-        self.proc = subprocess.Popen([sys.executable, *argv, mountpoint], pass_fds=pass_fds,
+        self.fsname = f"hpcmesh-{uuid.uuid4().hex[:16]}"
+        self.proc = subprocess.Popen([sys.executable, *argv, "--fsname", self.fsname,
+                                      mountpoint], pass_fds=pass_fds,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         self.expect("mounted", "come up")
+        register_unmount(mountpoint, self.fsname)
 
     def answer(self, what: str) -> str:
         """Its next line, within ANSWER_TIMEOUT; MountError with its stderr if none."""

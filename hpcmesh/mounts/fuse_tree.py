@@ -20,7 +20,7 @@ import stat
 import sys
 
 from ..file_tree import DIR, FILE, LINK, FileTree
-from .fuse_process import run
+from .fuse_process import ATTR_TIMEOUT, CACHED_TIMEOUT, invalidator, run
 
 SUBTYPE = "hpcmesh"          # /proc/mounts shows "fuse.hpcmesh": how a stale one is known
 
@@ -37,6 +37,11 @@ def load_tree(path: str) -> FileTree:
     return tree
 
 
+def has_invalidate() -> bool:
+    import mfusepy
+    return hasattr(mfusepy._libfuse, "fuse_invalidate_path")
+
+
 def make_operations(store_root: str, tree: FileTree):
     """The mfusepy Operations over ``tree`` (imported here: the package is optional)."""
     import mfusepy
@@ -46,11 +51,22 @@ def make_operations(store_root: str, tree: FileTree):
 
         def __init__(self):
             self.uid, self.gid = os.getuid(), os.getgid()
+            self.invalidate = None
+            self.view = ({}, {})
             self.reload(tree)
 
         def reload(self, new: FileTree) -> None:
+            """Serve ``new``; drop what the kernel cached of every path that changed or
+            went (a path that is new had no cached entry, only a short negative one)."""
+            old = self.view[0]
             # one assignment: a callback on another thread sees the old view or the new one
             self.view = (new.entries, {k: sorted(v) for k, v in new.children().items()})
+            if self.invalidate is not None:
+                for path, entry in old.items():
+                    if new.entries.get(path) != entry:
+                        self.invalidate("/" + path)
+                for path in new.entries.keys() - old.keys():    # its folder's listing
+                    self.invalidate("/" + path.rpartition("/")[0])
 
         def _entry(self, path: str):
             entry = self.view[0].get(path.strip("/"))
@@ -59,6 +75,7 @@ def make_operations(store_root: str, tree: FileTree):
             return entry
 
         def init(self, path):
+            self.invalidate = invalidator()
             print("mounted", flush=True)
 
         def getattr(self, path, fh=None):
@@ -82,20 +99,18 @@ def make_operations(store_root: str, tree: FileTree):
                 raise mfusepy.FuseOSError(errno.EINVAL)
             return e.target
 
-        def open(self, path, flags):
-            if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
-                raise mfusepy.FuseOSError(errno.EROFS)
+        # No ``open``/``release``: libfuse answers those itself (read-only is enforced by
+        # the ``ro`` mount), which spares a round trip into Python for every file an import
+        # opens; ``read`` opens the blob by path, and only on a page-cache miss.
+        def read(self, path, size, offset, fh):
             e = self._entry(path)
             if e.kind != FILE:
                 raise mfusepy.FuseOSError(errno.EISDIR)
-            return os.open(blob_path(store_root, e.digest), os.O_RDONLY)
-
-        def read(self, path, size, offset, fh):
-            return os.pread(fh, size, offset)
-
-        def release(self, path, fh):
-            os.close(fh)
-            return 0
+            fd = os.open(blob_path(store_root, e.digest), os.O_RDONLY)
+            try:
+                return os.pread(fd, size, offset)
+            finally:
+                os.close(fd)
 
         def statfs(self, path):
             entries = self.view[0]
@@ -111,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpcmesh.mounts.fuse_tree")
     parser.add_argument("--store", required=True, help="the host's blob store folder")
     parser.add_argument("--tree", required=True, help="the pickled FileTree to serve")
+    parser.add_argument("--fsname", required=True, help="the mount's source: unique per mount")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
     ops = make_operations(args.store, load_tree(args.tree))
@@ -120,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             return f"error unknown command {cmd!r}"
         ops.reload(load_tree(arg))
         return "ok"
-    run(ops, args.mountpoint, SUBTYPE, on_command)
+    # this filesystem invalidates what a reload changes, so the kernel may cache the rest
+    run(ops, args.mountpoint, SUBTYPE, args.fsname, on_command,
+        cache_timeout=CACHED_TIMEOUT if has_invalidate() else ATTR_TIMEOUT)
     return 0
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from .exit_actions import VAR as EXIT_ACTIONS_VAR, run_exit_actions
 from . import telemetry_recorder
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
                         build_environment, runs_entry_point)
@@ -47,6 +48,7 @@ class _Proc:
     open_streams: int = 0
     returncode: int | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_actions: str = ""      # the file of what to undo once it is gone (exit_actions)
 
 
 def process_cap_message(label: str, host: str, why: str) -> str:
@@ -177,6 +179,7 @@ class HostAgent:
                     "HPCMESH_SECRET": secret_hex,
                     "HPCMESH_ADVERTISE_HOST": self.advertise_host,
                     "HPCMESH_LEASE_GRACE": str(lease_grace),
+                    EXIT_ACTIONS_VAR: os.path.join(log_dir, f"{name}.exit-actions"),
                 }
                 env = build_environment(cmd, os.environ, bootstrap_vars,
                                         {**self.network_env(), **mesh_env})
@@ -190,7 +193,7 @@ class HostAgent:
                         log.warning("fork server failed (%s); starting %s with exec", e, label)
                 if popen is None:
                     popen = self._exec(cmd, env, label)
-                p = _Proc(name, popen, events)
+                p = _Proc(name, popen, events, exit_actions=bootstrap_vars[EXIT_ACTIONS_VAR])
                 started.append(p)      # first: a failure while watching it still kills it
                 self._watch(p, log_dir)
                 out.append((name, popen.pid, {s: f.name for s, f in p.logs.items()}))
@@ -344,11 +347,14 @@ class HostAgent:
         """The process is gone (stopped, crashed, SIGKILLed): so is whatever it started and
         left in its process group (a subprocess of an actor, its children). The group
         outlives its leader only through such members, so its id cannot have been reused.
-        A program that must outlive the mesh has to leave the group itself (setsid)."""
+        A program that must outlive the mesh has to leave the group itself (setsid). What
+        it left in the host's namespace (a mount) is undone by its exit actions."""
         try:
             os.killpg(p.popen.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        if p.exit_actions:
+            run_exit_actions(p.exit_actions)
 
     def _report_exit(self, p: _Proc) -> None:
         if p.exited.is_set():
@@ -422,5 +428,7 @@ class HostAgent:
             if p.popen.poll() is None:
                 self._kill(p, signal.SIGKILL)
             remove_stack_file(p.popen.pid)    # no exit report comes for these
+            if p.exit_actions:                # nor an exit: undo its leftovers now
+                run_exit_actions(p.exit_actions)
         if self._zygote is not None:
             self._zygote.close()

@@ -21,6 +21,8 @@ import cloudpickle
 from ..runtime.client import expect_exits
 
 DEFAULT_CACHE = ".hpcmesh/job_state.pkl"
+#: what ``enable_*``/``*_mount`` declare on a job: carried to the running job it connects to
+COMPONENTS = ("_admin_config", "_telemetry_config", "_remote_mounts", "_gather_mounts")
 BATCH_MARKER = "HPCMESH_BATCH_JOB"
 
 
@@ -248,8 +250,7 @@ class JobTrait(ABC):
                     remove_cache(cached_path)
         if not job.active:
             job.apply()
-        for service in ("_admin_config", "_telemetry_config", "_remote_mounts",
-                        "_gather_mounts"):
+        for service in COMPONENTS:
             config = self.__dict__.get(service) or job.__dict__.get(service)
             if config is not None:
                 setattr(job, service, config)   # dumped below: a reconnect serves it again
@@ -260,6 +261,11 @@ class JobTrait(ABC):
             job.dump(cached_path)     # after _state(): what it learned (addresses) is kept
         if job is not self:
             self.__dict__.update({k: v for k, v in job.__dict__.items()})
+        return self._job_state(meshes, cached_path)
+
+    def _job_state(self, meshes: dict[str, Any], cached_path: str | None = None) -> JobState:
+        """The JobState of connected ``meshes``: with what ``remote_mount``/``gather_mount``
+        declared made or refreshed, and the services ``enable_*`` asked for started."""
         meshes, mounted = self._apply_mounts(meshes)
         return JobState(meshes, **mounted, **self._start_services(meshes, cached_path))
 

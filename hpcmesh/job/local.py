@@ -124,11 +124,22 @@ class BatchJob(JobTrait):
         self.job.enable_telemetry(self._telemetry_config)
         return self
 
+    def remote_mount(self, source, mntpoint=None, meshes=None, python_exe=".venv/bin/python",
+                     **kwargs) -> "BatchJob":
+        """As ``JobTrait.remote_mount``, for the wrapped job too."""
+        super().remote_mount(source, mntpoint, meshes, python_exe, **kwargs)
+        self.job._remote_mounts = self._remote_mounts
+        return self
+
+    def gather_mount(self, remote_mount_point, local_mount_point, meshes=None) -> "BatchJob":
+        """As ``JobTrait.gather_mount``, for the wrapped job too."""
+        super().gather_mount(remote_mount_point, local_mount_point, meshes)
+        self.job._gather_mounts = self._gather_mounts
+        return self
+
     def state(self, cached_path: str | None = None):
         if in_batch_job():
-            from .base import JobState
-            meshes = self._inner()._state()
-            return JobState(meshes, **self._start_services(meshes))
+            return self._job_state(self._inner()._state())
         return self.job.state(cached_path) if cached_path else self.job.state()
 
     def _spec_key(self) -> Any:

@@ -57,7 +57,7 @@ from ..shapes import Extent, Shape
 from ..slurm.parsing import JobRecord, SlurmParseError, parse_sbatch_parsable
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
-from .base import DEFAULT_CACHE, JobState, JobTrait, try_load
+from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, try_load
 from .local import in_batch_job
 from .progress import Progress
 from . import slurmctl
@@ -701,11 +701,10 @@ class SlurmJob(JobTrait):
             path = os.environ.get("HPCMESH_JOB_STATE")
             running = try_load(path) if path else None
             if isinstance(running, SlurmJob):
-                for service in ("_admin_config", "_telemetry_config"):
+                for service in COMPONENTS:
                     if self.__dict__.get(service) is not None:
                         setattr(running, service, getattr(self, service))
-                meshes = running._state()
-                return JobState(meshes, **running._start_services(meshes))
+                return running._job_state(running._state())
         st = super().state(cached_path)
         if cached_path is not None and self.__dict__.get("_redump"):
             self._redump = False

@@ -201,3 +201,41 @@ def test_scancel_of_the_job_leaves_no_mount_on_any_node(cluster):
         assert not any(left.values()), f"mounts left: {left}"
     finally:
         job.kill()
+
+
+def test_a_client_inside_the_allocation_mounts_too(cluster):
+    """BatchJob's client, run by the job itself (client_script): its state() applies the
+    remote_mount it declares, and its workers run the mounted venv's python."""
+    venv = _venv(cluster)
+    mnt = cluster / "mnt"
+    log_dir = cluster / "logs"
+    client = cluster / "client_in_allocation.py"
+    client.write_text(textwrap.dedent(f"""
+        import sys
+        from hpcmesh.actor import Actor, endpoint
+        from hpcmesh.job import BatchJob, SlurmJob
+
+        class W(Actor):
+            @endpoint
+            def prefix(self):
+                import socket, sys
+                return socket.gethostname(), sys.prefix
+
+        job = BatchJob(SlurmJob(meshes={{"workers": 2}}, job_name="{PREFIX}-mountclient",
+                                log_dir="{log_dir}"))
+        job.remote_mount({venv!r}, mntpoint={str(mnt)!r}, python_exe="bin/python")
+        state = job.state()
+        seen = state.workers.spawn_procs().spawn("w", W).prefix.call().get(timeout=60)
+        print("MOUNTED IN ALLOCATION", sorted(seen.values()), len(state.mounts), flush=True)
+    """))
+    job = SlurmJob(meshes={"workers": 2}, job_name=f"{PREFIX}-mountclient", log_dir=str(log_dir),
+                   progress=False)
+    job.apply(client_script=str(client))
+    deadline = time.monotonic() + 90
+    while _listed(job.job_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _listed(job.job_id), "the job should end when its client script ends"
+    out = open(job.log_paths()[0]).read()
+    want = f"MOUNTED IN ALLOCATION {[('node1', str(mnt)), ('node2', str(mnt))]} 1"
+    assert want in out, out + open(job.log_paths()[0][:-4] + ".err").read()
+    assert all(node_mounts(k, cluster) == [] for k in NODES)

@@ -87,3 +87,15 @@ def test_a_workspace_object_with_dirs_lands_at_the_same_paths(tmp_path):
     (counts,) = result.files[str(src)].values()
     # the destination is the source itself here: every file is already in place
     assert counts["written"] == 4 and (src / MANIFEST).exists()
+
+
+def test_a_file_that_shrinks_while_it_is_shipped_is_named(tmp_path):
+    """Before: the short last block went out and the hosts waited for the rest for ever
+    (the blob never completed, the push reported success)."""
+    from hpcmesh.actor.blob_transfer import blocks_to_send
+    from hpcmesh.file_tree import scan_tree
+    src = _src(tmp_path)
+    tree = scan_tree(str(src))
+    (src / "big.bin").write_bytes(os.urandom(5 << 20))
+    with pytest.raises(ValueError, match="big.bin changed while it was being shipped"):
+        list(blocks_to_send(tree, str(src), sorted(tree.blobs())))

@@ -143,7 +143,7 @@ class PushStats:
     seconds: float = 0.0
 
 
-def _messages(tree: FileTree, root: str, digests: list[str]):
+def blocks_to_send(tree: FileTree, root: str, digests: list[str]):
     """The blocks of ``digests`` read from the client's files, as messages of at most
     ``BLOCK_SIZE`` payload bytes (small files share one; big ones take one per block)."""
     where = tree.paths_of()
@@ -167,6 +167,9 @@ def _messages(tree: FileTree, root: str, digests: list[str]):
                 continue
             for offset in range(0, size, BLOCK_SIZE):
                 data = f.read(BLOCK_SIZE)
+                if len(data) != min(BLOCK_SIZE, size - offset):
+                    raise ValueError(f"{path} changed while it was being shipped (it had "
+                                     f"{size} bytes, now fewer): push again")
                 yield [(digest, offset, size, data)]
     if batch:
         yield batch
@@ -192,7 +195,7 @@ def push_tree(receivers: Any, tree: FileTree, root: str) -> PushStats:
     for ranks, digests in chains.items():
         head, rest = members[ranks[0]], [members[r] for r in ranks[1:]]
         in_flight: collections.deque = collections.deque()
-        for items in _messages(tree, root, digests):
+        for items in blocks_to_send(tree, root, digests):
             in_flight.append(head.put.call_one(items, rest))
             payload = sum(len(i[3]) for i in items)
             stats.uploaded_bytes += payload

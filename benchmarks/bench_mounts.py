@@ -13,7 +13,7 @@ own ``.venv`` (torch included, ~1.4 GB): what a user mounts to spare NFS an impo
    the /tmp every node shares, which no TCP counter sees.)
 2. ``import torch`` on node1, in a fresh interpreter, with the venv's python from the
    mount against the venv itself on local disk: cold (first after the mount came up; local
-   after ``drop_caches``) and warm (median of 5 more).
+   after ``drop_caches``) and warm (median of 5 more each, mount and local alternating).
 3. First start of 3 x 2 processes with their python from the mount (the agent execs it) ->
    every actor answered one call; beside it the same with the agent's own python (forked
    from its fork server: what a job without a mount gets).
@@ -132,6 +132,7 @@ def main() -> int:
         t0 = time.perf_counter()
         state = job.state(cached_path=None)
         out["mount_s"] = time.perf_counter() - t0
+        subprocess.run(["sync"], check=False)   # the GBs just written: not under the timings
         print(f"mount of the venv and the 1 GiB file on 3 nodes: {out['mount_s']:.1f} s",
               flush=True)
 
@@ -158,9 +159,13 @@ def main() -> int:
         drop_caches()
         out["import_torch_local_cold_s"] = probe.import_torch.call_one(local_python).get(
             timeout=300)
-        for where, python in (("mount", mounted_python), ("local", local_python)):
-            out[f"import_torch_{where}_warm_s"] = statistics.median(
-                probe.import_torch.call_one(python).get(timeout=300) for _ in range(5))
+        warm: dict[str, list[float]] = {"mount": [], "local": []}
+        for _ in range(5):          # alternating, so the machine's drift hits both alike
+            for where, python in (("mount", mounted_python), ("local", local_python)):
+                warm[where].append(probe.import_torch.call_one(python).get(timeout=300))
+        for where, times in warm.items():
+            out[f"import_torch_{where}_warm_s"] = statistics.median(times)
+            out[f"import_torch_{where}_warm_all_s"] = times
         for k in ("cold", "warm"):
             out[f"import_torch_{k}_ratio"] = (out[f"import_torch_mount_{k}_s"] /
                                              out[f"import_torch_local_{k}_s"])

@@ -99,3 +99,20 @@ def test_a_file_that_shrinks_while_it_is_shipped_is_named(tmp_path):
     (src / "big.bin").write_bytes(os.urandom(5 << 20))
     with pytest.raises(ValueError, match="big.bin changed while it was being shipped"):
         list(blocks_to_send(tree, str(src), sorted(tree.blobs())))
+
+
+def test_a_folder_that_became_a_link_out_of_the_destination_is_not_followed(tmp_path):
+    """Files the sync wrote under data/ are not deleted through data -> elsewhere/."""
+    src, dst = _src(tmp_path), tmp_path / "dst"
+    (src / "data").mkdir()
+    (src / "data" / "x.txt").write_text(f"x {tmp_path}\n")
+    _sync(src, dst)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "x.txt").write_text("precious\n")
+    (src / "data" / "x.txt").unlink()
+    (src / "data").rmdir()
+    os.symlink(str(elsewhere), src / "data")
+    _sync(src, dst)
+    assert (elsewhere / "x.txt").read_text() == "precious\n"
+    assert os.readlink(dst / "data") == str(elsewhere)

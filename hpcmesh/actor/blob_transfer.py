@@ -16,9 +16,11 @@ from __future__ import annotations
 import collections
 import os
 import socket
+import stat
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,18 @@ class BlobStore:
         #: digest -> (bytes received so far, the hash of them while they came in order)
         self._partial: dict[str, tuple[int, Any]] = {}
         self._lock = threading.Lock()
+        self._writer = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"   # partial files: this one's
+        os.makedirs(root, mode=0o700, exist_ok=True)
+        st = os.lstat(root)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            # a store somebody else controls could hand this user's processes their files
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a directory"
+            raise PermissionError(
+                f"blob store {root} must be a directory of this user (uid {os.getuid()}), "
+                f"not a link; it is {kind} owned by uid {st.st_uid}. Set {CACHE_VAR} to a "
+                f"folder of your own")
+        if st.st_mode & 0o077:
+            os.chmod(root, 0o700)       # ours: nobody else may open it
         os.makedirs(os.path.join(root, "blobs"), mode=0o700, exist_ok=True)
         os.makedirs(os.path.join(root, "partial"), mode=0o700, exist_ok=True)
 
@@ -65,14 +79,19 @@ class BlobStore:
         of order, the whole file is hashed once it is complete."""
         if self.has(digest):
             return True
-        part = os.path.join(self.root, "partial", digest)
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o600)
+        # a partial file of this writer's own: two pushes of one blob (two clients sharing
+        # a store) never write into each other's; a push starts again at offset 0
+        part = os.path.join(self.root, "partial", f"{digest}.{self._writer}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_TRUNC if offset == 0 else 0)
+        fd = os.open(part, flags, 0o600)
         try:
             if data:
                 os.pwrite(fd, data, offset)
         finally:
             os.close(fd)
         with self._lock:
+            if offset == 0:
+                self._partial.pop(digest, None)
             got, hasher = self._partial.get(digest, (0, new_hasher()))
             if hasher is not None and offset == got:
                 hasher.update(data)

@@ -39,13 +39,40 @@ def materialize(store_path, tree: FileTree, dest: str) -> dict[str, int]:
     except (FileNotFoundError, ValueError):
         before = {}
     counts = {"written": 0, "unchanged": 0, "removed": 0}
+    real_dest = os.path.realpath(dest)
+
+    def inside(path: str) -> bool:
+        """Is ``path``'s folder really under dest (no symlink on the way out of it)?"""
+        parent = os.path.dirname(path)
+        want = os.path.join(real_dest, parent) if parent else real_dest
+        return os.path.realpath(os.path.join(dest, parent)) == want
+
+    # what went first, deepest first, and never through a symlink out of dest
+    gone = sorted((p for p in before if p not in tree.entries), reverse=True)
+    for path in gone:
+        full = os.path.join(dest, path)
+        try:
+            if not inside(path):
+                continue
+            if before[path][0] == DIR and not os.path.islink(full):
+                os.rmdir(full)                          # only if empty: never user files
+            else:
+                os.unlink(full)
+            counts["removed"] += 1
+        except OSError:
+            pass
     now: dict[str, list] = {}
     for path in sorted(tree.entries):
         e = tree.entries[path]
         full = os.path.join(dest, path) if path else dest
         record = [e.kind, e.digest, e.target, e.mode]
         now[path] = record
+        if path and not inside(path):
+            raise RuntimeError(f"sync_workspace: {os.path.dirname(full)} on this host leads "
+                               f"out of {dest} through a symlink; remove it and sync again")
         if e.kind == DIR:
+            if os.path.islink(full):
+                os.unlink(full)                         # a link became a folder
             os.makedirs(full, exist_ok=True)
             continue
         if before.get(path) == record and os.path.lexists(full) and (
@@ -53,7 +80,12 @@ def materialize(store_path, tree: FileTree, dest: str) -> dict[str, int]:
             counts["unchanged"] += 1
             continue
         if os.path.isdir(full) and not os.path.islink(full):
-            shutil.rmtree(full)
+            try:
+                os.rmdir(full)                          # a folder became a file or link
+            except OSError:
+                raise RuntimeError(f"sync_workspace: {full} on this host is a folder that "
+                                   f"holds files the sync did not write, and the client "
+                                   f"has a file there now; move them away") from None
         tmp = os.path.join(os.path.dirname(full), f".{os.path.basename(full)}.hpcmesh-tmp")
         if os.path.lexists(tmp):
             os.unlink(tmp)
@@ -65,17 +97,6 @@ def materialize(store_path, tree: FileTree, dest: str) -> dict[str, int]:
             os.utime(tmp, ns=(e.mtime_ns, e.mtime_ns))   # as on the client: pyc checks agree
         os.replace(tmp, full)
         counts["written"] += 1
-    gone = sorted((p for p in before if p not in tree.entries), reverse=True)
-    for path in gone:                                   # deepest first: files, then dirs
-        full = os.path.join(dest, path)
-        try:
-            if before[path][0] == DIR:
-                os.rmdir(full)                          # only if empty: never user files
-            else:
-                os.unlink(full)
-            counts["removed"] += 1
-        except OSError:
-            pass
     for path in sorted((p for p, e in tree.entries.items() if e.kind == DIR), reverse=True):
         os.chmod(os.path.join(dest, path) if path else dest, tree.entries[path].mode | 0o200)
     tmp = f"{manifest_path}.tmp"

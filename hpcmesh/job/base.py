@@ -172,14 +172,15 @@ class JobTrait(ABC):
             fields["gathers"] = apply_gathers(self.apply_id, gathers, meshes)
         return meshes, fields
 
-    def _close_mounts(self) -> None:
+    def _close_mounts(self, ask_hosts: bool) -> None:
+        """End this client's mounts of the job. ``ask_hosts``: unmount on the hosts and stop
+        the mount processes; without it (the kill ends them anyway) only this client's own
+        side goes, and the agents unmount what their processes mounted when they exit."""
         if self.__dict__.get("_remote_mounts") or self.__dict__.get("_gather_mounts"):
             from ..mounts.gather import close_gathers
             from ..mounts.remote_mount import close_mounts
-            try:
-                close_gathers(self.apply_id)
-            finally:
-                close_mounts(self.apply_id)
+            close_gathers(self.apply_id, ask_hosts)
+            close_mounts(self.apply_id, ask_hosts)
 
     def _start_services(self, meshes: dict[str, Any] | None = None,
                         cached_path: str | None = None) -> dict[str, Any]:
@@ -275,7 +276,9 @@ class JobTrait(ABC):
         if self.kill_ends_processes:
             expect_exits(self.__dict__.get("_live_agent_ids", set()))
         try:
-            self._close_mounts()
+            # first where the hosts outlive the job (their mounts must go now); else the
+            # kill itself takes them, and dead hosts cannot hold it up
+            self._close_mounts(ask_hosts=not self.kill_ends_processes)
         finally:
             self._kill()
 

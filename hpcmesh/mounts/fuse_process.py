@@ -14,12 +14,13 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from typing import Callable
 
 from ..errors import HpcmeshError
-from ..runtime.exit_actions import mounts_at, register_unmount, unmount
+from ..runtime.exit_actions import mounts_at, register_unmount, unmount, unmount_if_ours
 
 #: seconds the kernel may cache that a path does not exist (and, where a filesystem cannot
 #: invalidate what changed, any lookup): how long a new file may take to show
@@ -30,7 +31,8 @@ ATTR_TIMEOUT = 1.0
 CACHED_TIMEOUT = 3600.0
 
 
-def _serve_commands(mountpoint: str, on_command: Callable[[str, str], str] | None) -> None:
+def _serve_commands(mountpoint: str, fsname: str,
+                    on_command: Callable[[str, str], str] | None) -> None:
     for line in sys.stdin:
         cmd, _, arg = line.strip().partition(" ")
         if on_command is None:
@@ -40,7 +42,7 @@ def _serve_commands(mountpoint: str, on_command: Callable[[str, str], str] | Non
         except Exception as e:  # noqa: BLE001 - answered to the owner, which raises it
             answer = f"error {type(e).__name__}: {e}"
         print(answer, flush=True)
-    unmount(mountpoint)
+    unmount_if_ours(mountpoint, fsname)
 
 
 def invalidator():
@@ -70,7 +72,7 @@ def run(operations, mountpoint: str, subtype: str, fsname: str,
     ``cache_timeout``: how long the kernel keeps lookups and attributes (longer only for a
     filesystem that invalidates what changes)."""
     import mfusepy
-    threading.Thread(target=_serve_commands, args=(mountpoint, on_command), daemon=True,
+    threading.Thread(target=_serve_commands, args=(mountpoint, fsname, on_command), daemon=True,
                      name="hpcmesh-fuse-owner").start()
     options = dict(foreground=True, ro=True, default_permissions=True, auto_unmount=True,
                    fsname=fsname, subtype=subtype, auto_cache=True,
@@ -142,10 +144,13 @@ class FuseProcess:
         self.mountpoint = mountpoint
         self.where = where
         self.fsname = f"hpcmesh-{uuid.uuid4().hex[:16]}"
+        # stderr to a file, not a pipe: a long-lived filesystem that logs would otherwise
+        # block once the pipe is full, and the mount with it
+        self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, *argv, "--fsname", self.fsname,
                                       mountpoint], pass_fds=pass_fds,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+                                     stderr=self.stderr)
         self.expect("mounted", "come up")
         register_unmount(mountpoint, self.fsname)
 
@@ -159,8 +164,9 @@ class FuseProcess:
             return line
         if proc.poll() is None:
             proc.kill()
-        err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
         proc.wait()
+        self.stderr.seek(0)
+        err = self.stderr.read().decode(errors="replace").strip()
         raise MountError(f"the FUSE filesystem at {self.mountpoint} on {self.where} did not "
                          f"{what} within {ANSWER_TIMEOUT:g} s (exit status {proc.returncode})"
                          f": {err[-2000:] or 'no output'}")
@@ -186,4 +192,5 @@ class FuseProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-            unmount(self.mountpoint)
+            unmount_if_ours(self.mountpoint, self.fsname)
+        self.stderr.close()

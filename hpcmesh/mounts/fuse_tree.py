@@ -99,18 +99,24 @@ def make_operations(store_root: str, tree: FileTree):
                 raise mfusepy.FuseOSError(errno.EINVAL)
             return e.target
 
-        # No ``open``/``release``: libfuse answers those itself (read-only is enforced by
-        # the ``ro`` mount), which spares a round trip into Python for every file an import
-        # opens; ``read`` opens the blob by path, and only on a page-cache miss.
-        def read(self, path, size, offset, fh):
+        # A file opened keeps the blob it had when it was opened, whatever a refresh does
+        # to its path meanwhile: a running process that mapped a .so must not see its
+        # pages change under it. (Answering opens in libfuse instead, and reading by
+        # path, was faster on a warm import, but wrong in exactly that case.)
+        def open(self, path, flags):
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+                raise mfusepy.FuseOSError(errno.EROFS)
             e = self._entry(path)
             if e.kind != FILE:
                 raise mfusepy.FuseOSError(errno.EISDIR)
-            fd = os.open(blob_path(store_root, e.digest), os.O_RDONLY)
-            try:
-                return os.pread(fd, size, offset)
-            finally:
-                os.close(fd)
+            return os.open(blob_path(store_root, e.digest), os.O_RDONLY)
+
+        def read(self, path, size, offset, fh):
+            return os.pread(fh, size, offset)
+
+        def release(self, path, fh):
+            os.close(fh)
+            return 0
 
         def statfs(self, path):
             entries = self.view[0]

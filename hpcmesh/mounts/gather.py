@@ -11,6 +11,7 @@ calling those actors.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
 import stat
@@ -24,6 +25,8 @@ from ..shapes import Point, subdir_for
 from .fuse_gather import SUBTYPE, recv_frame, send_frame
 from .fuse_process import FuseProcess, MountError, fuse_problem, ready_mount_point
 from .remote_mount import START_TIMEOUT, chosen_meshes, hosts_of, mesh_names
+
+log = logging.getLogger("hpcmesh.mounts")
 
 #: seconds one request to a host may take before the read fails with EIO
 REQUEST_TIMEOUT = 30.0
@@ -175,7 +178,8 @@ class GatherMount:
             except OSError:
                 return
 
-    def close(self) -> None:
+    def close(self, ask_hosts: bool = True) -> None:
+        """Unmount on this client; stop the hosts' processes too with ``ask_hosts``."""
         fs, procs, sock = self.fs, self._procs, self._sock
         self.fs = self._procs = self._sock = None
         try:
@@ -184,7 +188,7 @@ class GatherMount:
         finally:
             if sock is not None:
                 sock.close()
-            if procs is not None:
+            if procs is not None and ask_hosts:
                 procs.stop().get(timeout=60)
 
     def __repr__(self) -> str:
@@ -213,9 +217,14 @@ def apply_gathers(job_id: str | None, specs: list[GatherMountSpec],
     return out
 
 
-def close_gathers(job_id: str | None) -> None:
+def close_gathers(job_id: str | None, ask_hosts: bool = True) -> None:
+    """Unmount every gather mount of the job on this client (failures logged, the rest go
+    on); ``ask_hosts``: stop the hosts' GatherActors too."""
     with _LIVE_LOCK:
         mounts = [_LIVE.pop(k) for k in [k for k in _LIVE if k[0] == job_id]]
     for m in mounts:
-        m.close()
+        try:
+            m.close(ask_hosts)
+        except Exception as e:  # noqa: BLE001 - close the rest
+            log.warning("unmounting %s failed: %s", m, e)
 

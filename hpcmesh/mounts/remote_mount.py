@@ -195,16 +195,16 @@ def apply_mounts(job_id: str | None, specs: list[RemoteMountSpec],
     return out, live
 
 
-def close_mounts(job_id: str | None) -> None:
-    """Unmount every live mount this client made for the job ``job_id``."""
+def close_mounts(job_id: str | None, ask_hosts: bool = True) -> None:
+    """End every live mount this client made for the job ``job_id``: unmounted on the hosts
+    (``ask_hosts``), or only forgotten (the job's end takes the mount processes, and their
+    agents unmount). Failures are logged: ending a job must go on."""
     with _LIVE_LOCK:
-        mine = [k for k in _LIVE if k[0] == job_id]
-        mounts = [_LIVE.pop(k) for k in mine]
-    errors = []
+        mounts = [_LIVE.pop(k) for k in [k for k in _LIVE if k[0] == job_id]]
     for m in mounts:
+        if not ask_hosts:
+            continue
         try:
             m.close()
-        except Exception as e:  # noqa: BLE001 - close the rest, then report
-            errors.append(f"{m}: {e}")
-    if errors:
-        raise RuntimeError("unmounting failed on " + "; ".join(errors))
+        except Exception as e:  # noqa: BLE001 - close the rest
+            log.warning("unmounting %s failed: %s", m, e)

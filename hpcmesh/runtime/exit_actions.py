@@ -50,6 +50,13 @@ def unmount(path: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def unmount_if_ours(path: str, source: str) -> None:
+    """Unmount ``path`` if the mount there has ``source``: a mount that somebody else made
+    at the same path since (a reconnected client) is not ours to take down."""
+    if any(src == source for _, src in mounts_at(path)):
+        unmount(path)
+
+
 def register_unmount(path: str, source: str) -> bool:
     """Have this process's agent unmount ``path`` after this process is gone, if the mount
     there still has ``source``. False when no agent started this process."""
@@ -79,9 +86,7 @@ def run_exit_actions(actions: str) -> None:
     for line in lines:
         try:
             action = json.loads(line)
-            path = action["unmount"]
-            if any(source == action["source"] for _, source in mounts_at(path)):
-                unmount(path)
+            unmount_if_ours(action["unmount"], action["source"])
         except Exception as e:  # noqa: BLE001 - one bad action must not keep the rest
             log.warning("exit action %r of %s failed: %s", line.strip(), actions, e)
     try:

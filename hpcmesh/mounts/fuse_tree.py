@@ -3,8 +3,9 @@
 It runs as a process of its own (``python -m hpcmesh.mounts.fuse_tree``), started and
 owned by the host's ``MountActor`` through its stdin (``fuse_process``): it prints
 ``mounted`` once the kernel has the mount; ``reload PATH`` swaps in the tree pickled at
-PATH (no remount: open files keep their blob, new lookups see the new tree within
-``ATTR_TIMEOUT``) and is answered ``ok``; the end of stdin unmounts.
+PATH (no remount: open files keep their blob; what the kernel cached of changed or removed
+paths is dropped at once, new paths show within ``ATTR_TIMEOUT``) and is answered ``ok``;
+the end of stdin unmounts.
 
 Library: mfusepy (the maintained fork of fusepy: ctypes over libfuse 3 or 2, no compiler,
 a wheel of pure Python) with Debian's ``fuse3`` for ``fusermount3``.

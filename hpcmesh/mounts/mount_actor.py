@@ -17,7 +17,7 @@ from ..actor.blob_transfer import BlobReceiver
 from ..actor.endpoint import endpoint
 from ..file_tree import FileTree
 from .fuse_process import ATTR_TIMEOUT, FuseProcess, MountError, fuse_problem, \
-    mount_fstype, ready_mount_point
+    ready_mount_point
 from .fuse_tree import SUBTYPE
 
 
@@ -69,10 +69,6 @@ class MountActor(BlobReceiver):
             raise MountError(f"host {self.host} has no mount to refresh")
         self.fs.command(f"reload {self._write_tree(tree)}", "answer a reload")
         time.sleep(ATTR_TIMEOUT)
-
-    @endpoint
-    def mounted(self) -> bool:
-        return self.fs is not None and mount_fstype(self.fs.mountpoint) == f"fuse.{SUBTYPE}"
 
     @endpoint
     def unmount(self) -> None:

@@ -90,41 +90,74 @@ def test_a_flood_of_idle_connections_neither_spins_nor_floods_the_log(tmp_path, 
         err.close()
 
 
-def test_attach_waits_out_an_agent_at_its_handshake_cap(tmp_path):
-    # with MAX_UNAUTHENTICATED idle connections in their handshake, the agent closes new
-    # ones at once (they see a reset): attach_to_workers takes that as "busy" and tries
-    # again within its timeout, instead of failing at once
+@pytest.mark.parametrize("speak", [False, True])
+def test_a_flood_kept_up_longer_than_the_attach_timeout_does_not_keep_a_client_out(
+        tmp_path, speak):
+    # A flooder keeps MAX_UNAUTHENTICATED + 8 connections in their handshake all along,
+    # opening a new one for each the agent closes: idle ones (speak=False), or ones that
+    # send the handshake's first message and stall (speak=True). Before, the agent refused
+    # every newcomer at its cap, so a client with the secret stayed out for as long as the
+    # flood went on; now the oldest pending connection makes room for it.
     import threading
 
     from hpcmesh.transport.connection import MAX_UNAUTHENTICATED
+    from hpcmesh.transport.handshake import MAGIC, NONCE
     secret = os.urandom(32)
     agent, addr = _start_agent(tmp_path, secret, stderr=subprocess.DEVNULL)
-    flood: list[socket.socket] = []
-    try:
-        host, port = addr[len("tcp://"):].rsplit(":", 1)
-        for _ in range(MAX_UNAUTHENTICATED + 8):
-            flood.append(socket.create_connection((host, int(port)), timeout=5))
-        time.sleep(0.5)
-        result: dict = {}
+    host, port = addr[len("tcp://"):].rsplit(":", 1)
+    stop = threading.Event()
+    opened = [0]
 
-        def attach():
-            try:
-                result["hosts"] = attach_to_workers([addr], secret=secret, timeout=20)
-            except Exception as e:  # noqa: BLE001 - the assertion below shows it
-                result["error"] = e
-        t = threading.Thread(target=attach)
+    def flood():
+        held: list[socket.socket] = []
+        try:
+            while not stop.is_set():
+                for s in [s for s in held if _closed_by_peer(s)]:
+                    held.remove(s)
+                    s.close()
+                while len(held) < MAX_UNAUTHENTICATED + 8 and not stop.is_set():
+                    s = socket.create_connection((host, int(port)), timeout=5)
+                    if speak:
+                        s.sendall(MAGIC + os.urandom(NONCE))
+                    held.append(s)
+                    opened[0] += 1
+                time.sleep(0.01)
+        finally:
+            for s in held:
+                s.close()
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    try:
+        time.sleep(1.0)                     # the agent is at its cap, and stays there
         t0 = time.monotonic()
-        t.start()
-        time.sleep(1.5)                      # attach is being turned away meanwhile
-        for s in flood:
-            s.close()
-        flood.clear()
-        t.join(25)
-        assert "error" not in result, result.get("error")
-        assert len(result["hosts"].hostnames) == 1
-        assert time.monotonic() - t0 >= 1.5     # it did wait for the flood to end
+        hosts = attach_to_workers([addr], secret=secret, timeout=5)
+        procs = hosts.spawn_procs({"p": 1})
+        assert procs.spawn("pid", Pid).pid.call_one().get(timeout=30) > 0
+        took = time.monotonic() - t0
+        procs.stop().get(timeout=30)
+        assert flooder.is_alive(), "the flood ended before the client was in"
+        print(f"\nattach + spawn + call under a flood of {'stalled' if speak else 'idle'} "
+              f"connections: {took:.2f} s ({opened[0]} flood connections opened)")
+        assert opened[0] > MAX_UNAUTHENTICATED + 8, "the agent never made room"
     finally:
-        for s in flood:
-            s.close()
+        stop.set()
+        flooder.join(10)
         agent.kill()
         agent.wait()
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    """Has the agent closed this flood connection (an EOF or its BUSY in what it sent)?"""
+    from hpcmesh.transport.handshake import BUSY
+    s.setblocking(False)
+    try:
+        while True:
+            data = s.recv(4096)
+            if not data or BUSY in data:
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        s.setblocking(True)

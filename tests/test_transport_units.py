@@ -145,6 +145,26 @@ def test_big_buffers_are_read_into_their_own_bytearray():
     assert bytes(fr.buffers[0]) == big and fr.buffers[1] == big
 
 
+def test_a_buffer_that_cannot_be_allocated_drops_its_frame_and_the_next_ones_arrive(
+        monkeypatch):
+    from hpcmesh.transport import framing
+    real = framing.alloc_writable
+
+    def refuse_the_big_one(size, readonly):
+        if size == 5 * DIRECT_READ_THRESHOLD:
+            raise MemoryError
+        return real(size, readonly)
+    monkeypatch.setattr(framing, "alloc_writable", refuse_the_big_one)
+    big, ok = os.urandom(5 * DIRECT_READ_THRESHOLD), os.urandom(2 * DIRECT_READ_THRESHOLD)
+    wire = (_wire(b"before", [ok]) + _wire(b"dropped", [ok, big, b"tail"])
+            + _wire(b"after", [ok]))
+    frames = FrameDecoder(chunk=4096).feed(wire)
+    assert [(bytes(f.meta), f.dropped) for f in frames] == [
+        (b"before", 0), (b"dropped", len(big)), (b"after", 0)]
+    assert frames[1].buffers == []
+    assert bytes(frames[0].buffers[0]) == ok and bytes(frames[2].buffers[0]) == ok
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), cuts=st.lists(st.integers(1, 300_000), max_size=30))
 def test_mixed_readonly_and_writable_buffers_in_random_chunks(seed, cuts):

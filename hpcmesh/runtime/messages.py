@@ -20,6 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import HpcmeshError
 from ..transport import serialization
 from ..transport.framing import check_frame_limits
 
@@ -102,6 +103,11 @@ CHECK_LIMITS_OVER = 1 << 20
 class ReplyNotSent(serialization.SerializationError):
     """A result that could not be pickled or framed for its caller (the call fails with
     this; the connection and the actor are unharmed)."""
+
+
+class MessageNotReceived(HpcmeshError, MemoryError):
+    """A call's arguments or a result arrived with a buffer this process could not allocate
+    (out of memory): that one call fails with this; the connection goes on."""
 
 
 def encode_result(port_id: int, value: Any, what: str = "result") -> tuple[bytes, list]:

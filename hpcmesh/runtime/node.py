@@ -36,7 +36,7 @@ from .loop import yield_core as _yield_core     # a module global: tests count t
 from ..transport.framing import FrameError, check_frame_limits
 from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
                        MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
-                       ReplyNotSent,
+                       MessageNotReceived, ReplyNotSent,
                        call_msg, deliver_msg, describe_exception,
                        encode_result, fail_msg, frozen_size, hello_msg, rpc_msg)
 
@@ -516,6 +516,10 @@ class Node:
 
     def _handle_frames(self, conn: Connection, frames: list) -> None:
         for fr in frames:
+            if fr.dropped:
+                if not self._fail_dropped(conn, fr):
+                    return
+                continue
             try:
                 if fr.count == 1:
                     msgs = (serialization.loads(fr.meta, fr.buffers),)
@@ -546,6 +550,37 @@ class Node:
                     self._dispatch(msg, origin, fr.buffers)
                 except Exception:  # noqa: BLE001 - a bad message must not kill the node
                     log.exception("error handling a message from %s", conn.peer)
+
+    def _fail_dropped(self, conn: Connection, fr) -> bool:
+        """A frame whose buffer could not be allocated here (the decoder read past it): fail
+        the one call or result it carried. Its envelope holds no buffers for calls and
+        results (their payload is pickled apart), so it still says whom to tell. Any other
+        message cannot be answered: the connection closes, naming why. False if closed."""
+        here = self.name or self.role
+        what = (f"a buffer of {fr.dropped} bytes could not be allocated on {here} (host "
+                f"{socket.gethostname()}, pid {os.getpid()}): out of memory")
+        try:
+            msg = serialization.loads(fr.meta) if fr.count == 1 else None
+        except Exception:  # noqa: BLE001 - its envelope needed the buffers: not a call
+            msg = None
+        origin = conn.info.get("peer_id")
+        if type(msg) is tuple and len(msg) >= 5 and msg[0] == MSG_CALL:
+            log.warning("call of %s from %s not run: %s", msg[2], self._peer_name(origin), what)
+            self.reply_to(origin, msg[4], Failure(MessageNotReceived(
+                f"the arguments of {msg[2]} did not arrive: {what}; the call was not run "
+                f"(send smaller pieces, or give that process more memory)")))
+            return True
+        if type(msg) is tuple and len(msg) == 3 and msg[0] == MSG_RESULT:
+            log.warning("a result from %s dropped: %s", self._peer_name(origin), what)
+            self._deliver_local(msg[1], Failure(MessageNotReceived(
+                f"the result from {self._peer_name(origin)} did not arrive: {what} (return "
+                f"smaller pieces, or give this process more memory)")))
+            return True
+        err = ConnectionClosed(f"out of memory reading from {conn.peer}: {what}; the "
+                               f"connection is closed")
+        log.warning("%s", err)
+        conn.close(err)
+        return False
 
     def _on_hello(self, conn: Connection, msg: tuple) -> None:
         _, peer_id, addresses, info = msg

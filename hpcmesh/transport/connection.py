@@ -146,14 +146,12 @@ class Connection:
             self.close(e)
             return
         except MemoryError:
-            # A buffer the peer announced cannot be allocated here. The decoder cannot skip
-            # it (it would try again on every read, for ever, logging each time): close the
-            # connection, so what waits on it fails with this reason instead of hanging.
-            wanted = self._decoder.unallocatable or "?"
+            # Not a frame's buffer (the decoder drops a frame whose buffer cannot be had,
+            # and the node fails the one message): the decoder's own memory. Close, so what
+            # waits on this connection fails with the reason instead of hanging.
             err = ConnectionClosed(
-                f"out of memory reading from {self.peer}: a frame buffer of {wanted} bytes "
-                f"could not be allocated; the connection is closed (send smaller pieces, or "
-                f"give this process more memory)")
+                f"out of memory reading from {self.peer}: the connection is closed (send "
+                f"smaller pieces, or give this process more memory)")
             log.warning("%s", err)
             if frames:                    # whole frames read before it still count
                 self._on_frames(self, frames)
@@ -177,8 +175,6 @@ class Connection:
             if n == 0:
                 return False
             frames.extend(dec.advance(n))
-            if dec.unallocatable:
-                raise MemoryError
             if n < view.nbytes:
                 break
         return True
@@ -203,8 +199,6 @@ class Connection:
                     if n == 0:
                         break
                     frames.extend(dec.advance(n))
-            if dec.unallocatable:
-                raise MemoryError
             if got < _TLS_READ:
                 break
         return True
@@ -629,7 +623,9 @@ class Listener:
         sock.listen(1024)
         sock.setblocking(False)
         self.sock = sock
-        self._unauthenticated = 0           # accepted, handshake not finished
+        #: Accepted connections whose handshake is not finished, oldest first.
+        self._in_handshake: dict[asyncio.Task, socket.socket] = {}
+        self._spoke: set[asyncio.Task] = set()      # of those, the ones that sent a byte
         self._refused = 0                   # turned away since the last log line
         self._last_log = -1e9
         self._paused = False
@@ -650,18 +646,30 @@ class Listener:
                 else:
                     log.warning("accept failed on %s: %s", self.address, e)
                 return
-            if self._unauthenticated >= MAX_UNAUTHENTICATED:
-                try:
-                    conn.send(BUSY)     # so that a real dialer knows to try again
-                except OSError:
-                    pass
-                conn.close()        # no secret needed to get this far: a bound, not a queue
-                self._note_refused(f"{MAX_UNAUTHENTICATED} connections are still in their "
-                                   f"handshake")
-                continue
+            if len(self._in_handshake) >= MAX_UNAUTHENTICATED:
+                self._evict_one()
             _tune(conn)
-            self._unauthenticated += 1
-            self.loop.create_task(self._authenticate(conn, peer))
+            task = self.loop.create_task(self._authenticate(conn, peer))
+            self._in_handshake[task] = conn
+
+    def _evict_one(self) -> None:
+        """At the cap of connections in their handshake, make room for the new one by
+        closing the oldest that has not sent a byte (a dialer speaks first, at once: a
+        silent one is a probe or a flood), else the oldest of all. Refusing the newcomer
+        instead would let anyone who keeps MAX_UNAUTHENTICATED idle connections open keep
+        every real dialer out; this way a flood only shortens each connection's time to
+        finish its handshake (MAX_UNAUTHENTICATED connections' worth of arrivals)."""
+        victim = next((t for t in self._in_handshake if t not in self._spoke),
+                      next(iter(self._in_handshake)))
+        sock = self._in_handshake.pop(victim)
+        if self.address.scheme != "tcp" or self._tls_ctx() is None:   # not inside TLS
+            try:
+                sock.send(BUSY)     # should it be a real dialer: it will try again
+            except OSError:
+                pass
+        victim.cancel()
+        self._note_refused(f"{MAX_UNAUTHENTICATED} connections are in their handshake; "
+                           f"closing the oldest")
 
     def _note_refused(self, why: str) -> None:
         """Count a turned-away connection; log at most once per LOG_INTERVAL."""
@@ -691,10 +699,12 @@ class Listener:
 
     async def _authenticate(self, sock: socket.socket, peer) -> None:
         name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or str(self.address))
+        me = asyncio.current_task()
         deadline = self.loop.time() + HANDSHAKE_TIMEOUT     # one budget for sniff + handshake
         try:
             tls_ctx = self._tls_ctx() if self.address.scheme == "tcp" else None
             first = await asyncio.wait_for(self.loop.sock_recv(sock, 4096), HANDSHAKE_TIMEOUT)
+            self._spoke.add(me)
             if first and (first[0] == TLS_HANDSHAKE_BYTE) != (tls_ctx is not None):
                 raise HandshakeError(
                     "peer started TLS, but this node runs without it (give both ends the same "
@@ -708,23 +718,22 @@ class Listener:
             # A dial that lost a race to another address of this node (connect_first), a
             # port probe, or a dialer that found our answer signed with another secret: the
             # dialing side reports which. Nothing for this side's log but a debug line.
-            self._unauthenticated -= 1
             log.debug("connection from %s on %s closed during the handshake", name,
                       self.address)
             sock.close()
             return
         except (HandshakeError, OSError, asyncio.TimeoutError) as e:
-            self._unauthenticated -= 1
             reason = str(e) or type(e).__name__
             log.warning("dropped unauthenticated connection from %s on %s: %s", name,
                         self.address, reason)
             sock.close()
             return
-        except BaseException:       # cancelled (the node is closing), or a bug: no leak
-            self._unauthenticated -= 1
+        except BaseException:       # evicted, cancelled (the node is closing), a bug: no leak
             sock.close()
             raise
-        self._unauthenticated -= 1
+        finally:
+            self._in_handshake.pop(me, None)
+            self._spoke.discard(me)
         self._on_accept(sock, name, leftover, session)
 
     def close(self) -> None:

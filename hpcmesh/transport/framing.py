@@ -109,6 +109,9 @@ class Frame:
     meta: memoryview | bytes
     buffers: list
     count: int = 1      # pickle streams in meta (a batch when > 1)
+    #: Set when a buffer of this frame could not be allocated here (its size): the frame's
+    #: buffers were read and thrown away, ``buffers`` is empty and only ``meta`` arrived.
+    dropped: int = 0
 
 
 def check_frame_limits(meta_len: int, buffers: list = ()) -> None:
@@ -183,9 +186,9 @@ class FrameDecoder:
 
     __slots__ = ("_buf", "_start", "_end", "_max_frame", "_max_meta",
                  "_state", "_meta_len", "_lens", "_meta", "_bufs", "_target", "_filled",
-                 "_chunk", "_count", "_ro", "_view", "unallocatable")
+                 "_chunk", "_count", "_ro", "_view", "_skip", "_dropped")
 
-    _S_HEAD, _S_LENS, _S_META, _S_BUFS = range(4)
+    _S_HEAD, _S_LENS, _S_META, _S_BUFS, _S_SKIP = range(5)
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, max_meta: int = DEFAULT_MAX_META,
                  chunk: int = 256 * 1024):
@@ -202,8 +205,8 @@ class FrameDecoder:
         self._meta = b""
         self._bufs: list = []
         self._ro: list[bool] = []                 # per buffer: rebuild as bytes
-        #: Size of a buffer the peer announced that could not be allocated (0: none).
-        self.unallocatable = 0
+        self._skip = 0                  # bytes of a dropped frame still to throw away
+        self._dropped = 0               # the size of the buffer that could not be had
         self._target: bytearray | bytes | None = None   # direct-read destination
         self._view: memoryview | None = None     # writable view of _target
         self._filled = 0
@@ -303,6 +306,15 @@ class FrameDecoder:
                     raise FrameError(f"frame of {total} bytes exceeds the limit of "
                                      f"{self._max_frame} bytes")
                 self._state = self._S_META
+            elif st == self._S_SKIP:
+                n = min(self._avail(), self._skip)
+                self._start += n
+                self._skip -= n
+                if self._skip:
+                    return frames
+                frame = self._finish()
+                frame.buffers, frame.dropped, self._dropped = [], self._dropped, 0
+                frames.append(frame)
             elif st == self._S_META:
                 if self._avail() < self._meta_len:
                     return frames
@@ -319,10 +331,15 @@ class FrameDecoder:
                     try:
                         target, view = alloc_writable(size, self._ro[i])
                     except MemoryError:
-                        # the frames before it are whole: hand them out; the caller sees
-                        # ``unallocatable`` and closes (this frame cannot be skipped)
-                        self.unallocatable = size
-                        return frames
+                        # Not here: read the rest of this frame into the small buffer and
+                        # throw it away; the frame comes out with its meta and ``dropped``
+                        # set, so the layer above can fail the one message it carried
+                        # (the stream stays in step: the lengths say where the next starts).
+                        self._dropped = size
+                        self._skip = sum(self._lens[i:])
+                        self._bufs = []
+                        self._state = self._S_SKIP
+                        continue
                     if avail:
                         view[:avail] = memoryview(self._buf)[self._start:self._end]
                     self._start = self._end

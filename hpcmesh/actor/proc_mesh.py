@@ -321,6 +321,10 @@ def _run_on_loop(node: Node, coro) -> Future:
     out = Future()
 
     def done(cf) -> None:
+        if cf.cancelled():      # the loop closed under it (the runtime is shutting down)
+            out.set_exception(RuntimeError(
+                "the runtime stopped before this finished (the process is exiting)"))
+            return
         exc = cf.exception()
         if exc is not None:
             out.set_exception(exc)

@@ -90,19 +90,43 @@ def rows(state, sql: str) -> list[dict]:
 def test_recorder_is_bounded_and_counts_what_it_dropped():
     rec = Recorder(max_rows=3)
     for i in range(5):
-        rec.received(i, "a.0", "ep", "node-x", 10, "ok", 4)
+        rec.received(i * 1000, "a.0", "ep", "node-x", i * 1000 + 10_000, True, 4)
     out = rec.drain(caller_name=lambda nid: {"node-x": "client"}[nid], who={"name": "p"})
-    assert [r[0] for r in out["tables"]["messages"]] == [0, 1, 2]
-    assert {r[3] for r in out["tables"]["messages"]} == {"client"}   # ids become names
+    got = out["tables"]["messages"].rows()      # (start_ns, duration_ns, bytes, *key)
+    assert [r[0] for r in got] == [0, 1000, 2000]
+    assert got[0] == (0, 10_000, 4, "a.0", "ep", "client", "ok")    # ids become names
     assert out["dropped"] == {"messages": 2} and out["who"] == {"name": "p"}
     assert out["process"]["rss_bytes"] > 0 and out["process"]["threads"] >= 1
     again = rec.drain()
-    assert again["tables"]["messages"] == [] and again["dropped"] == {}
-    rec.received(9, "a.0", "as_endpoint:helper", None, 1, "ok", 0)     # the name it shows
-    assert rec.drain()["tables"]["messages"][0][2] == "helper"
+    assert len(again["tables"]["messages"]) == 0 and again["dropped"] == {}
+    rec.received(9, "a.0", "as_endpoint:helper", None, 10, False, 0)   # the name it shows
+    assert rec.drain()["tables"]["messages"].rows() == [(9, 1, 0, "a.0", "helper", None,
+                                                         "error")]
     rows = [(1, "a.0", "ep", "client", 2, "ok", 3)]                   # how a drain travels
     assert pickle.loads(pickle.dumps(telemetry_recorder.Pickled({"messages": rows}))) == {
         "messages": rows}
+
+
+def test_rows_kept_as_numbers_become_the_tables_columns_in_the_store():
+    from hpcmesh.telemetry.store import TelemetryStore
+    rec = Recorder(max_rows=100)
+    k = rec.sent_log.key(("client", "mesh-1", "ping", "call_one", '{"gpus": 2}', 1))
+    other = rec.sent_log.key(("client", "mesh-2", "step", "call", '{"gpus": 2}', 2))
+    for i in range(4):
+        rec.sent(k if i % 2 == 0 else other)
+    rec.received(5_000_000, "mesh-1.0", "ping", "node-x", 5_250_000, True, 32)
+    out = pickle.loads(pickle.dumps(rec.drain(lambda nid: "client", {"name": "p"})))
+    store = TelemetryStore(max_rows=1000)
+    store.append_keyed("messages", out["tables"]["messages"], ("procs0-0", "vm", 7))
+    store.append_keyed("sent_messages", out["tables"]["sent_messages"], ("client", "vm", 1))
+    assert store.table("messages").to_pylist() == [{
+        "timestamp_us": 5000, "to_actor_id": "mesh-1.0", "endpoint": "ping",
+        "caller": "client", "duration_us": 250, "status": "ok", "bytes": 32,
+        "process": "procs0-0", "host": "vm", "pid": 7}]
+    sent = store.table("sent_messages").to_pylist()
+    assert [(r["actor_mesh_id"], r["endpoint"], r["n_dest"], r["process"]) for r in sent] == [
+        ("mesh-1", "ping", 1, "client"), ("mesh-2", "step", 2, "client")] * 2
+    assert all(abs(r["timestamp_us"] - time.time() * 1e6) < 60e6 for r in sent)
 
 
 def test_nvidia_smi_output_is_parsed_and_unreadable_fields_are_none():

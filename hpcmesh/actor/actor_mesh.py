@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import threading
+from time import time_ns as _time_ns
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
 from ..runtime import telemetry_recorder as _tel
@@ -261,14 +262,15 @@ class NotAnEndpoint:
 class Endpoint(Generic[P, R]):
     """``mesh.method``: the ways to call one endpoint on a mesh. ``Endpoint[P, R]`` for a
     method ``(self, *P) -> R`` (or ``-> Awaitable[R]``), what ``@endpoint`` makes of it."""
-    __slots__ = ("_mesh", "_name", "_route", "_routes", "_view")
+    __slots__ = ("_mesh", "_name", "_route", "_routes", "_sent_keys")
 
     def __init__(self, mesh: ActorMesh, name: str):
         self._mesh = mesh
         self._name = name
         self._route: tuple | None = None     # call_one's fast path, once the mesh is live
         self._routes: tuple | None = None    # call's fast path, once the mesh is live
-        self._view: tuple | None = None      # what _note_sent records of the (immutable) view
+        #: (the recorder's sent_log, {method: key}): _note_sent's keys, made once a method
+        self._sent_keys: tuple | None = None
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         return self._mesh._members()
@@ -277,17 +279,35 @@ class Endpoint(Generic[P, R]):
         """This call in the telemetry's ``sent_messages`` (only while it records)."""
         rec = _tel.RECORDER
         if rec is not None:
-            view = self._view
-            if view is None:        # once: json.dumps per call was a third of a call_one
-                shape = self._mesh._shape
-                view = self._view = (self._mesh._state.actor_id, json.dumps(dict(shape.extent)),
-                                     shape.nelem, current_or_client_node().name)
-            rec.sent(view[0], self._name, method, view[1], 1 if one else view[2], view[3])
+            rec.sent(self._sent_key(rec, method, one))
+
+    def _sent_key(self, rec, method: str, one: bool = False) -> int:
+        """The index of this endpoint's ``sent_messages`` fields for ``method`` in the
+        recorder's log: made once (json.dumps per call was a third of a call_one)."""
+        keys = self._sent_keys
+        if keys is None or keys[0] is not rec.sent_log:
+            keys = self._sent_keys = (rec.sent_log, {})
+        k = keys[1].get(method)
+        if k is None:
+            shape = self._mesh._shape
+            k = keys[1][method] = rec.sent_log.key((
+                current_or_client_node().name, self._mesh._state.actor_id, self._name, method,
+                json.dumps(dict(shape.extent)), 1 if one else shape.nelem))
+        return k
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single member of this mesh; a Future of its value."""
-        if _tel.RECORDER is not None:
-            self._note_sent("call_one", one=True)
+        rec = _tel.RECORDER
+        if rec is not None:     # _note_sent() written out: every pipelined call passes here
+            keys = self._sent_keys
+            log = rec.sent_log
+            k = keys[1].get("call_one") if keys is not None and keys[0] is log else None
+            data = log.data
+            if len(data) < log.cap:
+                data.append((_time_ns(), k if k is not None else
+                             self._sent_key(rec, "call_one", True)))
+            else:
+                log.dropped += 1
         route = self._route
         if route is not None and not kwargs and is_plain(args):
             # The common case, kept short: a live mesh, arguments made of builtin values.

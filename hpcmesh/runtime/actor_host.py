@@ -31,8 +31,8 @@ from .errors import (ActorError, MeshFailure, MeshStoppedError, SupervisionError
                      call_failed, describe_actor)
 from ..shapes import Extent, Point
 from ..transport import serialization
-from .messages import (EVENT_ACTOR_FAULT, ReplyNotSent, call_msg, decode_args, deliver_msg,
-                       describe_exception, failure, format_exception)
+from .messages import (EVENT_ACTOR_FAULT, BatchShare, ReplyNotSent, call_msg, decode_args,
+                       deliver_msg, describe_exception, failure, format_exception)
 from .node import Node, PortRef
 from . import telemetry_recorder as _tel
 
@@ -115,18 +115,24 @@ class ActorThread(Executor):
 
 
 def payload_bytes(payload: Any, buffers: list) -> int:
-    """About how many bytes a call's arguments took on the wire (telemetry only): a pickled
-    payload's length, or the ``frozen_size`` of an ``(args, kwargs)`` that came unpickled
-    in a batch frame (of the pair itself it is -1, for the dict: that read 0 for them)."""
-    if type(payload) is tuple and len(payload) == 2 and type(payload[1]) is dict:
+    """About how many bytes a call took on the wire (telemetry only): a call from a batch
+    frame, its share of the frame (``BatchShare``); else its pickled payload and buffers,
+    or for an ``(args, kwargs)`` of builtin values that came unpickled in a frame of its
+    own, their lengths (strings, bytes) and 8 a number."""
+    if type(buffers) is BatchShare:
+        return buffers.msg_bytes
+    if type(payload) is tuple:
+        args, kwargs = payload
         n = 0
-        for x in payload[0]:
-            n += len(x) if type(x) is bytes or type(x) is str else \
-                max(serialization.frozen_size(x), 0)
-        for k, v in payload[1].items():
-            n += len(k) + max(serialization.frozen_size(v), 0)
-    else:
-        n = len(payload) if type(payload) is bytes else max(serialization.frozen_size(payload), 0)
+        for x in args:
+            t = type(x)
+            n += (len(x) if t is bytes or t is str else 8 if t is int or t is float else
+                  max(serialization.frozen_size(x), 0))
+        if kwargs:
+            for k, v in kwargs.items():
+                n += len(k) + max(serialization.frozen_size(v), 0)
+        return n
+    n = len(payload)
     for b in buffers:
         n += memoryview(b).nbytes
     return n
@@ -316,7 +322,7 @@ class ActorHost:
         ctx = self._contexts.get((rank, extent_items))
         current_context_var.set(ctx if ctx is not None else self._message_context(rank, extent_items))
         tel = _tel.RECORDER
-        seen = (_tel.now_us(), payload_bytes(payload, buffers)) if tel is not None else None
+        seen = (_time_ns(), payload_bytes(payload, buffers)) if tel is not None else None
         ok = False
         try:
             args, kwargs = decode_args(payload, buffers)
@@ -416,7 +422,8 @@ class ActorHost:
                                  self._message_context(rank, extent_items))
             if tel is not None:
                 start = _time_ns()
-                nbytes = payload_bytes(payload, buffers)
+                nbytes = (buffers.msg_bytes if type(buffers) is BatchShare else
+                          payload_bytes(payload, buffers))
             ok = False
             try:
                 # decode_args() written out: the pipelined hot path
@@ -434,9 +441,16 @@ class ActorHost:
                         self._unsent(endpoint, origin, reply, e)
             finally:
                 current_context_var.reset(token)
-                if tel is not None:     # _note() written out: the pipelined hot path
-                    tel.received(start // 1000, self.telemetry_id, endpoint, origin,
-                                 (_time_ns() - start) // 1000, "ok" if ok else "error", nbytes)
+                if tel is not None:     # Recorder.received() written out: the hot path
+                    log = tel.messages_log
+                    data = log.data
+                    if len(data) < log.cap:
+                        key = (self.telemetry_id, endpoint, origin, ok)
+                        k = log.index.get(key)
+                        data.append((start, _time_ns() - start, nbytes,
+                                     k if k is not None else log.key(key)))
+                    else:
+                        log.dropped += 1
 
     async def _execute(self, msg: tuple, origin: str | None, buffers: list, fn,
                        info: EndpointInfo) -> None:
@@ -444,7 +458,7 @@ class ActorHost:
         _, _, endpoint, payload, reply, rank, extent_items = msg
         token = current_context_var.set(self._message_context(rank, extent_items))
         tel = _tel.RECORDER
-        seen = (_tel.now_us(), payload_bytes(payload, buffers)) if tel is not None else None
+        seen = (_time_ns(), payload_bytes(payload, buffers)) if tel is not None else None
         ok = False
         try:
             args, kwargs = decode_args(payload, buffers)
@@ -470,9 +484,8 @@ class ActorHost:
         started, how many bytes its arguments were)."""
         rec = _tel.RECORDER
         if rec is not None:
-            start, nbytes = seen
-            rec.received(start, self.telemetry_id, endpoint, origin,
-                         _tel.now_us() - start, "ok" if ok else "error", nbytes)
+            start_ns, nbytes = seen
+            rec.received(start_ns, self.telemetry_id, endpoint, origin, _time_ns(), ok, nbytes)
 
     def _failed(self, exc: BaseException, endpoint: str, origin: str | None,
                 reply: int | None) -> None:

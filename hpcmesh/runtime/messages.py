@@ -105,6 +105,17 @@ class ReplyNotSent(serialization.SerializationError):
     this; the connection and the actor are unharmed)."""
 
 
+class BatchShare(list):
+    """The out-of-band buffers of a message that came in a batch frame (none: a batch
+    carries none), with its share of the frame's bytes: about what it took on the wire,
+    known without looking at its arguments (the telemetry's ``messages.bytes``)."""
+    __slots__ = ("msg_bytes",)
+
+    def __init__(self, msg_bytes: int):
+        super().__init__()
+        self.msg_bytes = msg_bytes
+
+
 class MessageNotReceived(HpcmeshError, MemoryError):
     """A call's arguments or a result arrived with a buffer this process could not allocate
     (out of memory): that one call fails with this; the connection goes on."""

@@ -36,7 +36,7 @@ from .loop import yield_core as _yield_core     # a module global: tests count t
 from ..transport.framing import FrameError, check_frame_limits
 from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
                        MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
-                       MessageNotReceived, ReplyNotSent,
+                       BatchShare, MessageNotReceived, ReplyNotSent,
                        call_msg, deliver_msg, describe_exception,
                        encode_result, fail_msg, frozen_size, hello_msg, rpc_msg)
 
@@ -531,7 +531,10 @@ class Node:
                 conn.close(e)
                 return
             origin = conn.info.get("peer_id")
-            self.in_batch = fr.count > 1
+            self.in_batch = batch = fr.count > 1
+            # a batch carries no buffers; what goes instead tells each message its share of
+            # the frame's bytes (the telemetry's ``messages.bytes``: nothing to compute)
+            buffers = BatchShare(len(fr.meta) // fr.count) if batch else fr.buffers
             for msg in msgs:
                 if type(msg) is not tuple or not msg:
                     log.warning("closing connection from %s: not a protocol message (%s)",
@@ -547,7 +550,7 @@ class Node:
                     origin = conn.info.get("peer_id")
                     continue
                 try:
-                    self._dispatch(msg, origin, fr.buffers)
+                    self._dispatch(msg, origin, buffers)
                 except Exception:  # noqa: BLE001 - a bad message must not kill the node
                     log.exception("error handling a message from %s", conn.peer)
 

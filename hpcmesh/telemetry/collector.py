@@ -133,6 +133,9 @@ class Collector:
                 continue
             if len(rows) >= half:
                 self._hurry = True
+            if isinstance(rows, telemetry_recorder.KeyedRows):
+                self.store.append_keyed(name, rows, src if TABLES[name].from_source else ())
+                continue
             if TABLES[name].from_source:
                 rows = [tuple(r) + src for r in rows]
             self.store.append(name, rows)

@@ -81,7 +81,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         ("caller", "string", "the calling process (\"client\": the controller)"),
         ("duration_us", "int64", "from the start of the call to its reply, in microseconds"),
         ("status", "string", "ok, or error (it raised, or its result could not be sent)"),
-        ("bytes", "int64", "about how many bytes its arguments took"))),
+        ("bytes", "int64", "about how many bytes the call took on the wire (a call that "
+                   "came in a batch frame: its share of the frame)"))),
     Table("sent_messages", "one row per call made to an actor mesh (the sending side; a "
           "call to N actors is one row)", (
         TS,

@@ -17,8 +17,9 @@ import threading
 import time
 from typing import Any, Iterable
 
+from ..runtime.telemetry_recorder import KEYED_TABLES, KeyedRows
 from ..settings import env_number
-from .schema import TABLES, Table
+from .schema import SOURCE_COLUMNS, TABLES, Table
 
 log = logging.getLogger("hpcmesh.telemetry")
 
@@ -64,7 +65,40 @@ class TelemetryStore:
             raise ValueError(f"telemetry table {table}: rows have {len(columns)} fields, the "
                              f"table has {len(schema)} columns ({', '.join(schema.names)})")
         arrays = [pa.array(col, type=field.type) for col, field in zip(columns, schema)]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        self.append_batch(table, pa.RecordBatch.from_arrays(arrays, schema=schema))
+
+    def append_keyed(self, table: str, rows: KeyedRows, source: tuple = ()) -> None:
+        """Rows a process kept as numbers (``KeyedRows``), as Arrow columns made without a
+        Python step per row; ``source``: the values of the table's source columns."""
+        n = len(rows)
+        if not n:
+            return
+        pa = _pa()
+        import pyarrow.compute as pc
+        schema = self.schemas[table]
+        number_columns, key_columns = KEYED_TABLES[table]
+        flat = pa.Array.from_buffers(pa.int64(), n * rows.width, [None, pa.py_buffer(rows.data)])
+        numbers = pa.FixedSizeListArray.from_arrays(flat, rows.width)
+        index = pc.list_element(numbers, rows.width - 1)
+        top = max(rows.keys) + 1
+        cols = {}
+        for j, (name, divisor) in enumerate(number_columns):
+            col = pc.list_element(numbers, j)
+            cols[name] = pc.divide(col, divisor) if divisor != 1 else col
+        for j, name in enumerate(key_columns):
+            values = [None] * top
+            for k, fields in rows.keys.items():
+                values[k] = fields[j]
+            cols[name] = pc.take(pa.array(values, type=schema.field(name).type), index)
+        if source:
+            zeros = pa.array([0] * n, type=pa.int32())      # one value, n times
+            for (name, _, _), value in zip(SOURCE_COLUMNS, source):
+                cols[name] = pc.take(pa.array([value], type=schema.field(name).type), zeros)
+        self.append_batch(table, pa.RecordBatch.from_arrays(
+            [cols[name] for name in schema.names], schema=schema))
+
+    def append_batch(self, table: str, batch) -> None:
+        """One record batch of ``table``'s schema; the oldest go past the row cap."""
         over = 0
         with self._lock:
             self._batches[table].append(batch)

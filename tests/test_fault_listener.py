@@ -53,8 +53,12 @@ def _limit_fds():
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
 
-@pytest.mark.parametrize("n, fd_limit", [(300, True), (1000, False)])
-def test_a_flood_of_idle_connections_neither_spins_nor_floods_the_log(tmp_path, n, fd_limit):
+@pytest.mark.parametrize("n, fd_limit, garbage", [(300, True, False), (1000, False, False),
+                                                   (1000, False, True)])
+def test_a_flood_of_idle_connections_neither_spins_nor_floods_the_log(tmp_path, n, fd_limit,
+                                                                      garbage):
+    # garbage: each connection sends 256 random bytes (a bad magic): before, one warning
+    # per connection (1,000 lines, 162 kB in 5 s)
     secret = os.urandom(32)
     err = open(tmp_path / "agent.err", "w+")
     agent, addr = _start_agent(tmp_path, secret, stderr=err,
@@ -62,16 +66,20 @@ def test_a_flood_of_idle_connections_neither_spins_nor_floods_the_log(tmp_path, 
     flood: list[socket.socket] = []
     try:
         host, port = addr[len("tcp://"):].rsplit(":", 1)
+        lines0 = len(open(err.name).readlines())
         for _ in range(n):          # 300: more than the agent has fds for
             s = socket.create_connection((host, int(port)), timeout=5)
+            if garbage:
+                s.sendall(os.urandom(256))
             flood.append(s)
         time.sleep(0.5)
-        cpu0, lines0 = _cpu_seconds(agent.pid), len(open(err.name).readlines())
+        cpu0 = _cpu_seconds(agent.pid)
         time.sleep(4)
         cpu = _cpu_seconds(agent.pid) - cpu0
         lines = len(open(err.name).readlines()) - lines0
-        print(f"\n{n} idle connections{' at a 256-fd limit' if fd_limit else ''}: agent CPU "
-              f"{cpu:.2f} s in 4 s, {lines} log lines")
+        print(f"\n{n} {'garbage' if garbage else 'idle'} connections"
+              f"{' at a 256-fd limit' if fd_limit else ''}: agent CPU "
+              f"{cpu:.2f} s in 4 s, {lines} log lines from the flood's start")
         assert cpu < 0.5, f"the agent spins: {cpu:.2f} s of CPU in 4 s"
         assert lines < 10, open(err.name).read()[-2000:]
         assert agent.poll() is None

@@ -52,6 +52,8 @@ MAX_UNAUTHENTICATED = 128
 ACCEPT_PAUSE = 0.25
 #: A listener that turns connections away says so at most once per this many seconds.
 ACCEPT_LOG_INTERVAL = 10.0
+#: Failed handshakes logged one by one per ACCEPT_LOG_INTERVAL; past that, only counted.
+DROP_LOG_BURST = 5
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The first byte of a TLS record carrying a handshake (a ClientHello); the hpcmesh
 #: handshake starts with its magic instead, so a listener tells them apart.
@@ -628,6 +630,9 @@ class Listener:
         self._spoke: set[asyncio.Task] = set()      # of those, the ones that sent a byte
         self._refused = 0                   # turned away since the last log line
         self._last_log = -1e9
+        self._drop_window = -1e9            # when the current logging interval began
+        self._drops_logged = 0              # failed handshakes logged in it
+        self._drops_unlogged = 0            # and not logged, since the last line
         self._paused = False
         loop.add_reader(sock.fileno(), self._on_readable)
 
@@ -681,6 +686,23 @@ class Listener:
                         min(now - self._last_log, ACCEPT_LOG_INTERVAL))
             self._last_log, self._refused = now, 0
 
+    def _note_dropped(self, name: str, reason: str) -> None:
+        """Log a connection that failed its handshake (a wrong secret, another version: a
+        user needs to see each), but no more than DROP_LOG_BURST lines per
+        ACCEPT_LOG_INTERVAL: a flood of garbage gets a count, not a line per connection."""
+        now = self.loop.time()
+        if now - self._drop_window >= ACCEPT_LOG_INTERVAL:
+            self._drop_window, self._drops_logged = now, 0
+        if self._drops_logged >= DROP_LOG_BURST:
+            self._drops_unlogged += 1
+            return
+        self._drops_logged += 1
+        more = (f" ({self._drops_unlogged} more were dropped and not logged in the last "
+                f"{ACCEPT_LOG_INTERVAL:.0f} s)" if self._drops_unlogged else "")
+        self._drops_unlogged = 0
+        log.warning("dropped unauthenticated connection from %s on %s: %s%s", name,
+                    self.address, reason, more)
+
     def _pause(self, why: str) -> None:
         self._note_refused(why)
         if self._paused:
@@ -723,9 +745,7 @@ class Listener:
             sock.close()
             return
         except (HandshakeError, OSError, asyncio.TimeoutError) as e:
-            reason = str(e) or type(e).__name__
-            log.warning("dropped unauthenticated connection from %s on %s: %s", name,
-                        self.address, reason)
+            self._note_dropped(name, str(e) or type(e).__name__)
             sock.close()
             return
         except BaseException:       # evicted, cancelled (the node is closing), a bug: no leak

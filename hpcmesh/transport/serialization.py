@@ -287,8 +287,12 @@ def loads_batch(meta, count: int) -> list:
 
 
 def dumps_by_value(obj) -> bytes:
-    """cloudpickle for things sent once (actor classes, bootstrap callables)."""
-    mod = getattr(obj, "__module__", None)
-    if mod:
-        ship_module_by_value(mod)
+    """cloudpickle for things sent once (actor classes, bootstrap callables). A class's
+    bases travel by value too when their modules cannot be imported by a worker (an actor
+    subclassing one from a file next to the script)."""
+    classes = obj.__mro__ if isinstance(obj, type) else (obj,)
+    for c in classes:
+        mod = getattr(c, "__module__", None)
+        if mod:
+            ship_module_by_value(mod)
     return cloudpickle.dumps(obj, protocol=PROTOCOL)

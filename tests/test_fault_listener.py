@@ -169,3 +169,77 @@ def _closed_by_peer(s: socket.socket) -> bool:
         return True
     finally:
         s.setblocking(True)
+
+
+def _in_process_listener(monkeypatch, cap: int):
+    """A real Listener on loopback with a cap of ``cap`` handshakes (run by the caller's
+    loop); accepted connections go to the returned list."""
+    import asyncio
+
+    from hpcmesh.transport import connection as C
+    monkeypatch.setattr(C, "MAX_UNAUTHENTICATED", cap)
+    accepted: list = []
+    secret = os.urandom(32)
+    listener = C.Listener(asyncio.get_running_loop(), "tcp://127.0.0.1:0", secret,
+                          lambda *a: accepted.append(a))
+    return listener, secret, accepted
+
+
+def test_eviction_never_sends_busy_to_a_dialer_that_has_our_answer(monkeypatch):
+    # a dialer's side of the handshake is over once it has the listener's answer; BUSY
+    # after that reached it as a frame (its connection failed with a FrameError instead of
+    # being retried). Found by a review; red before.
+    import asyncio
+
+    from hpcmesh.transport.handshake import Handshake
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        listener, secret, accepted = _in_process_listener(monkeypatch, 1)
+        s = socket.create_connection(("127.0.0.1", listener.address.port))
+        s.setblocking(False)
+        hs = Handshake(secret, dialer=True)
+        await loop.sock_sendall(s, hs.initial())
+        mac, _ = hs.receive(await loop.sock_recv(s, 72))
+        assert hs.done
+        other = socket.create_connection(("127.0.0.1", listener.address.port))
+        await asyncio.sleep(0.2)            # the newcomer evicts the dialer at the cap
+        await loop.sock_sendall(s, mac)
+        await asyncio.sleep(0.2)
+        try:
+            data = await asyncio.wait_for(loop.sock_recv(s, 100), 2)
+        except ConnectionResetError:
+            data = b""
+        listener.close()
+        s.close()
+        other.close()
+        return data
+    assert asyncio.run(main()) == b""       # closed; no stray bytes
+
+
+def test_evicting_connections_whose_task_has_not_run_closes_their_sockets(monkeypatch):
+    # connections accepted in one pass, evicted before their task ran: the task never runs
+    # once cancelled, so the listener closes them itself (they leaked until collected)
+    import asyncio
+    import gc
+    import warnings
+
+    async def main():
+        listener, _, _ = _in_process_listener(monkeypatch, 3)
+        port = listener.address.port
+        old = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        for s in old:
+            s.sendall(b"HPCMESH")           # spoke (a partial hello), then stalled
+        await asyncio.sleep(0.2)
+        burst = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        await asyncio.sleep(0.3)
+        listener.close()
+        for s in old + burst:
+            s.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        asyncio.run(main())
+        gc.collect()
+    leaks = [w for w in caught if issubclass(w.category, ResourceWarning)
+             and "socket" in str(w.message)]
+    assert not leaks, [str(w.message) for w in leaks]

@@ -138,5 +138,5 @@ def test_a_call_whose_arguments_or_result_cannot_be_allocated_fails_alone():
     assert (f"the arguments of take did not arrive: a buffer of {TOO_BIG_MB * 2**20} bytes "
             f"could not be allocated on") in out.stdout, text
     assert "AFTER ARG pong 2" in out.stdout, text
-    assert "RESULT the result from" in out.stdout and "did not arrive" in out.stdout, text
+    assert "RESULT a value from" in out.stdout and "did not arrive" in out.stdout, text
     assert "AFTER RESULT pong 1048576" in out.stdout, text

@@ -151,6 +151,11 @@ class Answers(Actor):
     async def answer(self, port, v):
         port.send(v)
 
+    @endpoint
+    async def to_channel(self, port) -> None:
+        for v in (1, TwoArgError("x", "y"), 3):     # the middle one cannot be unpickled
+            port.send(v)
+
     @endpoint(explicit_response_port=True)
     async def answer_lock(self, port):
         port.send(self.lock)        # raises here, in the sender: the actor fails
@@ -174,6 +179,15 @@ def test_a_port_message_the_receiver_cannot_unpickle_fails_that_message_only():
         with pytest.raises(SerializationError, match="cannot be unpickled here.*TwoArgError"):
             answers.answer_unreadable.call_one().get(timeout=30)
         assert answers.answer.call_one(7).get(timeout=30) == 7
+        # on a channel: recv() raises for that message (it handed out a Failure object as
+        # if it were the value), and the next message comes as usual
+        from hpcmesh.actor import Channel
+        port, receiver = Channel.open()
+        answers.to_channel.call_one(port).get(timeout=30)
+        assert receiver.recv().get(timeout=30) == 1
+        with pytest.raises(SerializationError, match="cannot be unpickled here.*TwoArgError"):
+            receiver.recv().get(timeout=30)
+        assert receiver.recv().get(timeout=30) == 3
         # one the sender cannot pickle raises in the endpoint: escaping an endpoint that
         # answers through its port, that fails the actor (as in Monarch), named
         sender = procs.spawn("sender", Answers)

@@ -7,7 +7,7 @@ from typing import Generic, TypeVar
 
 from ..runtime.client import current_or_client_node
 from ..runtime.future import Future
-from ..runtime.messages import fail_msg
+from ..runtime.messages import Failure, fail_msg
 from ..runtime.node import PortRef
 
 T = TypeVar("T")
@@ -57,7 +57,7 @@ class PortReceiver(Generic[T]):
 
     def _deliver(self, value) -> None:
         if self._waiters:
-            self._waiters.popleft().set_result(value)
+            _settle(self._waiters.popleft(), value)
         else:
             self._values.append(value)
 
@@ -72,7 +72,7 @@ class PortReceiver(Generic[T]):
 
     def _recv_into(self, f: Future) -> None:
         if self._values:
-            f.set_result(self._values.popleft())
+            _settle(f, self._values.popleft())
         else:
             self._waiters.append(f)
 
@@ -88,3 +88,12 @@ class Channel(Generic[T]):
     def open() -> tuple[Port[T], PortReceiver[T]]:
         r = PortReceiver()
         return r.port, r
+
+
+def _settle(f: Future, value) -> None:
+    """A value that came to the port, or the error that came instead (a value sent to it
+    that could not be unpickled or received here): ``recv()`` raises that."""
+    if type(value) is Failure:
+        f.set_exception(value.exc)
+    else:
+        f.set_result(value)

@@ -517,8 +517,11 @@ class Node:
     def _handle_frames(self, conn: Connection, frames: list) -> None:
         for fr in frames:
             if fr.dropped:
-                if not self._fail_dropped(conn, fr):
-                    return
+                try:
+                    if not self._fail_dropped(conn, fr):
+                        return
+                except Exception:  # noqa: BLE001 - as _dispatch: the other frames go on
+                    log.exception("error failing a message dropped from %s", conn.peer)
                 continue
             try:
                 if fr.count == 1:
@@ -574,10 +577,11 @@ class Node:
                 f"(send smaller pieces, or give that process more memory)")))
             return True
         if type(msg) is tuple and len(msg) == 3 and msg[0] == MSG_RESULT:
-            log.warning("a result from %s dropped: %s", self._peer_name(origin), what)
+            log.warning("a value from %s dropped: %s", self._peer_name(origin), what)
             self._deliver_local(msg[1], Failure(MessageNotReceived(
-                f"the result from {self._peer_name(origin)} did not arrive: {what} (return "
-                f"smaller pieces, or give this process more memory)")))
+                f"a value from {self._peer_name(origin)} (a result, or a message to a port) "
+                f"did not arrive: {what} (send smaller pieces, or give this process more "
+                f"memory)")))
             return True
         err = ConnectionClosed(f"out of memory reading from {conn.peer}: {what}; the "
                                f"connection is closed")

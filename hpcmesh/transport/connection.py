@@ -627,12 +627,14 @@ class Listener:
         self.sock = sock
         #: Accepted connections whose handshake is not finished, oldest first.
         self._in_handshake: dict[asyncio.Task, socket.socket] = {}
-        self._spoke: set[asyncio.Task] = set()      # of those, the ones that sent a byte
+        self._started: set[asyncio.Task] = set()    # of those, the ones whose task ran
+        self._spoke: set[asyncio.Task] = set()      # and of these, the ones that sent a byte
         self._refused = 0                   # turned away since the last log line
         self._last_log = -1e9
         self._drop_window = -1e9            # when the current logging interval began
         self._drops_logged = 0              # failed handshakes logged in it
         self._drops_unlogged = 0            # and not logged, since the last line
+        self._last_drop_reason = ""
         self._paused = False
         loop.add_reader(sock.fileno(), self._on_readable)
 
@@ -659,19 +661,29 @@ class Listener:
 
     def _evict_one(self) -> None:
         """At the cap of connections in their handshake, make room for the new one by
-        closing the oldest that has not sent a byte (a dialer speaks first, at once: a
-        silent one is a probe or a flood), else the oldest of all. Refusing the newcomer
-        instead would let anyone who keeps MAX_UNAUTHENTICATED idle connections open keep
-        every real dialer out; this way a flood only shortens each connection's time to
-        finish its handshake (MAX_UNAUTHENTICATED connections' worth of arrivals)."""
-        victim = next((t for t in self._in_handshake if t not in self._spoke),
-                      next(iter(self._in_handshake)))
-        sock = self._in_handshake.pop(victim)
-        if self.address.scheme != "tcp" or self._tls_ctx() is None:   # not inside TLS
+        closing the oldest that has been read and found silent (a dialer speaks first, at
+        once: a silent one is a probe or a flood), else the oldest not read yet, else the
+        oldest of all. Refusing the newcomer instead would let anyone who keeps
+        MAX_UNAUTHENTICATED idle connections open keep every real dialer out; this way a
+        flood only shortens each connection's time to finish its handshake
+        (MAX_UNAUTHENTICATED connections' worth of arrivals)."""
+        pending = self._in_handshake
+        victim = next((t for t in pending if t in self._started and t not in self._spoke),
+                      None) or next((t for t in pending if t not in self._started), None) \
+            or next(iter(pending))
+        sock = pending.pop(victim)
+        # One that has not spoken may be a dialer whose hello we have not read: BUSY tells it
+        # to try again (not inside TLS, where it would be garbage). One that has spoken has
+        # our answer, and its side of the handshake may be over: BUSY would reach it as a
+        # frame; it sees the connection close instead.
+        if victim not in self._spoke and (self.address.scheme != "tcp" or
+                                          self._tls_ctx() is None):
             try:
-                sock.send(BUSY)     # should it be a real dialer: it will try again
+                sock.send(BUSY)
             except OSError:
                 pass
+        if victim not in self._started:
+            sock.close()        # its task never runs once cancelled: nothing else closes it
         victim.cancel()
         self._note_refused(f"{MAX_UNAUTHENTICATED} connections are in their handshake; "
                            f"closing the oldest")
@@ -689,19 +701,28 @@ class Listener:
     def _note_dropped(self, name: str, reason: str) -> None:
         """Log a connection that failed its handshake (a wrong secret, another version: a
         user needs to see each), but no more than DROP_LOG_BURST lines per
-        ACCEPT_LOG_INTERVAL: a flood of garbage gets a count, not a line per connection."""
+        ACCEPT_LOG_INTERVAL: past that they are counted, and the count is logged when the
+        interval ends (a flood of garbage is two lines, not one per connection)."""
         now = self.loop.time()
         if now - self._drop_window >= ACCEPT_LOG_INTERVAL:
             self._drop_window, self._drops_logged = now, 0
-        if self._drops_logged >= DROP_LOG_BURST:
-            self._drops_unlogged += 1
+        if self._drops_logged < DROP_LOG_BURST:
+            self._drops_logged += 1
+            log.warning("dropped unauthenticated connection from %s on %s: %s", name,
+                        self.address, reason)
             return
-        self._drops_logged += 1
-        more = (f" ({self._drops_unlogged} more were dropped and not logged in the last "
-                f"{ACCEPT_LOG_INTERVAL:.0f} s)" if self._drops_unlogged else "")
-        self._drops_unlogged = 0
-        log.warning("dropped unauthenticated connection from %s on %s: %s%s", name,
-                    self.address, reason, more)
+        if not self._drops_unlogged:
+            self.loop.call_later(self._drop_window + ACCEPT_LOG_INTERVAL - now,
+                                 self._log_unlogged_drops)
+        self._drops_unlogged += 1
+        self._last_drop_reason = reason
+
+    def _log_unlogged_drops(self) -> None:
+        n, self._drops_unlogged = self._drops_unlogged, 0
+        if n:
+            log.warning("dropped %d more unauthenticated connections on %s in the last %.0f s "
+                        "without logging each (the last: %s)", n, self.address,
+                        ACCEPT_LOG_INTERVAL, self._last_drop_reason)
 
     def _pause(self, why: str) -> None:
         self._note_refused(why)
@@ -722,6 +743,7 @@ class Listener:
     async def _authenticate(self, sock: socket.socket, peer) -> None:
         name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or str(self.address))
         me = asyncio.current_task()
+        self._started.add(me)
         deadline = self.loop.time() + HANDSHAKE_TIMEOUT     # one budget for sniff + handshake
         try:
             tls_ctx = self._tls_ctx() if self.address.scheme == "tcp" else None
@@ -753,6 +775,7 @@ class Listener:
             raise
         finally:
             self._in_handshake.pop(me, None)
+            self._started.discard(me)
             self._spoke.discard(me)
         self._on_accept(sock, name, leftover, session)
 

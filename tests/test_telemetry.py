@@ -129,6 +129,26 @@ def test_rows_kept_as_numbers_become_the_tables_columns_in_the_store():
     assert all(abs(r["timestamp_us"] - time.time() * 1e6) < 60e6 for r in sent)
 
 
+def test_a_store_saved_with_plain_string_columns_still_loads(tmp_path):
+    # the per-call tables' strings are dictionary-encoded now; a job folder saved before
+    # holds them as plain strings: same columns, cast on load
+    import pyarrow as pa
+
+    from hpcmesh.telemetry.schema import TABLES as SCHEMA
+    from hpcmesh.telemetry.store import TelemetryStore
+    types = {"string": pa.string(), "int64": pa.int64(), "double": pa.float64()}
+    plain = pa.schema([(n, types[t]) for n, t, _ in SCHEMA["messages"].all_columns])
+    row = {"timestamp_us": 5, "to_actor_id": "m.0", "endpoint": "ping", "caller": "client",
+           "duration_us": 2, "status": "ok", "bytes": 3, "process": "p0", "host": "vm",
+           "pid": 9}
+    with pa.OSFile(str(tmp_path / "messages.arrow"), "wb") as f, \
+            pa.ipc.new_file(f, plain) as w:
+        w.write_batch(pa.RecordBatch.from_pylist([row], schema=plain))
+    store = TelemetryStore(retention_secs=1e12)
+    assert store.load(str(tmp_path)) == 1
+    assert store.table("messages").to_pylist() == [row]
+
+
 def test_nvidia_smi_output_is_parsed_and_unreadable_fields_are_none():
     text = ("0, GPU-1f2e, NVIDIA H200, 37, 1024, 143771\n"
             "1, GPU-aa00, NVIDIA H200, [N/A], 0, 143771\n"

@@ -37,9 +37,17 @@ def _pa():
 
 
 def arrow_schema(table: Table):
+    """The table's Arrow schema. The string columns of the tables written per call (their
+    key fields, the source's process and host) are dictionary-encoded: a row keeps a 4-byte
+    index, not its strings (117 bytes a row before), and a batch is built without copying
+    a string per row. SQL sees them as strings."""
     pa = _pa()
     types = {"string": pa.string(), "int64": pa.int64(), "double": pa.float64()}
-    return pa.schema([(n, types[t]) for n, t, _ in table.all_columns])
+    coded = set(KEYED_TABLES[table.name][1]) | {"process", "host"} \
+        if table.name in KEYED_TABLES else set()
+    return pa.schema([(n, pa.dictionary(pa.int32(), pa.string())
+                       if t == "string" and n in coded else types[t])
+                      for n, t, _ in table.all_columns])
 
 
 class TelemetryStore:
@@ -85,15 +93,16 @@ class TelemetryStore:
         for j, (name, divisor) in enumerate(number_columns):
             col = pc.list_element(numbers, j)
             cols[name] = pc.divide(col, divisor) if divisor != 1 else col
+        index32 = pc.cast(index, pa.int32())
         for j, name in enumerate(key_columns):
-            values = [None] * top
+            values = [None] * top           # the keys this drain did not use stay None
             for k, fields in rows.keys.items():
                 values[k] = fields[j]
-            cols[name] = pc.take(pa.array(values, type=schema.field(name).type), index)
+            cols[name] = _column(pa, pc, schema.field(name).type, values, index32)
         if source:
             zeros = pa.array([0] * n, type=pa.int32())      # one value, n times
             for (name, _, _), value in zip(SOURCE_COLUMNS, source):
-                cols[name] = pc.take(pa.array([value], type=schema.field(name).type), zeros)
+                cols[name] = _column(pa, pc, schema.field(name).type, [value], zeros)
         self.append_batch(table, pa.RecordBatch.from_arrays(
             [cols[name] for name in schema.names], schema=schema))
 
@@ -174,9 +183,12 @@ class TelemetryStore:
                 log.warning("telemetry: could not read %s: %s", path, e)
                 continue
             if not table.schema.equals(self.schemas[name]):
-                log.warning("telemetry: %s has other columns than this hpcmesh's %s table; "
-                            "not loaded", path, name)
-                continue
+                try:        # the same columns stored otherwise (before dictionary-encoding)
+                    table = table.cast(self.schemas[name])
+                except (ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    log.warning("telemetry: %s has other columns than this hpcmesh's %s "
+                                "table; not loaded", path, name)
+                    continue
             batches = table.combine_chunks().to_batches()
             with self._lock:
                 self._batches[name] = batches + self._batches[name]
@@ -184,6 +196,14 @@ class TelemetryStore:
             n += table.num_rows
         self.prune()
         return n
+
+
+def _column(pa, pc, type_, values: list, indices):
+    """``values[indices]`` as an array of ``type_``: a dictionary array over ``values``
+    (nothing copied per row), else taken."""
+    if pa.types.is_dictionary(type_):
+        return pa.DictionaryArray.from_arrays(indices, pa.array(values, type=type_.value_type))
+    return pc.take(pa.array(values, type=type_), indices)
 
 
 def _max_ts(batch: Any) -> int:

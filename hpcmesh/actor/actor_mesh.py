@@ -304,8 +304,8 @@ class Endpoint(Generic[P, R]):
             k = keys[1].get("call_one") if keys is not None and keys[0] is log else None
             data = log.data
             if len(data) < log.cap:
-                data.append((_time_ns(), k if k is not None else
-                             self._sent_key(rec, "call_one", True)))
+                data.extend(log.pack(_time_ns(), k if k is not None else
+                                     self._sent_key(rec, "call_one", True)))
             else:
                 log.dropped += 1
         route = self._route

@@ -447,8 +447,8 @@ class ActorHost:
                     if len(data) < log.cap:
                         key = (self.telemetry_id, endpoint, origin, ok)
                         k = log.index.get(key)
-                        data.append((start, _time_ns() - start, nbytes,
-                                     k if k is not None else log.key(key)))
+                        data.extend(log.pack(start, _time_ns() - start, nbytes,
+                                             k if k is not None else log.key(key)))
                     else:
                         log.dropped += 1
 

@@ -262,7 +262,7 @@ class NotAnEndpoint:
 class Endpoint(Generic[P, R]):
     """``mesh.method``: the ways to call one endpoint on a mesh. ``Endpoint[P, R]`` for a
     method ``(self, *P) -> R`` (or ``-> Awaitable[R]``), what ``@endpoint`` makes of it."""
-    __slots__ = ("_mesh", "_name", "_route", "_routes", "_sent_keys")
+    __slots__ = ("_mesh", "_name", "_route", "_routes", "_sent_keys", "_one_row")
 
     def __init__(self, mesh: ActorMesh, name: str):
         self._mesh = mesh
@@ -271,6 +271,7 @@ class Endpoint(Generic[P, R]):
         self._routes: tuple | None = None    # call's fast path, once the mesh is live
         #: (the recorder's sent_log, {method: key}): _note_sent's keys, made once a method
         self._sent_keys: tuple | None = None
+        self._one_row: tuple | None = None   # call_one's, from _call_one_row
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         return self._mesh._members()
@@ -280,6 +281,12 @@ class Endpoint(Generic[P, R]):
         rec = _tel.RECORDER
         if rec is not None:
             rec.sent(self._sent_key(rec, method, one))
+
+    def _call_one_row(self, rec) -> tuple:
+        """What call_one needs to write its sent_messages row into ``rec``: the recorder,
+        its log's buffer, cap and packer, and the row's key (looked up once)."""
+        log = rec.sent_log
+        return rec, log.data, log.cap, log.pack, self._sent_key(rec, "call_one", True)
 
     def _sent_key(self, rec, method: str, one: bool = False) -> int:
         """The index of this endpoint's ``sent_messages`` fields for ``method`` in the
@@ -299,15 +306,14 @@ class Endpoint(Generic[P, R]):
         """Call the single member of this mesh; a Future of its value."""
         rec = _tel.RECORDER
         if rec is not None:     # _note_sent() written out: every pipelined call passes here
-            keys = self._sent_keys
-            log = rec.sent_log
-            k = keys[1].get("call_one") if keys is not None and keys[0] is log else None
-            data = log.data
-            if len(data) < log.cap:
-                data.extend(log.pack(_time_ns(), k if k is not None else
-                                     self._sent_key(rec, "call_one", True)))
+            row = self._one_row
+            if row is None or row[0] is not rec:
+                row = self._one_row = self._call_one_row(rec)
+            _, data, cap, pack, k = row
+            if len(data) < cap:
+                data.extend(pack(_time_ns(), k))
             else:
-                log.dropped += 1
+                rec.sent_log.dropped += 1
         route = self._route
         if route is not None and not kwargs and is_plain(args):
             # The common case, kept short: a live mesh, arguments made of builtin values.

@@ -398,6 +398,10 @@ class ActorHost:
         contexts = self._contexts
         reply_to = self.node.reply_to
         tel = _tel.RECORDER
+        if tel is not None:     # the telemetry row's parts, looked up once for the batch
+            mlog = tel.messages_log
+            mdata, mcap, mindex, mpack, tid = (mlog.data, mlog.cap, mlog.index, mlog.pack,
+                                               self.telemetry_id)
         n = 0
         while queue:
             n += 1
@@ -442,15 +446,13 @@ class ActorHost:
             finally:
                 current_context_var.reset(token)
                 if tel is not None:     # Recorder.received() written out: the hot path
-                    log = tel.messages_log
-                    data = log.data
-                    if len(data) < log.cap:
-                        key = (self.telemetry_id, endpoint, origin, ok)
-                        k = log.index.get(key)
-                        data.extend(log.pack(start, _time_ns() - start, nbytes,
-                                             k if k is not None else log.key(key)))
+                    if len(mdata) < mcap:
+                        key = (tid, endpoint, origin, ok)
+                        k = mindex.get(key)
+                        mdata.extend(mpack(start, _time_ns() - start, nbytes,
+                                           k if k is not None else mlog.key(key)))
                     else:
-                        log.dropped += 1
+                        mlog.dropped += 1
 
     async def _execute(self, msg: tuple, origin: str | None, buffers: list, fn,
                        info: EndpointInfo) -> None:

@@ -129,6 +129,52 @@ def test_rows_kept_as_numbers_become_the_tables_columns_in_the_store():
     assert all(abs(r["timestamp_us"] - time.time() * 1e6) < 60e6 for r in sent)
 
 
+def test_a_log_with_too_many_keys_is_replaced_and_no_row_is_lost(monkeypatch):
+    # keys (one per actor/endpoint/caller/ok or sent view) would grow for ever in a job
+    # that makes meshes all along; past KEYS_LIMIT a drain starts a fresh log, and takes
+    # the old one once more for rows that raced in (here: written after the swap by a
+    # writer that still held the old log)
+    monkeypatch.setattr(telemetry_recorder, "KEYS_LIMIT", 3)
+    rec = Recorder(max_rows=100)
+    for i in range(5):
+        rec.received(i, f"mesh-{i}.0", "ping", "node-x", i + 1, True, 8)
+    old = rec.messages_log
+    first = rec.drain(lambda nid: "client")
+    assert [r[3] for r in first["tables"]["messages"].rows()] == [f"mesh-{i}.0" for i in range(5)]
+    assert rec.messages_log is not old and len(rec.messages_log.keys) == 0
+    old.data.extend(old.pack(99, 1, 8, old.key(("late.0", "ping", "node-x", True))))
+    rec.received(7, "mesh-9.0", "ping", "node-x", 8, False, 8)
+    second = rec.drain(lambda nid: "client")["tables"]["messages"].rows()
+    assert [(r[0], r[3], r[6]) for r in second] == [(7, "mesh-9.0", "error"),
+                                                    (99, "late.0", "ok")]
+    assert rec.drain()["tables"]["messages"].rows() == []   # the old log is gone
+
+
+class Pinger(Actor):
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_call_one_writes_into_the_log_that_replaced_the_one_it_cached(monkeypatch):
+    from hpcmesh.actor import this_proc
+    monkeypatch.setattr(telemetry_recorder, "KEYS_LIMIT", 0)    # every drain replaces
+    rec = Recorder(max_rows=100)
+    monkeypatch.setattr(telemetry_recorder, "RECORDER", rec)
+    mesh = this_proc().spawn("pinger_keys", Pinger)
+    try:
+        drains = []
+        for _ in range(3):      # each call after the first finds its cached log replaced
+            assert mesh.ping.call_one().get(timeout=10) == "pong"
+            drains.append(rec.drain()["tables"]["sent_messages"].rows())
+    finally:
+        monkeypatch.setattr(telemetry_recorder, "RECORDER", None)
+        mesh.stop().get(timeout=10)
+    # rows: (time_ns, sender, actor_mesh_id, endpoint, method, view_json, n_dest)
+    mesh_id = drains[0][0][2]
+    assert [[r[2:5] for r in rows] for rows in drains] == [[(mesh_id, "ping", "call_one")]] * 3
+
+
 def test_a_store_saved_with_plain_string_columns_still_loads(tmp_path):
     # the per-call tables' strings are dictionary-encoded now; a job folder saved before
     # holds them as plain strings: same columns, cast on load

@@ -283,10 +283,11 @@ class Endpoint(Generic[P, R]):
             rec.sent(self._sent_key(rec, method, one))
 
     def _call_one_row(self, rec) -> tuple:
-        """What call_one needs to write its sent_messages row into ``rec``: the recorder,
-        its log's buffer, cap and packer, and the row's key (looked up once)."""
+        """What call_one needs to write its sent_messages row into ``rec``: the log (a
+        drain replaces one grown past KEYS_LIMIT keys), its buffer, cap and packer, and the
+        row's key (looked up once)."""
         log = rec.sent_log
-        return rec, log.data, log.cap, log.pack, self._sent_key(rec, "call_one", True)
+        return log, log.data, log.cap, log.pack, self._sent_key(rec, "call_one", True)
 
     def _sent_key(self, rec, method: str, one: bool = False) -> int:
         """The index of this endpoint's ``sent_messages`` fields for ``method`` in the
@@ -307,7 +308,7 @@ class Endpoint(Generic[P, R]):
         rec = _tel.RECORDER
         if rec is not None:     # _note_sent() written out: every pipelined call passes here
             row = self._one_row
-            if row is None or row[0] is not rec:
+            if row is None or row[0] is not rec.sent_log:   # another recorder, or log
                 row = self._one_row = self._call_one_row(rec)
             _, data, cap, pack, k = row
             if len(data) < cap:

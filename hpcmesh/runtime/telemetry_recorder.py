@@ -35,6 +35,10 @@ from ..settings import env_flag, env_number
 
 #: Set to 1 in the environment of processes started while telemetry is on.
 TELEMETRY_VAR = "HPCMESH_TELEMETRY"
+#: Distinct keys a KeyedLog holds before a drain replaces it with an empty one (each key is
+#: one (actor, endpoint, caller, ok) or one sent view: a job that makes meshes all along
+#: would grow them for ever).
+KEYS_LIMIT = 50_000
 #: Rows per table a process keeps between two drains (then it drops and counts them).
 BUFFER_VAR = "HPCMESH_TELEMETRY_BUFFER"
 DEFAULT_BUFFER_ROWS = 100_000
@@ -121,6 +125,19 @@ class KeyedRows:
     def __reduce__(self):
         return KeyedRows, (self.data, self.width, self.keys)
 
+    def merged(self, other: "KeyedRows") -> "KeyedRows":
+        """These rows, then ``other``'s (another log's: its key indices are moved past
+        these). For the few rows that reach a retired log; not a hot path."""
+        if not len(other):
+            return self
+        offset = max(self.keys) + 1 if self.keys else 0
+        nums = memoryview(bytearray(other.data)).cast("q")
+        for i in range(other.width - 1, len(nums), other.width):
+            nums[i] += offset
+        keys = dict(self.keys)
+        keys.update((k + offset, fields) for k, fields in other.keys.items())
+        return KeyedRows(self.data + nums.tobytes(), self.width, keys)
+
     def rows(self) -> list[tuple]:
         """As tuples of numbers and key fields, in order (tests, small tables)."""
         nums = memoryview(self.data).cast("q")
@@ -142,6 +159,8 @@ class Recorder:
         self.messages_log = KeyedLog(len(KEYED_TABLES["messages"][0]) + 1, max_rows)
         #: ``sent_messages``: (time_ns, key) rows
         self.sent_log = KeyedLog(len(KEYED_TABLES["sent_messages"][0]) + 1, max_rows)
+        #: logs replaced for holding KEYS_LIMIT keys: taken once more (rows that raced in)
+        self._retired: list[tuple[str, KeyedLog]] = []
 
     # -- recording (any thread) ------------------------------------------------------
     def add(self, table: str, row: tuple) -> None:
@@ -210,20 +229,30 @@ class Recorder:
         for name, rows in self.rows.items():
             n = len(rows)       # popleft, not a swap: appends from other threads go on
             tables[name] = [rows.popleft() for _ in range(n)]
-        messages = self.messages_log.take()
-        who_called = caller_name or (lambda node_id: node_id)
-        messages.keys = {k: (actor_id, endpoint.rpartition(":")[2], who_called(caller),
-                             "ok" if ok else "error")
-                         for k, (actor_id, endpoint, caller, ok) in messages.keys.items()}
-        tables["messages"] = messages
-        tables["sent_messages"] = self.sent_log.take()
         dropped = {k: v for k, v in self.dropped.items() if v}
         for k in dropped:
             self.dropped[k] = 0
-        for name, log in (("messages", self.messages_log), ("sent_messages", self.sent_log)):
+        retired, self._retired = self._retired, []
+        for name, attr in (("messages", "messages_log"), ("sent_messages", "sent_log")):
+            log = getattr(self, attr)
+            rows = log.take()
+            if len(log.keys) > KEYS_LIMIT:      # a fresh log; this one is taken once more
+                log.cap = 0                     # (no row gets past its check from now on)
+                setattr(self, attr, KeyedLog(log.width, self.max_rows))
+                self._retired.append((name, log))
+            for old_name, old in retired:
+                if old_name == name:
+                    rows = rows.merged(old.take())
+                    log.dropped += old.dropped
             if log.dropped:
                 n, log.dropped = log.dropped, 0
-                dropped[name] = n
+                dropped[name] = dropped.get(name, 0) + n
+            tables[name] = rows
+        who_called = caller_name or (lambda node_id: node_id)
+        tables["messages"].keys = {
+            k: (actor_id, endpoint.rpartition(":")[2], who_called(caller),
+                "ok" if ok else "error")
+            for k, (actor_id, endpoint, caller, ok) in tables["messages"].keys.items()}
         out = {"tables": tables, "dropped": dropped, "process": self.sample_process(),
                "who": who}
         if self.sample_gpus:

@@ -280,25 +280,26 @@ class Endpoint(Generic[P, R]):
         """This call in the telemetry's ``sent_messages`` (only while it records)."""
         rec = _tel.RECORDER
         if rec is not None:
-            rec.sent(self._sent_key(rec, method, one))
+            log = rec.sent_log      # one read: the key and the row go to the same log
+            rec.sent(self._sent_key(log, method, one), log)
 
     def _call_one_row(self, rec) -> tuple:
         """What call_one needs to write its sent_messages row into ``rec``: the log (a
         drain replaces one grown past KEYS_LIMIT keys), its buffer, cap and packer, and the
         row's key (looked up once)."""
         log = rec.sent_log
-        return log, log.data, log.cap, log.pack, self._sent_key(rec, "call_one", True)
+        return log, log.data, log.cap, log.pack, self._sent_key(log, "call_one", True)
 
-    def _sent_key(self, rec, method: str, one: bool = False) -> int:
+    def _sent_key(self, log, method: str, one: bool = False) -> int:
         """The index of this endpoint's ``sent_messages`` fields for ``method`` in the
-        recorder's log: made once (json.dumps per call was a third of a call_one)."""
+        recorder's ``log``: made once (json.dumps per call was a third of a call_one)."""
         keys = self._sent_keys
-        if keys is None or keys[0] is not rec.sent_log:
-            keys = self._sent_keys = (rec.sent_log, {})
+        if keys is None or keys[0] is not log:
+            keys = self._sent_keys = (log, {})
         k = keys[1].get(method)
         if k is None:
             shape = self._mesh._shape
-            k = keys[1][method] = rec.sent_log.key((
+            k = keys[1][method] = log.key((
                 current_or_client_node().name, self._mesh._state.actor_id, self._name, method,
                 json.dumps(dict(shape.extent)), 1 if one else shape.nelem))
         return k

@@ -400,8 +400,8 @@ class ActorHost:
         tel = _tel.RECORDER
         if tel is not None:     # the telemetry row's parts, looked up once for the batch
             mlog = tel.messages_log
-            mdata, mcap, mindex, mpack, tid = (mlog.data, mlog.cap, mlog.index, mlog.pack,
-                                               self.telemetry_id)
+            mdata, mcap, mindex, mpack = mlog.data, mlog.cap, mlog.index, mlog.pack
+            tid = self.telemetry_id
         n = 0
         while queue:
             n += 1
@@ -446,6 +446,9 @@ class ActorHost:
             finally:
                 current_context_var.reset(token)
                 if tel is not None:     # Recorder.received() written out: the hot path
+                    if mlog is not tel.messages_log:    # a drain replaced it: KEYS_LIMIT
+                        mlog = tel.messages_log
+                        mdata, mcap, mindex, mpack = mlog.data, mlog.cap, mlog.index, mlog.pack
                     if len(mdata) < mcap:
                         key = (tid, endpoint, origin, ok)
                         k = mindex.get(key)

@@ -107,7 +107,9 @@ class KeyedLog:
         del self.data[:n]           # rows appended meanwhile stay, whole
         keys = self.keys            # read after the rows: every key they use is in it
         used = set(memoryview(rows).cast("q")[self.width - 1::self.width])
-        return KeyedRows(rows, self.width, {k: keys[k] for k in used})
+        # (an index no key has would be a writer's bug: its rows lose their labels, the
+        # drain goes on)
+        return KeyedRows(rows, self.width, {k: keys[k] for k in used if 0 <= k < len(keys)})
 
 
 class KeyedRows:
@@ -185,12 +187,13 @@ class Recorder:
         else:
             log.dropped += 1
 
-    def sent(self, key: int) -> None:
+    def sent(self, key: int, log: KeyedLog | None = None) -> None:
         """One call made from this process to an actor mesh or a view of one
         (``sent_messages``: one row per call, however many actors it went to); ``key``:
-        ``sent_log.key((sender, actor_mesh_id, endpoint, method, view_json, n_dest))``.
+        ``log.key((sender, actor_mesh_id, endpoint, method, view_json, n_dest))``, of the
+        ``sent_log`` it was read from (a drain may replace it meanwhile).
         ``Endpoint.call_one`` writes this out."""
-        log = self.sent_log
+        log = log or self.sent_log
         data = log.data
         if len(data) < log.cap:
             data.extend(log.pack(_time_ns(), key))
@@ -226,9 +229,6 @@ class Recorder:
         turns the callers' node ids in ``messages`` into process names (done here, not
         per call); ``who``: this process (name, host, pid), for the collector."""
         tables: dict[str, Any] = {}
-        for name, rows in self.rows.items():
-            n = len(rows)       # popleft, not a swap: appends from other threads go on
-            tables[name] = [rows.popleft() for _ in range(n)]
         dropped = {k: v for k, v in self.dropped.items() if v}
         for k in dropped:
             self.dropped[k] = 0
@@ -248,6 +248,9 @@ class Recorder:
                 n, log.dropped = log.dropped, 0
                 dropped[name] = dropped.get(name, 0) + n
             tables[name] = rows
+        for name, rows in self.rows.items():
+            n = len(rows)       # popleft, not a swap: appends from other threads go on
+            tables[name] = [rows.popleft() for _ in range(n)]
         who_called = caller_name or (lambda node_id: node_id)
         tables["messages"].keys = {
             k: (actor_id, endpoint.rpartition(":")[2], who_called(caller),

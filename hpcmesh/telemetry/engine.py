@@ -17,6 +17,7 @@ from typing import Any
 from ..admin.token_http import endpoint_url, url_token
 from ..errors import HpcmeshError
 from .schema import TABLES
+from .store import plain_schema
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
@@ -55,7 +56,10 @@ class QueryEngine:
         for name in TABLES:
             ctx.register_record_batches(name, [self.store.batches(name)])
         try:
-            return ctx.sql(sql).to_arrow_table()
+            table = ctx.sql(sql).to_arrow_table()
+            # plain strings out (the store keeps some dictionary-encoded, a dictionary per
+            # batch: pyarrow's own group_by or combine_chunks could not unify them)
+            return table.cast(plain_schema(table.schema))
         except Exception as e:  # noqa: BLE001 - DataFusion raises plain Exceptions
             raise TelemetryQueryError(f"telemetry query failed: {e}\n(the tables: "
                                       f"{', '.join(TABLES)}; their columns are in "

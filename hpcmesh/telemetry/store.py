@@ -88,17 +88,17 @@ class TelemetryStore:
         flat = pa.Array.from_buffers(pa.int64(), n * rows.width, [None, pa.py_buffer(rows.data)])
         numbers = pa.FixedSizeListArray.from_arrays(flat, rows.width)
         index = pc.list_element(numbers, rows.width - 1)
-        top = max(rows.keys) + 1
         cols = {}
         for j, (name, divisor) in enumerate(number_columns):
             col = pc.list_element(numbers, j)
             cols[name] = pc.divide(col, divisor) if divisor != 1 else col
-        index32 = pc.cast(index, pa.int32())
+        # the keys these rows use, in order, and each row's position among them: a
+        # dictionary as long as the keys used (the log's key indices reach KEYS_LIMIT)
+        used = sorted(rows.keys)
+        position = pc.index_in(index, value_set=pa.array(used, type=pa.int64()))
         for j, name in enumerate(key_columns):
-            values = [None] * top           # the keys this drain did not use stay None
-            for k, fields in rows.keys.items():
-                values[k] = fields[j]
-            cols[name] = _column(pa, pc, schema.field(name).type, values, index32)
+            values = [rows.keys[k][j] for k in used]
+            cols[name] = _column(pa, pc, schema.field(name).type, values, position)
         if source:
             zeros = pa.array([0] * n, type=pa.int32())      # one value, n times
             for (name, _, _), value in zip(SOURCE_COLUMNS, source):
@@ -142,7 +142,9 @@ class TelemetryStore:
         return batches or [_pa().RecordBatch.from_pylist([], schema=self.schemas[table])]
 
     def table(self, table: str):
-        return _pa().Table.from_batches(self.batches(table), schema=self.schemas[table])
+        """The table as a pyarrow Table, its strings plain (see ``plain_schema``)."""
+        t = _pa().Table.from_batches(self.batches(table), schema=self.schemas[table])
+        return t.cast(plain_schema(t.schema))
 
     def row_counts(self) -> dict[str, int]:
         with self._lock:
@@ -161,10 +163,13 @@ class TelemetryStore:
         for name in TABLES:
             path = os.path.join(folder, f"{name}.arrow")
             tmp = f"{path}.tmp"
-            with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, self.schemas[name]) as w:
+            # an IPC file holds one dictionary per column, and every batch has its own:
+            # the file keeps plain strings (``load`` encodes them again)
+            plain = plain_schema(self.schemas[name])
+            with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, plain) as w:
                 for b in self.batches(name):
                     if b.num_rows:
-                        w.write_batch(b)
+                        w.write_batch(b.cast(plain))
             os.replace(tmp, path)
 
     def load(self, folder: str) -> int:
@@ -196,6 +201,13 @@ class TelemetryStore:
             n += table.num_rows
         self.prune()
         return n
+
+
+def plain_schema(schema):
+    """``schema`` with its dictionary-encoded columns as their plain value type."""
+    pa = _pa()
+    return pa.schema([(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+                      for f in schema])
 
 
 def _column(pa, pc, type_, values: list, indices):

@@ -17,7 +17,8 @@ import time
 from urllib.parse import unquote
 
 from ..runtime.client import ClientRuntime, client_runtime
-from ..runtime.introspect import ADMIN_URL_VARS
+from ..runtime.introspect import (ADMIN_URL_VARS, PYSPY_NATIVE_TIMEOUT_S, PYSPY_TIMEOUT_S,
+                                  PySpyError)
 from .config import MeshAdminConfig
 from .debug import send_to, sessions_of
 from .token_http import TokenHandler, TokenServer, endpoint_url
@@ -62,9 +63,31 @@ def collect_tree(rt: ClientRuntime, timeout: float = LOOP_TIMEOUT_S) -> dict:
     return build_tree(procs, reported, meshes)
 
 
-def collect_stacks(rt: ClientRuntime, name: str, timeout: float = LOOP_TIMEOUT_S) -> tuple[int, dict]:
-    """(HTTP status, document) for ``/api/stack/<name>``: from the process's event loop, or
-    when that does not answer in ``timeout`` s, from faulthandler through its host agent."""
+#: Where ``/api/stack/<process>`` gets the stacks, in the order it tries them, and the key
+#: under which its answer says why one gave none.
+STACK_SOURCES = {"event loop": "loop_error", "py-spy": "pyspy_error",
+                 "faulthandler": "faulthandler_error"}
+_YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def collect_stacks(rt: ClientRuntime, name: str, timeout: float = LOOP_TIMEOUT_S,
+                   source: str | None = None, native: str | bool | None = None
+                   ) -> tuple[int, dict]:
+    """(HTTP status, document) for ``/api/stack/<name>[?source=...&native=1]``: from the
+    process's event loop (fullest, cheapest); when that does not answer in ``timeout`` s,
+    from ``py-spy dump`` run by its host agent; where py-spy is missing or fails, from
+    faulthandler through the agent. ``source`` says which answered, ``loop_error`` /
+    ``pyspy_error`` why those before it did not. ``source=`` (the query's) asks one of
+    them only; ``native=1`` passes ``--native`` to py-spy."""
+    if source is not None and source not in STACK_SOURCES:
+        return 400, {"error": f"source={source!r}: the sources are "
+                              f"{', '.join(STACK_SOURCES)} (default: in that order)"}
+    if isinstance(native, str):
+        if native.lower() not in _YES + _NO:
+            return 400, {"error": f"native={native!r}: 1 (py-spy's --native) or 0"}
+        native = native.lower() in _YES
+    if native and source not in (None, "py-spy"):
+        return 400, {"error": f"native=1 is py-spy's --native: not with source={source}"}
     rec = rt.procs.get(name)
     if rec is None:
         return 404, {"error": f"no process named {name!r}; the names are in /api/tree"}
@@ -73,19 +96,27 @@ def collect_stacks(rt: ClientRuntime, name: str, timeout: float = LOOP_TIMEOUT_S
     if rec.node is None or rec.failure is not None:
         return 409, dict(base, error=f"process {rec.name} is not running "
                                      f"({rec.failure or 'not connected yet'})")
-    try:
-        threads = rt.node.rpc(rec.node, "admin_stacks").result(timeout=timeout)
-        text = "\n".join(f"Thread {t['thread']} ({t['ident']}):\n{t['stack']}" for t in threads)
-        return 200, dict(base, source="event loop", threads=threads, text=text)
-    except Exception as e:  # noqa: BLE001 - the fallback below says what happened
-        loop_error = f"{type(e).__name__}: {e}"
-    try:
-        text = rt.node.rpc(rec.agent, "dump_stacks", rec.name).result(timeout=timeout + 4)
-    except Exception as e:  # noqa: BLE001
-        return 502, dict(base, error=f"the process's event loop did not answer ({loop_error}) "
-                                     f"and the faulthandler fallback failed: "
-                                     f"{type(e).__name__}: {e}")
-    return 200, dict(base, source="faulthandler", loop_error=loop_error, text=text)
+    errors: dict[str, str] = {}
+    for src in STACK_SOURCES if source is None else (source,):
+        try:
+            if src == "event loop":
+                threads = rt.node.rpc(rec.node, "admin_stacks").result(timeout=timeout)
+                text = "\n".join(f"Thread {t['thread']} ({t['ident']}):\n{t['stack']}"
+                                 for t in threads)
+                return 200, dict(base, source=src, threads=threads, text=text)
+            # the agent's own timeout first (it then says what happened), ours as a bound
+            wait = (PYSPY_NATIVE_TIMEOUT_S if native else PYSPY_TIMEOUT_S) \
+                if src == "py-spy" else timeout
+            text = rt.node.rpc(rec.agent, "dump_stacks", rec.name, src,
+                               bool(native)).result(timeout=wait + 4)
+            return 200, dict(base, source=src, text=text, **errors)
+        except Exception as e:  # noqa: BLE001 - the next source, or the answer, says why
+            errors[STACK_SOURCES[src]] = (str(e) if isinstance(e, PySpyError) else
+                                          f"{type(e).__name__}: {e}" if str(e) else
+                                          f"{type(e).__name__}: no answer in time")
+    why = "; ".join(f"{src}: {errors[key]}" for src, key in STACK_SOURCES.items()
+                    if key in errors)
+    return 502, dict(base, error=f"no stacks of process {rec.name} ({why})", **errors)
 
 
 # -- the HTTP server ------------------------------------------------------------------------
@@ -97,7 +128,8 @@ class _Handler(TokenHandler):
         if path == "/api/tree":
             return 200, collect_tree(rt)
         if path.startswith("/api/stack/"):
-            return collect_stacks(rt, unquote(path[len("/api/stack/"):]))
+            return collect_stacks(rt, unquote(path[len("/api/stack/"):]),
+                                  **{k: query[k][-1] for k in ("source", "native") if k in query})
         if path == "/api/debug":
             return 200, {"sessions": sessions_of(rt)}
         return 404, {"error": f"no endpoint {path!r}; there are /api/tree, "

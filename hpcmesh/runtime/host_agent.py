@@ -25,7 +25,7 @@ from ..settings import env_flag
 from . import placement
 from .errors import describe_exit
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env
-from .introspect import dump_stacks_by_signal, remove_stack_file
+from .introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
 from .messages import EVENT_EXIT, EVENT_LOG, deliver_msg
 from .node import Node, NodeRef, PortRef
 from .zygote import ZygoteClient, ZygoteProcess
@@ -373,12 +373,17 @@ class HostAgent:
         while len(self.exited) > EXITED_KEPT:
             self.exited.pop(next(iter(self.exited)))
 
-    async def dump_stacks(self, name: str) -> str:
-        """The admin view's fallback when a process's loop does not answer: its stacks as
-        faulthandler writes them on a signal (see ``introspect``)."""
+    async def dump_stacks(self, name: str, tool: str = "faulthandler", native: bool = False) -> str:
+        """The admin view's fallbacks when a process's loop does not answer: its stacks as
+        ``py-spy dump`` reads them from outside (``tool="py-spy"``, ``native``: its
+        ``--native``), or as faulthandler writes them on a signal (see ``introspect``)."""
         p = self.procs.get(name)
         if p is None:
             raise LookupError(f"host {self.hostname} runs no process {name!r} (now)")
+        if tool == "py-spy":
+            return await dump_stacks_by_pyspy(p.popen.pid, native=native)
+        if tool != "faulthandler":
+            raise ValueError(f"no stack tool {tool!r}: py-spy or faulthandler")
         return await dump_stacks_by_signal(p.popen.pid)
 
     # -- stopping -------------------------------------------------------------------

@@ -1,11 +1,16 @@
 """What a process can tell about itself for the admin view: its actors and its threads' stacks.
 
-Two ways to get the stacks, because the cheap one needs the event loop:
+Three ways to get the stacks, because the cheap one needs the event loop:
 
 * the ``admin_stacks`` service (``sys._current_frames()`` + ``traceback``), answered by the
   process's event loop: thread names and full Python frames;
-* when the loop does not answer (an ``async def`` endpoint blocking it), the host agent
-  sends :data:`STACK_SIGNAL` and reads what ``faulthandler`` wrote into the process's stack
+* when the loop does not answer (an ``async def`` endpoint blocking it, or C code holding
+  the GIL), the host agent runs ``py-spy dump`` on the process (:func:`pyspy_dump`; the
+  optional ``stacks`` extra): it reads the stacks from outside through ptrace, so it
+  needs nothing from the process, shows which thread holds the GIL and, with
+  ``--native``, the C frames too;
+* where py-spy is not installed or may not trace the process, the host agent sends
+  :data:`STACK_SIGNAL` and reads what ``faulthandler`` wrote into the process's stack
   file (:func:`stack_file`). faulthandler writes from its C signal handler, so it answers
   whatever the Python code is doing. SIGUSR1/SIGUSR2 are not used: they are Slurm's
   time-limit warning (``agent_main.NOTICE_SIGNALS``); a real-time signal nobody sends is.
@@ -14,8 +19,11 @@ Two ways to get the stacks, because the cheap one needs the event loop:
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import traceback
@@ -32,6 +40,11 @@ STACK_SIGNAL: int | None = (signal.SIGRTMIN + 4) if hasattr(signal, "SIGRTMIN") 
 ADMIN_URL_VARS = ("MONARCH_ADMIN_URL", "HPCMESH_ADMIN_URL")
 
 _stack_file_handle = None     # kept open for faulthandler, which writes to its fd
+
+#: How long the host agent lets ``py-spy dump`` run (s); with ``--native`` it also reads
+#: the symbols of every loaded library, which takes longer in a process with large ones.
+PYSPY_TIMEOUT_S = 5.0
+PYSPY_NATIVE_TIMEOUT_S = 10.0
 
 
 def stack_file(pid: int) -> str:
@@ -134,3 +147,95 @@ async def dump_stacks_by_signal(pid: int, timeout: float = 3.0) -> str:
     if not text:
         raise TimeoutError(f"process {pid} wrote no stacks within {timeout} s")
     return text
+
+
+# -- py-spy ---------------------------------------------------------------------------------
+class PySpyError(RuntimeError):
+    """py-spy gave no stacks. ``reason``: ``not installed``, ``ptrace not permitted``,
+    ``timed out``, ``cannot run`` or ``failed``; the text says the rest. It travels back
+    to the admin server as the exception of an RPC (hence the plain ``args``)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason, detail)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        reason, detail = self.args
+        return f"{reason}: {detail}" if detail else reason
+
+
+def find_pyspy() -> str | None:
+    """The ``py-spy`` executable: the one beside this interpreter first (a venv's ``bin``,
+    where ``pip install 'hpcmesh[stacks]'`` puts it, whether or not it is on PATH), else
+    the first on PATH; None where there is none."""
+    if sys.executable:
+        beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        if os.path.isfile(beside) and os.access(beside, os.X_OK):
+            return beside
+    return shutil.which("py-spy")
+
+
+def pyspy_dump(pid: int, native: bool = False, timeout: float | None = None,
+               exe: str | None = None) -> str:
+    """``py-spy dump --pid <pid>`` (``--native`` too if asked): its text, every thread's
+    stack with its state (``idle``, ``active``, ``+gil``). Blocks up to ``timeout`` s
+    (:data:`PYSPY_TIMEOUT_S`); raises :class:`PySpyError` saying why it gave none."""
+    exe = exe or find_pyspy()
+    if exe is None:
+        raise PySpyError("not installed", f"no py-spy beside {sys.executable} nor on PATH "
+                                          f"(pip install 'hpcmesh[stacks]')")
+    if timeout is None:
+        timeout = PYSPY_NATIVE_TIMEOUT_S if native else PYSPY_TIMEOUT_S
+    cmd = [exe, "dump", "--pid", str(pid)] + (["--native"] if native else [])
+    try:
+        # no Rust backtrace of py-spy's own in its error message
+        r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
+                           env=dict(os.environ, RUST_BACKTRACE="0"))
+    except subprocess.TimeoutExpired:
+        # killed (subprocess.run did): ptrace detaches the process as py-spy dies; a stop
+        # signal that py-spy's attach left pending must not leave it stopped
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
+        raise PySpyError("timed out", f"py-spy dump --pid {pid} ran past {timeout:g} s "
+                                      f"(killed)") from None
+    except OSError as e:
+        raise PySpyError("cannot run", f"{exe}: {e}") from None
+    text = r.stdout.decode("utf-8", "replace")
+    if r.returncode == 0 and text.strip():
+        return text
+    raise PySpyError(*_pyspy_failure(r.returncode, r.stderr.decode("utf-8", "replace")))
+
+
+def _pyspy_failure(returncode: int, stderr: str) -> tuple[str, str]:
+    """(reason, detail) of a py-spy run that printed no stacks, from what it wrote."""
+    lines = []
+    for line in stderr.splitlines():
+        if line.startswith("Stack backtrace:"):     # py-spy's own, with RUST_BACKTRACE set
+            break
+        if line.strip():
+            lines.append(line.strip())
+    said = " ".join(lines)[:600] or "nothing on stderr"
+    detail = f"{said} (exit {returncode})"
+    low = said.lower()
+    if "permission denied" in low or "operation not permitted" in low:
+        try:
+            with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+                scope = f.read().strip()
+        except OSError:
+            scope = None
+        if scope not in (None, "0"):
+            detail += (f"; kernel.yama.ptrace_scope is {scope}: only a process's ancestors "
+                       f"(1) or holders of CAP_SYS_PTRACE (2) may trace it")
+        else:
+            detail += "; in a container, ptrace may need CAP_SYS_PTRACE (or a seccomp profile)"
+        return "ptrace not permitted", detail
+    return "failed", detail
+
+
+async def dump_stacks_by_pyspy(pid: int, native: bool = False,
+                               timeout: float | None = None) -> str:
+    """:func:`pyspy_dump` on the default executor: the caller's event loop runs on."""
+    return await asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(pyspy_dump, pid, native, timeout))

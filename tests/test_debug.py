@@ -1,14 +1,24 @@
 """``breakpoint()`` in an endpoint, attached to from ``hpcmesh debug`` in a real pty."""
 
+import asyncio
+import io
 import os
 import pty
+import queue
 import select
 import subprocess
 import sys
+import threading
 import time
+from contextlib import redirect_stderr
+
+import pytest
 
 from hpcmesh.actor import Actor, debug_controller, endpoint
 from hpcmesh.job import LocalJob
+from hpcmesh.runtime import debugger
+
+PROMPT = "(hpcmesh-pdb) "
 
 
 class Debuggee(Actor):
@@ -23,9 +33,29 @@ class Debuggee(Actor):
         return "pong"
 
     @endpoint
-    async def async_break(self) -> str:
-        breakpoint()          # on the event loop's thread: skipped, with a message
-        return "went on"
+    async def nap(self, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "rested"
+
+    @endpoint
+    async def async_break(self) -> int:
+        x = 41
+        breakpoint()          # on the event loop's thread: the loop goes on meanwhile
+        return x + 1
+
+
+@pytest.fixture
+def procs():
+    """Two processes (gpus=0, gpus=1) of a local job with the admin view `hpcmesh debug`
+    goes through."""
+    state = LocalJob(hosts=("hosts",)).enable_admin().state(cached_path=None)
+    pm = state.hosts.spawn_procs(per_host={"gpus": 2}, name="dbg")
+    try:
+        yield pm
+    finally:
+        pm.stop().get(timeout=30)
+        from hpcmesh.admin.server import stop_admin
+        stop_admin()
 
 
 def read_until(fd: int, marker: str, timeout: float = 30.0) -> str:
@@ -47,60 +77,212 @@ def read_until(fd: int, marker: str, timeout: float = 30.0) -> str:
     return buf
 
 
-def test_attach_to_a_breakpoint_from_hpcmesh_debug_in_a_pty():
-    state = LocalJob(hosts=("hosts",)).enable_admin().state(cached_path=None)
-    pm = state.hosts.spawn_procs(per_host={"gpus": 2}, name="dbg")
-    try:
-        d = pm.spawn("d", Debuggee)
-        other = pm.spawn("other", Debuggee)
-        assert d.async_break.call().get(timeout=60).values() == ["went on"] * 2
-        paused = d.slice(gpus=0).step.call_one(20)
-        deadline = time.monotonic() + 20
-        sessions = []
-        while not sessions and time.monotonic() < deadline:
-            sessions = debug_controller().list()
-            time.sleep(0.05)
-        (s,) = sessions
-        assert (s["mesh"], s["rank"], s["point"], s["pid"]) == ("d", 0, {"gpus": 0},
-                                                               pm.pids[0])
-        # the rest goes on: the other member, and another actor in the paused one's process
-        assert d.slice(gpus=1).ping.call_one().get(timeout=10) == "pong"
-        assert other.slice(gpus=0).ping.call_one().get(timeout=10) == "pong"
-        assert not paused.done()
+def open_session(timeout: float = 20.0) -> dict:
+    """The one paused endpoint, once it is paused."""
+    deadline = time.monotonic() + timeout
+    sessions = []
+    while not sessions and time.monotonic() < deadline:
+        sessions = debug_controller().list()
+        time.sleep(0.05)
+    (s,) = sessions
+    return s
 
-        main, child = pty.openpty()
-        proc = subprocess.Popen([sys.executable, "-m", "hpcmesh", "debug"], stdin=child,
-                                stdout=child, stderr=child, close_fds=True,
-                                env=dict(os.environ, PYTHONPATH=os.getcwd()))
-        os.close(child)
-        try:
-            out = read_until(main, "(hpcmesh-pdb) ")
-            assert "attached to d[gpus=0] (Debuggee)" in out and f"pid {pm.pids[0]}" in out
-            os.write(main, b"p y\n")
-            assert "40" in read_until(main, "(hpcmesh-pdb) ")
-            os.write(main, b"p x + 1\n")
-            assert "21" in read_until(main, "(hpcmesh-pdb) ")
-            os.write(main, b"c\n")
-            assert "detached; the endpoint continues" in read_until(main, "continues")
-            assert proc.wait(timeout=30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            os.close(main)
-        assert paused.get(timeout=30) == 41
-        assert debug_controller().list() == []
-        # a second breakpoint, and end of input (the user's ^D) continues it too
-        again = d.slice(gpus=1).step.call_one(1)
-        while not debug_controller().list():
-            time.sleep(0.05)
-        res = subprocess.run([sys.executable, "-m", "hpcmesh", "debug"], input="",
-                             capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0 and "detached" in res.stdout, res.stdout + res.stderr
-        assert again.get(timeout=30) == 3
+
+def debug_in_a_pty(attached: list[str], dialogue: list[tuple[bytes, str]]) -> None:
+    """``hpcmesh debug`` in a pty: its greeting shows each of ``attached``; each line of
+    ``dialogue`` is typed and its answer shows the text paired with it; then ``c``."""
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "hpcmesh", "debug"], stdin=child,
+                            stdout=child, stderr=child, close_fds=True,
+                            env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    os.close(child)
+    try:
+        out = read_until(main, PROMPT)
+        assert all(a in out for a in attached), out
+        for line, shown in dialogue:
+            os.write(main, line + b"\n")
+            assert shown in read_until(main, PROMPT)
+        os.write(main, b"c\n")
+        assert "detached; the endpoint continues" in read_until(main, "continues")
+        assert proc.wait(timeout=30) == 0
     finally:
-        pm.stop().get(timeout=30)
-        from hpcmesh.admin.server import stop_admin
-        stop_admin()
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main)
+
+
+def test_attach_to_a_breakpoint_from_hpcmesh_debug_in_a_pty(procs):
+    pm = procs
+    d = pm.spawn("d", Debuggee)
+    other = pm.spawn("other", Debuggee)
+    paused = d.slice(gpus=0).step.call_one(20)
+    s = open_session()
+    assert (s["mesh"], s["rank"], s["point"], s["pid"]) == ("d", 0, {"gpus": 0}, pm.pids[0])
+    # the rest goes on: the other member, and another actor in the paused one's process
+    assert d.slice(gpus=1).ping.call_one().get(timeout=10) == "pong"
+    assert other.slice(gpus=0).ping.call_one().get(timeout=10) == "pong"
+    assert not paused.done()
+    debug_in_a_pty(["attached to d[gpus=0] (Debuggee)", f"pid {pm.pids[0]}"],
+                   [(b"p y", "40"), (b"p x + 1", "21")])
+    assert paused.get(timeout=30) == 41
+    assert debug_controller().list() == []
+    # a second breakpoint, and end of input (the user's ^D) continues it too
+    again = d.slice(gpus=1).step.call_one(1)
+    open_session()
+    res = subprocess.run([sys.executable, "-m", "hpcmesh", "debug"], input="",
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "detached" in res.stdout, res.stdout + res.stderr
+    assert again.get(timeout=30) == 3
+
+
+def test_a_breakpoint_in_an_async_endpoint_leaves_its_process_running(procs):
+    pm = procs
+    d = pm.spawn("d", Debuggee)
+    other = pm.spawn("other", Debuggee)
+    napping = other.slice(gpus=0).nap.call_one(1.0)   # its reply is due while d is paused
+    paused = d.slice(gpus=0).async_break.call_one()
+    # answered with nothing else arriving at the process (no session listed yet)
+    assert napping.get(timeout=5) == "rested"
+    s = open_session()
+    assert (s["mesh"], s["point"], s["pid"]) == ("d", {"gpus": 0}, pm.pids[0])
+    # another actor of the paused one's process answers, at once or after suspending
+    assert other.slice(gpus=0).ping.call_one().get(timeout=2) == "pong"
+    assert other.slice(gpus=0).nap.call_one(0.05).get(timeout=2) == "rested"
+    assert not paused.done()
+    debug_in_a_pty(["attached to d[gpus=0] (Debuggee)"], [(b"p x", "41")])
+    assert paused.get(timeout=30) == 42
+    assert debug_controller().list() == []
+    assert d.slice(gpus=0).ping.call_one().get(timeout=10) == "pong"
+
+
+def loop_keeping_errors() -> tuple:
+    """A new asyncio loop, and the list its callbacks' uncaught errors go to."""
+    loop = asyncio.new_event_loop()
+    errors: list = []
+    loop.set_exception_handler(lambda _, ctx: errors.append(ctx))
+    return loop, errors
+
+
+def test_a_nested_loop_runs_the_rest_and_gives_the_outer_one_its_place_back():
+    """The mechanism on its own, nested twice: ready callbacks, tasks and lines put from
+    another thread (which must wake a loop waiting in select) all go on, no step of a task
+    finds another one running, and the paused tasks are theirs again afterwards."""
+    loop, errors = loop_keeping_errors()
+    outer, inner = (debugger.DebugSession({}, loop).input for _ in range(2))
+    seen: list = []
+
+    async def pause(name: str, inp, then: tuple = ()):
+        seen.append(name)
+        if then:
+            tasks[then[0]] = loop.create_task(pause(*then))
+        line = debugger._run_loop_until_line(loop, inp.lines)
+        seen.append((name, line, asyncio.current_task() is tasks[name]))
+
+    async def bystander(i: int):
+        await asyncio.sleep(0)
+        seen.append(i)
+
+    def put_later():
+        while "inner" not in seen:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        inner.put("inner line")
+        time.sleep(0.1)
+        outer.put("outer line")
+
+    async def main():
+        tasks["outer"] = loop.create_task(pause("outer", outer, ("inner", inner)))
+        for i in range(3):
+            loop.call_soon(seen.append, f"soon{i}")
+            loop.create_task(bystander(i))
+        await tasks["outer"]
+
+    tasks: dict = {}
+    threading.Thread(target=put_later, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        loop.run_until_complete(asyncio.wait_for(main(), 10))
+    finally:
+        loop.close()
+    assert time.monotonic() - t0 < 5 and not errors, errors
+    assert {"soon0", "soon1", "soon2", 0, 1, 2} <= set(seen)
+    assert seen.index(("inner", "inner line", True)) < seen.index(("outer", "outer line", True))
+
+
+class NodeHere:
+    """What breakpoint_hook needs of a process's node, for a loop run by this thread."""
+    name = "here"
+    _handling_frames = in_batch = False
+
+    def __init__(self, loop):
+        self.loop = loop
+        self._replied: set = set()
+        self.tid = threading.get_ident()
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self.tid
+
+
+def test_breakpoints_in_two_async_endpoints_nest_and_the_first_steps_on_after(monkeypatch):
+    loop, errors = loop_keeping_errors()
+    monkeypatch.setattr(debugger, "_node", NodeHere(loop))
+    before = set(debugger.SESSIONS)
+
+    def one():
+        debugger.breakpoint_hook()
+        return 1
+
+    async def first():
+        x = one()
+        x += 1
+        return x
+
+    async def second():      # runs while the first one is paused
+        y = 20
+        debugger.breakpoint_hook()
+        return y
+
+    said: dict = {}
+
+    def user():
+        deadline = time.monotonic() + 10
+        while len(set(debugger.SESSIONS) - before) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s1, s2 = (debugger.SESSIONS[i] for i in sorted(set(debugger.SESSIONS) - before))
+        said["second"] = s2.send("p y")["output"]     # the inner one first
+        said["second ended"] = s2.send("c")["ended"]
+        said["first next"] = s1.send("n")["output"] + s1.send("n")["output"]
+        said["first"] = s1.send("p x")["output"]
+        said["first ended"] = s1.send("c")["ended"]
+    async def both():
+        return await asyncio.wait_for(asyncio.gather(first(), second()), 30)
+    threading.Thread(target=user, daemon=True).start()
+    try:
+        results = loop.run_until_complete(both())
+    finally:
+        loop.close()
+    assert results == [2, 20] and not errors, errors
+    assert "20" in said["second"] and said["second ended"] and said["first ended"], said
+    assert "--Return--" in said["first next"] and "x += 1" in said["first next"], said
+    assert "1" in said["first"], said
+
+
+def test_a_loop_that_cannot_nest_skips_the_breakpoint_with_how_to_debug_it(monkeypatch):
+    class UvloopLike:       # uvloop's Loop: no _run_once to turn it from inside
+        def is_running(self):
+            return True
+
+    class Node:
+        loop = UvloopLike()
+        name = "p"
+
+        def on_loop_thread(self):
+            return True
+    monkeypatch.setattr(debugger, "_node", Node())
+    err = io.StringIO()
+    with redirect_stderr(err):
+        debugger.breakpoint_hook()
+    assert "HPCMESH_UVLOOP=0" in err.getvalue() and debugger.SESSIONS == {}
 
 
 def test_debug_with_nothing_paused_says_so():

@@ -96,8 +96,9 @@ def pick(sessions: list[Session], which: Session | int | None) -> Session:
     if isinstance(which, dict):
         return which
     if not sessions:
-        raise LookupError("no actor is paused at a breakpoint() (only sync endpoints pause; "
-                          "a process prints 'paused at a breakpoint' when one does)")
+        raise LookupError("no actor is paused at a breakpoint() (a process prints 'paused "
+                          "at a breakpoint' when one does; under uvloop, async endpoints "
+                          "do not pause: HPCMESH_UVLOOP=0)")
     if which is None:
         if len(sessions) > 1:
             raise LookupError("several sessions; pick one with --session N:\n" +

@@ -1,21 +1,30 @@
 """``breakpoint()`` inside an endpoint: a pdb session that a user attaches to from elsewhere.
 
 An actor process installs :func:`breakpoint_hook` as ``sys.breakpointhook``. A breakpoint
-in a sync endpoint (which runs on the actor's own thread) pauses that actor only: its
-thread waits in pdb, whose input and output go through a :class:`DebugSession` instead of
-the terminal the process does not have; the process's event loop, and so every other
-actor, goes on. The session is offered on the node's services (``debug_sessions``,
-``debug_send``), which the controller relays (``hpcmesh debug``, ``debug_controller()``),
-so the prompt travels over the job's authenticated transport.
+pauses that endpoint only: pdb waits for input that comes through a :class:`DebugSession`
+instead of the terminal the process does not have, and every other actor goes on. The
+session is offered on the node's services (``debug_sessions``, ``debug_send``), which the
+controller relays (``hpcmesh debug``, ``debug_controller()``), so the prompt travels over
+the job's authenticated transport.
+
+A sync endpoint runs on the actor's own thread: pdb blocks that thread, and the event loop
+goes on. An ``async def`` endpoint runs on the event loop's thread, which also carries the
+prompt: there pdb's input (:func:`_run_loop_until_line`) keeps the loop turning from inside
+the paused endpoint (a nested loop, asyncio's own ``_run_once``) until a line arrives, so
+the debugger's services, the other actors and the other calls run while it is paused.
+asyncio is not re-entrant; that function says what it takes. Two async endpoints of one
+process paused at once nest: the one paused last must continue first (the other's prompt
+answers after that). uvloop cannot be run from inside itself: there the breakpoint is
+skipped with a message (``HPCMESH_UVLOOP=0`` makes the process use asyncio's loop). pdb
+traces one thread: ``step`` in an async endpoint may stop in other code the loop runs.
 
 Detaching (``continue``, ``quit``, ``detach`` or end of input) continues the endpoint: a
-debugger attached from afar must never kill the call it stopped. A breakpoint on the
-event loop's thread (an ``async def`` endpoint) would stop the loop that carries the
-prompt itself: it is skipped, with a message that says how to debug such an endpoint.
+debugger attached from afar must never kill the call it stopped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import itertools
 import logging
@@ -29,6 +38,11 @@ from typing import Any
 
 from .context import current_context_var
 
+try:    # asyncio's record of the running task, shared with its C Task (3.11-3.13)
+    from asyncio.tasks import _enter_task, _leave_task
+except ImportError:  # pragma: no cover - a future Python: async breakpoints are skipped
+    _enter_task = _leave_task = None
+
 log = logging.getLogger("hpcmesh.debug")
 
 #: How long ``debug_send`` waits for pdb to ask for its next line before it answers with
@@ -40,16 +54,112 @@ SESSIONS: dict[int, "DebugSession"] = {}
 _node: Any = None
 
 
-class _Input(io.TextIOBase):
-    """pdb's stdin: lines put by ``debug_send``; reading one marks the session as waiting."""
+def _nothing() -> None:
+    pass
 
-    def __init__(self, session: "DebugSession"):
+
+def _run_loop_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str | None:
+    """The next line for pdb paused on the event loop's thread (None: end of input), the
+    loop turning meanwhile, from inside the callback that runs the paused endpoint.
+
+    asyncio is not re-entrant, so: the endpoint's task (if any) is left while the loop
+    turns, or every other task's step would find it still running. The callback's own
+    ``_run_once`` is in its loop over the ``len(_ready)`` handles it found ready, which the
+    turns here run and pop: every handle it may still pop is among the ``pending`` ones
+    ready now, so as many cancelled handles go in front of ``_ready`` afterwards, which it
+    pops (and skips) instead; the next turns skip what it leaves. And see
+    :func:`_copy_entered_contexts` and :func:`_flush_held_replies`.
+
+    pdb asks for the line from its trace function, where Python traces nothing: the loop
+    turns under ``sys.call_tracing`` and with no trace function, so that a breakpoint in
+    another async endpoint stops too (and nests here). That one's pdb leaves the thread
+    and its frames untraced when it continues: this one's traces are put back after."""
+    task = asyncio.current_task(loop)
+    if task is not None:
+        _leave_task(loop, task)
+    _copy_entered_contexts(loop)
+    held = _flush_held_replies()
+    pending = len(loop._ready)
+    trace, frame = sys.gettrace(), sys._getframe()
+    frame_traces = []
+    while frame is not None:
+        frame_traces.append((frame, frame.f_trace))
+        frame = frame.f_back
+    try:
+        return sys.call_tracing(_turn_until_line, (loop, lines))
+    finally:
+        skipped = asyncio.Handle(_nothing, (), loop)
+        skipped.cancel()
+        loop._ready.extendleft(itertools.repeat(skipped, pending))
+        sys.settrace(trace)
+        for frame, frame_trace in frame_traces:
+            frame.f_trace = frame_trace
+        if held is not None:
+            _node._handling_frames, _node.in_batch = held
+        if task is not None:
+            _enter_task(loop, task)
+
+
+def _turn_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str | None:
+    sys.settrace(None)
+    while True:
+        try:
+            return lines.get_nowait()
+        except queue.Empty:
+            pass
+        if loop._stopping or loop.is_closed():
+            return None
+        loop._run_once()
+
+
+def _copy_entered_contexts(loop: asyncio.BaseEventLoop) -> None:
+    """A socket's callback is one handle, run in one context each time: the one reading
+    the call that paused has its context entered, and entering it again (when that
+    socket has more to read) would fail, so it gets a copy."""
+    for key in list(loop._selector.get_map().values()):
+        for handle in key.data:
+            try:
+                if handle is not None:
+                    handle._context.run(_nothing)
+            except RuntimeError:        # entered: it is the one running now
+                handle._context = handle._context.copy()
+
+
+def _flush_held_replies() -> tuple | None:
+    """A node handling frames (the endpoint was called from there) holds back replies
+    until it is done, which it is not while the loop turns here: it stops holding them;
+    what it was, to put back afterwards."""
+    node = _node
+    if node is None:
+        return None
+    held = node._handling_frames, node.in_batch
+    node._handling_frames = node.in_batch = False
+    while node._replied:
+        node._replied.pop().flush_now()
+    return held
+
+
+class _Input(io.TextIOBase):
+    """pdb's stdin: lines put by ``debug_send``; reading one marks the session as waiting.
+    ``loop``: the session is on that event loop's thread, which turns while pdb waits."""
+
+    def __init__(self, session: "DebugSession", loop: asyncio.BaseEventLoop | None):
         self.session = session
+        self.loop = loop
         self.lines: queue.Queue[str | None] = queue.Queue()
+
+    def put(self, line: str | None) -> None:
+        self.lines.put(line)
+        if self.loop is not None:       # a loop waiting in select() would not see it
+            try:
+                self.loop.call_soon_threadsafe(_nothing)
+            except RuntimeError:        # closed: it is not waiting
+                pass
 
     def readline(self, size: int = -1) -> str:
         self.session._waiting()
-        line = self.lines.get()
+        line = self.lines.get() if self.loop is None else _run_loop_until_line(self.loop,
+                                                                              self.lines)
         return "" if line is None else line if line.endswith("\n") else line + "\n"
 
 
@@ -104,12 +214,13 @@ class _RemotePdb(pdb.Pdb):
 
 
 class DebugSession:
-    """One paused actor: who it is, pdb's streams, and whether pdb waits for input."""
+    """One paused endpoint: who it is, pdb's streams, and whether pdb waits for input.
+    ``loop``: it is paused on that event loop's thread (an async endpoint)."""
 
-    def __init__(self, where: dict[str, Any]):
+    def __init__(self, where: dict[str, Any], loop: asyncio.BaseEventLoop | None = None):
         self.id = next(_ids)
         self.where = where
-        self.input = _Input(self)
+        self.input = _Input(self, loop)
         self.output = _Output()
         self._cond = threading.Condition()
         self.waiting = False
@@ -136,7 +247,7 @@ class DebugSession:
         with self._cond:
             if line is not None and not self.ended:
                 self.waiting = False
-                self.input.lines.put(line)
+                self.input.put(line)
             self._cond.wait_for(lambda: self.waiting or self.ended, timeout=timeout)
             return {"output": self.output.take(), "ended": self.ended,
                     "waiting": self.waiting}
@@ -157,14 +268,19 @@ def _where() -> dict[str, Any]:
 def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
     """``sys.breakpointhook`` of an actor process."""
     node = _node
+    loop = None
     if node is not None and node.on_loop_thread():
-        msg = ("hpcmesh: breakpoint() skipped: it was called on the event loop's thread (an "
-               "async def endpoint), and stopping there would stop the process's "
-               "connections, the debugger's included. Debug it from a sync (def) endpoint, "
-               "or run the code under test in this process with this_proc().")
-        print(msg, file=sys.stderr, flush=True)
-        return
-    session = DebugSession(_where())
+        loop = node.loop
+        if not (isinstance(loop, asyncio.BaseEventLoop) and loop.is_running()
+                and hasattr(loop, "_run_once") and hasattr(loop, "_selector")
+                and _enter_task is not None):
+            print(f"hpcmesh: breakpoint() skipped: it was called on the event loop's thread "
+                  f"(an async def endpoint), and this process's loop ({type(loop).__name__}) "
+                  f"cannot keep running while it is paused there, which the debugger needs. "
+                  f"Set HPCMESH_UVLOOP=0 in the job's environment to debug async endpoints "
+                  f"(or debug it from a sync def endpoint).", file=sys.stderr, flush=True)
+            return
+    session = DebugSession(_where(), loop)
     SESSIONS[session.id] = session
     frame = sys._getframe(1)
     w = session.where
@@ -180,7 +296,6 @@ def list_sessions() -> list[dict[str, Any]]:
 
 async def send(session_id: int, line: str | None) -> dict[str, Any]:
     """The ``debug_send`` service: off the loop's thread (it waits for pdb)."""
-    import asyncio
     s = SESSIONS.get(session_id)
     if s is None:
         return {"output": "", "ended": True, "waiting": False,
@@ -192,7 +307,7 @@ async def send(session_id: int, line: str | None) -> dict[str, Any]:
 def release_all() -> None:
     """The process stops: every paused endpoint continues (and so can end)."""
     for s in list(SESSIONS.values()):
-        s.input.lines.put(None)
+        s.input.put(None)
 
 
 def install(node: Any) -> None:

@@ -32,6 +32,7 @@ from hpcmesh.actor import Actor, endpoint, this_host  # noqa: E402
 from hpcmesh.runtime import telemetry_recorder as T  # noqa: E402
 from hpcmesh.telemetry import TelemetryConfig  # noqa: E402
 from hpcmesh.telemetry.server import start_telemetry  # noqa: E402
+from hpcmesh.transport import connection  # noqa: E402
 
 
 class Echo(Actor):
@@ -85,6 +86,8 @@ def main() -> None:
             rec.drain()
             mesh.drain.call_one().get()
         T.RECORDER = rec if on and args.mode != "worker" else None
+        # (what enable()/disable() do besides: the transport's hook that dates sent calls)
+        connection.WRITE_HOOK = T._stamp_sent if T.RECORDER is not None else None
         w = on and args.mode != "ctl"
         assert mesh.record.call_one(w).get() == w
 

@@ -154,6 +154,72 @@ def test_a_log_with_too_many_keys_is_replaced_and_no_row_is_lost(monkeypatch):
     assert rec.drain()["tables"]["messages"].rows() == []   # the old log is gone
 
 
+def test_sent_calls_are_dated_by_the_first_write_after_them():
+    # a call only appends its key (the caller's thread is the pipeline's critical path);
+    # each write to a socket stamps the calls made by then; a take dates what no write has
+    from hpcmesh.runtime.telemetry_recorder import SentLog
+    log = SentLog(max_rows=100)
+    a, b = log.key(("client", "m-1", "ping", "call_one", "{}", 1)), log.key(
+        ("client", "m-2", "step", "call", "{}", 2))
+    t0 = time.time_ns()
+    for k in (a, a, b):
+        log.calls.append(k)
+    log.stamp()
+    log.stamp()                                 # nothing new: no second mark
+    log.calls.append(b)
+    log.stamp()
+    log.calls.append(a)                         # no write after it
+    got = log.take().rows()                     # (time_ns, *key)
+    t1 = time.time_ns()
+    assert [r[2] for r in got] == ["m-1", "m-1", "m-2", "m-2", "m-1"]
+    times = [r[0] for r in got]
+    assert times[0] == times[1] == times[2] < times[3] < times[4]
+    assert t0 <= times[0] and times[4] <= t1
+    assert log.take().rows() == []
+    log.calls.append(b)                         # counting goes on across takes
+    log.stamp()
+    later = log.take().rows()
+    assert [r[2] for r in later] == ["m-2"] and t1 <= later[0][0] <= time.time_ns()
+
+
+def test_sent_calls_past_the_buffer_are_dropped_oldest_first_and_counted():
+    from hpcmesh.runtime.telemetry_recorder import SentLog
+    log = SentLog(max_rows=4)
+    keys = [log.key(("client", f"m-{i}", "ping", "call_one", "{}", 1)) for i in range(10)]
+    for rounds in range(3):                     # no drain in between: marks stay bounded
+        for k in keys:
+            log.calls.append(k)
+            log.stamp()
+    assert len(log.calls) == 4 and len(log.marks) <= 4
+    assert log.dropped == 26
+    assert [r[2] for r in log.take().rows()] == ["m-6", "m-7", "m-8", "m-9"]
+
+
+def test_a_live_recorder_dates_call_one_between_the_call_and_its_reply():
+    # enable() hooks the transport's writes; disable() unhooks them
+    from hpcmesh.actor import this_proc
+    from hpcmesh.transport import connection
+    assert telemetry_recorder.RECORDER is None and connection.WRITE_HOOK is None
+    rec = telemetry_recorder.enable()
+    mesh = this_proc().spawn("pinger_dated", Pinger)
+    try:
+        assert mesh.ping.call_one().get(timeout=10) == "pong"
+        rec.drain()
+        time.sleep(0.05)
+        before = time.time_ns()
+        fut = mesh.ping.call_one()
+        time.sleep(0.2)                         # a drain long after: the write dated it
+        assert fut.get(timeout=10) == "pong"
+        after = time.time_ns()
+        got = rec.drain()["tables"]["sent_messages"].rows()
+    finally:
+        telemetry_recorder.disable()
+        mesh.stop().get(timeout=10)
+    assert connection.WRITE_HOOK is None
+    assert [r[3:5] for r in got] == [("ping", "call_one")]
+    assert before <= got[0][0] < before + 100_000_000 and got[0][0] < after
+
+
 class Pinger(Actor):
     @endpoint
     def ping(self) -> str:

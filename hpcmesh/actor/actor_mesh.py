@@ -13,7 +13,6 @@ import json
 import logging
 import sys
 import threading
-from time import time_ns as _time_ns
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
 from ..runtime import telemetry_recorder as _tel
@@ -22,6 +21,7 @@ from ..runtime.errors import MeshStoppedError, SupervisionError
 from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
 from ..runtime.messages import call_msg
 from ..runtime.node import NodeRef
+from ..runtime.spans import start_span
 from ..shapes import Shape
 from ..transport import serialization
 from ..transport.framing import FrameError
@@ -140,7 +140,14 @@ class ActorMesh(MeshView, Generic[T]):
         """Stop every actor of this actor mesh (the whole mesh, whatever this view selects):
         their ``__cleanup__`` runs, their processes go on. Later calls raise a
         ``SupervisionError`` naming the mesh and ``reason``. A Future of None."""
-        return stop_actor_mesh(self._state, reason)
+        if _tel.RECORDER is None:
+            return stop_actor_mesh(self._state, reason)
+        st = self._state        # telemetry's span: until every actor has stopped
+        sp = start_span("hpcmesh.stop_actors", mesh=st.name, actor_mesh_id=st.actor_id)
+        fut = stop_actor_mesh(st, reason)
+        if sp is not None:
+            sp.end_after(fut)
+        return fut
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         """[(rank in this view, global index)] and the view's extent as plain items (cached)."""
@@ -284,11 +291,11 @@ class Endpoint(Generic[P, R]):
             rec.sent(self._sent_key(log, method, one), log)
 
     def _call_one_row(self, rec) -> tuple:
-        """What call_one needs to write its sent_messages row into ``rec``: the log (a
-        drain replaces one grown past KEYS_LIMIT keys), its buffer, cap and packer, and the
+        """What call_one needs to note its call in ``rec``'s sent_messages: the log (a
+        drain replaces one grown past KEYS_LIMIT keys), the append of its calls, and the
         row's key (looked up once)."""
         log = rec.sent_log
-        return log, log.data, log.cap, log.pack, self._sent_key(log, "call_one", True)
+        return log, log.calls.append, self._sent_key(log, "call_one", True)
 
     def _sent_key(self, log, method: str, one: bool = False) -> int:
         """The index of this endpoint's ``sent_messages`` fields for ``method`` in the
@@ -311,11 +318,7 @@ class Endpoint(Generic[P, R]):
             row = self._one_row
             if row is None or row[0] is not rec.sent_log:   # another recorder, or log
                 row = self._one_row = self._call_one_row(rec)
-            _, data, cap, pack, k = row
-            if len(data) < cap:
-                data.extend(pack(_time_ns(), k))
-            else:
-                rec.sent_log.dropped += 1
+            row[1](row[2])      # the transport dates it (SentLog)
         route = self._route
         if route is not None and not kwargs and is_plain(args):
             # The common case, kept short: a live mesh, arguments made of builtin values.

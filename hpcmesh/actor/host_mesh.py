@@ -24,6 +24,7 @@ from ..runtime.future import Future, completed, failed, gather, on_runtime_threa
 from ..runtime.gpu_binding import BINDING_VAR, SLOT_VAR, choose_binding
 from ..runtime.introspect import ADMIN_URL_VARS
 from ..runtime.node import NodeRef
+from ..runtime.spans import start_span
 from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import tls
@@ -131,6 +132,9 @@ class HostMesh(MeshTrait):
         owner = spawning_actor()
         extent = Extent({**dict(self._shape.extent), **per_host})
         mesh_name = name or f"procs{next(_mesh_counter)}"
+        # telemetry's span: from the request until every process has connected
+        sp = (start_span("hpcmesh.spawn_procs", mesh=mesh_name, extent=dict(extent),
+                         host_mesh=self.name) if _tel.RECORDER is not None else None)
         uid = uuid.uuid4().hex[:8]
         per = Extent(per_host).nelem
         host_ranks = self._shape.ranks()
@@ -199,6 +203,8 @@ class HostMesh(MeshTrait):
         if (tel := _tel.RECORDER) is not None:
             tel.mesh(mesh_name, "proc", "ProcMesh", mesh_name, json.dumps(dict(extent)),
                      self.name)
+        if sp is not None:
+            sp.end_after(state.ready)
         return ProcMesh(state, Shape.from_extent(extent))
 
     @property

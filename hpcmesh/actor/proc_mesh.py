@@ -21,6 +21,7 @@ from ..runtime.context import Rendezvous
 from ..runtime.errors import MeshStoppedError
 from ..runtime.future import Future, completed, gather, on_runtime_thread
 from ..runtime.node import Node, NodeRef
+from ..runtime.spans import start_span
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization
@@ -118,9 +119,14 @@ class ProcMesh(MeshView):
             rt.actor_meshes[actor_id] = state     # the admin view (hpcmesh.admin)
         if self._state.in_this_process:
             self._state.actor_meshes.append(state)
+        sp = None
         if (tel := _tel.RECORDER) is not None:
             tel.mesh(actor_id, "actor", actor_class.__name__, name,
                      json.dumps(dict(extent)), self._state.name)
+            # telemetry's span: from the request until every actor has started
+            sp = start_span("hpcmesh.spawn_actors", mesh=name, actor_mesh_id=actor_id,
+                            actor_class=actor_class.__name__, proc_mesh=self._state.name,
+                            extent=dict(extent))
 
         def start() -> Future:
             nodes = [r.node for r in recs]
@@ -144,6 +150,8 @@ class ProcMesh(MeshView):
         if _tel.RECORDER is not None:
             ready.add_done_callback(lambda f: f.exception() is None and _record_actors(
                 actor_id, name, recs))
+        if sp is not None:
+            sp.end_after(ready)
         state.ready = ready
         return cast(TActor, ActorMesh(state, Shape.from_extent(extent)))
 
@@ -151,6 +159,16 @@ class ProcMesh(MeshView):
         """Stop the processes cleanly (actors' ``__cleanup__`` runs); whatever has not exited
         after ``grace`` seconds (default 5, ``HPCMESH_STOP_GRACE``) gets SIGTERM, then
         SIGKILL. A Future of {process name: exit code}."""
+        if _tel.RECORDER is None:
+            return self._stop(grace)
+        # telemetry's span: until every process has exited (or been given up on)
+        sp = start_span("hpcmesh.stop", mesh=self._state.name, extent=dict(self.extent))
+        fut = self._stop(grace)
+        if sp is not None:
+            sp.end_after(fut)
+        return fut
+
+    def _stop(self, grace: float | None) -> Future:
         st = self._state
         recs = [st.records[g] for g in self._shape.ranks()]
         node = current_or_client_node()

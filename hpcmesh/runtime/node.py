@@ -23,7 +23,7 @@ import uuid
 from typing import Any, Callable
 
 from ..settings import env_number
-from ..transport import serialization, tls
+from ..transport import connection, serialization, tls
 from ..transport.addresses import Address, parse_address, split_alias
 from ..transport.connection import Connection, ConnectionClosed, Listener, dial
 from .errors import SupervisionError
@@ -253,7 +253,7 @@ class Node:
         if target.node_id == self.node_id:
             if msg[0] == MSG_CALL and type(msg[3]) is tuple:
                 msg = serialization.loads(serialization.dumps_envelope(msg))   # no sharing
-            self.call_soon(self._dispatch_local, msg, buffers or ())
+            self._hand_over_local(msg, buffers or ())
             return
         if buffers is None:
             meta, bufs = serialization.dumps(msg, what)
@@ -263,11 +263,18 @@ class Node:
             check_frame_limits(len(meta), bufs)      # FrameError here, not at the peer
         self._send_encoded(target, meta, bufs)
 
+    def _hand_over_local(self, msg: tuple, buffers) -> None:
+        """A message to this node itself: dispatched on the loop. It counts as written
+        (``connection.WRITE_HOOK``: telemetry dates the calls sent so far)."""
+        if (hook := connection.WRITE_HOOK) is not None:
+            hook()
+        self.call_soon(self._dispatch_local, msg, buffers)
+
     def _send_encoded(self, target: NodeRef, meta: bytes, bufs: list) -> None:
         """Send one encoded frame (as ``send``); to this node itself it is decoded and
         dispatched on the loop."""
         if target.node_id == self.node_id:
-            self.call_soon(self._dispatch_local, serialization.loads(meta), bufs)
+            self._hand_over_local(serialization.loads(meta), bufs)
             return
         p = self._peers.get(target.node_id) or self.peer(target)
         conn = p.conn

@@ -8,11 +8,12 @@ to a bounded buffer: no lock, no I/O, no formatting on the call's path. A full b
 drops the row and counts it (a slow collector never blocks a call); the controller's
 collector (``hpcmesh.telemetry``) drains each process about once a second.
 
-The two tables written per call (``messages``, ``sent_messages``) are kept as numbers, a
-:class:`KeyedLog`: a row is a few int64s packed into one bytearray, its string fields an
-index into the log's keys (a tuple of every field per row cost the controller's pipelined
-calls a quarter of their speed). They travel as those bytes plus the keys they use, and
-the collector makes Arrow columns of them without a Python step per row.
+The two tables written per call are kept as numbers, their string fields an index into
+the log's keys (a tuple of every field per row cost the controller's pipelined calls a
+quarter of their speed): ``messages`` as a :class:`KeyedLog` (a row is a few int64s
+packed into one bytearray), ``sent_messages`` as a :class:`SentLog` (a call appends its
+key's index; the transport's writes date them). They travel as int64 bytes plus the keys
+they use, and the collector makes Arrow columns of them without a Python step per row.
 The other tables' rows are tuples in the columns' order (``hpcmesh/telemetry/schema.py``
 names and documents them), less those the collector adds per process (process, host, pid).
 """
@@ -27,11 +28,13 @@ import subprocess
 import struct
 import threading
 import time
+from array import array
 from collections import deque
 from time import time_ns as _time_ns
 from typing import Any, Callable
 
 from ..settings import env_flag, env_number
+from ..transport import connection
 
 #: Set to 1 in the environment of processes started while telemetry is on.
 TELEMETRY_VAR = "HPCMESH_TELEMETRY"
@@ -44,7 +47,8 @@ BUFFER_VAR = "HPCMESH_TELEMETRY_BUFFER"
 DEFAULT_BUFFER_ROWS = 100_000
 
 #: The tables a process records into as tuples (the collector adds the rest).
-TABLES = ("meshes", "actors", "actor_status_events", "process_status_events", "events")
+TABLES = ("meshes", "actors", "actor_status_events", "process_status_events", "events",
+          "spans")
 #: Those it records as numbers (``KeyedLog``; ``drain`` hands them out as ``KeyedRows``):
 #: per table, the columns a row's numbers become, each with what to divide it by (the
 #: clock's nanoseconds become the table's microseconds), then the key index; and the
@@ -55,6 +59,8 @@ KEYED_TABLES: dict[str, tuple[tuple[tuple[str, int], ...], tuple[str, ...]]] = {
     "sent_messages": ((("timestamp_us", 1000),),
                       ("sender", "actor_mesh_id", "endpoint", "method", "view_json", "n_dest")),
 }
+
+_PACK_Q = struct.Struct("=q").pack
 
 RECORDER: "Recorder | None" = None
 #: Where the controller's collector takes a drain it did not ask for itself: the last one
@@ -68,21 +74,12 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-class KeyedLog:
-    """A bounded log of rows of ``width`` int64s, the last of each the index of its key (a
-    tuple of the row's other fields) in ``keys``. A row is packed into ``data``, one
-    bytearray, with one ``extend`` (whole: rows of two threads never mix); no object per
-    row outlives its append. Kept rows of Python objects cost the pipeline several times
-    what making them costs (a tuple of every field: 0.75 of the speed of pipelined calls; a
-    tuple of ints still ~0.5 us a call of the worker's CPU; an ``array``'s append parses
-    each int)."""
-    __slots__ = ("data", "width", "cap", "pack", "index", "keys", "dropped", "_lock")
+class _Keys:
+    """The interned string fields of a log's rows: a row holds the index of its key (a
+    tuple of those fields) in ``keys``."""
+    __slots__ = ("index", "keys", "dropped", "cap", "_lock")
 
-    def __init__(self, width: int, max_rows: int):
-        self.data = bytearray()
-        self.width = width
-        self.cap = 8 * width * max_rows     # in bytes: compared with len(data)
-        self.pack = struct.Struct(f"={width}q").pack
+    def __init__(self):
         self.index: dict[tuple, int] = {}   # key -> its position in keys
         self.keys: list[tuple] = []
         self.dropped = 0
@@ -100,16 +97,154 @@ class KeyedLog:
                     k = self.index[fields] = len(self.keys) - 1
         return k
 
+    def _rows(self, data: bytes, width: int, used: set | None = None) -> "KeyedRows":
+        """``data``'s rows with the keys they use (``used``: their indices, if known)."""
+        keys = self.keys            # read after the rows: every key they use is in it
+        if used is None:
+            used = set(memoryview(data).cast("q")[width - 1::width])
+        # (an index no key has would be a writer's bug: its rows lose their labels, the
+        # drain goes on)
+        return KeyedRows(data, width, {k: keys[k] for k in used if 0 <= k < len(keys)})
+
+
+class KeyedLog(_Keys):
+    """A bounded log of rows of ``width`` int64s, the last of each the index of its key (a
+    tuple of the row's other fields) in ``keys``. A row is packed into ``data``, one
+    bytearray, with one ``extend`` (whole: rows of two threads never mix); no object per
+    row outlives its append. Kept rows of Python objects cost the pipeline several times
+    what making them costs (a tuple of every field: 0.75 of the speed of pipelined calls; a
+    tuple of ints still ~0.5 us a call of the worker's CPU; an ``array``'s append parses
+    each int)."""
+    __slots__ = ("data", "width", "pack")
+
+    def __init__(self, width: int, max_rows: int):
+        super().__init__()
+        self.data = bytearray()
+        self.width = width
+        self.cap = 8 * width * max_rows     # in bytes: compared with len(data)
+        self.pack = struct.Struct(f"={width}q").pack
+
+    def successor(self, max_rows: int) -> "KeyedLog":
+        """An empty log to replace this one, which keeps no row from now on (it is taken
+        once more, for rows that raced in)."""
+        self.cap = 0
+        return KeyedLog(self.width, max_rows)
+
     def take(self) -> "KeyedRows":
         """The rows so far (removed), with the keys they use."""
         n = len(self.data)
         rows = bytes(self.data[:n])
         del self.data[:n]           # rows appended meanwhile stay, whole
-        keys = self.keys            # read after the rows: every key they use is in it
-        used = set(memoryview(rows).cast("q")[self.width - 1::self.width])
-        # (an index no key has would be a writer's bug: its rows lose their labels, the
-        # drain goes on)
-        return KeyedRows(rows, self.width, {k: keys[k] for k in used if 0 <= k < len(keys)})
+        return self._rows(rows, self.width)
+
+
+class SentLog(_Keys):
+    """``sent_messages``: rows of (time_ns, key index), made so that the caller's thread
+    pays one ``list.append`` a call (``calls``), its fastest way to keep a fact.
+
+    The caller's thread is the pipeline's critical path: packing a timestamped row there
+    (the KeyedLog way) cost pipelined calls 13-15 % of their speed, more than its CPU
+    (~0.3 us of ~6). So a call only appends its key, and the time comes from the transport:
+    each write to a socket (``stamp``, from ``transport.connection.WRITE_HOOK``) notes how
+    many calls had been made by then. A call's timestamp is that of the first write after
+    it: when the frame carrying it (or an earlier one) went out, between the call and its
+    own send. The bound is kept there too: past ``cap`` calls the oldest are dropped and
+    counted."""
+    __slots__ = ("calls", "marks", "base", "last", "width")
+
+    def __init__(self, max_rows: int):
+        super().__init__()
+        self.calls: list[int] = []          # key indices, in call order
+        self.marks: deque[tuple[int, int]] = deque()   # (time_ns, calls made by then)
+        self.base = 0       # calls taken or dropped so far: calls[0] is call number base
+        self.last = 0       # the count in the last mark
+        self.cap = max_rows
+        self.width = 2
+
+    def stamp(self) -> None:
+        """A write is going out: the calls made so far were sent by now (any thread)."""
+        if self.base + len(self.calls) == self.last:    # nothing new (an unlocked look:
+            return                                      # a call it misses, the next sees)
+        with self._lock:
+            calls = self.calls
+            n = self.base + len(calls)
+            if n != self.last:
+                self.last = n
+                self.marks.append((_time_ns(), n))
+                if len(calls) > self.cap:
+                    excess = len(calls) - self.cap
+                    del calls[:excess]
+                    self.base += excess
+                    self.dropped += excess
+                    while self.marks and self.marks[0][1] <= self.base:
+                        self.marks.popleft()
+
+    def successor(self, max_rows: int) -> "SentLog":
+        """An empty log to replace this one (calls that reach this one meanwhile are taken
+        once more, dated by that take)."""
+        return SentLog(max_rows)
+
+    def take(self) -> "SentRows":
+        """The calls so far (removed), with the marks that date them: each call takes the
+        time of the first mark that counts it, or now if no write has stamped it yet."""
+        with self._lock:
+            calls = self.calls
+            n = len(calls)
+            taken = calls[:n]               # calls appended meanwhile stay
+            del calls[:n]
+            first = self.base
+            self.base = first + n
+            marks, self.marks = self.marks, deque()
+            now = _time_ns()
+        return SentRows(taken, marks, first, now, self.keys)
+
+
+class SentRows:
+    """What ``SentLog.take`` hands out: the calls' key indices in order, and the marks that
+    date them, as taken. Made into rows only when read (``keyed``) or pickled: the
+    controller's own drain goes to its store as is, so a collection costs its pipelined
+    caller no work per call; the store makes columns of them when a query reads them."""
+    __slots__ = ("calls", "marks", "first", "now", "keys")
+
+    def __init__(self, calls: list, marks, first: int, now: int, keys: list):
+        self.calls, self.marks, self.first, self.now = calls, marks, first, now
+        self.keys = keys        # the log's (it only grows: every index used is in it)
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def keyed(self) -> "KeyedRows":
+        """As (time_ns, key index) rows."""
+        n = len(self.calls)
+        end = self.first + n
+        # the times column as runs of equal times (a mark per write, not per call: the
+        # work here is per mark, the copies per row are C's)
+        runs = []
+        done = self.first
+        for t, count in self.marks:         # in order of count, and so of time
+            if count > done:
+                if count > end:
+                    count = end
+                runs.append(_PACK_Q(t) * (count - done))
+                done = count
+        runs.append(_PACK_Q(self.now) * (end - done))
+        data = bytearray(16 * n)
+        rows = memoryview(data).cast("q")
+        rows[0::2] = memoryview(b"".join(runs)).cast("q")
+        rows[1::2] = array("q", self.calls)
+        keys = self.keys
+        return KeyedRows(bytes(data), 2, {k: keys[k] for k in set(self.calls)
+                                          if 0 <= k < len(keys)})
+
+    def __reduce__(self):
+        k = self.keyed()
+        return KeyedRows, (k.data, k.width, k.keys)
+
+    def merged(self, other) -> "KeyedRows":
+        return self.keyed().merged(other.keyed() if isinstance(other, SentRows) else other)
+
+    def rows(self) -> list[tuple]:
+        return self.keyed().rows()
 
 
 class KeyedRows:
@@ -160,9 +295,9 @@ class Recorder:
         #: ``messages``: (start_ns, duration_ns, bytes, key) rows (``KEYED_TABLES``)
         self.messages_log = KeyedLog(len(KEYED_TABLES["messages"][0]) + 1, max_rows)
         #: ``sent_messages``: (time_ns, key) rows
-        self.sent_log = KeyedLog(len(KEYED_TABLES["sent_messages"][0]) + 1, max_rows)
+        self.sent_log = SentLog(max_rows)
         #: logs replaced for holding KEYS_LIMIT keys: taken once more (rows that raced in)
-        self._retired: list[tuple[str, KeyedLog]] = []
+        self._retired: list[tuple[str, KeyedLog | SentLog]] = []
 
     # -- recording (any thread) ------------------------------------------------------
     def add(self, table: str, row: tuple) -> None:
@@ -187,18 +322,14 @@ class Recorder:
         else:
             log.dropped += 1
 
-    def sent(self, key: int, log: KeyedLog | None = None) -> None:
+    def sent(self, key: int, log: SentLog | None = None) -> None:
         """One call made from this process to an actor mesh or a view of one
         (``sent_messages``: one row per call, however many actors it went to); ``key``:
         ``log.key((sender, actor_mesh_id, endpoint, method, view_json, n_dest))``, of the
         ``sent_log`` it was read from (a drain may replace it meanwhile).
         ``Endpoint.call_one`` writes this out."""
-        log = log or self.sent_log
-        data = log.data
-        if len(data) < log.cap:
-            data.extend(log.pack(_time_ns(), key))
-        else:
-            log.dropped += 1
+        (log or self.sent_log).calls.append(key)
+
 
     def mesh(self, mesh_id: str, kind: str, class_name: str, given_name: str,
              shape_json: str, parent_mesh_id: str | None = None) -> None:
@@ -221,6 +352,13 @@ class Recorder:
         """A log line or another notable fact (``events``)."""
         self.add("events", (now_us(), level, source, message))
 
+    def span(self, start_us: int, span_id: str, parent_span_id: str | None, name: str,
+             duration_us: int, status: str, error: str | None, actor_id: str | None,
+             endpoint: str | None, attributes_json: str) -> None:
+        """A span that ended (``spans``; ``runtime/spans.py`` writes it)."""
+        self.add("spans", (start_us, span_id, parent_span_id, name, duration_us, status,
+                           error, actor_id, endpoint, attributes_json))
+
     # -- draining (the ``telemetry_drain`` service) ----------------------------------
     def drain(self, caller_name: Callable[[str | None], str | None] | None = None,
               who: dict | None = None) -> dict[str, Any]:
@@ -237,8 +375,7 @@ class Recorder:
             log = getattr(self, attr)
             rows = log.take()
             if len(log.keys) > KEYS_LIMIT:      # a fresh log; this one is taken once more
-                log.cap = 0                     # (no row gets past its check from now on)
-                setattr(self, attr, KeyedLog(log.width, self.max_rows))
+                setattr(self, attr, log.successor(self.max_rows))
                 self._retired.append((name, log))
             for old_name, old in retired:
                 if old_name == name:
@@ -348,6 +485,7 @@ def enable(*, sample_gpus: bool = False) -> Recorder:
     global RECORDER
     if RECORDER is None:
         RECORDER = Recorder(buffer_rows(), sample_gpus=sample_gpus)
+        connection.WRITE_HOOK = _stamp_sent
     elif sample_gpus:
         RECORDER.sample_gpus = True
     return RECORDER
@@ -356,6 +494,15 @@ def enable(*, sample_gpus: bool = False) -> Recorder:
 def disable() -> None:
     global RECORDER
     RECORDER = None
+    connection.WRITE_HOOK = None
+
+
+def _stamp_sent() -> None:
+    """The transport's ``WRITE_HOOK`` while this process records: a write is going out,
+    which dates the calls made so far (``SentLog.stamp``)."""
+    rec = RECORDER
+    if rec is not None:
+        rec.sent_log.stamp()
 
 
 def enable_from_env(*, sample_gpus: bool = False) -> None:

@@ -133,7 +133,7 @@ class Collector:
                 continue
             if len(rows) >= half:
                 self._hurry = True
-            if isinstance(rows, telemetry_recorder.KeyedRows):
+            if isinstance(rows, (telemetry_recorder.KeyedRows, telemetry_recorder.SentRows)):
                 self.store.append_keyed(name, rows, src if TABLES[name].from_source else ())
                 continue
             if TABLES[name].from_source:

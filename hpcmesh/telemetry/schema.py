@@ -1,8 +1,9 @@
 """The telemetry tables: their columns, types and meaning (pure data, no pyarrow here).
 
 Names follow Monarch's telemetry where it has them (``meshes``, ``actors``,
-``actor_status_events``, ``messages``, ``sent_messages``, ``events``, ``metric_*``;
-``timestamp_us``, ``new_status``, ``actor_mesh_id``, ``view_json``, ``shape_json``...).
+``actor_status_events``, ``messages``, ``sent_messages``, ``events``, ``spans``,
+``metric_*``; ``timestamp_us``, ``new_status``, ``actor_mesh_id``, ``view_json``,
+``shape_json``...).
 Each table lists the columns a process records (``RECORDED``, in the order of the row
 tuples of ``hpcmesh.runtime.telemetry_recorder``) and those the collector adds per process
 (``process``, ``host``, ``pid``: who recorded the row). ``docs/TELEMETRY.md`` prints this
@@ -85,7 +86,9 @@ TABLES: dict[str, Table] = {t.name: t for t in (
                    "came in a batch frame: its share of the frame)"))),
     Table("sent_messages", "one row per call made to an actor mesh (the sending side; a "
           "call to N actors is one row)", (
-        TS,
+        ("timestamp_us", "int64", "when the call went out, in microseconds since the Unix "
+                                  "epoch (wall clock): the time of the first write to a "
+                                  "socket after the call (its frame's, or an earlier one's)"),
         ("sender", "string", "the calling process"),
         ("actor_mesh_id", "string", "the mesh called (meshes.id)"),
         ("endpoint", "string", "the endpoint's name"),
@@ -97,6 +100,24 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         ("level", "string", "stdout, stderr, or a logging level"),
         ("source", "string", "the process the line came from"),
         ("message", "string", "the line"))),
+    Table("spans", "one row per span that ended: a named, timed section of code "
+          "(hpcmesh.telemetry.span) or a coarse runtime operation (hpcmesh.spawn_procs, "
+          "hpcmesh.spawn_actors, hpcmesh.stop, hpcmesh.stop_actors)", (
+        ("timestamp_us", "int64", "when it started, in microseconds since the Unix epoch "
+                                  "(wall clock)"),
+        ("span_id", "string", "<pid>-<8 hex digits drawn per process>-<n>: unique in the job"),
+        ("parent_span_id", "string", "the span open in the same asyncio task or thread when "
+                                     "it started (None at the top)"),
+        ("name", "string", "the name given (without one: the decorated function's "
+                           "qualified name, or that of the function the with is in)"),
+        ("duration_us", "int64", "from its start to its end, in microseconds (monotonic "
+                                 "clock)"),
+        ("status", "string", "ok, or error (an exception ended it)"),
+        ("error", "string", "that exception's type and message (None when ok)"),
+        ("actor_id", "string", "the actor it ran in (actors.id; None outside actors)"),
+        ("endpoint", "string", "the endpoint of that actor it ran in (None outside one)"),
+        ("attributes_json", "string", "its keyword attributes as JSON (a value JSON cannot "
+                                      "hold: its repr)"))),
     Table("metric_process", "a sample of each process per collection (about once a second)", (
         TS,
         ("cpu_percent", "double", "CPU since the previous sample, in percent of one core"),

@@ -58,6 +58,10 @@ _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The first byte of a TLS record carrying a handshake (a ClientHello); the hpcmesh
 #: handshake starts with its magic instead, so a listener tells them apart.
 TLS_HANDSHAKE_BYTE = 0x16
+#: Called (no arguments, the connection's lock held) before each write of frames to any
+#: connection's socket, from whichever thread writes; None: nothing to call. The runtime's
+#: telemetry sets it to date the calls queued by then (the transport knows nothing of it).
+WRITE_HOOK: Callable[[], None] | None = None
 
 
 class HandshakeClosed(HandshakeError):
@@ -331,6 +335,8 @@ class Connection:
         error) goes through ``_write_locked``, which queues it for the loop's writer (or
         closes); under TLS all of it does, to be encrypted. ``foreign``: not on the loop
         thread."""
+        if WRITE_HOOK is not None:
+            WRITE_HOOK()
         n = 0
         if self._tls is None:
             try:
@@ -342,6 +348,8 @@ class Connection:
             self._write_locked(foreign=foreign)
 
     def _write_locked(self, foreign: bool = False) -> None:
+        if WRITE_HOOK is not None:
+            WRITE_HOOK()
         out = self._out
         self._pending_frames = 0
         try:

@@ -163,12 +163,13 @@ def test_sent_calls_are_dated_by_the_first_write_after_them():
         ("client", "m-2", "step", "call", "{}", 2))
     t0 = time.time_ns()
     for k in (a, a, b):
-        log.calls.append(k)
+        log.append(k)
     log.stamp()
     log.stamp()                                 # nothing new: no second mark
-    log.calls.append(b)
+    assert len(log.mark_times) == 1
+    log.append(b)
     log.stamp()
-    log.calls.append(a)                         # no write after it
+    log.append(a)                               # no write after it
     got = log.take().rows()                     # (time_ns, *key)
     t1 = time.time_ns()
     assert [r[2] for r in got] == ["m-1", "m-1", "m-2", "m-2", "m-1"]
@@ -176,23 +177,27 @@ def test_sent_calls_are_dated_by_the_first_write_after_them():
     assert times[0] == times[1] == times[2] < times[3] < times[4]
     assert t0 <= times[0] and times[4] <= t1
     assert log.take().rows() == []
-    log.calls.append(b)                         # counting goes on across takes
+    log.append(b)                               # counting goes on across takes
     log.stamp()
     later = log.take().rows()
     assert [r[2] for r in later] == ["m-2"] and t1 <= later[0][0] <= time.time_ns()
 
 
-def test_sent_calls_past_the_buffer_are_dropped_oldest_first_and_counted():
+def test_sent_calls_past_the_buffer_are_dropped_and_counted_with_or_without_writes():
+    # review: the bound was kept only when a write stamped the calls (a caller polling a
+    # stopped mesh makes calls that write nothing: 300,000 kept with a buffer of 1,000)
     from hpcmesh.runtime.telemetry_recorder import SentLog
     log = SentLog(max_rows=4)
     keys = [log.key(("client", f"m-{i}", "ping", "call_one", "{}", 1)) for i in range(10)]
     for rounds in range(3):                     # no drain in between: marks stay bounded
         for k in keys:
-            log.calls.append(k)
+            log.append(k)
             log.stamp()
-    assert len(log.calls) == 4 and len(log.marks) <= 4
-    assert log.dropped == 26
-    assert [r[2] for r in log.take().rows()] == ["m-6", "m-7", "m-8", "m-9"]
+    for k in keys:
+        log.append(k)                           # and no write at all
+    assert len(log.calls) == 4 and len(log.mark_times) <= 4
+    assert log.dropped == 36
+    assert [r[2] for r in log.take().rows()] == ["m-0", "m-1", "m-2", "m-3"]
 
 
 def test_a_live_recorder_dates_call_one_between_the_call_and_its_reply():
@@ -243,6 +248,22 @@ def test_call_one_writes_into_the_log_that_replaced_the_one_it_cached(monkeypatc
     # rows: (time_ns, sender, actor_mesh_id, endpoint, method, view_json, n_dest)
     mesh_id = drains[0][0][2]
     assert [[r[2:5] for r in rows] for rows in drains] == [[(mesh_id, "ping", "call_one")]] * 3
+
+
+def test_call_one_keeps_at_most_the_buffer_between_drains(monkeypatch):
+    from hpcmesh.actor import this_proc
+    rec = Recorder(max_rows=5)
+    monkeypatch.setattr(telemetry_recorder, "RECORDER", rec)
+    mesh = this_proc().spawn("pinger_bounded", Pinger)
+    try:
+        for _ in range(20):
+            assert mesh.ping.call_one().get(timeout=10) == "pong"
+        out = rec.drain()
+    finally:
+        monkeypatch.setattr(telemetry_recorder, "RECORDER", None)
+        mesh.stop().get(timeout=10)
+    assert len(out["tables"]["sent_messages"]) == 5
+    assert out["dropped"]["sent_messages"] == 15
 
 
 class Slow(Actor):

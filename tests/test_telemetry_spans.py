@@ -265,3 +265,75 @@ def test_with_telemetry_off_spans_in_an_actor_work_and_record_nothing():
         assert telemetry_recorder.RECORDER is None
     finally:
         pm.stop().get(timeout=30)
+
+
+# -- review findings ------------------------------------------------------------------------
+class LocalWorker(Actor):
+    @endpoint
+    def sync_step(self, i: int) -> None:
+        with span("sync_in_actor", i=i):
+            helper(i)
+
+    @endpoint
+    async def async_step(self, i: int) -> None:
+        with span("async_in_actor", i=i):
+            await asyncio.sleep(0)
+
+
+@span()
+def helper(i: int) -> int:
+    return i
+
+
+def test_an_actor_span_never_takes_an_ended_or_a_callers_span_as_parent(recorder):
+    # asyncio copies a context into what it schedules: the mailbox task of an actor first
+    # called inside the controller's span kept that span as every later span's parent
+    # (review). And a decorated helper an endpoint calls is labelled with that endpoint.
+    from hpcmesh.actor import this_proc
+    mesh = this_proc().spawn("span_parents", LocalWorker)
+    try:
+        with span("setup"):
+            mesh.sync_step.call_one(0).get(timeout=10)
+            mesh.async_step.call_one(0).get(timeout=10)
+        for i in (1, 2):
+            mesh.sync_step.call_one(i).get(timeout=10)
+            mesh.async_step.call_one(i).get(timeout=10)
+        got = [dict(zip(RECORDED, r)) for r in recorder.drain()["tables"]["spans"]]
+    finally:
+        mesh.stop().get(timeout=10)
+    by_id = {r["span_id"]: r for r in got}
+    in_actor = [r for r in got if r["name"] != "setup" and not r["name"].startswith("hpcmesh.")]
+    assert len(in_actor) == 9                   # 3 x (sync, its helper, async)
+    for r in in_actor:
+        parent = by_id.get(r["parent_span_id"])
+        assert parent is None or parent["name"] == "sync_in_actor", (r, parent)
+    helpers = [r for r in in_actor if r["name"] == "helper"]
+    assert [r["endpoint"] for r in helpers] == ["sync_step"] * 3
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("str failed")
+
+
+class BadRepr:
+    def __repr__(self):
+        raise RuntimeError("repr failed")
+
+
+def test_a_span_never_raises_into_the_code_it_measures(recorder):
+    with span("bad_attribute", value=BadRepr()):
+        pass
+    with pytest.raises(Unprintable):        # the user's own exception, not span's
+        with span("bad_exception"):
+            raise Unprintable()
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    with span("too_deep", value=deep):
+        pass
+    got = drained(recorder)
+    assert "repr raised" in got["bad_attribute"]["attributes_json"]
+    assert got["bad_exception"]["status"] == "error"
+    assert got["bad_exception"]["error"].startswith("Unprintable")
+    assert set(got) == {"bad_attribute", "bad_exception", "too_deep"}

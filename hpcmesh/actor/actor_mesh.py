@@ -143,7 +143,8 @@ class ActorMesh(MeshView, Generic[T]):
         if _tel.RECORDER is None:
             return stop_actor_mesh(self._state, reason)
         st = self._state        # telemetry's span: until every actor has stopped
-        sp = start_span("hpcmesh.stop_actors", mesh=st.name, actor_mesh_id=st.actor_id)
+        sp = start_span("hpcmesh.stop_actors", mesh=st.name, actor_mesh_id=st.actor_id,
+                        extent=dict(self._shape.extent))
         fut = stop_actor_mesh(st, reason)
         if sp is not None:
             sp.end_after(fut)
@@ -292,10 +293,10 @@ class Endpoint(Generic[P, R]):
 
     def _call_one_row(self, rec) -> tuple:
         """What call_one needs to note its call in ``rec``'s sent_messages: the log (a
-        drain replaces one grown past KEYS_LIMIT keys), the append of its calls, and the
+        drain replaces one grown past KEYS_LIMIT keys), its calls and their bound, and the
         row's key (looked up once)."""
         log = rec.sent_log
-        return log, log.calls.append, self._sent_key(log, "call_one", True)
+        return log, log.calls, log.cap, self._sent_key(log, "call_one", True)
 
     def _sent_key(self, log, method: str, one: bool = False) -> int:
         """The index of this endpoint's ``sent_messages`` fields for ``method`` in the
@@ -318,7 +319,11 @@ class Endpoint(Generic[P, R]):
             row = self._one_row
             if row is None or row[0] is not rec.sent_log:   # another recorder, or log
                 row = self._one_row = self._call_one_row(rec)
-            row[1](row[2])      # the transport dates it (SentLog)
+            calls = row[1]      # SentLog.append() written out; the transport dates it
+            if len(calls) < row[2]:
+                calls.append(row[3])
+            else:
+                row[0].overflow()
         route = self._route
         if route is not None and not kwargs and is_plain(args):
             # The common case, kept short: a live mesh, arguments made of builtin values.

@@ -30,6 +30,7 @@ import functools
 import inspect
 import itertools
 import json
+import logging
 import os
 import sys
 import time
@@ -40,6 +41,7 @@ from . import telemetry_recorder as _tel
 from .context import current_context_var
 
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("hpcmesh.telemetry")
 
 #: The span open in this task or thread: the parent of the next one.
 _current: contextvars.ContextVar["OpenSpan | None"] = contextvars.ContextVar(
@@ -64,6 +66,7 @@ def _after_fork() -> None:
     global _prefix, _counter
     _prefix = None
     _counter = itertools.count(1)
+    _current.set(None)          # the parent's spans are not this process's
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -73,10 +76,18 @@ class OpenSpan:
     """A span that started and has not ended: ``end()`` records it. What ``start_span``
     returns, and what ``span`` keeps while it is entered."""
     __slots__ = ("span_id", "parent", "name", "attributes", "start_us", "t0", "instance",
-                 "actor_id", "endpoint", "entered", "outer")
+                 "actor_id", "endpoint", "entered", "outer", "ended")
 
     def end(self, exc: BaseException | None = None) -> None:
-        """Record it (ok, or error with ``exc``); dropped if telemetry is off by now."""
+        """Record it (ok, or error with ``exc``); dropped if telemetry is off by now. Never
+        raises: telemetry must not change what the code it measures does."""
+        try:
+            self._end(exc)
+        except Exception:  # noqa: BLE001 - a value that cannot even be described
+            log.debug("span %s not recorded", self.name, exc_info=True)
+
+    def _end(self, exc: BaseException | None) -> None:
+        self.ended = True
         if self.entered:
             _current.set(self.parent)   # not a Token's reset: an endpoint that suspended
             #                             resumes in a copy of the context it started in
@@ -92,25 +103,33 @@ class OpenSpan:
 
     def end_after(self, future: Any) -> None:
         """End when ``future`` (a runtime Future) settles, as it settles."""
-        future.add_done_callback(lambda f: self.end(f.exception()))
+        future.add_done_callback(lambda f: self.end(f.exception()))    # (end never raises)
 
 
 def _begin(name: str, attributes: dict, frame: Any, code: Any, entered: bool) -> OpenSpan:
     """A span starting now (telemetry is on); ``frame``, ``code``: where to look for the
     endpoint it runs in (``code``: the decorated function's)."""
     s = OpenSpan()
-    parent = s.parent = _current.get()
+    ctx = current_context_var.get()
+    inst = ctx.actor_instance if ctx is not None else None
+    # The open span of this task or thread, of this actor (or both of none). asyncio copies
+    # a context into what it schedules (a mailbox task, a connection's reader, a local
+    # hand-over), so an ended span, or one of the caller's, can be found here: not parents.
+    parent = _current.get()
+    while parent is not None and (parent.ended or parent.instance is not inst):
+        parent = parent.parent
+    s.parent = parent
     s.span_id = _new_id()
     s.name = name
     s.attributes = attributes
     s.entered = entered
+    s.ended = False
     s.outer = None
-    ctx = current_context_var.get()
+    s.instance = inst
     if ctx is None:
-        s.instance = s.actor_id = s.endpoint = None
+        s.actor_id = s.endpoint = None
     else:
-        inst = s.instance = ctx.actor_instance
-        if parent is not None and parent.instance is inst:
+        if parent is not None:
             s.actor_id, s.endpoint = parent.actor_id, parent.endpoint
         else:
             s.actor_id = f"{inst.actor_id}.{getattr(inst.rank, 'rank', 0)}" \
@@ -170,11 +189,21 @@ def _endpoint_of(inst: Any, frame: Any, code: Any) -> str | None:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - its __str__ raises: its type still says something
+        text = "(its message could not be read)"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-_encode = json.JSONEncoder(default=repr).encode     # (json.dumps(default=) makes one a call)
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001
+        return f"<{type(value).__name__} (its repr raised)>"
+
+
+_encode = json.JSONEncoder(default=_safe_repr).encode   # (json.dumps(default=) makes one a call)
 
 
 def _to_json(attributes: dict) -> str:
@@ -182,8 +211,8 @@ def _to_json(attributes: dict) -> str:
         return "{}"
     try:
         return _encode(attributes)
-    except (ValueError, TypeError):     # a circular value, say
-        return _encode({k: repr(v) for k, v in attributes.items()})
+    except (ValueError, TypeError, RecursionError):     # a circular or too deep value
+        return _encode({str(k): _safe_repr(v) for k, v in attributes.items()})
 
 
 class Span:
@@ -256,7 +285,7 @@ class Span:
             async def async_spanned(*args, **kwargs):
                 if _tel.RECORDER is None:
                     return await fn(*args, **kwargs)
-                o = _begin(name, attributes, None, code, True)
+                o = _begin(name, attributes, sys._getframe(1), code, True)
                 try:
                     result = await fn(*args, **kwargs)
                 except BaseException as e:
@@ -270,7 +299,7 @@ class Span:
         def spanned(*args, **kwargs):
             if _tel.RECORDER is None:
                 return fn(*args, **kwargs)
-            o = _begin(name, attributes, None, code, True)
+            o = _begin(name, attributes, sys._getframe(1), code, True)
             try:
                 result = fn(*args, **kwargs)
             except BaseException as e:

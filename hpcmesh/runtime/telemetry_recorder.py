@@ -140,7 +140,8 @@ class KeyedLog(_Keys):
 
 class SentLog(_Keys):
     """``sent_messages``: rows of (time_ns, key index), made so that the caller's thread
-    pays one ``list.append`` a call (``calls``), its fastest way to keep a fact.
+    pays one ``list.append`` a call (``calls``; and a ``len`` for the bound: past ``cap``
+    calls between two drains the newest are dropped and counted).
 
     The caller's thread is the pipeline's critical path: packing a timestamped row there
     (the KeyedLog way) cost pipelined calls 13-15 % of their speed, more than its CPU
@@ -148,36 +149,43 @@ class SentLog(_Keys):
     each write to a socket (``stamp``, from ``transport.connection.WRITE_HOOK``) notes how
     many calls had been made by then. A call's timestamp is that of the first write after
     it: when the frame carrying it (or an earlier one) went out, between the call and its
-    own send. The bound is kept there too: past ``cap`` calls the oldest are dropped and
-    counted."""
-    __slots__ = ("calls", "marks", "base", "last", "width")
+    own send (a call that never leads to a write is dated by the drain that takes it)."""
+    __slots__ = ("calls", "mark_times", "mark_counts", "base", "last", "width")
 
     def __init__(self, max_rows: int):
         super().__init__()
         self.calls: list[int] = []          # key indices, in call order
-        self.marks: deque[tuple[int, int]] = deque()   # (time_ns, calls made by then)
-        self.base = 0       # calls taken or dropped so far: calls[0] is call number base
+        self.mark_times = array("q")        # a write's time_ns...
+        self.mark_counts = array("q")       # ... and how many calls were made by then
+        self.base = 0       # calls taken so far: calls[0] is call number base
         self.last = 0       # the count in the last mark
         self.cap = max_rows
         self.width = 2
 
+    def append(self, key: int) -> None:
+        """One call (``Endpoint.call_one`` writes this out)."""
+        calls = self.calls
+        if len(calls) < self.cap:
+            calls.append(key)
+        else:
+            self.overflow()
+
+    def overflow(self) -> None:
+        """A call past the bound: counted, not kept."""
+        with self._lock:
+            self.dropped += 1
+
     def stamp(self) -> None:
         """A write is going out: the calls made so far were sent by now (any thread)."""
-        if self.base + len(self.calls) == self.last:    # nothing new (an unlocked look:
-            return                                      # a call it misses, the next sees)
+        if self.base + len(self.calls) == self.last:    # nothing new. An unlocked look: a
+            return      # take between its two reads can hide new calls from it, which the
+        #                 next write (or the take) then dates, a little later than their own
         with self._lock:
-            calls = self.calls
-            n = self.base + len(calls)
+            n = self.base + len(self.calls)
             if n != self.last:
                 self.last = n
-                self.marks.append((_time_ns(), n))
-                if len(calls) > self.cap:
-                    excess = len(calls) - self.cap
-                    del calls[:excess]
-                    self.base += excess
-                    self.dropped += excess
-                    while self.marks and self.marks[0][1] <= self.base:
-                        self.marks.popleft()
+                self.mark_times.append(_time_ns())
+                self.mark_counts.append(n)
 
     def successor(self, max_rows: int) -> "SentLog":
         """An empty log to replace this one (calls that reach this one meanwhile are taken
@@ -194,24 +202,33 @@ class SentLog(_Keys):
             del calls[:n]
             first = self.base
             self.base = first + n
-            marks, self.marks = self.marks, deque()
+            times, counts = self.mark_times, self.mark_counts
+            self.mark_times, self.mark_counts = array("q"), array("q")
             now = _time_ns()
-        return SentRows(taken, marks, first, now, self.keys)
+        return SentRows(taken, times, counts, first, now, self.keys)
 
 
 class SentRows:
     """What ``SentLog.take`` hands out: the calls' key indices in order, and the marks that
     date them, as taken. Made into rows only when read (``keyed``) or pickled: the
     controller's own drain goes to its store as is, so a collection costs its pipelined
-    caller no work per call; the store makes columns of them when a query reads them."""
-    __slots__ = ("calls", "marks", "first", "now", "keys")
+    caller no work per call; the store makes columns of them when they are read."""
+    __slots__ = ("calls", "times", "counts", "first", "now", "keys")
 
-    def __init__(self, calls: list, marks, first: int, now: int, keys: list):
-        self.calls, self.marks, self.first, self.now = calls, marks, first, now
+    def __init__(self, calls: list, times: array, counts: array, first: int, now: int,
+                 keys: list):
+        self.calls, self.times, self.counts = calls, times, counts
+        self.first, self.now = first, now
         self.keys = keys        # the log's (it only grows: every index used is in it)
 
     def __len__(self) -> int:
         return len(self.calls)
+
+    @property
+    def nbytes(self) -> int:
+        """About the memory it holds: a list slot a call (the key objects are shared), two
+        int64s a mark."""
+        return 8 * len(self.calls) + 8 * (len(self.times) + len(self.counts))
 
     def keyed(self) -> "KeyedRows":
         """As (time_ns, key index) rows."""
@@ -221,7 +238,7 @@ class SentRows:
         # work here is per mark, the copies per row are C's)
         runs = []
         done = self.first
-        for t, count in self.marks:         # in order of count, and so of time
+        for t, count in zip(self.times, self.counts):   # in order of count, and of time
             if count > done:
                 if count > end:
                     count = end
@@ -328,7 +345,7 @@ class Recorder:
         ``log.key((sender, actor_mesh_id, endpoint, method, view_json, n_dest))``, of the
         ``sent_log`` it was read from (a drain may replace it meanwhile).
         ``Endpoint.call_one`` writes this out."""
-        (log or self.sent_log).calls.append(key)
+        (log or self.sent_log).append(key)
 
 
     def mesh(self, mesh_id: str, kind: str, class_name: str, given_name: str,
@@ -381,8 +398,9 @@ class Recorder:
                 if old_name == name:
                     rows = rows.merged(old.take())
                     log.dropped += old.dropped
-            if log.dropped:
+            with log._lock:     # (a SentLog counts under it)
                 n, log.dropped = log.dropped, 0
+            if n:
                 dropped[name] = dropped.get(name, 0) + n
             tables[name] = rows
         for name, rows in self.rows.items():

@@ -335,8 +335,8 @@ class Connection:
         error) goes through ``_write_locked``, which queues it for the loop's writer (or
         closes); under TLS all of it does, to be encrypted. ``foreign``: not on the loop
         thread."""
-        if WRITE_HOOK is not None:
-            WRITE_HOOK()
+        if (hook := WRITE_HOOK) is not None:
+            hook()
         n = 0
         if self._tls is None:
             try:
@@ -348,8 +348,8 @@ class Connection:
             self._write_locked(foreign=foreign)
 
     def _write_locked(self, foreign: bool = False) -> None:
-        if WRITE_HOOK is not None:
-            WRITE_HOOK()
+        if (hook := WRITE_HOOK) is not None:
+            hook()
         out = self._out
         self._pending_frames = 0
         try:

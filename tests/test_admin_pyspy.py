@@ -2,6 +2,7 @@
 the GIL (its event loop cannot answer), read by py-spy and by faulthandler; and how the
 host agent's py-spy runner reports what went wrong (fake and real py-spy executables)."""
 
+import asyncio
 import json
 import os
 import pickle
@@ -183,3 +184,17 @@ def test_real_pyspy_that_may_not_trace_says_so(target):
     assert e.value.reason == "ptrace not permitted", str(e.value)
     # and as root it can
     assert "Thread" in pyspy_dump(target)
+
+
+@requires(NEEDS_PYSPY)
+def test_dumps_of_one_process_asked_at_once_take_turns(target):
+    # review: two admin views asking at once made all but one py-spy fail to attach, and
+    # the failure read as "ptrace not permitted"; the agent runs them one at a time now,
+    # and a failure while another tracer is attached names it
+    from hpcmesh.runtime.introspect import _pyspy_failure, dump_stacks_by_pyspy
+
+    async def four():
+        return await asyncio.gather(*(dump_stacks_by_pyspy(target) for _ in range(4)))
+    assert all("Thread" in text for text in asyncio.run(four()))
+    reason, detail = _pyspy_failure(1, "Error: Failed to suspend process: EPERM", tracer=77)
+    assert reason == "failed" and "traced already (by pid 77)" in detail

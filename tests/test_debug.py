@@ -30,12 +30,26 @@ class Debuggee(Actor):
 
     @endpoint
     async def ping(self) -> str:
+        getattr(self, "seen", []).append("ping")
         return "pong"
 
     @endpoint
     async def nap(self, seconds: float) -> str:
+        getattr(self, "seen", []).append("nap")
         await asyncio.sleep(seconds)
         return "rested"
+
+    @endpoint
+    async def break_then_nap(self) -> str:
+        self.seen = ["break"]
+        breakpoint()
+        await asyncio.sleep(0.2)        # suspends after the pause: handed to the mailbox
+        self.seen.append("napped")
+        return "napped"
+
+    @endpoint
+    async def order(self) -> list:
+        return self.seen
 
     @endpoint
     async def async_break(self) -> int:
@@ -148,11 +162,28 @@ def test_a_breakpoint_in_an_async_endpoint_leaves_its_process_running(procs):
     # another actor of the paused one's process answers, at once or after suspending
     assert other.slice(gpus=0).ping.call_one().get(timeout=2) == "pong"
     assert other.slice(gpus=0).nap.call_one(0.05).get(timeout=2) == "rested"
-    assert not paused.done()
     debug_in_a_pty(["attached to d[gpus=0] (Debuggee)"], [(b"p x", "41")])
     assert paused.get(timeout=30) == 42
     assert debug_controller().list() == []
     assert d.slice(gpus=0).ping.call_one().get(timeout=10) == "pong"
+
+
+def test_calls_to_an_actor_paused_in_an_async_endpoint_wait_their_turn(procs):
+    # review: an idle actor runs an async call inline, not marked busy; paused there, the
+    # next calls to it ran inside the pause, and the paused call, which lost its place in
+    # the mailbox when it suspended, was never answered
+    e = procs.spawn("e", Debuggee).slice(gpus=1)
+    paused = e.break_then_nap.call_one()
+    s = open_session()
+    quick = e.ping.call_one()
+    napping = e.nap.call_one(0.3)
+    time.sleep(0.5)
+    assert not (paused.done() or quick.done() or napping.done())
+    out = debug_controller().send(s["process"], s["session"], "c")
+    assert out["ended"], out
+    assert paused.get(timeout=10) == "napped"
+    assert quick.get(timeout=10) == "pong" and napping.get(timeout=10) == "rested"
+    assert e.order.call_one().get(timeout=10) == ["break", "napped", "ping", "nap"]
 
 
 def loop_keeping_errors() -> tuple:

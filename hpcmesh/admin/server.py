@@ -88,6 +88,8 @@ def collect_stacks(rt: ClientRuntime, name: str, timeout: float = LOOP_TIMEOUT_S
         native = native.lower() in _YES
     if native and source not in (None, "py-spy"):
         return 400, {"error": f"native=1 is py-spy's --native: not with source={source}"}
+    if native:
+        source = "py-spy"       # only py-spy has native frames: not the loop's answer
     rec = rt.procs.get(name)
     if rec is None:
         return 404, {"error": f"no process named {name!r}; the names are in /api/tree"}

@@ -92,7 +92,9 @@ class TokenHandler(BaseHTTPRequestHandler):
         if self._deny():
             return
         parts = urlsplit(self.path)
-        self._answer(self.get, parts.path.rstrip("/") or "/", parse_qs(parts.query))
+        # (blank values kept: `?source=` is a wrong value, not no value)
+        self._answer(self.get, parts.path.rstrip("/") or "/",
+                     parse_qs(parts.query, keep_blank_values=True))
 
     def do_POST(self) -> None:  # noqa: N802
         if self._deny():

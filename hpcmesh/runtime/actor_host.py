@@ -185,6 +185,9 @@ class ActorHost:
         self._waker: asyncio.Future | None = None  # what the parked mailbox task awaits
         self._busy = False          # the mailbox task is running a call (others must queue)
         self._handoff: tuple | None = None         # an inline call that suspended
+        #: a debugger holds the actor (an async call paused at a breakpoint on the loop's
+        #: thread, which keeps turning): calls queue, the mailbox stays parked
+        self._held = False
         self._executor: ActorThread | None = None
         self._tasks: set = set()
         self._methods: dict[str, tuple] = {}
@@ -357,7 +360,7 @@ class ActorHost:
         try:
             while not self.stopped:
                 cancelled = False
-                if not self._busy:
+                if not self._busy or self._held:
                     self._waker = loop.create_future()
                     try:
                         await self._waker
@@ -368,6 +371,8 @@ class ActorHost:
                         # that fired before this task took it over): pass it on.
                         cancelled = True
                     self._waker = None
+                    if self._held:          # (debugger.py: a pause; woken when it ends)
+                        continue
                 handoff, self._handoff = self._handoff, None
                 if handoff is not None:
                     await self._finish(handoff, cancelled)

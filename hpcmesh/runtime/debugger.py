@@ -49,6 +49,11 @@ log = logging.getLogger("hpcmesh.debug")
 #: what it printed so far (a command that runs long: the next send picks up the rest).
 REPLY_WAIT_S = 10.0
 
+#: Async endpoints paused at once in one process: each pause nests in the one before, about
+#: 20 frames deeper (past Python's recursion limit the loop itself would break).
+MAX_NESTED = 16
+_depth = [0]        # pauses on the loop's thread now
+
 _ids = itertools.count(1)
 SESSIONS: dict[int, "DebugSession"] = {}
 _node: Any = None
@@ -77,6 +82,7 @@ def _run_loop_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str
     task = asyncio.current_task(loop)
     if task is not None:
         _leave_task(loop, task)
+    host = _hold_actor()
     _copy_entered_contexts(loop)
     held = _flush_held_replies()
     pending = len(loop._ready)
@@ -85,9 +91,11 @@ def _run_loop_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str
     while frame is not None:
         frame_traces.append((frame, frame.f_trace))
         frame = frame.f_back
+    _depth[0] += 1
     try:
         return sys.call_tracing(_turn_until_line, (loop, lines))
     finally:
+        _depth[0] -= 1
         skipped = asyncio.Handle(_nothing, (), loop)
         skipped.cancel()
         loop._ready.extendleft(itertools.repeat(skipped, pending))
@@ -98,6 +106,9 @@ def _run_loop_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str
             _node._handling_frames, _node.in_batch = held
         if task is not None:
             _enter_task(loop, task)
+        if host is not None:
+            host._held = False
+            host._wake_mailbox()
 
 
 def _turn_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str | None:
@@ -110,6 +121,22 @@ def _turn_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str | N
         if loop._stopping or loop.is_closed():
             return None
         loop._run_once()
+
+
+def _hold_actor() -> Any:
+    """An idle actor runs an async call inline (``ActorHost._run_inline``), not marked
+    busy: paused there, every later call to it would run inline too, inside this pause,
+    and the paused one could lose its place (review: it was never answered). Hold it
+    (busy, its mailbox parked), so they queue; its mailbox, woken when the pause ends,
+    takes them (and the paused call, if it suspends) once the call returns to the loop.
+    The host so held, if any."""
+    ctx = current_context_var.get()
+    inst = getattr(ctx, "actor_instance", None)
+    host = getattr(_node, "actors", {}).get(getattr(inst, "actor_id", None))
+    if host is None or host._busy:
+        return None
+    host._busy = host._held = True
+    return host
 
 
 def _copy_entered_contexts(loop: asyncio.BaseEventLoop) -> None:
@@ -279,6 +306,11 @@ def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
                   f"cannot keep running while it is paused there, which the debugger needs. "
                   f"Set HPCMESH_UVLOOP=0 in the job's environment to debug async endpoints "
                   f"(or debug it from a sync def endpoint).", file=sys.stderr, flush=True)
+            return
+        if _depth[0] >= MAX_NESTED:
+            print(f"hpcmesh: breakpoint() skipped: {MAX_NESTED} async endpoints of this "
+                  f"process are paused already (each pause nests in the one before; "
+                  f"continue one of them first)", file=sys.stderr, flush=True)
             return
     session = DebugSession(_where(), loop)
     SESSIONS[session.id] = session

@@ -205,10 +205,23 @@ def pyspy_dump(pid: int, native: bool = False, timeout: float | None = None,
     text = r.stdout.decode("utf-8", "replace")
     if r.returncode == 0 and text.strip():
         return text
-    raise PySpyError(*_pyspy_failure(r.returncode, r.stderr.decode("utf-8", "replace")))
+    raise PySpyError(*_pyspy_failure(r.returncode, r.stderr.decode("utf-8", "replace"),
+                                     _tracer_of(pid)))
 
 
-def _pyspy_failure(returncode: int, stderr: str) -> tuple[str, str]:
+def _tracer_of(pid: int) -> int:
+    """The pid tracing ``pid`` now (``TracerPid`` of its status), 0 for none or unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _pyspy_failure(returncode: int, stderr: str, tracer: int = 0) -> tuple[str, str]:
     """(reason, detail) of a py-spy run that printed no stacks, from what it wrote."""
     lines = []
     for line in stderr.splitlines():
@@ -219,6 +232,8 @@ def _pyspy_failure(returncode: int, stderr: str) -> tuple[str, str]:
     said = " ".join(lines)[:600] or "nothing on stderr"
     detail = f"{said} (exit {returncode})"
     low = said.lower()
+    if tracer:      # EPERM too, but not a matter of permission: one tracer at a time
+        return "failed", f"{detail}; the process is being traced already (by pid {tracer})"
     if "permission denied" in low or "operation not permitted" in low:
         try:
             with open("/proc/sys/kernel/yama/ptrace_scope") as f:
@@ -226,16 +241,29 @@ def _pyspy_failure(returncode: int, stderr: str) -> tuple[str, str]:
         except OSError:
             scope = None
         if scope not in (None, "0"):
-            detail += (f"; kernel.yama.ptrace_scope is {scope}: only a process's ancestors "
-                       f"(1) or holders of CAP_SYS_PTRACE (2) may trace it")
+            detail += (f"; kernel.yama.ptrace_scope is {scope}: " + (
+                "no process may trace another (3)" if scope == "3" else
+                "only a process's ancestors (1) or holders of CAP_SYS_PTRACE (2) may "
+                "trace it"))
         else:
             detail += "; in a container, ptrace may need CAP_SYS_PTRACE (or a seccomp profile)"
         return "ptrace not permitted", detail
     return "failed", detail
 
 
+_pyspy_locks: dict[int, asyncio.Lock] = {}
+
+
 async def dump_stacks_by_pyspy(pid: int, native: bool = False,
                                timeout: float | None = None) -> str:
-    """:func:`pyspy_dump` on the default executor: the caller's event loop runs on."""
-    return await asyncio.get_running_loop().run_in_executor(
-        None, functools.partial(pyspy_dump, pid, native, timeout))
+    """:func:`pyspy_dump` on the default executor (the caller's event loop runs on), one
+    at a time per process: a second py-spy attaching while one is attached fails (two
+    admin views asking at once: review)."""
+    lock = _pyspy_locks.setdefault(pid, asyncio.Lock())
+    try:
+        async with lock:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(pyspy_dump, pid, native, timeout))
+    finally:
+        if not lock.locked() and _pyspy_locks.get(pid) is lock:
+            del _pyspy_locks[pid]

@@ -58,6 +58,19 @@ def _fs_pids(mnt) -> list[int]:
     return [pid for pid, cmd in processes_with_cmdline(str(mnt)) if "hpcmesh.mounts.fuse" in cmd]
 
 
+def _states(pids) -> dict:
+    """Each pid's State line (or gone), for a failure's message."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                out[pid] = next((ln.split(":", 1)[1].strip() for ln in f
+                                 if ln.startswith("State:")), "?")
+        except OSError:
+            out[pid] = "gone"
+    return out
+
+
 def _gone_within(mnt, seconds: float) -> float | None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
@@ -224,9 +237,10 @@ def test_a_client_killed_by_sigkill_leaves_no_mount_and_no_process(tmp_path):
         client.kill()
         client.wait()
         took = _gone_within(mnt, 20)
-        print(f"\nclient SIGKILLed (lease grace 2 s): unmounted after "
-              f"{took and took * 1000:.0f} ms")
-        assert took is not None
+        assert took is not None, (
+            f"still mounted 20 s after the client's SIGKILL (lease grace 2 s); its file "
+            f"system's processes: {_states(fs_pids)}")
+        print(f"\nclient SIGKILLed (lease grace 2 s): unmounted after {took * 1000:.0f} ms")
         assert wait_gone(fs_pids, 10) == []
     finally:
         if client.poll() is None:

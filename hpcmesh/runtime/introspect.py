@@ -29,6 +29,7 @@ import threading
 import traceback
 from typing import Any
 
+from ..errors import HpcmeshError
 from .node import runtime_dir
 
 #: The signal a process dumps its stacks on (None where the platform has no real-time
@@ -150,7 +151,7 @@ async def dump_stacks_by_signal(pid: int, timeout: float = 3.0) -> str:
 
 
 # -- py-spy ---------------------------------------------------------------------------------
-class PySpyError(RuntimeError):
+class PySpyError(HpcmeshError, RuntimeError):
     """py-spy gave no stacks. ``reason``: ``not installed``, ``ptrace not permitted``,
     ``timed out``, ``cannot run`` or ``failed``; the text says the rest. It travels back
     to the admin server as the exception of an RPC (hence the plain ``args``)."""

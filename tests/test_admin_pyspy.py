@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from ci_gate import requires
+from ci_gate import requires, skip_or_fail
 from proc_helpers import wait_gone
 from test_admin import get, get_json, processes
 
@@ -174,7 +174,7 @@ def test_pyspy_dump_output_and_failures(tmp_path, target):
 @requires(NEEDS_PYSPY)
 def test_real_pyspy_that_may_not_trace_says_so(target):
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to run py-spy as another user")
+        skip_or_fail("needs root and setpriv (util-linux) to run py-spy as another user")
     other_user = f'exec setpriv --reuid=65534 --regid=65534 --clear-groups {find_pyspy()} "$@"'
     with tempfile.TemporaryDirectory() as d:      # not tmp_path: 0700, nobody could run it
         os.chmod(d, 0o755)

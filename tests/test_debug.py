@@ -5,6 +5,7 @@ import io
 import os
 import pty
 import queue
+import re
 import select
 import subprocess
 import sys
@@ -43,7 +44,8 @@ class Debuggee(Actor):
     async def break_then_nap(self) -> str:
         self.seen = ["break"]
         breakpoint()
-        await asyncio.sleep(0.2)        # suspends after the pause: handed to the mailbox
+        x = 1                           # still in the callback that paused (run inline)
+        await asyncio.sleep(0.2 * x)    # suspends: handed to the mailbox
         self.seen.append("napped")
         return "napped"
 
@@ -179,6 +181,17 @@ def test_calls_to_an_actor_paused_in_an_async_endpoint_wait_their_turn(procs):
     napping = e.nap.call_one(0.3)
     time.sleep(0.5)
     assert not (paused.done() or quick.done() or napping.done())
+    # steps: to the next line in the same callback, then past the await (the call
+    # handed to the mailbox); at each pause the others still wait
+    def stopped_at(out: dict) -> int:
+        return int(re.findall(r"\((\d+)\)break_then_nap", out["output"])[-1])
+    line = stopped_at(debug_controller().send(s["process"], s["session"], None))
+    for step in (1, 2):
+        out = debug_controller().send(s["process"], s["session"], "n")
+        assert not out["ended"] and stopped_at(out) == line + 1, out
+        line += 1
+        time.sleep(0.5)
+        assert not (paused.done() or quick.done() or napping.done()), step
     out = debug_controller().send(s["process"], s["session"], "c")
     assert out["ended"], out
     assert paused.get(timeout=10) == "napped"

@@ -82,7 +82,7 @@ def _run_loop_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str
     task = asyncio.current_task(loop)
     if task is not None:
         _leave_task(loop, task)
-    host = _hold_actor()
+    held_actor = _hold_actor()
     _copy_entered_contexts(loop)
     held = _flush_held_replies()
     pending = len(loop._ready)
@@ -106,9 +106,8 @@ def _run_loop_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str
             _node._handling_frames, _node.in_batch = held
         if task is not None:
             _enter_task(loop, task)
-        if host is not None:
-            host._held = False
-            host._wake_mailbox()
+        if held_actor is not None:
+            _release(held_actor)
 
 
 def _turn_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str | None:
@@ -123,20 +122,31 @@ def _turn_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str | N
         loop._run_once()
 
 
-def _hold_actor() -> Any:
+def _hold_actor() -> tuple | None:
     """An idle actor runs an async call inline (``ActorHost._run_inline``), not marked
     busy: paused there, every later call to it would run inline too, inside this pause,
-    and the paused one could lose its place (review: it was never answered). Hold it
-    (busy, its mailbox parked), so they queue; its mailbox, woken when the pause ends,
-    takes them (and the paused call, if it suspends) once the call returns to the loop.
-    The host so held, if any."""
+    and the paused one could lose its place (review: it was never answered). While the
+    loop turns here the actor is held (busy, its mailbox parked even if woken), so they
+    queue. (The host, whether it was busy), to give to ``_release``; None if no actor."""
     ctx = current_context_var.get()
     inst = getattr(ctx, "actor_instance", None)
     host = getattr(_node, "actors", {}).get(getattr(inst, "actor_id", None))
-    if host is None or host._busy:
+    if host is None or host._held:
         return None
-    host._busy = host._held = True
-    return host
+    was_busy, host._busy, host._held = host._busy, True, True
+    return host, was_busy
+
+
+def _release(held: tuple) -> None:
+    """pdb lets the call run on (to its next stop, or its end): the actor as it was, and
+    what queued meanwhile handed to its mailbox, which takes it when the loop next turns
+    outside a pause (after the call returns to the loop, or hands itself over)."""
+    host, was_busy = held
+    host._held = False
+    host._busy = was_busy
+    if host._queue:     # (woken inside a later pause, it parks again: woken again here)
+        host._busy = True
+        host._wake_mailbox()
 
 
 def _copy_entered_contexts(loop: asyncio.BaseEventLoop) -> None:

@@ -260,11 +260,8 @@ async def dump_stacks_by_pyspy(pid: int, native: bool = False,
     """:func:`pyspy_dump` on the default executor (the caller's event loop runs on), one
     at a time per process: a second py-spy attaching while one is attached fails (two
     admin views asking at once: review)."""
-    lock = _pyspy_locks.setdefault(pid, asyncio.Lock())
-    try:
-        async with lock:
-            return await asyncio.get_running_loop().run_in_executor(
-                None, functools.partial(pyspy_dump, pid, native, timeout))
-    finally:
-        if not lock.locked() and _pyspy_locks.get(pid) is lock:
-            del _pyspy_locks[pid]
+    # (kept per pid: dropping an unlocked one could race a waiter it has just woken; one
+    # small lock per process ever asked about, by a person)
+    async with _pyspy_locks.setdefault(pid, asyncio.Lock()):
+        return await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(pyspy_dump, pid, native, timeout))

@@ -97,14 +97,12 @@ class _Keys:
                     k = self.index[fields] = len(self.keys) - 1
         return k
 
-    def _rows(self, data: bytes, width: int, used: set | None = None) -> "KeyedRows":
-        """``data``'s rows with the keys they use (``used``: their indices, if known)."""
-        keys = self.keys            # read after the rows: every key they use is in it
-        if used is None:
-            used = set(memoryview(data).cast("q")[width - 1::width])
-        # (an index no key has would be a writer's bug: its rows lose their labels, the
-        # drain goes on)
-        return KeyedRows(data, width, {k: keys[k] for k in used if 0 <= k < len(keys)})
+
+def _keyed_rows(data: bytes, width: int, keys: list, used) -> "KeyedRows":
+    """``data``'s rows with the keys they use (``used``: their indices; ``keys`` read after
+    the rows were taken, so every key they use is in it). An index no key has would be a
+    writer's bug: its rows lose their labels, the drain goes on."""
+    return KeyedRows(data, width, {k: keys[k] for k in used if 0 <= k < len(keys)})
 
 
 class KeyedLog(_Keys):
@@ -135,7 +133,8 @@ class KeyedLog(_Keys):
         n = len(self.data)
         rows = bytes(self.data[:n])
         del self.data[:n]           # rows appended meanwhile stay, whole
-        return self._rows(rows, self.width)
+        return _keyed_rows(rows, self.width, self.keys,
+                           set(memoryview(rows).cast("q")[self.width - 1::self.width]))
 
 
 class SentLog(_Keys):
@@ -249,9 +248,7 @@ class SentRows:
         rows = memoryview(data).cast("q")
         rows[0::2] = memoryview(b"".join(runs)).cast("q")
         rows[1::2] = array("q", self.calls)
-        keys = self.keys
-        return KeyedRows(bytes(data), 2, {k: keys[k] for k in set(self.calls)
-                                          if 0 <= k < len(keys)})
+        return _keyed_rows(bytes(data), 2, self.keys, set(self.calls))
 
     def __reduce__(self):
         k = self.keyed()

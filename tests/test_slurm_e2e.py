@@ -71,6 +71,12 @@ def cluster(slurm_cluster, tmp_path, monkeypatch, request):
     """The test cluster, a scratch log dir, and a teardown that cancels our jobs."""
     monkeypatch.chdir(tmp_path)
     yield tmp_path
+    # A job whose last step just ended may stay COMPLETING for a moment while slurmd
+    # cleans up (epilog, step teardown): it ended, so wait for it rather than blame the test.
+    deadline = time.monotonic() + 30
+    while (time.monotonic() < deadline and (jobs := _our_jobs())
+           and all(state == "COMPLETING" for state in jobs.values())):
+        time.sleep(0.2)
     left = _our_jobs()
     if left:
         print(f"\n{request.node.name} left {left}; sacct: " + subprocess.run(

@@ -15,6 +15,11 @@ so the CPU microseconds per call of each side can be compared between commits:
   the runtime thread, then ``Future.get()`` on each.
 
 To reach the issue's 300k calls/s, each side must stay under ~3.3 µs per call.
+
+``--telemetry``: each side measured with this process's telemetry recorder off and on
+(``messages`` rows on the worker, ``sent_messages`` on the controller), alternating,
+best of ``--repeat`` each: what recording adds to a call's CPU, without the noise of two
+processes sharing two cores.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,6 +43,7 @@ except ImportError:
     from hpcmesh.actor.mesh import _rebuild_actor_mesh as rebuild_actor_mesh  # noqa: E402
 from hpcmesh.runtime.actor_host import ActorHost  # noqa: E402
 from hpcmesh.runtime.context import ActorInstance  # noqa: E402
+from hpcmesh.runtime import telemetry_recorder  # noqa: E402
 from hpcmesh.runtime.node import MSG_CALL, MSG_DELIVER, Node, NodeRef, set_current_node  # noqa: E402
 try:    # their homes since the messages/loop/peers split; older trees (A/B runs) had them here
     from hpcmesh.runtime.loop import new_event_loop  # noqa: E402
@@ -169,12 +176,46 @@ def _thread_cpu(tid: int) -> float:
         return float("nan")
 
 
+@contextmanager
+def recording(on: bool):
+    """This process's telemetry recorder on (rows kept: the buffer holds every call of a
+    measurement) or off, for one measurement; its rows are dropped after."""
+    if on:
+        os.environ.setdefault("HPCMESH_TELEMETRY_BUFFER", "20000000")
+        telemetry_recorder.enable()
+    try:
+        yield
+    finally:
+        telemetry_recorder.disable()
+
+
+def compare_telemetry(args) -> None:
+    """Each side with telemetry off and on, alternating; best of ``--repeat`` each."""
+    w = {False: [], True: []}
+    c = {False: [], True: []}
+    for _ in range(args.repeat):
+        for on in (False, True) if _ % 2 == 0 else (True, False):
+            with recording(on):
+                w[on].append(worker_side(args.batch, args.rounds))
+            with recording(on):
+                c[on].append(sum(controller_side(args.batch, args.rounds)[:3]))
+    print("| side | off (µs CPU a call) | on | on - off | on/off |\n|---|---|---|---|---|")
+    for name, d in (("worker", w), ("controller (issue + replies + get)", c)):
+        off, on = min(d[False]), min(d[True])
+        print(f"| {name} | {off:.2f} | {on:.2f} | {on - off:+.2f} | {on / off:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--telemetry", action="store_true",
+                    help="each side with telemetry off and on (alternating)")
     args = ap.parse_args()
+    if args.telemetry:
+        compare_telemetry(args)
+        return
     w = min(worker_side(args.batch, args.rounds) for _ in range(args.repeat))
     print(f"worker:     {w:6.2f} µs CPU per call (receive batch, run echo, reply)")
     best = min((controller_side(args.batch, args.rounds) for _ in range(args.repeat)),

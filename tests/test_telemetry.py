@@ -285,22 +285,46 @@ def test_a_mailbox_batch_that_outlives_its_log_loses_no_row(monkeypatch):
         rec.messages_log.key((f"old-{i}", "x", None, True))
     monkeypatch.setattr(telemetry_recorder, "RECORDER", rec)
     mesh = this_proc().spawn("slow_keys", Slow)
-    got = dropped = 0
+    got, dropped, labels = 0, 0, []
     try:
         futs = [mesh.work.call_one() for _ in range(12)]     # one batch of ~1.2 s
-        for _ in range(5):
-            time.sleep(0.25)
+        for _ in range(6):
+            if _ < 5:
+                time.sleep(0.25)
+            else:
+                assert sum(f.get(timeout=10) for f in futs) == 12
             out = rec.drain()
-            got += len(out["tables"]["messages"])
+            rows = out["tables"]["messages"]
+            got += len(rows)
             dropped += out["dropped"].get("messages", 0)
-        assert sum(f.get(timeout=10) for f in futs) == 12
-        out = rec.drain()
-        got += len(out["tables"]["messages"])
-        dropped += out["dropped"].get("messages", 0)
+            # (start, duration, bytes, actor, endpoint, caller, ok): a key index the
+            # mailbox kept from the replaced log would label rows wrongly or not at all
+            labels += [r[4:7:2] for r in rows.rows()] if len(rows) else []
     finally:
         monkeypatch.setattr(telemetry_recorder, "RECORDER", None)
         mesh.stop().get(timeout=10)
     assert (got, dropped) == (12, 0)
+    assert labels == [("work", "ok")] * 12, labels
+
+
+def test_a_replaced_log_is_retired_only_once_its_successor_is_published(monkeypatch):
+    # A writer on another thread that finds its log retired (full: cap 0) looks for the
+    # recorder's log; were the old one retired first, that writer would find it still
+    # there and drop its row (the collector drains on its own thread).
+    monkeypatch.setattr(telemetry_recorder, "KEYS_LIMIT", 1)
+    rec = Recorder(max_rows=100)
+    old = rec.messages_log
+    for i in range(3):
+        old.key((f"a-{i}", "x", None, True))
+    seen = []
+    retire = telemetry_recorder.KeyedLog.retire
+
+    def watched(log):
+        seen.append(rec.messages_log is not log)
+        retire(log)
+    monkeypatch.setattr(telemetry_recorder.KeyedLog, "retire", watched)
+    rec.drain()
+    assert seen == [True] and rec.messages_log is not old and old.cap == 0
 
 
 def test_keyed_batches_save_load_and_stay_small(tmp_path):

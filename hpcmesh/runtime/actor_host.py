@@ -405,8 +405,11 @@ class ActorHost:
         tel = _tel.RECORDER
         if tel is not None:     # the telemetry row's parts, looked up once for the batch
             mlog = tel.messages_log
-            mdata, mcap, mindex, mpack = mlog.data, mlog.cap, mlog.index, mlog.pack
+            mdata, mindex, mpack = mlog.data, mlog.index, mlog.pack
             tid = self.telemetry_id
+            # the last ok call's key: the calls of one batch frame share their endpoint
+            # and origin strings (one object each), so most rows skip the key's lookup
+            k_endpoint = k_origin = k_last = None
         n = 0
         while queue:
             n += 1
@@ -451,14 +454,24 @@ class ActorHost:
             finally:
                 current_context_var.reset(token)
                 if tel is not None:     # Recorder.received() written out: the hot path
-                    if mlog is not tel.messages_log:    # a drain replaced it: KEYS_LIMIT
+                    end = _time_ns()
+                    if len(mdata) >= mlog.cap and mlog is not tel.messages_log:
+                        # a drain replaced the log (KEYS_LIMIT keys; the old one's cap is
+                        # now 0): its key indices are not the new one's
                         mlog = tel.messages_log
-                        mdata, mcap, mindex, mpack = mlog.data, mlog.cap, mlog.index, mlog.pack
-                    if len(mdata) < mcap:
-                        key = (tid, endpoint, origin, ok)
-                        k = mindex.get(key)
-                        mdata.extend(mpack(start, _time_ns() - start, nbytes,
-                                           k if k is not None else mlog.key(key)))
+                        mdata, mindex, mpack = mlog.data, mlog.index, mlog.pack
+                        k_endpoint = k_origin = k_last = None
+                    if len(mdata) < mlog.cap:
+                        if endpoint is k_endpoint and origin is k_origin and ok:
+                            k = k_last
+                        else:
+                            key = (tid, endpoint, origin, ok)
+                            k = mindex.get(key)
+                            if k is None:
+                                k = mlog.key(key)
+                            if ok:
+                                k_endpoint, k_origin, k_last = endpoint, origin, k
+                        mdata.extend(mpack(start, end - start, nbytes, k))
                     else:
                         mlog.dropped += 1
 

@@ -123,10 +123,14 @@ class KeyedLog(_Keys):
         self.pack = struct.Struct(f"={width}q").pack
 
     def successor(self, max_rows: int) -> "KeyedLog":
-        """An empty log to replace this one, which keeps no row from now on (it is taken
-        once more, for rows that raced in)."""
-        self.cap = 0
+        """An empty log to replace this one (``retire`` this one once it is published)."""
         return KeyedLog(self.width, max_rows)
+
+    def retire(self) -> None:
+        """Replaced: keep no row from now on (it is taken once more, for rows that raced
+        in). Called after the successor is published, so a writer that finds this log
+        full also finds the one to write to instead."""
+        self.cap = 0
 
     def take(self) -> "KeyedRows":
         """The rows so far (removed), with the keys they use."""
@@ -190,6 +194,9 @@ class SentLog(_Keys):
         """An empty log to replace this one (calls that reach this one meanwhile are taken
         once more, dated by that take)."""
         return SentLog(max_rows)
+
+    def retire(self) -> None:
+        """Replaced: nothing to do (a caller notices the new log at its next call)."""
 
     def take(self) -> "SentRows":
         """The calls so far (removed), with the marks that date them: each call takes the
@@ -390,6 +397,7 @@ class Recorder:
             rows = log.take()
             if len(log.keys) > KEYS_LIMIT:      # a fresh log; this one is taken once more
                 setattr(self, attr, log.successor(self.max_rows))
+                log.retire()
                 self._retired.append((name, log))
             for old_name, old in retired:
                 if old_name == name:

@@ -32,12 +32,14 @@ def config(quick: bool) -> dict:
     ``paired_rounds``: rounds of alternating 200-call blocks (see ``paired``). The VM's
     phases last from ~100 ms to seconds, longer than a block: 5 rounds (1000 calls of each,
     ~0.3 s for hpcmesh) left the ratio of one run 0.1-0.2 away from the next; 20 rounds
-    sample more phases."""
+    sample more phases. ``tel_block_rounds``: rounds of telemetry on/off blocks
+    (``bench_hpcmesh.telemetry_blocks``), each a pair per figure.
+    """
     if quick:
         return dict(lat_iters=2000, warmup=200, gather_iters=300, pipe_reps=2, bulk_reps=3,
-                    bringup_reps=1, paired_rounds=4)
+                    bringup_reps=1, paired_rounds=4, tel_block_rounds=24)
     return dict(lat_iters=5000, warmup=500, gather_iters=1000, pipe_reps=3, bulk_reps=6,
-                bringup_reps=3, paired_rounds=20)
+                bringup_reps=3, paired_rounds=20, tel_block_rounds=40)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -217,7 +219,11 @@ class Report:
 
 
 def _short(v) -> str:
+    """One line for the progress log: floats to 4 digits, a list as its length (the JSON
+    keeps every number)."""
     if isinstance(v, dict):
-        return ", ".join(f"{k}={x:.4g}" if isinstance(x, float) else f"{k}={x}"
+        return ", ".join(f"{k}={{{_short(x)}}}" if isinstance(x, dict) else f"{k}={_short(x)}"
                          for k, x in v.items())
+    if isinstance(v, list):
+        return f"[{len(v)} values]"
     return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -6,12 +6,15 @@
 --telemetry    : the same with the job's telemetry on (run.py's ``hpcmesh+telemetry``):
                  ``start_telemetry()`` first, so every process spawned records; this also
                  creates the client runtime, so the 1st bring-up no longer includes it.
+                 The steady part then also measures telemetry on against off in
+                 alternating blocks (``tel_blocks``), which run.py judges the 10 % on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import sys
 import time
 
@@ -20,14 +23,15 @@ import _common as C  # noqa: E402
 from _monarch_style import (bulk, gather, lat_await, lat_sync,  # noqa: E402
                             pipelined_async, pipelined_sync)
 import bench_floor  # noqa: E402
+from _telemetry_switch import CollectorHold, RecordingSwitch, switch_recording  # noqa: E402
 
 T_IMPORT0 = time.perf_counter()
 import hpcmesh  # noqa: E402
-from hpcmesh.actor import Actor, endpoint, this_host  # noqa: E402
+from hpcmesh.actor import endpoint, this_host  # noqa: E402
 T_IMPORT = time.perf_counter() - T_IMPORT0
 
 
-class Echo(Actor):
+class Echo(RecordingSwitch):     # record(on): telemetry_blocks switches it
     @endpoint
     async def echo(self, x):
         return x
@@ -75,6 +79,62 @@ def await_vs_floor(ep, cfg) -> dict:
         bench_floor.stop_server(srv)
 
 
+#: telemetry_blocks' figures: (result key, how one block measures it)
+TEL_BLOCK_CALLS = 200       # calls in one latency block
+
+
+def telemetry_blocks(mesh, ep, rounds: int) -> dict:
+    """The four figures the issue holds to "within 10 % of off", with telemetry on and off
+    in alternating blocks of this one run (``_telemetry_switch``): for each figure and
+    round a block of each, the order alternating, so each pair shares the VM's phase and
+    the round's on/off ratio is free of its drift. Latency blocks: the median of 200
+    calls; pipelined: one burst of 10 000."""
+    from hpcmesh.telemetry.server import current_service
+    hold = CollectorHold(current_service().collector)
+    kept = None
+
+    def switch(on: bool) -> None:
+        nonlocal kept
+        if on:
+            states = mesh.record.call(True).get(timeout=30)
+            kept = switch_recording(True, kept)
+            hold.release()
+        else:
+            hold.hold()             # first: a collection would switch a process back on
+            kept = switch_recording(False, kept)
+            states = mesh.record.call(False).get(timeout=30)
+        assert set(states.values()) == {on}, states
+
+    def lat_block(sync: bool) -> float:
+        if sync:
+            stats = C.latency(lambda: ep.call_one(C.SMALL).get(), 0, TEL_BLOCK_CALLS)
+        else:
+            stats = C.latency_await(lambda: ep.call_one(C.SMALL), 0, TEL_BLOCK_CALLS)
+        return stats["med_us"]
+
+    figures = {
+        "rt_await.med_us": lambda: lat_block(False),
+        "rt_sync.med_us": lambda: lat_block(True),
+        "pipelined_sync.msgs_per_s_med": lambda: pipelined_sync(ep, C.PIPELINE_N),
+        "pipelined_async.msgs_per_s_med": lambda: pipelined_async(ep, C.PIPELINE_N),
+    }
+    out = {}
+    try:
+        for key, measure in figures.items():
+            measure()       # warm, with telemetry on
+            got: dict[bool, list[float]] = {True: [], False: []}
+            for r in range(rounds):
+                for on in (True, False) if r % 2 == 0 else (False, True):
+                    switch(on)
+                    got[on].append(measure())
+            ratios = [a / b for a, b in zip(got[True], got[False])]
+            out[key] = {"on": got[True], "off": got[False], "ratios": ratios,
+                        "ratio_med": statistics.median(ratios)}
+    finally:
+        switch(True)
+    return out
+
+
 def make_tensor():
     import torch
     return torch.rand(C.BULK_BYTES // 4, dtype=torch.float32)
@@ -107,6 +167,9 @@ def steady(rep: C.Report, cfg: dict) -> None:
         rep.put(key, C.pipelined_stats(lambda n: fn(ep, n), cfg["pipe_reps"]))
     rep.run("pipelined_sync", pipe, "pipelined_sync", pipelined_sync)
     rep.run("pipelined_async", pipe, "pipelined_async", pipelined_async)
+    if telemetry_on():
+        rep.run("tel_blocks", lambda: rep.put("tel_blocks", telemetry_blocks(
+            mesh, ep, cfg["tel_block_rounds"])))
     payload = os.urandom(C.BULK_BYTES)
     # hpcmesh must give back the type it was given (bytes, not bytearray; a tensor)
     rep.run("bulk_bytes", lambda: rep.put("bulk_bytes", bulk(ep, payload, cfg["bulk_reps"],
@@ -155,6 +218,11 @@ def profile(workload: str, seconds: float) -> None:
     print(f"PROFILE {workload}: {n} ops in {dt:.2f} s = {dt / n * 1e6:.1f} us/op", file=sys.stderr,
           flush=True)
     procs.stop().get(timeout=30)
+
+
+def telemetry_on() -> bool:
+    from hpcmesh.runtime import telemetry_recorder
+    return telemetry_recorder.RECORDER is not None
 
 
 def start_telemetry() -> float:

@@ -27,15 +27,15 @@ os.environ.setdefault("HPCMESH_TELEMETRY_BUFFER", "20000000")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 from _monarch_style import pipelined_sync  # noqa: E402
+from _telemetry_switch import RecordingSwitch, switch_recording  # noqa: E402
 
-from hpcmesh.actor import Actor, endpoint, this_host  # noqa: E402
+from hpcmesh.actor import endpoint, this_host  # noqa: E402
 from hpcmesh.runtime import telemetry_recorder as T  # noqa: E402
 from hpcmesh.telemetry import TelemetryConfig  # noqa: E402
 from hpcmesh.telemetry.server import start_telemetry  # noqa: E402
-from hpcmesh.transport import connection  # noqa: E402
 
 
-class Echo(Actor):
+class Echo(RecordingSwitch):     # record(on): switch() below
     @endpoint
     async def echo(self, x):
         return x
@@ -53,10 +53,6 @@ class Echo(Actor):
     async def cpu(self) -> float:
         return time.process_time()
 
-    @endpoint
-    async def record(self, on: bool) -> bool:
-        T.enable() if on else T.disable()
-        return T.RECORDER is not None
 
 
 def main() -> None:
@@ -73,6 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     start_telemetry(TelemetryConfig())
     rec = T.RECORDER
+    kept = [None]       # the controller's recorder while switched off
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     mesh = procs.spawn("echo", Echo)
     ep = mesh.echo
@@ -85,9 +82,7 @@ def main() -> None:
         if args.drain:          # what the collector does about once a second
             rec.drain()
             mesh.drain.call_one().get()
-        T.RECORDER = rec if on and args.mode != "worker" else None
-        # (what enable()/disable() do besides: the transport's hook that dates sent calls)
-        connection.WRITE_HOOK = T._stamp_sent if T.RECORDER is not None else None
+        kept[0] = switch_recording(on and args.mode != "worker", kept[0])
         w = on and args.mode != "ctl"
         assert mesh.record.call_one(w).get() == w
 

@@ -44,6 +44,10 @@ class RecordingSwitch(Actor):
         self._kept_recorder = switch_recording(on, getattr(self, "_kept_recorder", None))
         return T.RECORDER is not None
 
+    @endpoint
+    async def recording(self) -> bool:
+        return T.RECORDER is not None
+
 
 class CollectorHold:
     """Holds the controller's collector between collections (its lock, which a collection
@@ -51,7 +55,9 @@ class CollectorHold:
     switch a process's recording back on (the first drain does). The collection it was
     due meanwhile runs when let go: at the start of the next "on" block, so an "on" block
     gets a little more than its share of collections (the comparison errs against
-    telemetry)."""
+    telemetry). Not held: the stack snapshot, save and prune the collector runs after a
+    collection (every 30 s and each second, outside the lock), which can overlap the start
+    of an off block."""
 
     def __init__(self, collector) -> None:
         self._lock: threading.Lock = collector._lock

@@ -23,12 +23,13 @@ import _common as C  # noqa: E402
 from _monarch_style import (bulk, gather, lat_await, lat_sync,  # noqa: E402
                             pipelined_async, pipelined_sync)
 import bench_floor  # noqa: E402
-from _telemetry_switch import CollectorHold, RecordingSwitch, switch_recording  # noqa: E402
 
 T_IMPORT0 = time.perf_counter()
 import hpcmesh  # noqa: E402
 from hpcmesh.actor import endpoint, this_host  # noqa: E402
 T_IMPORT = time.perf_counter() - T_IMPORT0
+# (after the timed import: it imports hpcmesh)
+from _telemetry_switch import CollectorHold, RecordingSwitch, switch_recording  # noqa: E402
 
 
 class Echo(RecordingSwitch):     # record(on): telemetry_blocks switches it
@@ -96,14 +97,21 @@ def telemetry_blocks(mesh, ep, rounds: int) -> dict:
     def switch(on: bool) -> None:
         nonlocal kept
         if on:
-            states = mesh.record.call(True).get(timeout=30)
-            kept = switch_recording(True, kept)
-            hold.release()
+            try:
+                states = mesh.record.call(True).get(timeout=30)
+            finally:        # whatever the actors did: the controller records, collections go on
+                kept = switch_recording(True, kept)
+                hold.release()
         else:
             hold.hold()             # first: a collection would switch a process back on
             kept = switch_recording(False, kept)
             states = mesh.record.call(False).get(timeout=30)
         assert set(states.values()) == {on}, states
+
+    def still(on: bool) -> bool:
+        """Did every process keep that state through the block? A collection's drain that
+        outlived its 2 s wait can reach a process in an off block and switch it on."""
+        return set(mesh.recording.call().get(timeout=30).values()) == {on}
 
     def lat_block(sync: bool) -> float:
         if sync:
@@ -123,13 +131,22 @@ def telemetry_blocks(mesh, ep, rounds: int) -> dict:
         for key, measure in figures.items():
             measure()       # warm, with telemetry on
             got: dict[bool, list[float]] = {True: [], False: []}
+            dropped = 0
             for r in range(rounds):
+                pair = {}
                 for on in (True, False) if r % 2 == 0 else (False, True):
                     switch(on)
-                    got[on].append(measure())
+                    pair[on] = measure()
+                    if not still(on):
+                        pair = None     # not the state it was measured as: not counted
+                        dropped += 1
+                        break
+                if pair is not None:
+                    got[True].append(pair[True])
+                    got[False].append(pair[False])
             ratios = [a / b for a, b in zip(got[True], got[False])]
             out[key] = {"on": got[True], "off": got[False], "ratios": ratios,
-                        "ratio_med": statistics.median(ratios)}
+                        "ratio_med": statistics.median(ratios), "pairs_dropped": dropped}
     finally:
         switch(True)
     return out

@@ -455,13 +455,15 @@ class ActorHost:
                 current_context_var.reset(token)
                 if tel is not None:     # Recorder.received() written out: the hot path
                     end = _time_ns()
-                    if len(mdata) >= mlog.cap and mlog is not tel.messages_log:
+                    cap = mlog.cap      # read once: a drain on another thread may retire it
+                    if len(mdata) >= cap and mlog is not tel.messages_log:
                         # a drain replaced the log (KEYS_LIMIT keys; the old one's cap is
                         # now 0): its key indices are not the new one's
                         mlog = tel.messages_log
                         mdata, mindex, mpack = mlog.data, mlog.index, mlog.pack
                         k_endpoint = k_origin = k_last = None
-                    if len(mdata) < mlog.cap:
+                        cap = mlog.cap
+                    if len(mdata) < cap:    # (a log retired meanwhile is taken once more)
                         if endpoint is k_endpoint and origin is k_origin and ok:
                             k = k_last
                         else:

@@ -29,7 +29,7 @@ import hpcmesh  # noqa: E402
 from hpcmesh.actor import endpoint, this_host  # noqa: E402
 T_IMPORT = time.perf_counter() - T_IMPORT0
 # (after the timed import: it imports hpcmesh)
-from _telemetry_switch import CollectorHold, RecordingSwitch, switch_recording  # noqa: E402
+from _telemetry_switch import RecordingSwitch, switch_recording  # noqa: E402
 
 
 class Echo(RecordingSwitch):     # record(on): telemetry_blocks switches it
@@ -91,7 +91,7 @@ def telemetry_blocks(mesh, ep, rounds: int) -> dict:
     the round's on/off ratio is free of its drift. Latency blocks: the median of 200
     calls; pipelined: one burst of 10 000."""
     from hpcmesh.telemetry.server import current_service
-    hold = CollectorHold(current_service().collector)
+    collector = current_service().collector
     kept = None
 
     def switch(on: bool) -> None:
@@ -101,9 +101,9 @@ def telemetry_blocks(mesh, ep, rounds: int) -> dict:
                 states = mesh.record.call(True).get(timeout=30)
             finally:        # whatever the actors did: the controller records, collections go on
                 kept = switch_recording(True, kept)
-                hold.release()
+                collector.resume()
         else:
-            hold.hold()             # first: a collection would switch a process back on
+            collector.pause()       # first: a collection's drain would switch a process on
             kept = switch_recording(False, kept)
             states = mesh.record.call(False).get(timeout=30)
         assert set(states.values()) == {on}, states

@@ -520,6 +520,25 @@ def test_sql_about_the_calls_just_made(stop_telemetry_after):
         pm.stop().get(timeout=30)
 
 
+def test_a_paused_collector_skips_its_collections_and_keeps_its_pace(monkeypatch,
+                                                                    stop_telemetry_after):
+    from hpcmesh.telemetry.server import current_service
+    monkeypatch.setenv("HPCMESH_TELEMETRY_INTERVAL", "0.05")
+    telemetry_state()
+    collector = current_service().collector
+
+    def count_over(seconds: float) -> int:
+        before = collector.collections
+        time.sleep(seconds)
+        return collector.collections - before
+    assert count_over(0.5) >= 2
+    collector.pause()
+    assert count_over(0.5) == 0
+    assert collector.collect() >= 1     # asked for: still collects
+    collector.resume()
+    assert count_over(0.5) >= 2
+
+
 def test_a_request_without_the_token_is_refused(stop_telemetry_after):
     state = telemetry_state()
     p = urlsplit(state.telemetry_url)

@@ -45,6 +45,9 @@ class Collector:
         # so that a fast caller's rows are kept rather than dropped
         self._hurry = False
         self._lock = threading.Lock()
+        # held by the thread through one round of periodic work; pause() waits on it
+        self._periodic = threading.Lock()
+        self._paused = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hpcmesh-telemetry",
                                         daemon=True)
@@ -66,6 +69,20 @@ class Collector:
         except Exception:  # noqa: BLE001 - at exit: keep what we have
             log.exception("telemetry: the last collection failed")
 
+    def pause(self) -> None:
+        """No periodic collection until ``resume()``; returns once one under way has
+        finished. The interval's timer goes on: a collection due meanwhile is skipped,
+        not run late at ``resume()``, so collections keep their pace over the time not
+        paused. ``collect()`` still runs when asked (a query asks). The processes' rows
+        wait in their bounded buffers. For a timed section that must not share the
+        machine with a collection; ``benchmarks/`` compares telemetry on and off so."""
+        self._paused = True
+        with self._periodic:
+            pass
+
+    def resume(self) -> None:
+        self._paused = False
+
     def watch_hosts(self, meshes: dict[str, Any]) -> None:
         """Also drain the host agents of these HostMeshes (their GPUs, before any process
         runs there)."""
@@ -78,15 +95,18 @@ class Collector:
     def _run(self) -> None:
         next_snapshot = time.monotonic() + self.snapshot_interval
         while not self._stop.wait(0.05 if self._hurry else self.interval):
-            try:
-                self.collect()
-                if self.snapshot_interval > 0 and time.monotonic() >= next_snapshot:
-                    next_snapshot = time.monotonic() + self.snapshot_interval
-                    self.snapshot_stacks()
-                    self.save()
-                self.store.prune()
-            except Exception:  # noqa: BLE001 - telemetry must never take the job down
-                log.exception("telemetry collection failed")
+            with self._periodic:
+                if self._paused:
+                    continue
+                try:
+                    self.collect()
+                    if self.snapshot_interval > 0 and time.monotonic() >= next_snapshot:
+                        next_snapshot = time.monotonic() + self.snapshot_interval
+                        self.snapshot_stacks()
+                        self.save()
+                    self.store.prune()
+                except Exception:  # noqa: BLE001 - telemetry must never take the job down
+                    log.exception("telemetry collection failed")
 
     # -- one collection --------------------------------------------------------------
     def _targets(self) -> dict[str, Any]:

@@ -59,6 +59,10 @@ class Debuggee(Actor):
         breakpoint()          # on the event loop's thread: the loop goes on meanwhile
         return x + 1
 
+    @endpoint
+    async def hold_loop(self, seconds: float) -> None:
+        time.sleep(seconds)   # the process's event loop reads nothing meanwhile
+
 
 @pytest.fixture
 def procs():
@@ -170,6 +174,24 @@ def test_a_breakpoint_in_an_async_endpoint_leaves_its_process_running(procs):
     assert d.slice(gpus=0).ping.call_one().get(timeout=10) == "pong"
 
 
+def test_frames_read_with_the_paused_call_are_handled_during_the_pause(procs):
+    # CI (under load): the call that paused and a later one to another actor arrived in
+    # one read; the later one waited in that read's list for the pause to end. Here the
+    # process's loop is held while both are sent, so that one read takes both.
+    d = procs.spawn("d", Debuggee).slice(gpus=0)
+    other = procs.spawn("other", Debuggee).slice(gpus=0)
+    assert other.ping.call_one().get(timeout=30) == "pong"
+    holding = other.hold_loop.call_one(0.5)
+    time.sleep(0.1)
+    paused = d.async_break.call_one()
+    napping = other.nap.call_one(0.05)
+    assert napping.get(timeout=10) == "rested"
+    holding.get(timeout=10)
+    open_session()
+    debug_in_a_pty(["attached to d[gpus=0] (Debuggee)"], [(b"p x", "41")])
+    assert paused.get(timeout=30) == 42
+
+
 def test_calls_to_an_actor_paused_in_an_async_endpoint_wait_their_turn(procs):
     # review: an idle actor runs an async call inline, not marked busy; paused there, the
     # next calls to it ran inside the pause, and the paused call, which lost its place in
@@ -265,6 +287,9 @@ class NodeHere:
 
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.tid
+
+    def hand_over_unhandled_frames(self) -> None:
+        pass                    # it reads no frames
 
 
 def test_breakpoints_in_two_async_endpoints_nest_and_the_first_steps_on_after(monkeypatch):

@@ -173,6 +173,9 @@ def _flush_held_replies() -> tuple | None:
     node._handling_frames = node.in_batch = False
     while node._replied:
         node._replied.pop().flush_now()
+    # frames read with the paused call's and not handled yet: handled while it waits
+    # (else a call sent before the paused one, to another actor, waited for the pause)
+    node.hand_over_unhandled_frames()
     return held
 
 

@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from typing import Any, Callable
 
 from ..settings import env_number
@@ -94,6 +95,9 @@ class Node:
         self._deliver_local = self.ports.deliver
         self._replied: set[Connection] = set()   # replies queued while handling frames
         self._handling_frames = False
+        #: (connection, frames of one read not handled yet): a stack, as a handler that
+        #: pauses (a breakpoint) turns the loop, which may handle more reads inside it
+        self._unhandled: list[tuple[Connection, deque]] = []
         #: True while the messages of a batch frame are dispatched: a pipelining sender,
         #: whose calls an actor runs faster from its mailbox task than one by one inline.
         self.in_batch = False
@@ -522,6 +526,28 @@ class Node:
                 dirty.pop().flush_now()
 
     def _handle_frames(self, conn: Connection, frames: list) -> None:
+        if len(frames) == 1:
+            self._handle_frame_list(conn, frames)
+            return
+        rest = deque(frames)    # what hand_over_unhandled_frames() may take from it
+        self._unhandled.append((conn, rest))
+        try:
+            self._handle_frame_list(conn, _taken(rest))
+        finally:
+            self._unhandled.pop()
+
+    def hand_over_unhandled_frames(self) -> None:
+        """A call paused while its frame was handled (a breakpoint, the loop turning
+        inside it): the frames read with it and not handled yet would wait for the pause
+        to end, after frames read later. They are handled from the loop instead, before
+        any read after now."""
+        for conn, rest in self._unhandled:
+            if rest:
+                frames = list(rest)
+                rest.clear()
+                self.loop.call_soon(self._on_frames, conn, frames)
+
+    def _handle_frame_list(self, conn: Connection, frames) -> None:
         for fr in frames:
             if fr.dropped:
                 try:
@@ -895,3 +921,9 @@ def set_current_node(node: Node | None) -> None:
 
 def current_node() -> Node | None:
     return _current_node
+
+
+def _taken(rest: deque):
+    """``rest``'s items, each removed as it is handed out (what is left can be taken over)."""
+    while rest:
+        yield rest.popleft()

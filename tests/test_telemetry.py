@@ -327,6 +327,29 @@ def test_a_replaced_log_is_retired_only_once_its_successor_is_published(monkeypa
     assert seen == [True] and rec.messages_log is not old and old.cap == 0
 
 
+def test_drained_rows_travel_out_of_band_and_come_back_whole():
+    # a drain's reply carries its rows as one of the frame's buffers, not inside the
+    # pickle stream: neither side copies them (3.2 MB for 100k rows)
+    from hpcmesh.transport import serialization
+    from hpcmesh.runtime.telemetry_recorder import Pickled
+    rec = Recorder(max_rows=10_000)
+    log = rec.messages_log
+    k = log.key(("A.0", "ping", "node-x", True))
+    for i in range(5_000):
+        log.data.extend(log.pack(i, 7, 40, k))
+    for i in range(3):
+        rec.sent_log.append(rec.sent_log.key(("client", "m", "ping", "call_one", "{}", 1)))
+    tables = rec.drain()["tables"]
+    meta, buffers = serialization.dumps({"tables": Pickled(tables)})
+    assert len(meta) < 4096 and [memoryview(b).nbytes for b in buffers] == [5_000 * 32]
+    back = serialization.loads(meta, [bytes(b) for b in buffers])["tables"]
+    assert back["messages"].rows() == tables["messages"].rows()
+    assert back["messages"].rows()[4_999] == (4_999, 7, 40, "A.0", "ping", "node-x", "ok")
+    assert len(back["sent_messages"]) == 3
+    assert pickle.loads(pickle.dumps(tables["messages"], 4)).rows() == \
+        tables["messages"].rows()       # an older protocol keeps the rows in the stream
+
+
 def test_keyed_batches_save_load_and_stay_small(tmp_path):
     # review findings: save() failed once two collections had made two dictionaries for
     # one column (an IPC file holds one), and each batch carried a dictionary as long as

@@ -79,6 +79,15 @@ class _BigBytes:
         return bytes, (pickle.PickleBuffer(self.data),)
 
 
+def out_of_band(data: bytes | bytearray | memoryview):
+    """``data`` to pickle (protocol 5) as an out-of-band buffer when it is large: inside a
+    message it travels as one of the frame's buffers, not copied into the pickle stream,
+    and unpickles as ``bytes`` read in place. Small data is returned as it is."""
+    if memoryview(data).nbytes >= OOB_THRESHOLD:
+        return _BigBytes(data)
+    return data
+
+
 def _wrap_big(obj):
     """Wrap large bytes found at the top levels of args/kwargs containers."""
     t = type(obj)

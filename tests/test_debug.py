@@ -288,8 +288,8 @@ class NodeHere:
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.tid
 
-    def hand_over_unhandled_frames(self) -> None:
-        pass                    # it reads no frames
+    def take_unhandled_frames(self) -> list:
+        return []               # it reads no frames
 
 
 def test_breakpoints_in_two_async_endpoints_nest_and_the_first_steps_on_after(monkeypatch):

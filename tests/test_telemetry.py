@@ -348,6 +348,10 @@ def test_drained_rows_travel_out_of_band_and_come_back_whole():
     assert len(back["sent_messages"]) == 3
     assert pickle.loads(pickle.dumps(tables["messages"], 4)).rows() == \
         tables["messages"].rows()       # an older protocol keeps the rows in the stream
+    again = pickle.loads(pickle.dumps(Pickled(tables), 4))     # (review: it raised)
+    assert again["messages"].rows() == tables["messages"].rows()
+    import copy         # a copy of it is the value it holds, as an unpickling is
+    assert copy.copy(Pickled(tables))["messages"].rows() == tables["messages"].rows()
 
 
 def test_keyed_batches_save_load_and_stay_small(tmp_path):

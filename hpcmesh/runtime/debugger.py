@@ -25,6 +25,7 @@ debugger attached from afar must never kill the call it stopped.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import io
 import itertools
 import logging
@@ -173,10 +174,28 @@ def _flush_held_replies() -> tuple | None:
     node._handling_frames = node.in_batch = False
     while node._replied:
         node._replied.pop().flush_now()
-    # frames read with the paused call's and not handled yet: handled while it waits
-    # (else a call sent before the paused one, to another actor, waited for the pause)
-    node.hand_over_unhandled_frames()
+    _hand_over_unhandled_frames(node)
     return held
+
+
+def _hand_over_unhandled_frames(node) -> None:
+    """Frames read with the paused call's and not handled yet are handled while it waits
+    (else a call sent before the paused one, to another actor, waited for the pause):
+    first in the loop's queue, so before any read queued meanwhile (a pause inside them
+    hands its own rest over in front of them, behind none), each in a copy of its
+    connection's reader context (not the paused endpoint's)."""
+    loop = node.loop
+    for conn, frames in reversed(node.take_unhandled_frames()):
+        loop._ready.appendleft(asyncio.Handle(node._on_frames, (conn, frames), loop,
+                                              _reader_context(loop, conn)))
+
+
+def _reader_context(loop: asyncio.BaseEventLoop, conn) -> contextvars.Context:
+    try:
+        reader = loop._selector.get_key(conn.sock.fileno()).data[0]
+        return reader._context.copy()
+    except (KeyError, ValueError, OSError, AttributeError):     # closed meanwhile
+        return contextvars.Context()
 
 
 class _Input(io.TextIOBase):

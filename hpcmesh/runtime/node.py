@@ -529,23 +529,24 @@ class Node:
         if len(frames) == 1:
             self._handle_frame_list(conn, frames)
             return
-        rest = deque(frames)    # what hand_over_unhandled_frames() may take from it
+        rest = deque(frames)    # what take_unhandled_frames() may take from it
         self._unhandled.append((conn, rest))
         try:
             self._handle_frame_list(conn, _taken(rest))
         finally:
             self._unhandled.pop()
 
-    def hand_over_unhandled_frames(self) -> None:
+    def take_unhandled_frames(self) -> list[tuple[Connection, list]]:
         """A call paused while its frame was handled (a breakpoint, the loop turning
-        inside it): the frames read with it and not handled yet would wait for the pause
-        to end, after frames read later. They are handled from the loop instead, before
-        any read after now."""
+        inside it): the frames read with it and not handled yet, taken, in order, for the
+        debugger to hand to the loop (``_on_frames``) ahead of any later read: else they
+        would wait for the pause to end, and run after frames read later."""
+        out = []
         for conn, rest in self._unhandled:
             if rest:
-                frames = list(rest)
+                out.append((conn, list(rest)))
                 rest.clear()
-                self.loop.call_soon(self._on_frames, conn, frames)
+        return out
 
     def _handle_frame_list(self, conn: Connection, frames) -> None:
         for fr in frames:

@@ -574,7 +574,9 @@ class Pickled:
         self.data = pickle.dumps(value, 5, buffer_callback=buffers.append)
         self.buffers = [b.raw() for b in buffers]
 
-    def __reduce__(self):
+    def __reduce_ex__(self, protocol):
+        if protocol < 5:        # (a copy, a pickle of an older protocol): in the stream
+            return _unpickle, (self.data, *map(bytes, self.buffers))
         return _unpickle, (self.data, *map(out_of_band, self.buffers))
 
 

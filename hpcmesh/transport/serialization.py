@@ -71,6 +71,9 @@ class _BigBytes:
         self.data = data
 
     def __reduce_ex__(self, protocol):
+        if protocol < 5:        # (a copy, a pickle of an older protocol): in the stream
+            return (bytearray if isinstance(self.data, bytearray) else bytes), \
+                (bytes(self.data),)
         if isinstance(self.data, bytearray):
             return bytearray, (pickle.PickleBuffer(self.data),)
         # Over a connection the frame decoder hands a read-only buffer back as ``bytes``

@@ -165,8 +165,9 @@ def _copy_entered_contexts(loop: asyncio.BaseEventLoop) -> None:
 
 def _flush_held_replies() -> tuple | None:
     """A node handling frames (the endpoint was called from there) holds back replies
-    until it is done, which it is not while the loop turns here: it stops holding them;
-    what it was, to put back afterwards."""
+    until it is done, which it is not while the loop turns here: it stops holding them,
+    and the frames of the same read not handled yet are handed to the loop; what it was,
+    to put back afterwards."""
     node = _node
     if node is None:
         return None

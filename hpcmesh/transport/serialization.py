@@ -85,10 +85,11 @@ class _BigBytes:
 def out_of_band(data: bytes | bytearray | memoryview):
     """``data`` to pickle (protocol 5) as an out-of-band buffer when it is large: inside a
     message it travels as one of the frame's buffers, not copied into the pickle stream,
-    and unpickles as ``bytes`` read in place. Small data is returned as it is."""
+    and unpickles as ``bytes`` read in place. Small data is returned as it is (a
+    memoryview, which pickle refuses, as ``bytes``)."""
     if memoryview(data).nbytes >= OOB_THRESHOLD:
         return _BigBytes(data)
-    return data
+    return data if isinstance(data, (bytes, bytearray)) else bytes(data)
 
 
 def _wrap_big(obj):

@@ -96,7 +96,7 @@ def test_recorder_is_bounded_and_counts_what_it_dropped():
     for i in range(5):
         rec.received(i * 1000, "a.0", "ep", "node-x", i * 1000 + 10_000, True, 4)
     out = rec.drain(caller_name=lambda nid: {"node-x": "client"}[nid], who={"name": "p"})
-    got = out["tables"]["messages"].rows()      # (start_ns, duration_ns, bytes, *key)
+    got = out["tables"]["messages"].rows()      # (start_ns, end_ns, bytes, *key)
     assert [r[0] for r in got] == [0, 1000, 2000]
     assert got[0] == (0, 10_000, 4, "a.0", "ep", "client", "ok")    # ids become names
     assert out["dropped"] == {"messages": 2} and out["who"] == {"name": "p"}
@@ -104,7 +104,7 @@ def test_recorder_is_bounded_and_counts_what_it_dropped():
     again = rec.drain()
     assert len(again["tables"]["messages"]) == 0 and again["dropped"] == {}
     rec.received(9, "a.0", "as_endpoint:helper", None, 10, False, 0)   # the name it shows
-    assert rec.drain()["tables"]["messages"].rows() == [(9, 1, 0, "a.0", "helper", None,
+    assert rec.drain()["tables"]["messages"].rows() == [(9, 10, 0, "a.0", "helper", None,
                                                          "error")]
     rows = [(1, "a.0", "ep", "client", 2, "ok", 3)]                   # how a drain travels
     assert pickle.loads(pickle.dumps(telemetry_recorder.Pickled({"messages": rows}))) == {
@@ -297,7 +297,7 @@ def test_a_mailbox_batch_that_outlives_its_log_loses_no_row(monkeypatch):
             rows = out["tables"]["messages"]
             got += len(rows)
             dropped += out["dropped"].get("messages", 0)
-            # (start, duration, bytes, actor, endpoint, caller, ok): a key index the
+            # (start, end, bytes, actor, endpoint, caller, ok): a key index the
             # mailbox kept from the replaced log would label rows wrongly or not at all
             labels += [r[4:7:2] for r in rows.rows()] if len(rows) else []
     finally:
@@ -305,6 +305,92 @@ def test_a_mailbox_batch_that_outlives_its_log_loses_no_row(monkeypatch):
         mesh.stop().get(timeout=10)
     assert (got, dropped) == (12, 0)
     assert labels == [("work", "ok")] * 12, labels
+
+
+def test_a_mailbox_keeps_its_calls_as_columns_and_a_drain_packs_them():
+    # a queued call costs the mailbox a clock read and an append: its start is the end of
+    # the call before it, or its run's start; its key and bytes are its run's
+    rec = Recorder(max_rows=100)
+    rows = rec.mailbox()
+    rows.run(100, 40, ("A.0", "ping", "node-x"))
+    rows.ends += [150, 170]
+    rows.run(200, 8, ("A.0", "pong", "node-x"))
+    rows.ends.append(230)
+    rows.fail()                     # the call that ended last raised
+    rows.ends.append(260)
+    rows.run(300, 8, ("A.0", "pong", "node-x"))     # a new run (after a turn of the loop)
+    got = rec.drain(lambda nid: "client")["tables"]["messages"].rows()
+    assert got == [(100, 150, 40, "A.0", "ping", "client", "ok"),
+                   (150, 170, 40, "A.0", "ping", "client", "ok"),
+                   (200, 230, 8, "A.0", "pong", "client", "error"),
+                   (230, 260, 8, "A.0", "pong", "client", "ok")]
+    # the drain came while the next call ran: it started its run at 300
+    rows.ends.append(310)
+    # ... and one drained mid-call goes on with its run: it started when the last ended
+    assert rec.drain(lambda nid: "client")["tables"]["messages"].rows() == [
+        (300, 310, 8, "A.0", "pong", "client", "ok")]
+    rows.ends.append(330)
+    rows.fail()
+    rec.forget(rows)                # an actor stopping hands over what it has, once
+    assert rec.drain(lambda nid: "client")["tables"]["messages"].rows() == [
+        (310, 330, 8, "A.0", "pong", "client", "error")]
+    rows.ends.append(400)
+    assert len(rec.drain()["tables"]["messages"]) == 0
+
+
+def test_a_mailbox_flush_keeps_to_the_bound_and_counts_the_rest():
+    rec = Recorder(max_rows=3)
+    rows = rec.mailbox()
+    rows.run(0, 1, ("A.0", "ping", None))
+    rows.ends += [10, 20, 30, 40, 50]
+    out = rec.drain()
+    assert [r[:2] for r in out["tables"]["messages"].rows()] == [(0, 10), (10, 20), (20, 30)]
+    assert out["dropped"] == {"messages": 2}
+
+
+class Queued(Actor):
+    @endpoint
+    async def step(self, i: int) -> int:
+        import asyncio
+        if i == 0:
+            await asyncio.sleep(0.5)    # the calls after it queue: the mailbox runs them
+        if i % 7 == 3:
+            raise ValueError(i)
+        await asyncio.sleep(0.02 if i % 10 == 5 else 0)
+        return i
+
+
+def test_queued_calls_become_one_row_each_while_drains_come_mid_batch(monkeypatch):
+    # the mailbox's rows are columns until a drain packs them, and the drains here come
+    # from another thread while the batch runs (the controller's collector does so)
+    from hpcmesh.actor import this_proc
+    rec = Recorder(max_rows=10_000)
+    monkeypatch.setattr(telemetry_recorder, "RECORDER", rec)
+    mesh = this_proc().spawn("queued", Queued)
+    got = []
+    try:
+        futs = [mesh.step.call_one(i) for i in range(60)]
+        while not all(f.done() for f in futs):
+            got += rec.drain(lambda nid: "client")["tables"]["messages"].rows()
+            time.sleep(0.03)
+        for i, f in enumerate(futs):
+            if i % 7 == 3:
+                with pytest.raises(Exception, match=str(i)):
+                    f.get(timeout=10)
+            else:
+                assert f.get(timeout=10) == i
+        mesh.stop().get(timeout=10)         # hands over the rows of its last calls
+        got += rec.drain(lambda nid: "client")["tables"]["messages"].rows()
+    finally:
+        monkeypatch.setattr(telemetry_recorder, "RECORDER", None)
+    steps = sorted((r for r in got if r[4] == "step"), key=lambda r: r[0])
+    assert len(steps) == 60
+    assert [r[6] for r in steps] == ["error" if i % 7 == 3 else "ok" for i in range(60)]
+    assert all(r[1] >= r[0] for r in steps)
+    assert all(b[0] >= a[1] for a, b in zip(steps, steps[1:]))   # one at a time, in order
+    slow = [r for i, r in enumerate(steps) if i % 10 == 5 and i % 7 != 3]
+    assert all(r[1] - r[0] >= 15_000_000 for r in slow), slow   # their own sleep, >= 15 ms
+    assert steps[0][1] - steps[0][0] >= 400_000_000
 
 
 def test_a_replaced_log_is_retired_only_once_its_successor_is_published(monkeypatch):
@@ -336,7 +422,7 @@ def test_drained_rows_travel_out_of_band_and_come_back_whole():
     log = rec.messages_log
     k = log.key(("A.0", "ping", "node-x", True))
     for i in range(5_000):
-        log.data.extend(log.pack(i, 7, 40, k))
+        log.data.extend(log.pack(i, i + 7, 40, k))
     for i in range(3):
         rec.sent_log.append(rec.sent_log.key(("client", "m", "ping", "call_one", "{}", 1)))
     tables = rec.drain()["tables"]
@@ -344,7 +430,7 @@ def test_drained_rows_travel_out_of_band_and_come_back_whole():
     assert len(meta) < 4096 and [memoryview(b).nbytes for b in buffers] == [5_000 * 32]
     back = serialization.loads(meta, [bytes(b) for b in buffers])["tables"]
     assert back["messages"].rows() == tables["messages"].rows()
-    assert back["messages"].rows()[4_999] == (4_999, 7, 40, "A.0", "ping", "node-x", "ok")
+    assert back["messages"].rows()[4_999] == (4_999, 5_006, 40, "A.0", "ping", "node-x", "ok")
     assert len(back["sent_messages"]) == 3
     assert pickle.loads(pickle.dumps(tables["messages"], 4)).rows() == \
         tables["messages"].rows()       # an older protocol keeps the rows in the stream
@@ -491,6 +577,9 @@ def test_sql_about_the_calls_just_made(stop_telemetry_after):
         one = w.slice(gpus=0)
         for i in range(50):
             assert one.fast.call_one(i).get(timeout=60) == i
+        # pipelined: batch frames, whose calls the actor's mailbox runs back to back
+        futs = [one.fast.call_one(i) for i in range(2000)]
+        assert [f.get(timeout=60) for f in futs] == list(range(2000))
         for _ in range(5):
             one.slow.call_one(0.02).get(timeout=60)
         with pytest.raises(Exception, match="boom on purpose"):
@@ -505,16 +594,19 @@ def test_sql_about_the_calls_just_made(stop_telemetry_after):
             FROM messages m JOIN actors a ON m.to_actor_id = a.id
             WHERE a.full_name LIKE 'tw[%' GROUP BY endpoint ORDER BY endpoint""")
         by = {s["endpoint"]: s for s in stats}
-        assert {k: by[k]["calls"] for k in by} == {"boom": 1, "fast": 50, "say": 2, "slow": 5}
+        assert {k: by[k]["calls"] for k in by} == {"boom": 1, "fast": 2050, "say": 2,
+                                                   "slow": 5}
         assert by["boom"]["errors"] == 1 and by["fast"]["errors"] == 0
         assert by["slow"]["p50"] >= 20_000 > by["fast"]["p50"]
         assert by["slow"]["p99"] >= by["slow"]["p50"]
-        sizes = rows(state, "SELECT MIN(bytes) AS b FROM messages WHERE endpoint = 'fast'")
+        sizes = rows(state, "SELECT MIN(bytes) AS b, MIN(duration_us) AS d, COUNT(DISTINCT "
+                            "timestamp_us) AS t FROM messages WHERE endpoint = 'fast'")
         assert sizes[0]["b"] > 0       # arguments that came inline are counted too
+        assert sizes[0]["d"] >= 0 and sizes[0]["t"] > 1000
         sent = rows(state, "SELECT method, endpoint, COUNT(*) AS n, SUM(n_dest) AS dest "
                            "FROM sent_messages WHERE sender = 'client' AND endpoint IN "
                            "('fast', 'say') GROUP BY method, endpoint ORDER BY endpoint")
-        assert sent == [{"method": "call_one", "endpoint": "fast", "n": 50, "dest": 50},
+        assert sent == [{"method": "call_one", "endpoint": "fast", "n": 2050, "dest": 2050},
                         {"method": "call", "endpoint": "say", "n": 1, "dest": 2}]
         callers = rows(state, "SELECT DISTINCT caller FROM messages")
         assert callers == [{"caller": "client"}]
@@ -540,7 +632,7 @@ def test_sql_about_the_calls_just_made(stop_telemetry_after):
         # the same over HTTP, as Monarch's query_engine_client does
         table = state.query_engine_client.query("SELECT COUNT(*) AS n FROM messages "
                                                 "WHERE endpoint = 'fast'")
-        assert isinstance(table, pa.Table) and table.to_pylist() == [{"n": 50}]
+        assert isinstance(table, pa.Table) and table.to_pylist() == [{"n": 2050}]
         with pytest.raises(TelemetryQueryError, match="nope"):
             state.query_engine_client.query("SELECT nope FROM messages")
     finally:

@@ -185,6 +185,8 @@ class ActorHost:
         self._waker: asyncio.Future | None = None  # what the parked mailbox task awaits
         self._busy = False          # the mailbox task is running a call (others must queue)
         self._handoff: tuple | None = None         # an inline call that suspended
+        #: the telemetry rows of the mailbox's queued calls, until they are packed
+        self._telemetry_rows: _tel.MailboxRows | None = None
         #: a debugger holds the actor (an async call paused at a breakpoint on the loop's
         #: thread, which keeps turning): calls queue, the mailbox stays parked
         self._held = False
@@ -403,39 +405,52 @@ class ActorHost:
         contexts = self._contexts
         reply_to = self.node.reply_to
         tel = _tel.RECORDER
-        if tel is not None:     # the telemetry row's parts, looked up once for the batch
-            mlog = tel.messages_log
-            mdata, mindex, mpack = mlog.data, mlog.index, mlog.pack
+        # the run of calls this call goes on with (telemetry: MailboxRows); none yet
+        r_buffers = r_endpoint = r_origin = None
+        if tel is not None:     # the telemetry rows' parts, looked up once for the batch
+            rows = self._telemetry_rows
+            if rows is None or rows.recorder is not tel:
+                rows = self._telemetry_rows = tel.mailbox()
+            ends_append, ends = rows.ends.append, rows.ends
             tid = self.telemetry_id
-            # the last ok call's key: the calls of one batch frame share their endpoint
-            # and origin strings (one object each), so most rows skip the key's lookup
-            k_endpoint = k_origin = k_last = None
         n = 0
         while queue:
             n += 1
             if n % _YIELD_EVERY == 0:
                 # Let the loop send the replies so far and read more calls: a long
                 # backlog must not hold every reply back until it is all done.
+                if tel is not None and len(ends) >= _tel.MAILBOX_FLUSH_ROWS:
+                    rows.flush()    # (into the bounded log: a long backlog stays bounded)
                 await asyncio.sleep(0)
+                r_buffers = None
             msg, origin, buffers, (fn, info) = queue.popleft()
             if self.fault is not None:
                 self._refuse(msg[2], origin, msg[4])
+                r_buffers = None
                 continue
             if self.stopped:
                 self._fail(msg[2], origin, msg[4], MeshStoppedError(
                     f"actor {self.instance.mesh_name} has been stopped", self.instance.mesh_name))
+                r_buffers = None
                 continue
             if not info.is_async:
                 await self._execute(msg, origin, buffers, fn, info)
+                r_buffers = None
                 continue
             _, _, endpoint, payload, reply, rank, extent_items = msg
+            if tel is not None and (buffers is not r_buffers or endpoint is not r_endpoint
+                                    or origin is not r_origin):
+                # A new run. The calls of one batch frame share their BatchShare and their
+                # endpoint and origin strings (one object each): most calls skip this.
+                r_endpoint, r_origin = endpoint, origin
+                if type(buffers) is BatchShare:
+                    r_buffers, nbytes = buffers, buffers.msg_bytes
+                else:
+                    r_buffers, nbytes = None, payload_bytes(payload, buffers)
+                rows.run(_time_ns(), nbytes, (tid, endpoint, origin))
             ctx = contexts.get((rank, extent_items))
             token = current_context_var.set(ctx if ctx is not None else
                                  self._message_context(rank, extent_items))
-            if tel is not None:
-                start = _time_ns()
-                nbytes = (buffers.msg_bytes if type(buffers) is BatchShare else
-                          payload_bytes(payload, buffers))
             ok = False
             try:
                 # decode_args() written out: the pipelined hot path
@@ -453,29 +468,12 @@ class ActorHost:
                         self._unsent(endpoint, origin, reply, e)
             finally:
                 current_context_var.reset(token)
-                if tel is not None:     # Recorder.received() written out: the hot path
-                    end = _time_ns()
-                    cap = mlog.cap      # read once: a drain on another thread may retire it
-                    if len(mdata) >= cap and mlog is not tel.messages_log:
-                        # a drain replaced the log (KEYS_LIMIT keys; the old one's cap is
-                        # now 0): its key indices are not the new one's
-                        mlog = tel.messages_log
-                        mdata, mindex, mpack = mlog.data, mlog.index, mlog.pack
-                        k_endpoint = k_origin = k_last = None
-                        cap = mlog.cap
-                    if len(mdata) < cap:    # (a log retired meanwhile is taken once more)
-                        if endpoint is k_endpoint and origin is k_origin and ok:
-                            k = k_last
-                        else:
-                            key = (tid, endpoint, origin, ok)
-                            k = mindex.get(key)
-                            if k is None:
-                                k = mlog.key(key)
-                            if ok:
-                                k_endpoint, k_origin, k_last = endpoint, origin, k
-                        mdata.extend(mpack(start, end - start, nbytes, k))
-                    else:
-                        mlog.dropped += 1
+                if tel is not None:     # the telemetry row: its end (MailboxRows)
+                    ends_append(_time_ns())
+                    if not ok:
+                        rows.fail()
+        if tel is not None and len(ends) >= _tel.MAILBOX_FLUSH_ROWS:
+            rows.flush()    # (bounded however the backlogs come: also when nobody drains)
 
     async def _execute(self, msg: tuple, origin: str | None, buffers: list, fn,
                        info: EndpointInfo) -> None:
@@ -681,6 +679,9 @@ class ActorHost:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if tasks:   # let them see the cancellation (a pending task must not be dropped)
             await asyncio.wait(tasks, timeout=1.0)
+        rows, self._telemetry_rows = self._telemetry_rows, None
+        if rows is not None:
+            rows.recorder.forget(rows)
 
 
 class _Resume:

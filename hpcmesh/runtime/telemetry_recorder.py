@@ -11,8 +11,9 @@ collector (``hpcmesh.telemetry``) drains each process about once a second.
 The two tables written per call are kept as numbers, their string fields an index into
 the log's keys (a tuple of every field per row cost the controller's pipelined calls a
 quarter of their speed): ``messages`` as a :class:`KeyedLog` (a row is a few int64s
-packed into one bytearray), ``sent_messages`` as a :class:`SentLog` (a call appends its
-key's index; the transport's writes date them). They travel as int64 bytes plus the keys
+packed into one bytearray; an actor's queued calls reach it through its
+:class:`MailboxRows`, a clock read and a list append a call), ``sent_messages`` as a
+:class:`SentLog` (a call appends its key's index; the transport's writes date them). They travel as int64 bytes plus the keys
 they use, and the collector makes Arrow columns of them without a Python step per row.
 The other tables' rows are tuples in the columns' order (``hpcmesh/telemetry/schema.py``
 names and documents them), less those the collector adds per process (process, host, pid).
@@ -52,12 +53,14 @@ TABLES = ("meshes", "actors", "actor_status_events", "process_status_events", "e
           "spans")
 #: Those it records as numbers (``KeyedLog``; ``drain`` hands them out as ``KeyedRows``):
 #: per table, the columns a row's numbers become, each with what to divide it by (the
-#: clock's nanoseconds become the table's microseconds), then the key index; and the
-#: columns its key's fields become.
-KEYED_TABLES: dict[str, tuple[tuple[tuple[str, int], ...], tuple[str, ...]]] = {
-    "messages": ((("timestamp_us", 1000), ("duration_us", 1000), ("bytes", 1)),
+#: clock's nanoseconds become the table's microseconds) and the number, if any, it is
+#: counted from (``messages`` keeps a call's start and end: its duration is end - start,
+#: so a mailbox need not subtract per call), then the key index; and the columns its
+#: key's fields become.
+KEYED_TABLES: dict[str, tuple[tuple[tuple[str, int, int | None], ...], tuple[str, ...]]] = {
+    "messages": ((("timestamp_us", 1000, None), ("duration_us", 1000, 0), ("bytes", 1, None)),
                  ("to_actor_id", "endpoint", "caller", "status")),
-    "sent_messages": ((("timestamp_us", 1000),),
+    "sent_messages": ((("timestamp_us", 1000, None),),
                       ("sender", "actor_mesh_id", "endpoint", "method", "view_json", "n_dest")),
 }
 
@@ -149,6 +152,105 @@ class KeyedLog(_Keys):
         rows = bytes(self.data)     # one C call: whole rows (a writer's extend is one too)
         del self.data[:len(rows)]   # rows appended meanwhile stay, whole
         return _keyed_rows(rows, self.width, self.keys)
+
+    def add(self, rows) -> None:
+        """Packed rows (a bytes-like of whole rows), as many as the bound leaves room for;
+        the rest dropped and counted."""
+        data = self.data
+        room = self.cap - len(data)
+        if room >= len(rows):
+            data.extend(rows)
+            return
+        size = 8 * self.width
+        keep = max(room, 0) // size
+        if keep:
+            data.extend(memoryview(rows)[:keep * size])
+        self.dropped += len(rows) // size - keep
+
+
+#: A mailbox hands its calls' rows to the log once it holds this many (and whenever the
+#: process is drained): a mailbox with a backlog looks every _YIELD_EVERY calls.
+MAILBOX_FLUSH_ROWS = 1024
+
+
+class MailboxRows:
+    """The ``messages`` rows of one actor's queued calls, kept as columns until ``flush``
+    packs them into the recorder's log in a few C calls.
+
+    Why: a mailbox runs its queued calls back to back on the event loop (a pipelined
+    caller's batch frames), and packing each call's row as it ends (two clock reads, a
+    ``struct.pack`` and an ``extend``) was most of what telemetry cost the worker's CPU, a
+    tenth of a pipelined call's. Here a call costs one clock read and one list append
+    (``ends``): it started when the call before it ended (the mailbox starts the next at
+    once), or when its *run* started. A run is calls that share their key and bytes (the
+    calls of one batch frame to one endpoint from one caller: the mailbox compares three
+    objects by identity) and starts whenever those change, after a turn given to the loop,
+    and after a call that ran elsewhere; it notes its first call's start (``run``).
+
+    One writer, the mailbox on its loop's thread; ``flush`` from any thread (a drain).
+    Runs and failures are noted under the lock; ``ends`` are appended without it."""
+    __slots__ = ("recorder", "ends", "runs", "failed", "base", "_lock")
+
+    def __init__(self, recorder: "Recorder"):
+        self.recorder = recorder
+        self.ends: list[int] = []       # each call's end (time_ns), in call order
+        #: (index in ends of its first call, that call's start, bytes a call, key less ok)
+        self.runs: list[tuple[int, int, int, tuple]] = []
+        self.failed: list[int] = []     # numbers (base + index) of calls that raised
+        self.base = 0                   # calls flushed so far: ends[0] is call number base
+        self._lock = threading.Lock()
+
+    def run(self, start_ns: int, nbytes: int, key: tuple) -> None:
+        """The next call starts a run (``key``: actor id, endpoint, caller)."""
+        with self._lock:
+            self.runs.append((len(self.ends), start_ns, nbytes, key))
+
+    def fail(self) -> None:
+        """The call whose end was appended last raised (its row says ``error``)."""
+        with self._lock:
+            self.failed.append(self.base + len(self.ends) - 1)
+
+    def flush(self) -> None:
+        """The calls ended so far, as rows of the recorder's ``messages_log``."""
+        with self._lock:
+            ends = self.ends
+            n = len(ends)
+            if not n:
+                return
+            e = array("q", ends[:n])
+            del ends[:n]                # (a call ending meanwhile on the loop stays)
+            runs = self.runs
+            split = 0
+            while split < len(runs) and runs[split][0] < n:
+                split += 1
+            done, later = runs[:split], runs[split:]
+            if not later or later[0][0] != n:
+                # the next call goes on with the last run: it starts when this one ended
+                _, _, nbytes, key = done[-1]
+                later.insert(0, (n, e[n - 1], nbytes, key))
+            self.runs = [(first - n, start, nbytes, key) for first, start, nbytes, key in later]
+            base = self.base
+            self.base = base + n
+            failed = [f - base for f in self.failed if base <= f < base + n]
+            self.failed = [f for f in self.failed if f >= base + n]
+        self.recorder.add_mailbox_rows(_mailbox_rows(e, done), done, failed)
+
+
+def _mailbox_rows(ends: array, runs: list) -> bytearray:
+    """(start, end, bytes, key index) rows of calls that ended at ``ends``, their key
+    indices left 0 (``Recorder.add_mailbox_rows`` fills them in)."""
+    n = len(ends)
+    buf = bytearray(32 * n)
+    rows = memoryview(buf).cast("q")
+    rows[1::4] = ends
+    if n > 1:
+        rows[4::4] = memoryview(ends)[:-1]      # a call starts as the one before it ends
+    for i, (first, start, nbytes, _) in enumerate(runs):
+        rows[4 * first] = start     # ... unless it starts a run (later runs win a tie)
+        end = runs[i + 1][0] if i + 1 < len(runs) else n
+        if end > first and nbytes:
+            rows[4 * first + 2:4 * end:4] = array("q", (nbytes,)) * (end - first)
+    return buf
 
 
 class SentLog(_Keys):
@@ -325,12 +427,15 @@ class Recorder:
         self.dropped: dict[str, int] = dict.fromkeys(TABLES, 0)
         self.sample_gpus = sample_gpus
         self._last_cpu = (time.monotonic(), _cpu_seconds())
-        #: ``messages``: (start_ns, duration_ns, bytes, key) rows (``KEYED_TABLES``)
+        #: ``messages``: (start_ns, end_ns, bytes, key) rows (``KEYED_TABLES``)
         self.messages_log = KeyedLog(len(KEYED_TABLES["messages"][0]) + 1, max_rows)
         #: ``sent_messages``: (time_ns, key) rows
         self.sent_log = SentLog(max_rows)
         #: logs replaced for holding KEYS_LIMIT keys: taken once more (rows that raced in)
         self._retired: list[tuple[str, KeyedLog | SentLog]] = []
+        #: the actors' mailboxes' rows not yet packed into messages_log (``mailbox``)
+        self._mailboxes: set[MailboxRows] = set()
+        self._mailboxes_lock = threading.Lock()
 
     # -- recording (any thread) ------------------------------------------------------
     def add(self, table: str, row: tuple) -> None:
@@ -350,10 +455,46 @@ class Recorder:
         if len(data) < log.cap:
             key = (actor_id, endpoint, caller, ok)
             k = log.index.get(key)
-            data.extend(log.pack(start_ns, end_ns - start_ns, nbytes,
+            data.extend(log.pack(start_ns, end_ns, nbytes,
                                  k if k is not None else log.key(key)))
         else:
             log.dropped += 1
+
+    def mailbox(self) -> MailboxRows:
+        """Where an actor's mailbox keeps its calls' rows until they are packed (``drain``
+        packs them; ``forget`` when the actor stops)."""
+        rows = MailboxRows(self)
+        with self._mailboxes_lock:
+            self._mailboxes.add(rows)
+        return rows
+
+    def forget(self, rows: MailboxRows) -> None:
+        """An actor stopped: its rows so far into the log, and no more."""
+        rows.flush()
+        with self._mailboxes_lock:
+            self._mailboxes.discard(rows)
+
+    def add_mailbox_rows(self, buf: bytearray, runs: list, failed: list) -> None:
+        """``MailboxRows.flush``'s rows, their key indices filled in from the log they go
+        to (looked up once a run; a call that raised has its own key)."""
+        rows = memoryview(buf).cast("q")
+        n = len(rows) // 4
+        while True:
+            log = self.messages_log
+            index = log.index
+            for i, (first, _, _, key) in enumerate(runs):
+                end = runs[i + 1][0] if i + 1 < len(runs) else n
+                if end > first:
+                    k = index.get(key + (True,))
+                    if k is None:
+                        k = log.key(key + (True,))
+                    rows[4 * first + 3:4 * end:4] = array("q", (k,)) * (end - first)
+            for j in failed:
+                key = next(r[3] for r in reversed(runs) if r[0] <= j)
+                rows[4 * j + 3] = log.key(key + (False,))
+            if log.cap or log is self.messages_log:
+                break       # (retired meanwhile by a drain on another thread: to its successor)
+        log.add(buf)
 
     def sent(self, key: int, log: SentLog | None = None) -> None:
         """One call made from this process to an actor mesh or a view of one
@@ -404,6 +545,10 @@ class Recorder:
         for k in dropped:
             self.dropped[k] = 0
         retired, self._retired = self._retired, []
+        with self._mailboxes_lock:
+            mailboxes = list(self._mailboxes)
+        for rows in mailboxes:
+            rows.flush()
         for name, attr in (("messages", "messages_log"), ("sent_messages", "sent_log")):
             log = getattr(self, attr)
             rows = log.take()

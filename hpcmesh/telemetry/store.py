@@ -109,8 +109,10 @@ class TelemetryStore:
                 nums[j::w].tobytes())])
         index = column(w - 1)
         cols = {}
-        for j, (name, divisor) in enumerate(number_columns):
+        for j, (name, divisor, since) in enumerate(number_columns):
             col = column(j)
+            if since is not None:
+                col = pc.subtract(col, column(since))
             cols[name] = pc.divide(col, divisor) if divisor != 1 else col
         # the keys these rows use, in order, and each row's position among them: a
         # dictionary as long as the keys used (the log's key indices reach KEYS_LIMIT)

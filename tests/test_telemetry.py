@@ -146,7 +146,7 @@ def test_a_log_with_too_many_keys_is_replaced_and_no_row_is_lost(monkeypatch):
     first = rec.drain(lambda nid: "client")
     assert [r[3] for r in first["tables"]["messages"].rows()] == [f"mesh-{i}.0" for i in range(5)]
     assert rec.messages_log is not old and len(rec.messages_log.keys) == 0
-    old.data.extend(old.pack(99, 1, 8, old.key(("late.0", "ping", "node-x", True))))
+    old.data.extend(old.pack(99, 100, 8, old.key(("late.0", "ping", "node-x", True))))
     rec.received(7, "mesh-9.0", "ping", "node-x", 8, False, 8)
     second = rec.drain(lambda nid: "client")["tables"]["messages"].rows()
     assert [(r[0], r[3], r[6]) for r in second] == [(7, "mesh-9.0", "error"),
@@ -315,8 +315,8 @@ def test_a_mailbox_keeps_its_calls_as_columns_and_a_drain_packs_them():
     rows.run(100, 40, ("A.0", "ping", "node-x"))
     rows.ends += [150, 170]
     rows.run(200, 8, ("A.0", "pong", "node-x"))
+    rows.fail_next()                # the call that ends next raised
     rows.ends.append(230)
-    rows.fail()                     # the call that ended last raised
     rows.ends.append(260)
     rows.run(300, 8, ("A.0", "pong", "node-x"))     # a new run (after a turn of the loop)
     got = rec.drain(lambda nid: "client")["tables"]["messages"].rows()
@@ -329,13 +329,53 @@ def test_a_mailbox_keeps_its_calls_as_columns_and_a_drain_packs_them():
     # ... and one drained mid-call goes on with its run: it started when the last ended
     assert rec.drain(lambda nid: "client")["tables"]["messages"].rows() == [
         (300, 310, 8, "A.0", "pong", "client", "ok")]
+    rows.fail_next()
     rows.ends.append(330)
-    rows.fail()
     rec.forget(rows)                # an actor stopping hands over what it has, once
     assert rec.drain(lambda nid: "client")["tables"]["messages"].rows() == [
         (310, 330, 8, "A.0", "pong", "client", "error")]
     rows.ends.append(400)
     assert len(rec.drain()["tables"]["messages"]) == 0
+
+
+def test_a_drain_between_a_failure_and_its_end_keeps_the_failure():
+    # review: the mailbox noted a failure after appending the call's end, so a drain on
+    # another thread in between packed the call as ok and then dropped the failure
+    rec = Recorder(max_rows=100)
+    rows = rec.mailbox()
+    rows.run(100, 8, ("A.0", "boom", "node-x"))
+    rows.ends.append(150)
+    rows.fail_next()
+    assert [r[6] for r in rec.drain(lambda nid: "client")["tables"]["messages"].rows()] == [
+        "ok"]
+    rows.ends.append(170)           # the failed call ends after the drain
+    assert rec.drain(lambda nid: "client")["tables"]["messages"].rows() == [
+        (150, 170, 8, "A.0", "boom", "client", "error")]
+
+
+def test_a_mailbox_flush_into_a_log_retired_meanwhile_keeps_its_rows(monkeypatch):
+    # review: a drain on another thread could retire the log between the flush's look at
+    # it and its add, which then dropped every row (the retired log is taken once more)
+    rec = Recorder(max_rows=100)
+    rows = rec.mailbox()
+    rows.run(0, 8, ("A.0", "ping", None))
+    rows.ends += [10, 20]
+    log = rec.messages_log
+    real_key = telemetry_recorder._Keys.key
+
+    def key_then_retired(self, fields):
+        k = real_key(self, fields)
+        if self is log and log.cap:     # what a drain on another thread does meanwhile
+            rec.messages_log = log.successor(100)
+            rec._retired.append(("messages", log))
+            log.retire()
+        return k
+    monkeypatch.setattr(telemetry_recorder._Keys, "key", key_then_retired)
+    rows.flush()
+    monkeypatch.undo()
+    out = rec.drain()
+    assert [r[:2] for r in out["tables"]["messages"].rows()] == [(0, 10), (10, 20)]
+    assert out["dropped"] == {}
 
 
 def test_a_mailbox_flush_keeps_to_the_bound_and_counts_the_rest():
@@ -578,8 +618,11 @@ def test_sql_about_the_calls_just_made(stop_telemetry_after):
         for i in range(50):
             assert one.fast.call_one(i).get(timeout=60) == i
         # pipelined: batch frames, whose calls the actor's mailbox runs back to back
+        t0 = time.time()
+        t0_us = int(t0 * 1e6)
         futs = [one.fast.call_one(i) for i in range(2000)]
         assert [f.get(timeout=60) for f in futs] == list(range(2000))
+        burst_us = (time.time() - t0) * 1e6
         for _ in range(5):
             one.slow.call_one(0.02).get(timeout=60)
         with pytest.raises(Exception, match="boom on purpose"):
@@ -603,6 +646,14 @@ def test_sql_about_the_calls_just_made(stop_telemetry_after):
                             "timestamp_us) AS t FROM messages WHERE endpoint = 'fast'")
         assert sizes[0]["b"] > 0       # arguments that came inline are counted too
         assert sizes[0]["d"] >= 0 and sizes[0]["t"] > 1000
+        # one actor runs them one after another: together they took at most the burst
+        # (a queued call starts when the one before it ended, or when its run started)
+        busy = rows(state, "SELECT SUM(duration_us) AS d, MIN(timestamp_us) AS t FROM "
+                           "messages WHERE endpoint = 'fast' AND timestamp_us >= %d" % t0_us)
+        assert 0 < busy[0]["d"] <= burst_us, (busy, burst_us)
+        times = rows(state, "SELECT COUNT(*) AS n FROM messages WHERE endpoint = 'fast' AND "
+                            "timestamp_us < %d" % t0_us)
+        assert times[0]["n"] == 50      # the calls before the burst, and only those
         sent = rows(state, "SELECT method, endpoint, COUNT(*) AS n, SUM(n_dest) AS dest "
                            "FROM sent_messages WHERE sender = 'client' AND endpoint IN "
                            "('fast', 'say') GROUP BY method, endpoint ORDER BY endpoint")

@@ -407,9 +407,13 @@ class ActorHost:
         tel = _tel.RECORDER
         # the run of calls this call goes on with (telemetry: MailboxRows); none yet
         r_buffers = r_endpoint = r_origin = None
+        rows = self._telemetry_rows
+        if rows is not None and rows.recorder is not tel:   # switched off, or replaced:
+            self._telemetry_rows = None                     # its rows to their recorder
+            rows.recorder.forget(rows)
         if tel is not None:     # the telemetry rows' parts, looked up once for the batch
             rows = self._telemetry_rows
-            if rows is None or rows.recorder is not tel:
+            if rows is None:
                 rows = self._telemetry_rows = tel.mailbox()
             ends_append, ends = rows.ends.append, rows.ends
             tid = self.telemetry_id
@@ -469,9 +473,9 @@ class ActorHost:
             finally:
                 current_context_var.reset(token)
                 if tel is not None:     # the telemetry row: its end (MailboxRows)
-                    ends_append(_time_ns())
                     if not ok:
-                        rows.fail()
+                        rows.fail_next()
+                    ends_append(_time_ns())
         if tel is not None and len(ends) >= _tel.MAILBOX_FLUSH_ROWS:
             rows.flush()    # (bounded however the backlogs come: also when nobody drains)
 
@@ -657,31 +661,33 @@ class ActorHost:
     # -- lifecycle -------------------------------------------------------------------
     async def stop(self) -> None:
         """Run the actor's ``__cleanup__`` (if any) and release its thread."""
-        self.stopped = True
-        if (rec := _tel.RECORDER) is not None and self.fault is None:
-            rec.status(self.telemetry_id, "stopped", "stopped by its owner")
-        cleanup = getattr(self.obj, "__cleanup__", None)
-        if cleanup is not None:
-            token = current_context_var.set(Context(self.instance, self.instance.rank))
-            try:
-                sig = inspect.signature(cleanup)
-                res = cleanup(None) if len(sig.parameters) >= 1 else cleanup()
-                if inspect.isawaitable(res):
-                    await res
-            except Exception:  # noqa: BLE001
-                log.exception("__cleanup__ of %s failed", self.cls.__name__)
-            finally:
-                current_context_var.reset(token)
-        tasks = list(self._tasks) + ([self._runner] if self._runner is not None else [])
-        for t in tasks:
-            t.cancel()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-        if tasks:   # let them see the cancellation (a pending task must not be dropped)
-            await asyncio.wait(tasks, timeout=1.0)
-        rows, self._telemetry_rows = self._telemetry_rows, None
-        if rows is not None:
-            rows.recorder.forget(rows)
+        try:
+            self.stopped = True
+            if (rec := _tel.RECORDER) is not None and self.fault is None:
+                rec.status(self.telemetry_id, "stopped", "stopped by its owner")
+            cleanup = getattr(self.obj, "__cleanup__", None)
+            if cleanup is not None:
+                token = current_context_var.set(Context(self.instance, self.instance.rank))
+                try:
+                    sig = inspect.signature(cleanup)
+                    res = cleanup(None) if len(sig.parameters) >= 1 else cleanup()
+                    if inspect.isawaitable(res):
+                        await res
+                except Exception:  # noqa: BLE001
+                    log.exception("__cleanup__ of %s failed", self.cls.__name__)
+                finally:
+                    current_context_var.reset(token)
+            tasks = list(self._tasks) + ([self._runner] if self._runner is not None else [])
+            for t in tasks:
+                t.cancel()
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            if tasks:   # let them see the cancellation (a pending task must not be dropped)
+                await asyncio.wait(tasks, timeout=1.0)
+        finally:    # (however the cleanup ends): its calls' rows to the log, once
+            rows, self._telemetry_rows = self._telemetry_rows, None
+            if rows is not None:
+                rows.recorder.forget(rows)
 
 
 class _Resume:

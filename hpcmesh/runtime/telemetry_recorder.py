@@ -30,6 +30,7 @@ import struct
 import threading
 import time
 from array import array
+from bisect import bisect_left, bisect_right
 from collections import deque
 from time import time_ns as _time_ns
 from typing import Any, Callable
@@ -153,11 +154,11 @@ class KeyedLog(_Keys):
         del self.data[:len(rows)]   # rows appended meanwhile stay, whole
         return _keyed_rows(rows, self.width, self.keys)
 
-    def add(self, rows) -> None:
-        """Packed rows (a bytes-like of whole rows), as many as the bound leaves room for;
-        the rest dropped and counted."""
+    def add(self, rows, cap: int | None = None) -> None:
+        """Packed rows (a bytes-like of whole rows), as many as the bound (``cap``: as the
+        caller read it, else now) leaves room for; the rest dropped and counted."""
         data = self.data
-        room = self.cap - len(data)
+        room = (self.cap if cap is None else cap) - len(data)
         if room >= len(rows):
             data.extend(rows)
             return
@@ -188,7 +189,9 @@ class MailboxRows:
     and after a call that ran elsewhere; it notes its first call's start (``run``).
 
     One writer, the mailbox on its loop's thread; ``flush`` from any thread (a drain).
-    Runs and failures are noted under the lock; ``ends`` are appended without it."""
+    Runs and failures are noted under the lock, each before the end of the call it is
+    about is appended (so a flush between the two cannot take that call without it);
+    ``ends`` are appended without the lock."""
     __slots__ = ("recorder", "ends", "runs", "failed", "base", "_lock")
 
     def __init__(self, recorder: "Recorder"):
@@ -205,33 +208,31 @@ class MailboxRows:
         with self._lock:
             self.runs.append((len(self.ends), start_ns, nbytes, key))
 
-    def fail(self) -> None:
-        """The call whose end was appended last raised (its row says ``error``)."""
+    def fail_next(self) -> None:
+        """The call whose end is appended next raised (its row says ``error``)."""
         with self._lock:
-            self.failed.append(self.base + len(self.ends) - 1)
+            self.failed.append(self.base + len(self.ends))
 
     def flush(self) -> None:
         """The calls ended so far, as rows of the recorder's ``messages_log``."""
-        with self._lock:
+        with self._lock:       # (all worked out before anything is changed)
             ends = self.ends
             n = len(ends)
             if not n:
                 return
             e = array("q", ends[:n])
-            del ends[:n]                # (a call ending meanwhile on the loop stays)
             runs = self.runs
-            split = 0
-            while split < len(runs) and runs[split][0] < n:
-                split += 1
+            split = bisect_left([r[0] for r in runs], n)
             done, later = runs[:split], runs[split:]
             if not later or later[0][0] != n:
                 # the next call goes on with the last run: it starts when this one ended
-                _, _, nbytes, key = done[-1]
+                _, _, nbytes, key = done[-1]    # (runs[0] is at 0 while ends has calls)
                 later.insert(0, (n, e[n - 1], nbytes, key))
-            self.runs = [(first - n, start, nbytes, key) for first, start, nbytes, key in later]
             base = self.base
-            self.base = base + n
             failed = [f - base for f in self.failed if base <= f < base + n]
+            del ends[:n]                # (a call ending meanwhile on the loop stays)
+            self.runs = [(first - n, start, nbytes, key) for first, start, nbytes, key in later]
+            self.base = base + n
             self.failed = [f for f in self.failed if f >= base + n]
         self.recorder.add_mailbox_rows(_mailbox_rows(e, done), done, failed)
 
@@ -479,8 +480,10 @@ class Recorder:
         to (looked up once a run; a call that raised has its own key)."""
         rows = memoryview(buf).cast("q")
         n = len(rows) // 4
+        firsts = [r[0] for r in runs]
         while True:
             log = self.messages_log
+            cap = log.cap   # read first: retired after this, the log is still taken once more
             index = log.index
             for i, (first, _, _, key) in enumerate(runs):
                 end = runs[i + 1][0] if i + 1 < len(runs) else n
@@ -489,12 +492,12 @@ class Recorder:
                     if k is None:
                         k = log.key(key + (True,))
                     rows[4 * first + 3:4 * end:4] = array("q", (k,)) * (end - first)
-            for j in failed:
-                key = next(r[3] for r in reversed(runs) if r[0] <= j)
+            for j in failed:    # (its run: the last to start at or before it)
+                key = runs[bisect_right(firsts, j) - 1][3]
                 rows[4 * j + 3] = log.key(key + (False,))
-            if log.cap or log is self.messages_log:
-                break       # (retired meanwhile by a drain on another thread: to its successor)
-        log.add(buf)
+            if cap or log is self.messages_log:
+                break       # (retired before by a drain on another thread: to its successor)
+        log.add(buf, cap)
 
     def sent(self, key: int, log: SentLog | None = None) -> None:
         """One call made from this process to an actor mesh or a view of one

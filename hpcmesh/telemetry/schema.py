@@ -80,7 +80,9 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         ("to_actor_id", "string", "the actor that handled it (actors.id)"),
         ("endpoint", "string", "the endpoint's name"),
         ("caller", "string", "the calling process (\"client\": the controller)"),
-        ("duration_us", "int64", "from the start of the call to its reply, in microseconds"),
+        ("duration_us", "int64", "from when the actor took the call up (a call that waited in "
+                                 "its mailbox: when the one before it ended) to its reply, in "
+                                 "microseconds"),
         ("status", "string", "ok, or error (it raised, or its result could not be sent)"),
         ("bytes", "int64", "about how many bytes the call took on the wire (a call that "
                    "came in a batch frame: its share of the frame)"))),

@@ -33,13 +33,15 @@ def config(quick: bool) -> dict:
     phases last from ~100 ms to seconds, longer than a block: 5 rounds (1000 calls of each,
     ~0.3 s for hpcmesh) left the ratio of one run 0.1-0.2 away from the next; 20 rounds
     sample more phases. ``tel_block_rounds``: rounds of telemetry on/off blocks
-    (``bench_hpcmesh.telemetry_blocks``), each a pair per figure.
+    (``bench_hpcmesh.telemetry_blocks``), each a pair per figure. Adjacent blocks of this
+    VM differ by 0.5-2x, so the median of 24 pairs moved by ±0.05 from run to run (a
+    ~6 % cost read 0.85 one run, 1.02 the next); 64 pairs halve that (~15 s a figure).
     """
     if quick:
         return dict(lat_iters=2000, warmup=200, gather_iters=300, pipe_reps=2, bulk_reps=3,
-                    bringup_reps=1, paired_rounds=4, tel_block_rounds=24)
+                    bringup_reps=1, paired_rounds=4, tel_block_rounds=64)
     return dict(lat_iters=5000, warmup=500, gather_iters=1000, pipe_reps=3, bulk_reps=6,
-                bringup_reps=3, paired_rounds=20, tel_block_rounds=40)
+                bringup_reps=3, paired_rounds=20, tel_block_rounds=96)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import shutil
 import statistics
 import subprocess
@@ -364,6 +365,18 @@ def telemetry_rounds(all_res: dict, args, logdir: str) -> list[dict]:
     return rounds
 
 
+def median_interval(values: list[float], level: float = 0.9, resamples: int = 2000
+                    ) -> tuple[float, float]:
+    """A bootstrap interval of the median of ``values`` (seeded: a run's report reads the
+    same each time): how far the median of this many noisy pairs could be from the
+    cost it measures."""
+    rnd = random.Random(0)
+    n = len(values)
+    meds = sorted(statistics.median(rnd.choices(values, k=n)) for _ in range(resamples))
+    cut = int(resamples * (1 - level) / 2)
+    return meds[cut], meds[-cut - 1]
+
+
 def _tel_ratio(all_res: dict, key: str) -> tuple[float, str] | None:
     """(median on/off ratio, how it reads): from hpcmesh+telemetry's own alternating blocks
     (``tel_blocks``: on and off side by side in one run) when it measured them, else from
@@ -372,11 +385,12 @@ def _tel_ratio(all_res: dict, key: str) -> tuple[float, str] | None:
     if blocks and key in blocks:
         b = blocks[key]
         ratios = sorted(b["ratios"])
+        low, high = median_interval(ratios)
         return b["ratio_med"], (
             f"median of {len(ratios)} alternating on/off block pairs in one run "
-            f"{b['ratio_med']:.3f}× off (pairs {ratios[0]:.2f}–{ratios[-1]:.2f}; "
-            f"medians on {fmt(statistics.median(b['on']))}, off "
-            f"{fmt(statistics.median(b['off']))})")
+            f"{b['ratio_med']:.3f}× off (90 % interval of that median {low:.2f}–{high:.2f}; "
+            f"pairs {ratios[0]:.2f}–{ratios[-1]:.2f}; medians on "
+            f"{fmt(statistics.median(b['on']))}, off {fmt(statistics.median(b['off']))})")
     rounds = all_res.get(TEL, {}).get("tel_rounds")
     if not rounds:
         return None

@@ -24,8 +24,11 @@ def switch_recording(on: bool, kept: T.Recorder | None) -> T.Recorder | None:
     if on:
         if T.RECORDER is None:
             if kept is not None:
-                T.RECORDER = kept
-                connection.WRITE_HOOK = T._stamp_sent   # what enable() sets beside it
+                try:
+                    T.resume(kept)
+                except AttributeError:      # a tree before resume() (an A/B run)
+                    T.RECORDER = kept
+                    connection.WRITE_HOOK = T._stamp_sent
             else:
                 T.enable()
         return None

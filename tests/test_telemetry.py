@@ -250,6 +250,34 @@ def test_call_one_writes_into_the_log_that_replaced_the_one_it_cached(monkeypatc
     assert [[r[2:5] for r in rows] for rows in drains] == [[(mesh_id, "ping", "call_one")]] * 3
 
 
+def test_call_one_follows_its_recorder_switched_off_and_on_and_replaced():
+    # call_one caches its log and checks only the bound: a recorder switched off closes
+    # its log (cap 0), so the endpoint's next call finds the log of the one now recording
+    from hpcmesh.actor import this_proc
+    first = telemetry_recorder.enable()
+    mesh = this_proc().spawn("pinger_switched", Pinger)
+    try:
+        ep = mesh.ping
+        assert ep.call_one().get(timeout=10) == "pong"
+        telemetry_recorder.disable()
+        assert ep.call_one().get(timeout=10) == "pong"          # off: not noted
+        telemetry_recorder.resume(first)
+        assert ep.call_one().get(timeout=10) == "pong"
+        got_first = first.drain()["tables"]["sent_messages"].rows()
+        telemetry_recorder.disable()
+        second = telemetry_recorder.enable()                    # a new recorder
+        assert second is not first
+        for _ in range(3):
+            assert ep.call_one().get(timeout=10) == "pong"
+        got_second = second.drain()["tables"]["sent_messages"].rows()
+        assert first.drain()["tables"]["sent_messages"].rows() == []
+    finally:
+        telemetry_recorder.disable()
+        mesh.stop().get(timeout=10)
+    assert [r[3:5] for r in got_first] == [("ping", "call_one")] * 2
+    assert [r[3:5] for r in got_second] == [("ping", "call_one")] * 3
+
+
 def test_call_one_keeps_at_most_the_buffer_between_drains(monkeypatch):
     from hpcmesh.actor import this_proc
     rec = Recorder(max_rows=5)

@@ -279,7 +279,9 @@ class Endpoint(Generic[P, R]):
         self._routes: tuple | None = None    # call's fast path, once the mesh is live
         #: (the recorder's sent_log, {method: key}): _note_sent's keys, made once a method
         self._sent_keys: tuple | None = None
-        self._one_row: tuple | None = None   # call_one's, from _call_one_row
+        #: call_one's (sent_log, its calls, this endpoint's key); the closed sentinel
+        #: until the first call that records (``_sent_one``)
+        self._one_row: tuple = _tel.CLOSED_ROW
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         return self._mesh._members()
@@ -291,12 +293,19 @@ class Endpoint(Generic[P, R]):
             log = rec.sent_log      # one read: the key and the row go to the same log
             rec.sent(self._sent_key(log, method, one), log)
 
-    def _call_one_row(self, rec) -> tuple:
-        """What call_one needs to note its call in ``rec``'s sent_messages: the log (a
-        drain replaces one grown past KEYS_LIMIT keys), its calls and their bound, and the
-        row's key (looked up once)."""
+    def _sent_one(self) -> None:
+        """call_one's note of its call, the slow way: the log its row held is full or
+        closed (replaced past KEYS_LIMIT keys, or its recorder switched off: its cap is
+        0), or there was none yet. The row is made again for the recorder's log (its key
+        looked up once), and the call noted there, or counted if that is full."""
+        rec = _tel.RECORDER
+        if rec is None:
+            return
         log = rec.sent_log
-        return log, log.calls, log.cap, self._sent_key(log, "call_one", True)
+        row = self._one_row
+        if row[0] is not log:
+            row = self._one_row = (log, log.calls, self._sent_key(log, "call_one", True))
+        log.append(row[2])
 
     def _sent_key(self, log, method: str, one: bool = False) -> int:
         """The index of this endpoint's ``sent_messages`` fields for ``method`` in the
@@ -314,16 +323,16 @@ class Endpoint(Generic[P, R]):
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single member of this mesh; a Future of its value."""
-        rec = _tel.RECORDER
-        if rec is not None:     # _note_sent() written out: every pipelined call passes here
-            row = self._one_row
-            if row is None or row[0] is not rec.sent_log:   # another recorder, or log
-                row = self._one_row = self._call_one_row(rec)
-            calls = row[1]      # SentLog.append() written out; the transport dates it
-            if len(calls) < row[2]:
-                calls.append(row[3])
+        if _tel.RECORDER is not None:
+            # _note_sent() written out, the least it can be: every pipelined call passes
+            # here, and the caller's thread is the pipeline's critical path (RESULTS.md,
+            # session 15: ~100 ns a call here cost pipelined calls several per cent). A log
+            # that is no longer the recorder's has cap 0: the check of the bound finds it.
+            log, calls, key = self._one_row
+            if len(calls) < log.cap:
+                calls.append(key)       # the transport's writes date it
             else:
-                row[0].overflow()
+                self._sent_one()
         route = self._route
         if route is not None and not kwargs and is_plain(args):
             # The common case, kept short: a live mesh, arguments made of builtin values.

@@ -309,7 +309,10 @@ class SentLog(_Keys):
         return SentLog(max_rows)
 
     def retire(self) -> None:
-        """Replaced: nothing to do (a caller notices the new log at its next call)."""
+        """Replaced (or its recorder switched off): keep no call from now on. ``call_one``
+        caches its log and checks only the bound, so a cap of 0 is how its next call
+        finds the recorder's log instead."""
+        self.cap = 0
 
     def take(self) -> "SentRows":
         """The calls so far (removed), with the marks that date them: each call takes the
@@ -325,6 +328,11 @@ class SentLog(_Keys):
             self.mark_times, self.mark_counts = array("q"), array("q")
             now = _time_ns()
         return SentRows(taken, times, counts, first, now, self.keys)
+
+
+#: A log that keeps nothing: ``call_one``'s row until its first call that records.
+CLOSED_LOG = SentLog(0)
+CLOSED_ROW = (CLOSED_LOG, CLOSED_LOG.calls, 0)
 
 
 class SentRows:
@@ -676,8 +684,20 @@ def enable(*, sample_gpus: bool = False) -> Recorder:
 
 def disable() -> None:
     global RECORDER
+    if RECORDER is not None:
+        RECORDER.sent_log.retire()      # (call_one's cached rows find it closed)
     RECORDER = None
     connection.WRITE_HOOK = None
+
+
+def resume(recorder: Recorder) -> Recorder:
+    """``recorder`` (switched off by ``disable``, rows and all) records again: for a
+    benchmark that compares a job with and without telemetry."""
+    global RECORDER
+    recorder.sent_log.cap = recorder.max_rows
+    RECORDER = recorder
+    connection.WRITE_HOOK = _stamp_sent
+    return recorder
 
 
 def _stamp_sent() -> None:

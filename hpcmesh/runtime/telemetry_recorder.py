@@ -13,8 +13,9 @@ the log's keys (a tuple of every field per row cost the controller's pipelined c
 quarter of their speed): ``messages`` as a :class:`KeyedLog` (a row is a few int64s
 packed into one bytearray; an actor's queued calls reach it through its
 :class:`MailboxRows`, a clock read and a list append a call), ``sent_messages`` as a
-:class:`SentLog` (a call appends its key's index; the transport's writes date them). They travel as int64 bytes plus the keys
-they use, and the collector makes Arrow columns of them without a Python step per row.
+:class:`SentLog` (a call appends its key's index; the transport's writes date them).
+They travel as int64 bytes plus the keys they use, and the collector makes Arrow columns
+of them without a Python step per row.
 The other tables' rows are tuples in the columns' order (``hpcmesh/telemetry/schema.py``
 names and documents them), less those the collector adds per process (process, host, pid).
 """

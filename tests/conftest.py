@@ -22,6 +22,18 @@ def unhandled_faults():
 
 
 @pytest.fixture
+def other_user():
+    """A second local account (created as root, removed afterwards with its processes):
+    what another user of a shared login node can do (tests/other_user.py)."""
+    from other_user import create_other_user, remove_other_user
+    user = create_other_user()
+    try:
+        yield user
+    finally:
+        remove_other_user(user)
+
+
+@pytest.fixture
 def slurm_cluster():
     from slurm_cluster import require_cluster
     require_cluster()

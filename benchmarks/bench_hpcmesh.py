@@ -279,7 +279,7 @@ def main() -> None:
                                                            "telemetry_drops")})
     rep.emit()
     # Exit normally: the runtime's atexit hook kills the processes the local agent started.
-    # (os._exit here would orphan them: see RESULTS.md, "lease bug".)
+    # (os._exit here would orphan them: see "lease bug" in git log -p benchmarks/RESULTS.md.)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def main() -> None:
         async def echo(self, x):
             return x
     if workload == "bulk_tensor":
-        import torch  # noqa: F401  (before spawning: see RESULTS.md, torch import race)
+        import torch  # noqa: F401  (before spawning: see "torch import race" in git log -p benchmarks/RESULTS.md)
     procs = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=cmd)
     ep = procs.spawn("echo", Echo).echo
     if workload.startswith("bulk"):

@@ -22,6 +22,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+#: run by the attacker (Debian's python3): a pickle whose loading runs `touch MARKER`
+PLANT_PICKLE = textwrap.dedent("""
+    import os, pickle, sys
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("touch " + sys.argv[2],))
+    os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
+    with open(sys.argv[1], "wb") as f:
+        pickle.dump(Payload(), f)
+""")
+
+
 def hpcmesh_env(**extra: str) -> dict[str, str]:
     """The environment of an hpcmesh subprocess: this checkout, no inherited state folder,
     context or runtime folder."""
@@ -30,6 +42,11 @@ def hpcmesh_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO)
     env.update(extra)
     return env
+
+
+def hm(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcmesh", *args], cwd=cwd,
+                          env=hpcmesh_env(**env), capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
@@ -47,6 +64,125 @@ def shared_dir():
     yield make
     for d in made:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def plant_cache(user, project: Path, how: str, marker: Path) -> None:
+    """Put a code-running pickle where ``project``'s job cache is read from, as ``user``:
+    ``folder``: their own ``.hpcmesh`` (a shared project folder, /tmp as the cwd);
+    ``link``: ``.hpcmesh`` as their symlink to their own folder;
+    ``into-ours``: our ``.hpcmesh`` was made group/world-writable (a checkout with umask 0)
+    and they point its links at their pickle in their home."""
+    evil = os.path.join(user.home, "evil", "state.pkl")
+    user.python(PLANT_PICKLE, evil, str(marker))
+    hp = project / ".hpcmesh"
+    if how == "folder":
+        user.python(PLANT_PICKLE, str(hp / "default" / "state.pkl"), str(marker))
+        user.python("import os, sys; os.symlink('default/state.pkl', sys.argv[1])",
+                    str(hp / "job_state.pkl"))
+    elif how == "link":
+        user.python("import os, sys; os.symlink(sys.argv[1], sys.argv[2])",
+                    os.path.dirname(evil), str(hp))
+        user.python("import os, sys; os.mkdir(sys.argv[1]);"
+                    "os.symlink(sys.argv[2], os.path.join(sys.argv[1], 'state.pkl'));"
+                    "os.symlink('default/state.pkl', sys.argv[3])",
+                    os.path.join(os.path.dirname(evil), "default"), evil,
+                    os.path.join(os.path.dirname(evil), "job_state.pkl"))
+    else:
+        (hp / "default").mkdir(parents=True)
+        os.chmod(hp, 0o777)
+        os.chmod(hp / "default", 0o777)
+        for name in ("job_state.pkl", "default/state.pkl"):
+            user.python("import os, sys; os.symlink(sys.argv[1], sys.argv[2])", evil,
+                        str(hp / name))
+
+
+def assert_refused(text: str, project: Path, user, how: str) -> None:
+    """The refusal names the path, its owner and its mode."""
+    assert "refusing the job cache" in text, text
+    assert str(project / ".hpcmesh") in text, text
+    if how == "into-ours":
+        assert "owned by root (uid 0), mode 0777" in text, text
+    else:
+        assert f"owned by {user.name} (uid {user.uid})" in text, text
+        assert ("a symlink" if how == "link" else "a folder") in text, text
+
+
+SHARED_MODES = {"folder": 0o777, "link": 0o1777, "into-ours": 0o755}
+
+
+def attempt(fn):
+    """What ``fn()`` raised (None if nothing): the test looks at what the attack did
+    before it looks at the error."""
+    try:
+        fn()
+    except PermissionError as e:
+        return e
+    return None
+
+
+@pytest.mark.parametrize("how", ["folder", "link", "into-ours"])
+@pytest.mark.parametrize("command", ["status", "kill"])
+def test_planted_job_cache_is_not_loaded_by_status_or_kill(other_user, shared_dir, tmp_path,
+                                                           command, how):
+    # issue 28 item 2: `hpcmesh status`/`kill` unpickled .hpcmesh/ from the cwd, whoever
+    # made it; the marker is what the other user's code would have done as root
+    project = shared_dir(SHARED_MODES[how])
+    marker = tmp_path / "ran-their-code"
+    plant_cache(other_user, project, how, marker)
+    r = hm(command, cwd=project)
+    assert not marker.exists(), f"`hpcmesh {command}` ran the planted pickle"
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert_refused(r.stderr, project, other_user, how)
+
+
+@pytest.mark.parametrize("how", ["folder", "link", "into-ours"])
+def test_planted_job_cache_is_not_loaded_by_state(other_user, shared_dir, tmp_path,
+                                                  monkeypatch, how):
+    from hpcmesh.job import LocalJob
+    project = shared_dir(SHARED_MODES[how])
+    marker = tmp_path / "ran-their-code"
+    plant_cache(other_user, project, how, marker)
+    evil = Path(other_user.home) / "evil" / "state.pkl"
+    before = evil.read_bytes()
+    monkeypatch.chdir(project)
+    refused = attempt(lambda: LocalJob().state())
+    assert not marker.exists(), "LocalJob().state() ran the planted pickle"
+    assert evil.read_bytes() == before, "our job was written where they point"
+    assert refused is not None, "LocalJob().state() used the planted cache"
+    assert_refused(str(refused), project, other_user, how)
+
+
+@pytest.mark.parametrize("where", ["their-folder", "our-open-folder"])
+def test_dump_through_a_planted_symlink_leaves_its_target_alone(other_user, shared_dir,
+                                                                tmp_path, monkeypatch, where):
+    # issue 28 item 2: dump() followed a symlink another user put at the cache's path and
+    # replaced the root-only file it named
+    from hpcmesh.job import LocalJob
+    precious = tmp_path / "root-only.conf"       # in a 0700 folder of root's
+    precious.write_text("precious\n")
+    os.chmod(precious, 0o600)
+    project = shared_dir(0o1777 if where == "their-folder" else 0o755)
+    hp = project / ".hpcmesh"
+    if where == "our-open-folder":
+        hp.mkdir()
+        os.chmod(hp, 0o777)
+        other_user.python("import os, sys; os.symlink(sys.argv[1], sys.argv[2])",
+                          str(precious), str(hp / "job_state.pkl"))
+    else:
+        other_user.python("import os, sys; os.mkdir(sys.argv[2]);"
+                          "os.symlink(sys.argv[1], os.path.join(sys.argv[2], 'job_state.pkl'))",
+                          str(precious), str(hp))
+    monkeypatch.chdir(project)
+    job = LocalJob()
+    job.apply()
+    refused = [attempt(lambda: job.dump(".hpcmesh/job_state.pkl")),
+               attempt(lambda: LocalJob().state())]
+    assert precious.read_bytes() == b"precious\n", "dump() wrote through their link"
+    assert os.stat(precious).st_uid == 0 and (os.stat(precious).st_mode & 0o777) == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["root-only.conf"]    # no temporary file beside it
+    for e in refused:
+        assert e is not None and "refusing the job cache" in str(e), e
+        assert str(hp) in str(e), e
 
 
 # -- the runtime folder (issue 28 item 4) ------------------------------------------------------

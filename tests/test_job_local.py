@@ -118,3 +118,31 @@ def test_what_a_job_says_of_itself_before_it_connects():
     assert alloc.slurm_job_ids() == []
     alloc.job_id = "7"
     assert alloc.slurm_job_ids() == ["7"]
+
+
+def test_a_group_writable_umask_still_gives_a_cache_hpcmesh_trusts(tmp_path):
+    # the cache is refused in a folder group or others can write (test_shared_node_files):
+    # so hpcmesh's own folders must not be, whatever the umask. Under umask 002 a plain
+    # os.makedirs of .hpcmesh/logs (the agent's, the client script's) made .hpcmesh 0775.
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "client.py").write_text("print('client ran')\n")
+    code = textwrap.dedent("""
+        import os
+        os.umask(0o002)
+        from hpcmesh.actor import this_host
+        from hpcmesh.job import LocalJob
+        this_host().spawn_procs(per_host={"gpus": 1})     # the agent makes .hpcmesh/logs/...
+        job = LocalJob()
+        job.apply(client_script="client.py")             # its state file goes there too
+        print("client", job.wait_client(timeout=60))
+        LocalJob().state()
+        print("cached")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": repo})
+    assert r.returncode == 0 and r.stdout.split() == ["client", "0", "cached"], r.stderr
+    for folder in (".hpcmesh", ".hpcmesh/logs"):
+        assert stat.S_IMODE(os.stat(tmp_path / folder).st_mode) & 0o022 == 0, folder
+    assert isinstance(job_load(str(tmp_path / ".hpcmesh" / "job_state.pkl")), LocalJob)

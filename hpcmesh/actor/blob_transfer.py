@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import os
 import socket
-import stat
 import tempfile
 import threading
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..file_tree import BLOCK_SIZE, FileTree, file_digest, new_hasher
+from ..private_files import UntrustedPathError, private_dir
 from .endpoint import Actor, endpoint
 
 #: blocks a client keeps in flight to a chain's first host (x BLOCK_SIZE bytes)
@@ -50,17 +50,11 @@ class BlobStore:
         self._partial: dict[str, tuple[int, Any]] = {}
         self._lock = threading.Lock()
         self._writer = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"   # partial files: this one's
-        os.makedirs(root, mode=0o700, exist_ok=True)
-        st = os.lstat(root)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        try:
             # a store somebody else controls could hand this user's processes their files
-            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a directory"
-            raise PermissionError(
-                f"blob store {root} must be a directory of this user (uid {os.getuid()}), "
-                f"not a link; it is {kind} owned by uid {st.st_uid}. Set {CACHE_VAR} to a "
-                f"folder of your own")
-        if st.st_mode & 0o077:
-            os.chmod(root, 0o700)       # ours: nobody else may open it
+            private_dir(root, what="the blob store")
+        except UntrustedPathError as e:
+            raise UntrustedPathError(f"{e}. Set {CACHE_VAR} to a folder of your own") from None
         os.makedirs(os.path.join(root, "blobs"), mode=0o700, exist_ok=True)
         os.makedirs(os.path.join(root, "partial"), mode=0o700, exist_ok=True)
 

@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from ..private_files import read_file, write_file
 from .token_http import endpoint_url
 
 #: Where a controller writes its services' URLs for ``hpcmesh top`` (beside the job's cache).
@@ -26,20 +27,19 @@ STATUS_STYLE = {"running": "green", "failed": "bold red", "stopped": "dim", "sta
 
 
 def write_services_file(folder: str, fields: dict[str, Any]) -> str:
-    """Record the URLs (they carry the token: mode 0600) for ``hpcmesh top``."""
-    path = os.path.join(folder, SERVICES_FILE)
+    """Record the URLs (they carry the token: mode 0600) for ``hpcmesh top``, in a folder
+    of this user's that nobody else can write (``private_files``)."""
     urls = {k: v for k, v in fields.items() if k.endswith("_url") and isinstance(v, str)}
-    os.makedirs(folder, exist_ok=True)
-    fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(dict(urls, pid=os.getpid(), written=time.time()), f)
-    os.replace(f"{path}.tmp", path)
-    return path
+    doc = json.dumps(dict(urls, pid=os.getpid(), written=time.time()))
+    return write_file(os.path.join(folder, SERVICES_FILE), doc.encode(),
+                      what="the services file")
 
 
 def read_services_file(folder: str) -> dict[str, Any]:
-    with open(os.path.join(folder, SERVICES_FILE)) as f:
-        return json.load(f)
+    """What :func:`write_services_file` wrote; a file somebody else could have planted (to
+    send ``hpcmesh top`` to their server) raises ``UntrustedPathError``."""
+    return json.loads(read_file(os.path.join(folder, SERVICES_FILE),
+                                what="the services file"))
 
 
 def fetch_json(url: str, timeout: float = 10.0) -> Any:

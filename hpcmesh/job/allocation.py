@@ -27,6 +27,7 @@ import time
 import weakref
 from typing import Any, Sequence
 
+from ..private_files import make_dirs
 from ..settings import env_number
 from ..slurm.parsing import Allocation, SlurmParseError, clean_env_for_nested_srun
 from .base import JobState, JobTrait
@@ -131,6 +132,7 @@ class SlurmAllocation(JobTrait):
         token = self.apply_id or os.urandom(16).hex()
         restart = (os.environ.get("SLURM_RESTART_COUNT") or "0").strip() or "0"
         job_dir = os.path.join(self.log_dir, f"alloc-{alloc.job_id}-{token[:12]}")
+        make_dirs(self.log_dir)
         os.makedirs(job_dir, mode=0o700, exist_ok=True)
         self.srun_log = os.path.join(job_dir, "agents.log")
         self.step_name = f"hpcmesh-agents-{token[:8]}"

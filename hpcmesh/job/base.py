@@ -5,6 +5,11 @@ Follows ``monarch.job``: ``apply()`` makes the job exist (no-op if it does),
 serve the spec (``can_run``) so a restarted client reconnects instead of
 queueing again. The cache lives in ``.hpcmesh/<context>/state.pkl`` with
 ``.hpcmesh/job_state.pkl`` a symlink to the active context's file.
+
+The cache is a pickle: loading it runs whatever code it names. So it is read and written
+only through ``private_files``: the file, the ``.hpcmesh`` folder and the folders between
+must be this user's and not writable by others (a ``.hpcmesh`` another user made in a
+shared project folder or in /tmp is refused, naming it, its owner and mode).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import Any
 
 import cloudpickle
 
+from ..private_files import (UntrustedPathError, private_dir, read_file, remove_file,
+                             write_file, write_link)
 from ..runtime.client import expect_exits
 
 DEFAULT_CACHE = ".hpcmesh/job_state.pkl"
@@ -295,14 +302,10 @@ class JobTrait(ABC):
         return cloudpickle.dumps(self)
 
     def dump(self, path: str) -> None:
-        """Write with mode 0600, following a symlink at ``path`` and creating parent dirs."""
-        real = os.path.realpath(path)
-        os.makedirs(os.path.dirname(real) or ".", exist_ok=True)
-        tmp = f"{real}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(self.dumps())
-        os.replace(tmp, real)
+        """Write atomically with mode 0600, following a symlink at ``path`` when it is this
+        user's and leads into a folder of this user, making missing folders (0700). A
+        folder or link somebody else owns or can write raises ``UntrustedPathError``."""
+        write_file(path, self.dumps(), top=cache_top(path), what="the job cache")
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_live")}
@@ -346,17 +349,21 @@ def job_loads(data: bytes) -> JobTrait:
 
 
 def job_load(path: str) -> JobTrait:
-    with open(path, "rb") as f:
-        return job_loads(f.read())
+    """The job cached at ``path``; ``UntrustedPathError`` (before anything is unpickled)
+    when the file or a folder on its way is not this user's, or others can write it."""
+    return job_loads(read_file(path, top=cache_top(path), what="the job cache"))
 
 
 def try_load(path: str) -> JobTrait | None:
     """The job cached at ``path``, or None if there is none or it cannot be read (a stale
-    or foreign cache must not block a new job: it is logged and ignored)."""
+    cache must not block a new job: it is logged and ignored). One another user could
+    have planted raises: overwriting it would not make its folder safe."""
     try:
         return job_load(path)
     except FileNotFoundError:
         return None
+    except UntrustedPathError:
+        raise
     except Exception as e:  # noqa: BLE001 - see the docstring
         import logging
         logging.getLogger("hpcmesh.job").warning("ignoring unreadable job cache %s: %s", path, e)
@@ -364,17 +371,22 @@ def try_load(path: str) -> JobTrait | None:
 
 
 def remove_cache(path: str) -> None:
-    """Remove the state file (the one a symlink at ``path`` points to); keep the link."""
-    try:
-        os.unlink(os.path.realpath(path))
-    except FileNotFoundError:
-        pass
+    """Remove the state file (the one our symlink at ``path`` points to); keep the link."""
+    remove_file(path, top=cache_top(path), what="the job cache")
 
 
 # -- contexts: which cached job is "current" -------------------------------------------------
 def state_root() -> str:
     """The folder of the contexts: ``$HPCMESH_STATE_DIR``, default ``.hpcmesh``."""
     return os.environ.get("HPCMESH_STATE_DIR", ".hpcmesh")
+
+
+def cache_top(path: str) -> str:
+    """Where the folders of ``path`` that must be this user's start: the state folder
+    (``.hpcmesh``) for a path inside it, else the file's own folder. The folders above are
+    the user's choice (a shared project, /tmp): only what hpcmesh keeps there is checked."""
+    root, path = os.path.abspath(state_root()), os.path.abspath(path)
+    return root if path.startswith(root + os.sep) else os.path.dirname(path)
 
 
 def current_context() -> str:
@@ -388,14 +400,11 @@ def context_state_path(context: str | None = None) -> str:
 def activate_context(context: str | None = None) -> str:
     """Point ``.hpcmesh/job_state.pkl`` at the context's state file; returns the link path."""
     target = context_state_path(context)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
+    private_dir(os.path.dirname(target), top=state_root(), private=False,
+                what="the context folder")
     link = os.path.join(state_root(), "job_state.pkl")
-    rel = os.path.relpath(target, os.path.dirname(link))
-    if os.path.islink(link) and os.readlink(link) == rel:
-        return link
-    if os.path.lexists(link):
-        os.unlink(link)
-    os.symlink(rel, link)
+    write_link(link, os.path.relpath(target, os.path.dirname(link)), top=state_root(),
+               what="the context link")
     return link
 
 
@@ -406,21 +415,19 @@ def _current_job_path(context: str | None) -> str:
 def set_current_job(spec_ref: str, context: str | None = None) -> None:
     """Remember ``module.attr`` as the job spec of this context."""
     _resolve(spec_ref)   # fail now, not later, if it does not resolve
-    path = _current_job_path(context)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(spec_ref + "\n")
+    write_file(_current_job_path(context), (spec_ref + "\n").encode(), top=state_root(),
+               what="the current job file")
     activate_context(context)
 
 
 def current_job_ref(context: str | None = None) -> str | None:
     """The ``module.attr`` set by ``set_current_job`` for the context, or None."""
-    path = _current_job_path(context)
-    try:
-        with open(path) as f:
-            return f.read().strip() or None
+    try:   # it names a module to import: read only when nobody else could have written it
+        text = read_file(_current_job_path(context), top=state_root(),
+                         what="the current job file")
     except FileNotFoundError:
         return None
+    return text.decode().strip() or None
 
 
 def load_current_job(context: str | None = None) -> JobTrait:

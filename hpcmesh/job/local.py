@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+from ..private_files import make_dirs
 from .base import BATCH_MARKER, JobTrait, try_load
 
 
@@ -36,7 +37,7 @@ class LocalJob(JobTrait):
     def _submit_client(self, client_script: str) -> None:
         if not os.path.exists(client_script):
             raise FileNotFoundError(f"client script {client_script!r} does not exist")
-        os.makedirs(self.log_dir, exist_ok=True)
+        make_dirs(self.log_dir)
         self.client_log = os.path.join(self.log_dir, f"client-{self.apply_id}.log")
         state_path = os.path.abspath(os.path.join(self.log_dir, f"job-{self.apply_id}.pkl"))
         self._applied = True

@@ -50,6 +50,7 @@ import uuid
 from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.host_mesh import HostMesh, HostRef, attach_to_workers
+from ..private_files import make_dirs
 from ..runtime.agent_main import NOTICE_VAR, run_agent
 from ..runtime.bootstrap import PROC_MODULE, BootstrapCommand
 from ..settings import env_number
@@ -450,7 +451,7 @@ class SlurmJob(JobTrait):
         self.timings = {}
         self.client_script = os.path.abspath(client_script) if client_script else None
         self.token = self.apply_id or uuid.uuid4().hex
-        os.makedirs(self.spec.log_dir, exist_ok=True)
+        make_dirs(self.spec.log_dir)
         self.job_dir = os.path.join(self.spec.log_dir, f"{self.spec.job_name}-{self.token[:12]}")
         os.makedirs(self.job_dir, mode=0o700, exist_ok=True)
         secret_path = write_secret(os.path.join(self.job_dir, "secret"), rt.secret)

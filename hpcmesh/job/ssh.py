@@ -29,6 +29,7 @@ import subprocess
 import time
 from typing import Any, Mapping, Sequence
 
+from ..private_files import make_dirs
 from ..runtime.client import client_runtime
 from ..transport import tls
 from .attach import AttachTimeout, AttachWaiter
@@ -171,7 +172,7 @@ class SSHJob(JobTrait):
         tag = (self.apply_id or "x")[:12]
         self.secret_hex = rt.secret.hex()
         self.log_dir = os.path.abspath(os.path.join(".hpcmesh", "logs", f"ssh-{tag}"))
-        os.makedirs(self.log_dir, exist_ok=True)
+        make_dirs(self.log_dir)
         attach = list(rt.node.addresses)
         self._live_procs: dict[str, list[subprocess.Popen]] = {}
         self.ssh_pids, self.agents = {}, {}

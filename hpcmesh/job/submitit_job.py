@@ -42,6 +42,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from ..private_files import make_dirs
 from ..runtime.agent_main import configure_logging, exit_status, run_agent
 from ..runtime.client import client_runtime
 from .attach import AttachTimeout, AttachWaiter
@@ -100,7 +101,7 @@ def debug_start_agents(n: int, attach: list[str], secret_file: str, token: str, 
         pids = []
         env = dict(os.environ, HPCMESH_JOB_TOKEN=token, HPCMESH_SECRET_FILE=secret_file)
         env.pop("HPCMESH_SECRET", None)
-        os.makedirs(log_dir, exist_ok=True)
+        make_dirs(log_dir)
         for i in range(n):
             with open(os.path.join(log_dir, f"agent-{token}-{i}.log"), "ab") as log:
                 p = subprocess.Popen([sys.executable, "-m", "hpcmesh",
@@ -252,7 +253,7 @@ class SubmititJob(JobTrait):
             raise ValueError(f"submitit picked executor {cluster!r}; SubmititJob supports "
                              f"local, debug and slurm")
         self.resolved_cluster = cluster
-        os.makedirs(self.folder, exist_ok=True)
+        make_dirs(self.folder)
         tag = (self.apply_id or "x")[:12]
         self.secret_hex = rt.secret.hex()
         self.secret_file = write_secret(os.path.join(self.folder, f"secret-{tag}"), rt.secret)

@@ -21,6 +21,7 @@ from .exit_actions import VAR as EXIT_ACTIONS_VAR, run_exit_actions
 from . import telemetry_recorder
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
                         build_environment, runs_entry_point)
+from ..private_files import make_dirs
 from ..settings import env_flag
 from . import placement
 from .errors import describe_exit
@@ -162,8 +163,7 @@ class HostAgent:
         out = []
         started: list[_Proc] = []
         unpinned: list[str] = []
-        log_dir = os.path.join(self.log_dir, log_subdir)
-        os.makedirs(log_dir, exist_ok=True)
+        log_dir = make_dirs(os.path.join(self.log_dir, log_subdir))
         try:
             for name, cmd, label, *rest in requests:
                 mesh_env = rest[0] if rest else {}

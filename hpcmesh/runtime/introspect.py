@@ -30,7 +30,7 @@ import traceback
 from typing import Any
 
 from ..errors import HpcmeshError
-from .node import runtime_dir
+from ..private_files import create_file, open_file, runtime_dir
 
 #: The signal a process dumps its stacks on (None where the platform has no real-time
 #: signals: then there is no fallback).
@@ -50,7 +50,7 @@ PYSPY_NATIVE_TIMEOUT_S = 10.0
 
 def stack_file(pid: int) -> str:
     """Where process ``pid`` writes its signal-triggered stack dumps: the per-user runtime
-    directory (mode 0700), not the log directory, since stacks may show data."""
+    folder (this user's, mode 0700), not the log directory, since stacks may show data."""
     return os.path.join(runtime_dir(), f"stacks-{pid}.txt")
 
 
@@ -62,7 +62,10 @@ def install_stack_dump_handler() -> bool:
         return False
     import faulthandler
     try:
-        fd = os.open(stack_file(os.getpid()), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # a new file of ours (a stale one of an earlier process with this pid goes first):
+        # never appended to through a link, or to a file somebody else made
+        fd = create_file(stack_file(os.getpid()), what="the stack dump file", replace=True,
+                         flags=os.O_WRONLY | os.O_APPEND)
         _stack_file_handle = os.fdopen(fd, "a")
         faulthandler.register(STACK_SIGNAL, file=_stack_file_handle, all_threads=True,
                               chain=False)
@@ -128,21 +131,21 @@ async def dump_stacks_by_signal(pid: int, timeout: float = 3.0) -> str:
         raise RuntimeError("this platform has no real-time signals: no stack dump by signal")
     path = stack_file(pid)
     try:
-        start = os.path.getsize(path)
-    except OSError:
+        f = open_file(path, what="the stack dump file")     # ours, or refused
+    except FileNotFoundError:
         raise RuntimeError(f"process {pid} has no stack file {path} (it did not install the "
                            f"stack-dump handler)") from None
-    os.kill(pid, STACK_SIGNAL)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    size = start
-    while loop.time() < deadline:
-        await asyncio.sleep(0.1)
-        now = os.path.getsize(path)
-        if now > start and now == size:     # it wrote, and has stopped writing
-            break
-        size = now
-    with open(path, "rb") as f:
+    with f:
+        start = size = os.fstat(f.fileno()).st_size
+        os.kill(pid, STACK_SIGNAL)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            await asyncio.sleep(0.1)
+            now = os.fstat(f.fileno()).st_size
+            if now > start and now == size:     # it wrote, and has stopped writing
+                break
+            size = now
         f.seek(start)
         text = f.read().decode("utf-8", "replace")
     if not text:

@@ -16,13 +16,13 @@ import logging
 import os
 import pickle
 import socket
-import tempfile
 import threading
 import time
 import uuid
 from collections import deque
 from typing import Any, Callable
 
+from ..private_files import runtime_dir
 from ..settings import env_number
 from ..transport import connection, serialization, tls
 from ..transport.addresses import Address, parse_address, split_alias
@@ -48,11 +48,8 @@ log = logging.getLogger("hpcmesh.runtime")
 LOST_PEER_REPORT_WAIT = env_number("HPCMESH_LOST_PEER_WAIT", 1.0)
 
 
-def runtime_dir() -> str:
-    d = os.path.join(tempfile.gettempdir(), f"hpcmesh-{os.getuid()}")
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    return d
-
+#: the longest path a Unix socket can be bound to (108 bytes with the final NUL)
+UNIX_PATH_MAX = 107
 
 #: How long the loop thread polls for the rest of a fan-in once its first reply is in.
 FANIN_POLL_WINDOW = env_number("HPCMESH_FANIN_POLL_US", 250, unit="microseconds",
@@ -197,7 +194,12 @@ class Node:
         return self._tls_contexts[1] if self._tls_contexts else None
 
     def unix_address(self) -> str:
-        return f"unix://{os.path.join(runtime_dir(), self.node_id[:16] + '.sock')}"
+        path = os.path.join(runtime_dir(), self.node_id[:16] + ".sock")
+        if len(os.fsencode(path)) > UNIX_PATH_MAX:
+            raise ValueError(f"the Unix socket path {path} is over {UNIX_PATH_MAX} bytes, the "
+                             f"limit of a socket's name: set XDG_RUNTIME_DIR or TMPDIR to a "
+                             f"folder with a shorter path")
+        return f"unix://{path}"
 
     @property
     def ref(self) -> NodeRef:

@@ -1,0 +1,351 @@
+"""Files and folders this user can trust on a shared machine.
+
+A login node is shared (SPEC §7). A file another user made, or can change, may be a pickle
+that runs their code when we load it, or a symlink that makes us write where they point.
+What hpcmesh keeps for itself (the job cache, the runtime folder of sockets and stack
+dumps) is reached through here, and trusted only when it and every folder on its way down
+from a *top* folder are owned by this user and not writable by group or others.
+
+The way down is walked one folder at a time from open folder descriptors, ``O_NOFOLLOW``
+at each step, and each folder is checked on the descriptor that is then used: what was
+checked is what is read or written, whatever anybody renames meanwhile. Folders above the
+top are the user's choice (a project under a group's scratch space, a symlinked home) and
+are followed as they are. A symlink at the end (the context link
+``.hpcmesh/job_state.pkl``) is followed when it is this user's, and its target is checked
+in the same way. Folders are made 0700; files are made 0600 with ``O_CREAT|O_EXCL|
+O_NOFOLLOW`` and replaced atomically (a temporary name, fsync, rename).
+
+Base layer: imports nothing of hpcmesh but its errors, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+import stat
+import tempfile
+import uuid
+
+from .errors import HpcmeshError
+
+#: this user's own symlinks followed on the way to one file, at most (a loop ends there)
+MAX_LINKS = 8
+#: mode bits that let somebody else change a folder's entries or a file's content
+OTHERS_WRITE = 0o022
+#: mode bits of any access by somebody else (a private folder has none)
+OTHERS_ANY = 0o077
+
+
+class UntrustedPathError(HpcmeshError, PermissionError):
+    """A path hpcmesh would trust that this user cannot: owned by somebody else, writable
+    by others, or a symlink that is not ours. The message names the path, its owner and
+    mode, and what is required."""
+
+
+def user_name(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` for a uid without an account."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def describe(st: os.stat_result) -> str:
+    """What an ``lstat`` result is, for an error: kind, owner, mode."""
+    mode = st.st_mode
+    kind = ("a symlink" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
+            else "a file" if stat.S_ISREG(mode) else "a special file")
+    return f"{kind} owned by {user_name(st.st_uid)}, mode {stat.S_IMODE(mode):04o}"
+
+
+def requirement(kind: str, private: bool = False) -> str:
+    """What hpcmesh requires of a ``kind`` (folder, file) it trusts."""
+    me = user_name(os.geteuid())
+    if private:
+        return f"a {kind} owned by this user, {me}, with mode 0700"
+    return f"a {kind} owned by this user, {me}, that group and others cannot write"
+
+
+def _refusal(what: str, path: str, where: str, st: os.stat_result, required: str,
+             fix: str = "") -> UntrustedPathError:
+    at = "it" if where == path else where
+    why = (f"others could have changed it; if none did, `{fix}` makes it trusted" if fix
+           else "another user could have put it there")
+    return UntrustedPathError(
+        f"refusing {what} {path}: {at} is {describe(st)}; hpcmesh trusts only {required} "
+        f"({why})")
+
+
+def _check(fd: int, what: str, path: str, where: str, kind: str, private: bool) -> None:
+    """Refuse the open ``fd`` (``where``, on the way to ``path``) unless it is a ``kind``
+    of ours that nobody else can write. A private folder that others may only read is
+    made 0700: nobody else can have written into it, so tightening it is safe."""
+    st = os.fstat(fd)
+    is_kind = stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)
+    mode = stat.S_IMODE(st.st_mode)
+    if not is_kind or st.st_uid != os.geteuid():
+        raise _refusal(what, path, where, st, requirement(kind, private))
+    if mode & OTHERS_WRITE:         # ours, but open to others: perhaps only a loose umask
+        raise _refusal(what, path, where, st, requirement(kind, private),
+                       fix=f"chmod {'700' if private else 'go-w'} {where}")
+    if private and mode & OTHERS_ANY:
+        os.fchmod(fd, mode & ~OTHERS_ANY)
+
+
+def _open_folder_at(dfd: int, name: str, what: str, path: str, where: str, *, create: bool,
+                    private: bool, own_link_ok: bool = False) -> int:
+    """Open and check the folder ``name`` in the open folder ``dfd`` (making it 0700 if
+    missing and ``create``). Not through a symlink, unless ``own_link_ok`` and it is ours."""
+    flags = os.O_RDONLY | os.O_DIRECTORY
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=dfd)
+    except FileNotFoundError:
+        if not create:
+            raise FileNotFoundError(errno.ENOENT, f"no folder {where} (on the way to {path})",
+                                    where) from None
+        try:
+            os.mkdir(name, 0o700, dir_fd=dfd)
+        except FileExistsError:
+            pass                    # made meanwhile: checked below like any other
+        return _open_folder_at(dfd, name, what, path, where, create=False, private=private,
+                               own_link_ok=own_link_ok)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if not (own_link_ok and stat.S_ISLNK(st.st_mode) and st.st_uid == os.geteuid()):
+            raise _refusal(what, path, where, st, requirement("folder", private)) from None
+        fd = os.open(name, flags, dir_fd=dfd)      # our own link: its target is checked
+    try:
+        _check(fd, what, path, where, "folder", private)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _walk(top: str, folders: list[str], what: str, path: str, *, create: bool,
+          private: bool) -> int:
+    """An fd of ``top``/``folders``, each folder checked (``private``: the last one 0700).
+    ``top`` itself may be a symlink of ours (a project's ``.hpcmesh`` kept elsewhere)."""
+    parent, name = os.path.split(top)
+    if not name:
+        raise ValueError(f"the top of a trusted folder chain cannot be {top}")
+    if create:
+        os.makedirs(parent, exist_ok=True)     # above the top: the user's, made as usual
+    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = _open_folder_at(pfd, name, what, path, top, create=create,
+                             private=private and not folders, own_link_ok=True)
+    finally:
+        os.close(pfd)
+    where = top
+    for i, name in enumerate(folders):
+        where = os.path.join(where, name)
+        try:
+            nfd = _open_folder_at(fd, name, what, path, where, create=create,
+                                  private=private and i == len(folders) - 1)
+        finally:
+            os.close(fd)
+        fd = nfd
+    return fd
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def _split(path: str, top: str) -> list[str]:
+    """The names from ``top`` down to ``path`` (both absolute and normalized)."""
+    if path == top or not _inside(path, top):
+        raise ValueError(f"{path} is not inside the folder {top}")
+    return os.path.relpath(path, top).split(os.sep)
+
+
+def _locate(path: str, top: str | None, what: str, *, create: bool, follow: bool = True
+            ) -> tuple[int, str, str]:
+    """(fd of the checked folder that holds the file, its name there, its full path) for
+    ``path``, following (``follow``) this user's own symlinks at the end: into folders
+    checked from ``top`` when the target is below it, else from the target's own folder."""
+    path = os.path.abspath(path)
+    top = os.path.abspath(top) if top is not None else os.path.dirname(path)
+    shown = path
+    for _ in range(MAX_LINKS + 1):
+        *folders, name = _split(path, top)
+        dfd = _walk(top, folders, what, shown, create=create, private=False)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return dfd, name, path
+        if not follow or not stat.S_ISLNK(st.st_mode):
+            return dfd, name, path
+        try:
+            if st.st_uid != os.geteuid():
+                raise _refusal(what, shown, path, st, "symlinks of this user, "
+                               f"{user_name(os.geteuid())}, into folders of this user")
+            target = os.readlink(name, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+        if not _inside(path, top):
+            top = os.path.dirname(path)
+    raise OSError(errno.ELOOP, f"over {MAX_LINKS} symlinks on the way to {what}", shown)
+
+
+def private_dir(path: str, *, what: str = "folder", top: str | None = None,
+                create: bool = True, private: bool = True) -> str:
+    """Make (0700, with the folders between ``top`` and it) or check the folder ``path``
+    and every folder from ``top`` (default: ``path`` itself) down to it; returns ``path``.
+    ``private``: ``path`` must be 0700 (a group- or world-readable one of ours is
+    tightened), else only not writable by others."""
+    path = os.path.abspath(path)
+    top = os.path.abspath(top) if top is not None else path
+    folders = [] if top == path else _split(path, top)
+    os.close(_walk(top, folders, what, path, create=create, private=private))
+    return path
+
+
+def make_dirs(path: str) -> str:
+    """``os.makedirs(path, exist_ok=True)`` whose new folders group and others cannot
+    write (0755 less the umask): under a umask of 002 plain ``makedirs`` of a log folder
+    would make ``.hpcmesh`` group-writable, and so untrusted for the job cache."""
+    head = os.path.dirname(path)
+    if head and head != path and not os.path.isdir(head):
+        make_dirs(head)
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+    return path
+
+
+def open_file(path: str, *, top: str | None = None, what: str = "file"):
+    """``path`` opened for reading (binary): a file of ours that nobody else can write, in
+    folders checked from ``top`` (default: its own folder). ``FileNotFoundError`` when it
+    is not there."""
+    dfd, name, real = _locate(path, top, what, create=False)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    f = os.fdopen(fd, "rb")
+    try:
+        _check(fd, what, os.path.abspath(path), real, "file", False)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def read_file(path: str, *, top: str | None = None, what: str = "file") -> bytes:
+    """The content of ``path``, checked as :func:`open_file` does."""
+    with open_file(path, top=top, what=what) as f:
+        return f.read()
+
+
+def write_file(path: str, data: bytes, *, top: str | None = None, what: str = "file") -> str:
+    """Replace ``path`` with ``data`` atomically, mode 0600: written to a new temporary
+    name beside it, fsynced, renamed over it. Missing folders from ``top`` (default: its
+    own folder) down are made 0700. Returns the path written (after our own symlinks)."""
+    dfd, name, real = _locate(path, top, what, create=True)
+    try:
+        tmp = f".{name}.{uuid.uuid4().hex[:12]}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                     dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            raise
+        os.fsync(dfd)                   # the rename itself survives a crash
+    finally:
+        os.close(dfd)
+    return real
+
+
+def create_file(path: str, *, top: str | None = None, what: str = "file",
+                replace: bool = False, flags: int = os.O_WRONLY) -> int:
+    """A new file at ``path`` (mode 0600, ``O_CREAT|O_EXCL|O_NOFOLLOW``), open with
+    ``flags``; its folders checked from ``top`` (default: its own folder) and made if
+    missing. ``replace``: whatever has that name is removed first (a stale file, or link,
+    of a process that had the same pid), else ``FileExistsError``."""
+    dfd, name, _real = _locate(path, top, what, create=True, follow=False)
+    try:
+        if replace:
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+        return os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                       dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def remove_file(path: str, *, top: str | None = None, what: str = "file") -> None:
+    """Remove the file ``path`` leads to (through our own symlinks; the links stay), in
+    folders checked from ``top``. Nothing there is not an error."""
+    try:
+        dfd, name, _real = _locate(path, top, what, create=False)
+    except FileNotFoundError:
+        return
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def write_link(path: str, target: str, *, top: str | None = None,
+               what: str = "symlink") -> None:
+    """Make ``path`` a symlink to ``target`` (replacing what is there, atomically), in
+    folders checked from ``top`` and made if missing."""
+    path = os.path.abspath(path)
+    top = os.path.abspath(top) if top is not None else os.path.dirname(path)
+    *folders, name = _split(path, top)
+    dfd = _walk(top, folders, what, path, create=True, private=False)
+    try:
+        try:
+            if os.readlink(name, dir_fd=dfd) == target:
+                return
+        except OSError:
+            pass                        # nothing there, or not a link: replaced below
+        tmp = f".{name}.{uuid.uuid4().hex[:12]}.tmp"
+        os.symlink(target, tmp, dir_fd=dfd)
+        try:
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)
+
+
+# -- the per-user runtime folder ------------------------------------------------------------
+def runtime_dir() -> str:
+    """This user's folder of Unix sockets and stack dumps: ``$XDG_RUNTIME_DIR/hpcmesh``
+    when the session has one (that folder must be this user's too), else ``hpcmesh-<uid>``
+    in the temporary folder (``$TMPDIR``, /tmp). Made 0700; one that another user owns or
+    can write (made before us in a shared /tmp) is refused: it could delete the sockets or
+    point a stack dump somewhere else. Keep it short: a socket path has 107 bytes."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    try:
+        if xdg:
+            return private_dir(os.path.join(xdg, "hpcmesh"), top=xdg,
+                               what="the runtime folder")
+        return private_dir(os.path.join(tempfile.gettempdir(), f"hpcmesh-{os.geteuid()}"),
+                           what="the runtime folder")
+    except UntrustedPathError as e:
+        var = "XDG_RUNTIME_DIR" if xdg else "TMPDIR"
+        raise UntrustedPathError(f"{e}. Remove it, or set {var} to a folder of this "
+                                 f"user's") from None

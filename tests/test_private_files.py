@@ -1,0 +1,206 @@
+"""hpcmesh.private_files: which files and folders hpcmesh trusts, and how it writes them.
+
+The attacks by another account are in test_shared_node_files.py; here are the rules
+themselves, with files root gives away (``os.lchown``) standing in for another user's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcmesh.private_files import (UntrustedPathError, create_file, private_dir, read_file,
+                                   remove_file, runtime_dir, write_file, write_link)
+
+NOBODY = 65534
+REPO = Path(__file__).resolve().parent.parent
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_write_makes_0700_folders_and_a_0600_file_and_reads_it_back(tmp_path):
+    top = tmp_path / "state"
+    path = top / "ctx" / "state.pkl"
+    assert write_file(str(path), b"one", top=str(top)) == str(path)
+    write_file(str(path), b"two", top=str(top))                 # replaced, not appended
+    assert read_file(str(path), top=str(top)) == b"two"
+    assert mode(top) == mode(top / "ctx") == 0o700 and mode(path) == 0o600
+    assert os.listdir(top / "ctx") == ["state.pkl"]             # no temporary file left
+
+
+def test_missing_file_or_folder_is_not_found_not_refused(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_file(str(tmp_path / "nope" / "f"), top=str(tmp_path))
+    with pytest.raises(FileNotFoundError):
+        read_file(str(tmp_path / "f"))
+    remove_file(str(tmp_path / "nope" / "f"), top=str(tmp_path))     # nothing to do
+
+
+@pytest.mark.parametrize("what", ["owner", "group-writable", "world-writable"])
+def test_a_folder_on_the_way_that_others_control_is_refused(tmp_path, what):
+    top = tmp_path / "state"
+    write_file(str(top / "ctx" / "f"), b"x", top=str(top))
+    if what == "owner":
+        os.chown(top / "ctx", NOBODY, NOBODY)
+        expected = f"owned by nobody (uid {NOBODY}), mode 0700"
+    else:
+        os.chmod(top / "ctx", 0o770 if what == "group-writable" else 0o707)
+        expected = f"owned by root (uid 0), mode {'0770' if what == 'group-writable' else '0707'}"
+    for call in (lambda: read_file(str(top / "ctx" / "f"), top=str(top), what="the cache"),
+                 lambda: write_file(str(top / "ctx" / "f"), b"y", top=str(top), what="the cache")):
+        with pytest.raises(UntrustedPathError) as e:
+            call()
+        assert str(e.value).startswith(f"refusing the cache {top}/ctx/f: {top}/ctx is a "
+                                       f"folder {expected}; hpcmesh trusts only a folder "
+                                       f"owned by this user, root (uid 0), that group and "
+                                       f"others cannot write"), str(e.value)
+        assert isinstance(e.value, PermissionError)
+
+
+def test_a_file_others_own_or_can_write_is_not_read(tmp_path):
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    os.chmod(f, 0o666)
+    with pytest.raises(UntrustedPathError, match=r"it is a file owned by root \(uid 0\), "
+                                                 r"mode 0666"):
+        read_file(str(f))
+    os.chmod(f, 0o600)
+    os.chown(f, NOBODY, NOBODY)
+    with pytest.raises(UntrustedPathError, match=r"it is a file owned by nobody"):
+        read_file(str(f))
+
+
+def test_our_own_symlink_is_followed_into_a_folder_we_trust(tmp_path):
+    top = tmp_path / "state"
+    write_file(str(top / "ctx" / "state.pkl"), b"cached", top=str(top))
+    write_link(str(top / "current.pkl"), "ctx/state.pkl", top=str(top))
+    assert read_file(str(top / "current.pkl"), top=str(top)) == b"cached"
+    # written through the link: the target is replaced, the link stays
+    assert write_file(str(top / "current.pkl"), b"new", top=str(top)) == \
+        str(top / "ctx" / "state.pkl")
+    assert os.readlink(top / "current.pkl") == "ctx/state.pkl"
+    assert (top / "ctx" / "state.pkl").read_bytes() == b"new"
+    # a target outside the top is checked from its own folder
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    os.symlink(elsewhere / "x.pkl", top / "out.pkl")
+    write_file(str(top / "out.pkl"), b"out", top=str(top))
+    assert (elsewhere / "x.pkl").read_bytes() == b"out"
+    os.chmod(elsewhere, 0o777)
+    with pytest.raises(UntrustedPathError, match=f"{elsewhere} is a folder owned by root "
+                                                 r"\(uid 0\), mode 0777"):
+        read_file(str(top / "out.pkl"), top=str(top))
+    # removing the cache removes what the link leads to, not the link
+    remove_file(str(top / "current.pkl"), top=str(top))
+    assert os.path.islink(top / "current.pkl") and not (top / "ctx" / "state.pkl").exists()
+
+
+def test_a_symlink_somebody_else_owns_is_not_followed(tmp_path):
+    target = tmp_path / "target"
+    target.write_bytes(b"keep")
+    os.symlink(target, tmp_path / "link")
+    os.lchown(tmp_path / "link", NOBODY, NOBODY)
+    for call in (lambda: read_file(str(tmp_path / "link")),
+                 lambda: write_file(str(tmp_path / "link"), b"x"),
+                 lambda: remove_file(str(tmp_path / "link"))):
+        with pytest.raises(UntrustedPathError, match=r"it is a symlink owned by nobody"):
+            call()
+    assert target.read_bytes() == b"keep"
+
+
+def test_a_symlinked_folder_below_the_top_is_refused(tmp_path):
+    top = tmp_path / "state"
+    top.mkdir(mode=0o700)
+    (tmp_path / "real").mkdir(mode=0o700)
+    os.symlink(tmp_path / "real", top / "ctx")
+    with pytest.raises(UntrustedPathError, match=r"ctx is a symlink owned by root"):
+        write_file(str(top / "ctx" / "f"), b"x", top=str(top))
+    assert os.listdir(tmp_path / "real") == []
+
+
+def test_the_top_may_be_our_own_symlink_to_a_folder_of_ours(tmp_path):
+    (tmp_path / "scratch").mkdir(mode=0o700)
+    os.symlink(tmp_path / "scratch", tmp_path / ".hpcmesh")
+    write_file(str(tmp_path / ".hpcmesh" / "c" / "f"), b"x", top=str(tmp_path / ".hpcmesh"))
+    assert (tmp_path / "scratch" / "c" / "f").read_bytes() == b"x"
+
+
+def test_symlink_loops_end(tmp_path):
+    os.symlink("b", tmp_path / "a")
+    os.symlink("a", tmp_path / "b")
+    with pytest.raises(OSError) as e:
+        read_file(str(tmp_path / "a"))
+    assert e.value.errno == errno.ELOOP
+
+
+def test_private_dir_tightens_a_readable_folder_of_ours_and_refuses_an_open_one(tmp_path):
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    private_dir(str(d))
+    assert mode(d) == 0o700
+    os.chmod(d, 0o777)
+    with pytest.raises(UntrustedPathError, match=r"with mode 0700"):
+        private_dir(str(d))
+    assert mode(d) == 0o777                      # refused, not repaired: others wrote in it
+
+
+def test_create_file_replaces_a_stale_file_and_never_follows_a_link(tmp_path):
+    target = tmp_path / "target"
+    target.write_bytes(b"keep")
+    os.symlink(target, tmp_path / "stacks-1.txt")      # ours, left by an earlier process
+    with pytest.raises(FileExistsError):
+        create_file(str(tmp_path / "stacks-1.txt"))
+    fd = create_file(str(tmp_path / "stacks-1.txt"), replace=True,
+                     flags=os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"stacks")
+    os.close(fd)
+    assert target.read_bytes() == b"keep"
+    assert (tmp_path / "stacks-1.txt").read_bytes() == b"stacks"
+    assert mode(tmp_path / "stacks-1.txt") == 0o600
+
+
+def test_runtime_dir_is_a_private_subfolder_of_xdg_runtime_dir(tmp_path, monkeypatch):
+    xdg = tmp_path / "run"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    assert runtime_dir() == str(xdg / "hpcmesh") and mode(xdg / "hpcmesh") == 0o700
+    os.chown(xdg, NOBODY, NOBODY)           # another user's session folder (after `su`)
+    with pytest.raises(UntrustedPathError) as e:
+        runtime_dir()
+    assert f"{xdg} is a folder owned by nobody" in str(e.value)
+    assert "set XDG_RUNTIME_DIR to a folder of this user's" in str(e.value)
+
+
+def test_runtime_dir_in_tmpdir(tmp_path):
+    # a fresh TMPDIR in a subprocess: tempfile keeps the first one it saw
+    code = "from hpcmesh.private_files import runtime_dir; print(runtime_dir())"
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**env, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)},
+                         check=True).stdout.strip()
+    assert out == str(tmp_path / f"hpcmesh-{os.geteuid()}") and mode(out) == 0o700
+
+
+def test_a_socket_path_over_the_limit_names_it(tmp_path, monkeypatch):
+    from hpcmesh.runtime.node import Node
+    xdg = tmp_path / ("x" * 90)
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    loop = asyncio.new_event_loop()
+    try:
+        node = Node(b"s" * 32, loop, role="test")
+        with pytest.raises(ValueError, match=r"the Unix socket path .*\.sock is over 107 "
+                                             r"bytes.*XDG_RUNTIME_DIR"):
+            node.unix_address()
+    finally:
+        loop.close()

@@ -206,7 +206,8 @@ def cmd_exec(args) -> int:
         command = command[1:]
     if not command:
         raise UsageError("exec needs a command after --, e.g. `hpcmesh exec -- hostname`")
-    cmd: str | list[str] = command[0] if len(command) == 1 else command
+    # one argument is a shell line (as with ssh), unless --no-shell: then argv, as srun runs it
+    cmd: str | list[str] = command[0] if len(command) == 1 and not args.no_shell else command
     env = _parse_kv(args.env, "--env")
     per_host = _parse_kv(args.per_host, "--per-host", as_int=True) or None
     point = _parse_kv(args.point, "--point", as_int=True) or None
@@ -590,9 +591,12 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("exec", parents=[ctx], help="run a command on every host of the job",
                        description="Run a command on every host (or per-host process) of the "
                                    "current job, printing each line prefixed with its point, "
-                                   "e.g. [hosts=1]. One argument runs through `bash -c` (shell "
-                                   "syntax works); several are exec'd as an argv. The exit "
-                                   "status is the largest one.",
+                                   "e.g. [hosts=1]. A single argument is a shell command line: "
+                                   "each host runs it with `bash -c`, so $VARS, pipes, ';' and "
+                                   "quotes are the shell's (as with ssh; unlike srun and "
+                                   "mpiexec, which never use a shell). Several arguments are "
+                                   "exec'd as an argv, with no shell; --no-shell does that for "
+                                   "a single one too. The exit status is the largest one.",
                        usage="hpcmesh exec [options] -- COMMAND [ARG ...]")
     e.add_argument("--mesh", help="only this mesh (default: every mesh of the job)")
     e.add_argument("--rank", type=int, help="only this flat rank")
@@ -609,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--output-dir", help="write output to files there instead of printing "
                                         "($SUBDIR becomes e.g. hosts_0)")
     e.add_argument("--timeout", type=float, help="give up after this many seconds")
+    e.add_argument("--no-shell", action="store_true",
+                   help="exec a single-argument COMMAND as a program, as srun would, instead "
+                        "of running it with `bash -c`")
     e.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     e.set_defaults(fn=cmd_exec)
 

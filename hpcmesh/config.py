@@ -25,11 +25,11 @@ import os
 import re
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .settings import LOG_LEVELS, env_choice, env_flag, env_number
+from .settings import LOG_LEVELS, collective_timeout, env_choice, env_flag, env_number
 
 log = logging.getLogger("hpcmesh.config")
 
@@ -47,13 +47,17 @@ class Key:
     default: Any
     choices: tuple[str, ...] = ()
     unit: str = "seconds"
+    #: the setting's own reader, for one with bounds of its own (read as its users read it)
+    reader: Callable[[Mapping[str, str]], Any] | None = None
 
     def check(self, value: Any) -> str:
         """The variable's text for ``value``; a ValueError names the key and what it takes."""
         text = self._text(value)
         env = {self.var: text}
         try:
-            if self.kind in ("seconds", "number"):
+            if self.reader is not None:
+                self.reader(env)
+            elif self.kind in ("seconds", "number"):
                 env_number(self.var, 0, unit=self.unit, finite=True, env=env)
             elif self.kind == "flag":
                 env_flag(self.var, False, env=env)
@@ -79,6 +83,8 @@ class Key:
         raw = os.environ.get(self.var)
         if raw is None or raw.strip() == "":
             return self.default
+        if self.reader is not None:
+            return self.reader(os.environ)
         if self.kind in ("seconds", "number"):
             return env_number(self.var, 0, unit=self.unit, finite=True, env=os.environ)
         if self.kind == "flag":
@@ -90,7 +96,8 @@ KEYS = {k.name: k for k in (
     Key("lease_grace", "HPCMESH_LEASE_GRACE", "seconds", 10.0),
     Key("stop_grace", "HPCMESH_STOP_GRACE", "seconds", 5.0),
     Key("keepalive", "HPCMESH_KEEPALIVE", "seconds", 4.0),
-    Key("collective_timeout", "HPCMESH_COLLECTIVE_TIMEOUT", "seconds", 60.0),
+    Key("collective_timeout", "HPCMESH_COLLECTIVE_TIMEOUT", "seconds", 60.0,
+        reader=collective_timeout),
     Key("collective_check", "HPCMESH_COLLECTIVE_CHECK", "flag", None),
     Key("fanin_poll_us", "HPCMESH_FANIN_POLL_US", "number", 250.0, unit="microseconds"),
     Key("ifname", "HPCMESH_IFNAME", "text", None),

@@ -253,6 +253,29 @@ def test_apply_status_exec_kill_local_job(job_dir):
     assert r.returncode == 1 and "nothing to kill" in r.stderr
 
 
+def test_exec_one_argument_is_a_shell_line_unless_no_shell(job_dir):
+    """A single argument goes through `bash -c` (the help says so); --no-shell execs it as
+    srun and mpiexec do, so a program path from a script is never shell text (issue 28)."""
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(job_dir),
+                                                       os.environ.get("PYTHONPATH")]))}
+    prog = job_dir / "my prog; echo INJECTED"
+    prog.write_text("#!/bin/sh\necho RAN\n")
+    prog.chmod(0o755)
+    help_text = " ".join(hm("exec", "--help").stdout.split())
+    assert "A single argument is a shell command line: each host runs it with `bash -c`" \
+        in help_text and "--no-shell exec a single-argument COMMAND as a program" in help_text
+    assert hm("apply", "myjobs.local", cwd=job_dir, env=env).returncode == 0
+    try:
+        r = hm("exec", "--no-shell", "--", str(prog), cwd=job_dir, env=env)
+        assert r.returncode == 0 and r.stdout.splitlines() == ["[0] RAN"], r.stderr
+        r = hm("exec", "--no-shell", "--", "echo $HPCMESH_RANK", cwd=job_dir, env=env)
+        assert r.returncode == 127 and "echo $HPCMESH_RANK: command not found" in r.stderr
+        r = hm("exec", "--", "echo $HPCMESH_RANK", cwd=job_dir, env=env)
+        assert r.returncode == 0 and r.stdout.splitlines() == ["[0] 0"], r.stderr
+    finally:
+        hm("kill", cwd=job_dir, env=env)
+
+
 def test_apply_errors_and_contexts(job_dir):
     env = {"PYTHONPATH": str(job_dir)}
     r = hm("apply", "myjobs.nope", cwd=job_dir, env=env)

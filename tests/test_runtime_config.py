@@ -96,3 +96,14 @@ def test_the_old_hosts_file_names_still_import_with_a_warning():
     assert "hpcmesh.hosts_file.ConfigError" in str(caught[0].message)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         config.nothing
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), 10**9])
+def test_configure_checks_the_collective_timeout_as_the_collectives_read_it(value):
+    """0 passed the generic seconds check and then failed every collective (issue 28)."""
+    with pytest.raises(ValueError) as e:
+        config.configure(collective_timeout=value)
+    assert str(e.value) == (f"configure(collective_timeout={value!r}): HPCMESH_COLLECTIVE_TIMEOUT "
+                            f"must be a number of seconds > 0 and at most 31536000, not "
+                            f"{str(value)!r}")
+    assert "HPCMESH_COLLECTIVE_TIMEOUT" not in config.get_runtime_config()

@@ -55,7 +55,10 @@ def test_a_whole_number_setting_refuses_fractions():
 @pytest.mark.parametrize("var, raw, says", [
     ("HPCMESH_MALLOC_ARENAS", "lots", "HPCMESH_MALLOC_ARENAS must be a whole number of malloc arenas"),
     # read at each stop (configure(stop_grace=) holds), checked when the client starts
-    ("HPCMESH_STOP_GRACE", "5s", "HPCMESH_STOP_GRACE must be a number of seconds")])
+    ("HPCMESH_STOP_GRACE", "5s", "HPCMESH_STOP_GRACE must be a number of seconds"),
+    # read by every member when its collectives start: checked here, before any process
+    ("HPCMESH_COLLECTIVE_TIMEOUT", "abc", "HPCMESH_COLLECTIVE_TIMEOUT must be a number of "
+                                          "seconds > 0 and at most 31536000, not 'abc'")])
 def test_a_setting_read_later_is_checked_where_the_client_starts(var, raw, says):
     out = subprocess.run([sys.executable, "-c",
                           "from hpcmesh.runtime.client import client_runtime; client_runtime()"],
@@ -108,3 +111,28 @@ def test_a_bad_process_setting_fails_the_controller_with_its_name(var, raw, says
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "spawned" not in out.stdout, out.stdout + out.stderr
     assert says in out.stderr and f"'{raw}'" in out.stderr
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "nan", "0", "inf", "1e400", "31536001", "10s"])
+def test_the_collective_timeout_is_checked_with_the_other_settings(raw):
+    """Before the issue-28 fix only a collective read it: each member failed, not the start."""
+    from hpcmesh.settings import check_process_settings, collective_timeout
+    env = {"HPCMESH_COLLECTIVE_TIMEOUT": raw}
+    with pytest.raises(ValueError) as e:
+        check_process_settings(env)
+    assert str(e.value) == ("HPCMESH_COLLECTIVE_TIMEOUT must be a number of seconds > 0 and at "
+                            f"most 31536000, not {raw!r}")
+    assert collective_timeout({}) == 60.0
+    assert collective_timeout({"HPCMESH_COLLECTIVE_TIMEOUT": "0.5"}) == 0.5
+    assert collective_timeout({"HPCMESH_COLLECTIVE_TIMEOUT": "31536000"}) == 31536000.0
+
+
+def test_the_collective_timeout_is_checked_without_torch():
+    code = ("import sys\nfrom hpcmesh.settings import check_process_settings as check\n"
+            "try:\n    check({'HPCMESH_COLLECTIVE_TIMEOUT': '-1'})\n"
+            "except ValueError as e:\n    print(e)\nprint('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["HPCMESH_COLLECTIVE_TIMEOUT must be a number of seconds "
+                                       "> 0 and at most 31536000, not '-1'", "False"]

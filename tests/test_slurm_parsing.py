@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcmesh.slurm import parsing
 from hpcmesh.slurm.parsing import (
     SACCT_FORMAT,
     SLURM_STATES_ACTIVE,
@@ -362,6 +363,149 @@ def test_clean_env_drops_mpi_rank_identity_but_keeps_pmix_settings():
            "SLURM_MEM_BIND": "local", "SLURM_GPUS_PER_TASK": "1", "SLURM_EXACT": "1"}
     out, _ = clean_env_for_nested_srun(env, 1)
     assert out == {"PMIX_MCA_gds": "hash"}
+
+
+# --------------------------------------------------------------------------
+# SLURM_* values: each checked where it is parsed, bounded, and an error that names the
+# variable, its value and what is allowed (issue 28)
+
+_ALLOC = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "n[1-2]"}
+
+
+def _alloc_error(**values: str) -> str:
+    with pytest.raises(SlurmParseError) as err:
+        Allocation.from_env({**_ALLOC, **values})
+    return str(err.value)
+
+
+def test_a_nodelist_of_many_bracket_ranges_is_an_error_not_a_recursion_error():
+    msg = _alloc_error(SLURM_JOB_NODELIST="n" + "[1]" * 2000)
+    assert msg == ("SLURM_JOB_NODELIST: cannot expand hostlist "
+                   f"{('n' + '[1]' * 20)[:60]!r}... (6001 characters) (more than 8 bracket ranges "
+                   "in one name); expected a Slurm hostlist like 'node[01-04,07],gpu-a[1-2]'")
+    assert expand_hostlist("n[1-2]x[1-2]y[1]") == ["n1x1y1", "n1x2y1", "n2x1y1", "n2x2y1"]
+
+
+@pytest.mark.parametrize("text, why", [
+    ("n[1-100001]", "it names more than 100000 hosts"),
+    ("n[" + ",".join(["1-100000"] * 50) + "]", "it names more than 100000 hosts"),
+    ("a[1-60000],b[1-60000]", "it names more than 100000 hosts"),
+    ("n[1-99999999999999999]", "it names more than 100000 hosts"),
+    ("n[1-" + "9" * 40 + "]", "has numbers of more than 18 digits"),
+    ("x" * 200_000, "longer than 131072 characters"),
+])
+def test_hostlists_are_bounded_before_anything_is_expanded(text, why):
+    with pytest.raises(SlurmParseError) as err:
+        expand_hostlist(text)
+    assert why in str(err.value) and len(str(err.value)) < 300
+    names = expand_hostlist("n[1-100000]")           # the bound itself is fine
+    assert len(names) == parsing.MAX_HOSTS == 100000 and names[-1] == "n100000"
+
+
+@pytest.mark.parametrize("var, value, allowed", [
+    ("SLURM_JOB_ID", "abc", "expected a job id from 1 to 4294967295"),
+    ("SLURM_JOB_ID", "../../tmp/x", "expected a job id from 1 to 4294967295"),
+    ("SLURM_JOB_ID", "4294967296", "expected a job id from 1 to 4294967295"),
+    ("SLURM_JOB_NUM_NODES", "+2", "expected a node count from 1 to 100000"),
+    ("SLURM_NNODES", "\u0662", "expected a node count from 1 to 100000"),  # Arabic-Indic 2
+    ("SLURM_CPUS_PER_TASK", "0", "expected a whole number of CPUs from 1 to 65533"),
+    ("SLURM_CPUS_PER_TASK", "99999999999999", "expected a whole number of CPUs from 1 to 65533"),
+    ("SLURM_CPUS_ON_NODE", "-3", "expected a whole number of CPUs from 1 to 65533"),
+    ("SLURM_GPUS_ON_NODE", "-1", "expected a GPU count from 0 to 65533"),
+    ("SLURM_GPUS_ON_NODE", "1_000", "expected a GPU count from 0 to 65533"),
+    ("SLURM_GPUS_PER_NODE", "gpu:99999999999", "99999999999 GPUs per node, more than 65533"),
+    ("SLURM_JOB_GPUS", "x,y", "expected GPU indexes from 0 to 65533"),
+    ("SLURM_STEP_GPUS", "-1", "expected GPU indexes from 0 to 65533"),
+    ("SLURM_STEP_ID", "abc", "expected a step id from 0 to 4294967295"),
+    ("SLURM_MEM_PER_NODE", "-1", "expected a whole number of MB from 0 to 1099511627776"),
+    ("SLURM_MEM_PER_CPU", "+7", "expected a whole number of MB from 0 to 1099511627776"),
+    ("SLURM_MEM_PER_GPU", "9" * 30, "expected a whole number of MB from 0 to 1099511627776"),
+    ("SLURM_TASKS_PER_NODE", "1(x5)", "its counts describe more than 2 node(s)"),
+    ("SLURM_TASKS_PER_NODE", "99999999", "count 99999999 in '99999999' is outside 0 to 65533"),
+    ("SLURM_JOB_CPUS_PER_NODE", "0,0", "count 0 in '0' is outside 1 to 65533"),
+    ("SLURM_JOB_NODELIST", "-oProxyCommand=x", "expected host names of letters, digits"),
+    ("SLURM_JOB_NODELIST", "n1;reboot", "expected host names of letters, digits"),
+    ("SLURM_JOB_NODELIST", "../etc", "expected host names of letters, digits"),
+    ("SLURM_STEP_NODELIST", "n[1-3]", "it names more than 2 hosts"),  # a step of a 2-node job
+    ("SLURMD_NODENAME", "-oX", "expected a host name of letters, digits"),
+    ("SLURM_SUBMIT_HOST", "a\nb", "expected a host name of letters, digits"),
+    ("SLURM_JOB_PARTITION", "gpu\nx", "expected one line of printable text"),
+    ("SLURM_JOB_NAME", "a\x1b[2Jb", "expected one line of printable text"),
+    ("SLURM_JOB_ACCOUNT", "a\nb", "expected one line of printable text"),
+    ("SLURM_CLUSTER_NAME", "c\rd", "expected one line of printable text"),
+    ("SLURM_SUBMIT_DIR", "/tmp\nx", "expected one line of printable text"),
+])
+def test_malformed_slurm_values_are_refused_naming_variable_value_and_range(var, value, allowed):
+    msg = _alloc_error(**{var: value})
+    assert msg.startswith(var) and repr(value) in msg and allowed in msg, msg
+
+
+def test_tasks_per_node_repeats_are_bounded_not_expanded():
+    msg = _alloc_error(SLURM_TASKS_PER_NODE="2(x1000000000)")
+    assert msg == ("SLURM_TASKS_PER_NODE: cannot parse tasks-per-node value '2(x1000000000)': "
+                   "its counts describe more than 2 node(s)")
+    with pytest.raises(SlurmParseError, match=r"more than 100000 node\(s\)"):
+        parse_tasks_per_node("2(x1000000000)")
+    a = Allocation.from_env({**_ALLOC, "SLURM_TASKS_PER_NODE": "65533(x2)",
+                             "SLURM_JOB_CPUS_PER_NODE": "65533,1"})
+    assert a.tasks_per_node == [65533, 65533] and a.cpus_per_node == [65533, 1]
+
+
+def test_a_bad_cpu_count_names_its_variable_everywhere_it_is_read():
+    assert _alloc_error(SLURM_CPUS_PER_TASK="-5") == (
+        "SLURM_CPUS_PER_TASK='-5': expected a whole number of CPUs from 1 to 65533")
+    for env, var in (({"SLURM_CPUS_PER_TASK": "-5"}, "SLURM_CPUS_PER_TASK='-5'"),
+                     ({"SLURM_CPUS_PER_TASK": "0"}, "SLURM_CPUS_PER_TASK='0'"),
+                     ({"SLURM_CPUS_PER_TASK": "+5"}, "SLURM_CPUS_PER_TASK='+5'"),
+                     ({"SLURM_TRES_PER_TASK": "cpu:0"}, "SLURM_TRES_PER_TASK='cpu:0'"),
+                     ({"SLURM_TRES_PER_TASK": "cpu:x"}, "SLURM_TRES_PER_TASK='cpu:x'"),
+                     ({"SLURM_TRES_PER_TASK": "cpu:\u00b2"}, "SLURM_TRES_PER_TASK='cpu:\u00b2'")):
+        with pytest.raises(SlurmParseError) as err:
+            clean_env_for_nested_srun(env, None)
+        assert str(err.value).startswith(var) and "from 1 to 65533" in str(err.value)
+    assert clean_env_for_nested_srun({"SLURM_CPUS_PER_TASK": "65533"}, None)[1] == \
+        ["--cpus-per-task=65533"]
+    with pytest.raises(ValueError, match=r"positive integer \(at most 65533\), got 65534"):
+        clean_env_for_nested_srun({}, 65534)
+
+
+def test_an_error_about_a_long_value_shows_a_bounded_excerpt():
+    value = "gpu\n" + "x" * 100_000
+    msg = _alloc_error(SLURM_JOB_PARTITION=value)
+    assert msg == (f"SLURM_JOB_PARTITION={value[:60]!r}... (100004 characters): expected one "
+                   "line of printable text of at most 4096 characters")
+
+
+def test_values_at_their_bounds_are_read():
+    a = Allocation.from_env({
+        "SLURM_JOB_ID": "4294967295", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NNODES": "2",
+        "SLURM_CPUS_PER_TASK": "65533", "SLURM_MEM_PER_NODE": str(2**40),
+        "SLURM_STEP_ID": "4294967290", "SLURM_JOB_GPUS": "0,65533",
+        "SLURM_JOB_NAME": "my job \u00fc",
+        "SLURMD_NODENAME": "node-01.cluster_a", "SLURM_SUBMIT_DIR": "/home/a b"})
+    assert (a.job_id, a.cpus_per_task, a.mem_per_node, a.step_id, a.gpus_per_node) == (
+        "4294967295", 65533, 2**40, "interactive", 2)
+    assert (a.job_name, a.node_name, a.submit_dir) == ("my job \u00fc", "node-01.cluster_a",
+                                                       "/home/a b")
+    assert _alloc_error(SLURM_MEM_PER_NODE=str(2**40 + 1)).startswith("SLURM_MEM_PER_NODE=")
+
+
+def test_job_id_restart_count_and_task_rank_are_numbers_or_errors():
+    """They name files (the agents' ready files, the allocation's folder): only numbers."""
+    assert parsing.slurm_job_id({"SLURM_JOBID": " 42 "}) == "42"
+    assert parsing.slurm_job_id({"SLURM_JOB_ID": ""}) is None
+    assert parsing.slurm_restart_count({}) == 0
+    assert parsing.slurm_restart_count({"SLURM_RESTART_COUNT": "3"}) == 3
+    assert parsing.slurm_task_rank({"SLURM_NODEID": "2"}) == 2
+    assert parsing.slurm_task_rank({"SLURM_PROCID": "5", "SLURM_NODEID": "2"}) == 5
+    for read, var, bad, allowed in (
+            (parsing.slurm_job_id, "SLURM_JOB_ID", "../x", "a job id from 1 to 4294967295"),
+            (parsing.slurm_restart_count, "SLURM_RESTART_COUNT", "\u00b2",
+             "a restart count from 0 to 65533"),
+            (parsing.slurm_task_rank, "SLURM_PROCID", "../../x", "a task rank from 0 to")):
+        with pytest.raises(SlurmParseError) as err:
+            read({var: bad})
+        assert str(err.value).startswith(f"{var}={bad!r}: expected {allowed}")
 
 
 # --------------------------------------------------------------------------

@@ -251,6 +251,71 @@ def test_value_errors_name_line_and_value(body, line, message):
     assert message in str(err)
 
 
+@pytest.mark.parametrize("body, message", [
+    ("    nodes: 1180591620717411303424",
+     "nodes must be at most 100000 (the most one Slurm hostlist names), "
+     "got 1180591620717411303424"),
+    ("    nodes: 1\n    gpus_per_node: 99999999999",
+     "gpus_per_node must be at most 65533 (Slurm's limit per node), got 99999999999"),
+    ("    nodes: 1\n    ntasks_per_node: 100000000",
+     "ntasks_per_node must be at most 65533 (Slurm's limit per node), got 100000000"),
+    ("    nodes: 1\n    cpus_per_task: 65534",
+     "cpus_per_task must be at most 65533 (Slurm's limit per node), got 65534"),
+    ("    nodes: 1\n    mem: 1048577T",
+     "units K, M, G, T, default M; at most 1048576T), got '1048577T'"),
+    ("    nodes: 1\n    mem: " + "9" * 30 + "G", "at most 1048576T), got '" + "9" * 30 + "G'"),
+    ("    nodes: 1\n    time: '1491309-00'",
+     "at most 2147483647 minutes, or UNLIMITED, got '1491309-00'"),
+    ("    nodes: 1\n    time: 2147483648",
+     "at most 2147483647 minutes, or UNLIMITED, got '2147483648'"),
+    ("    nodes: 1\n    signal: USR1@65536",
+     "signal's warning time must be at most 65535 seconds (sbatch's limit), got 'USR1@65536'"),
+    ("    nodes: 1\n    signal: '65@90'", "a number from 1 to 64) or null, got '65@90'"),
+    ("    nodes: '\u00b2'", "nodes must be a positive integer, got '\u00b2'"),
+    ("    nodes: 1\n    time: '\u0663\u0660'", "time must be minutes or 'HH:MM:SS'"),
+    ("    nodes: 1\n    mem: '\u0663G'", "mem must be a size like '64G'"),
+])
+def test_numbers_are_bounded_and_errors_name_key_value_and_range(body, message):
+    err = spec_error("meshes:\n  a:\n" + body + "\n")
+    assert str(err).startswith(f"spec.yaml:{3 + body.count(chr(10))}: "), str(err)
+    assert message in str(err), str(err)
+
+
+def test_numbers_at_their_bounds_are_accepted():
+    mesh = parse_job_spec("nodes: 100000\ngpus_per_node: 65533\nntasks_per_node: 65533\n"
+                          "cpus_per_task: 65533\nmem: 1048576T\ntime: '1491308-02:07'\n"
+                          "signal: B:USR1@65535\n").meshes["hosts"]
+    assert (mesh.nodes, mesh.gpus_per_node, mesh.mem, mesh.time, mesh.signal) == (
+        100000, 65533, "1048576T", "1491308-02:07", "B:USR1@65535")
+    assert JobSpec.from_dict({"nodes": 1, "time": 2147483647}).meshes["hosts"].time == \
+        "2147483647"
+    with pytest.raises(SpecError, match=r"^<dict>: mem must be .* got 1099511627777$"):
+        JobSpec.from_dict({"nodes": 1, "mem": 2**40 + 1})
+
+
+def test_the_meshes_of_one_allocation_are_bounded_together():
+    err = spec_error("meshes:\n  a: 60000\n  b: 60000\n")
+    assert str(err) == ("spec.yaml:1: the meshes share one allocation (same_allocation: true) "
+                        "and ask for 120000 nodes in all; at most 100000 (the most one Slurm "
+                        "hostlist names)")
+    spec = parse_job_spec("same_allocation: false\nmeshes:\n  a: 60000\n  b: 60000\n")
+    assert spec.total_nodes == 120000            # two jobs: each one is within the bound
+
+
+def test_a_number_too_long_to_read_is_a_spec_error():
+    err = spec_error("meshes:\n  a:\n    nodes: 1\n    mem: " + "9" * 5000 + "\n")
+    assert str(err) == ("spec.yaml:4: meshes.a.mem: a number of more than 4300 digits; no job "
+                        "spec value needs one")
+    with pytest.raises(SpecError) as e:
+        JobSpec.from_dict({"nodes": 10**5000})
+    assert str(e.value) == ("<dict>: nodes must be at most 100000 (the most one Slurm hostlist "
+                            "names), got an integer of about 5000 digits")
+    with pytest.raises(SpecError) as e:
+        JobSpec.from_dict({"nodes": "x" * 10_000})
+    assert str(e.value) == (f"<dict>: nodes must be a positive integer, got {'x' * 60!r}... "
+                            "(10000 characters)")
+
+
 def test_value_errors_from_defaults_point_at_defaults():
     err = spec_error("defaults:\n  time: soon\nmeshes:\n  a: 1\n")
     assert str(err).startswith("spec.yaml:2: time must be")

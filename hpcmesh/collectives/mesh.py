@@ -21,6 +21,8 @@ from typing import Any, Union
 
 import torch
 import torch.distributed as dist
+from ..settings import (COLLECTIVE_TIMEOUT_VAR, DEFAULT_COLLECTIVE_TIMEOUT_S,
+                        MAX_COLLECTIVE_TIMEOUT_S, collective_timeout, env_flag)
 from . import world as world_mod
 from .check import describe_fingerprint, fingerprint, resolve_op, validate_reduce
 from .errors import CollectiveError, CollectiveMismatchError
@@ -28,9 +30,9 @@ from .groups import Dims, GroupSpec, compute_group, extent_items, format_extent
 
 Timeout = Union[float, int, timedelta, None]
 
-TIMEOUT_ENV = "HPCMESH_COLLECTIVE_TIMEOUT"
+TIMEOUT_ENV = COLLECTIVE_TIMEOUT_VAR
 CHECK_ENV = "HPCMESH_COLLECTIVE_CHECK"
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = DEFAULT_COLLECTIVE_TIMEOUT_S
 _R = dist.ReduceOp
 
 
@@ -38,16 +40,13 @@ def as_timedelta(timeout: Timeout, default: timedelta | None = None) -> timedelt
     if timeout is None:
         if default is not None:
             return default
-        raw = os.environ.get(TIMEOUT_ENV)
-        if raw is None or raw.strip() == "":
-            return timedelta(seconds=DEFAULT_TIMEOUT_S)
-        try:
-            timeout = float(raw)
-        except ValueError:
-            raise ValueError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+        return timedelta(seconds=collective_timeout())   # checked as the controller did
     if isinstance(timeout, timedelta):
         td = timeout
     elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        if not 0 < timeout <= MAX_COLLECTIVE_TIMEOUT_S:     # also refuses nan and inf
+            raise ValueError(f"timeout must be a number of seconds > 0 and at most "
+                             f"{MAX_COLLECTIVE_TIMEOUT_S:.0f}, got {timeout!r}")
         td = timedelta(seconds=float(timeout))
     else:
         raise TypeError(f"timeout must be seconds or a timedelta, got {timeout!r}")
@@ -57,15 +56,11 @@ def as_timedelta(timeout: Timeout, default: timedelta | None = None) -> timedelt
 
 
 def check_from_env() -> bool | None:
+    """``HPCMESH_COLLECTIVE_CHECK`` as a flag, None when unset (the op's own default)."""
     raw = os.environ.get(CHECK_ENV)
     if raw is None or raw.strip() == "":
         return None
-    v = raw.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{CHECK_ENV}={raw!r}: use 1/0 (or true/false)")
+    return env_flag(CHECK_ENV, False)
 
 
 class MeshCollectives:

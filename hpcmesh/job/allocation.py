@@ -29,7 +29,8 @@ from typing import Any, Sequence
 
 from ..private_files import make_dirs
 from ..settings import env_number
-from ..slurm.parsing import Allocation, SlurmParseError, clean_env_for_nested_srun
+from ..slurm.parsing import (Allocation, SlurmParseError, clean_env_for_nested_srun,
+                             slurm_restart_count)
 from .base import JobState, JobTrait
 from .progress import Progress
 from .start_limits import check_seconds
@@ -130,7 +131,7 @@ class SlurmAllocation(JobTrait):
         self.job_id = alloc.job_id
         rt = client_runtime()
         token = self.apply_id or os.urandom(16).hex()
-        restart = (os.environ.get("SLURM_RESTART_COUNT") or "0").strip() or "0"
+        restart = str(slurm_restart_count(os.environ))
         job_dir = os.path.join(self.log_dir, f"alloc-{alloc.job_id}-{token[:12]}")
         make_dirs(self.log_dir)
         os.makedirs(job_dir, mode=0o700, exist_ok=True)

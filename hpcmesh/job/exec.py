@@ -273,11 +273,28 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _python_argv(script_or_module: str, args: Sequence[str], workdir: str | None) -> list[str]:
+def _check_python_target(script_or_module: Any, args: Any) -> None:
     if not isinstance(script_or_module, str) or not script_or_module:
-        raise ValueError(f"run_python needs a script path or module name, got {script_or_module!r}")
+        raise ValueError(f"exec_python needs a script path or module name, "
+                         f"got {script_or_module!r}")
     if isinstance(args, str):
-        raise TypeError("run_python args must be a list of strings, not one string")
+        raise TypeError("exec_python args must be a list of strings, not one string")
+
+
+def _dash_script(script_or_module: str) -> str | None:
+    """A name starting with '-' as the script it must be, ``./-c.py``; None for others.
+
+    No module name starts with '-', so it can only be a file; given bare, Python would read
+    it as its own option (``-c.py`` runs the code ``.py``, ``-mfoo`` the module foo). A
+    leading ``./`` names the same file in the working directory and is never an option."""
+    return "./" + script_or_module if script_or_module.startswith("-") else None
+
+
+def _python_argv(script_or_module: str, args: Sequence[str], workdir: str | None) -> list[str]:
+    _check_python_target(script_or_module, args)
+    dashed = _dash_script(script_or_module)
+    if dashed is not None:
+        return [sys.executable, dashed, *map(str, args)]
     path = script_or_module
     if workdir and not os.path.isabs(path):
         path = os.path.join(workdir, path)
@@ -337,6 +354,8 @@ def exec_command(host_mesh, cmd: str | Sequence[str], env: Mapping[str, str | No
     run are stopped before the Future resolves (also when it fails).
     """
     binding = choose_binding(gpu_binding)
+    if python:
+        _check_python_target(cmd, args)      # here, before any process starts
     per_host = dict(per_host or {})
     hosts, spawn_per_host, full, offsets = _restrict(host_mesh, per_host, rank, point)
     rt = client_runtime()
@@ -385,6 +404,9 @@ def _python_argv_remote(script_or_module: str, args: Sequence[str]) -> list[str]
     # run_streaming execs an argv as given; a bare "python3" could be another interpreter,
     # so a tiny bash execs the actor process's own (exported as HPCMESH_PYTHON).
     quoted = " ".join(_shell_quote(a) for a in args)
+    dashed = _dash_script(script_or_module)
+    if dashed is not None:
+        return ["bash", "-c", f'exec "$HPCMESH_PYTHON" {_shell_quote(dashed)} {quoted}']
     target = _shell_quote(script_or_module)
     return ["bash", "-c",
             f'if [[ {target} == *.py || -f {target} ]]; then exec "$HPCMESH_PYTHON" {target} '
@@ -398,5 +420,8 @@ def _shell_quote(s: str) -> str:
 
 def exec_python(host_mesh, script_or_module: str, args: Sequence[str] = (),
                 **kwargs: Any) -> Future:
-    """``exec_command`` for a Python script or module, run with the workers' interpreter."""
+    """``exec_command`` for a Python script or module, run with the workers' interpreter.
+
+    A name starting with '-' is always a script, run as ``./name``: no module name starts
+    with '-', and bare, Python would take it for one of its options (``-c...``)."""
     return exec_command(host_mesh, script_or_module, python=True, args=args, **kwargs)

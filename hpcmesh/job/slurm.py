@@ -55,7 +55,8 @@ from ..runtime.agent_main import NOTICE_VAR, run_agent
 from ..runtime.bootstrap import PROC_MODULE, BootstrapCommand
 from ..settings import env_number
 from ..shapes import Extent, Shape
-from ..slurm.parsing import JobRecord, SlurmParseError, parse_sbatch_parsable
+from ..slurm.parsing import (JobRecord, SlurmParseError, parse_sbatch_parsable, slurm_job_id,
+                             slurm_restart_count, slurm_task_rank)
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
 from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, try_load
@@ -119,8 +120,8 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--mesh", default=None)
     args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
     env = os.environ
-    restart = (env.get("SLURM_RESTART_COUNT") or "0").strip() or "0"
-    procid = env.get("SLURM_PROCID") or env.get("SLURM_NODEID") or "0"
+    restart = str(slurm_restart_count(env))   # both name files: checked to be numbers
+    procid = str(slurm_task_rank(env))
     mesh = args.mesh or env.get("HPCMESH_MESH_NAME") or "hosts"
     if env.get("HPCMESH_JOB_TOKEN"):
         env["HPCMESH_JOB_TOKEN"] = agent_token(env["HPCMESH_JOB_TOKEN"], mesh, restart)
@@ -171,8 +172,7 @@ def slurm_notice() -> list[dict] | None:
     """Inside an actor (or anything an agent started): the time-limit/preemption warnings
     Slurm sent this run of the job so far (one per agent, oldest first; keys ``signal``,
     ``time``, ``host``, ``slurm_job_id``, ``slurm_nodeid``, ``restart``), or None."""
-    return _read_notices(os.environ.get(NOTICE_VAR),
-                         int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+    return _read_notices(os.environ.get(NOTICE_VAR), slurm_restart_count(os.environ))
 
 
 def _read_notices(path: str | None, restart: int | None = None) -> list[dict] | None:
@@ -408,8 +408,9 @@ class SlurmJob(JobTrait):
     def _ids(self) -> list[str]:
         if self.job_ids:
             return list(self.job_ids)
-        if in_batch_job() and os.environ.get("SLURM_JOB_ID"):
-            return [os.environ["SLURM_JOB_ID"]]
+        job_id = slurm_job_id(os.environ) if in_batch_job() else None
+        if job_id is not None:
+            return [job_id]
         return []
 
     def log_paths(self) -> list[str]:
@@ -754,8 +755,8 @@ class SlurmJob(JobTrait):
         return {m: make_host_mesh(hosts[m], m, job=self) for m in self.mesh_names}
 
     def _current_restart(self) -> int:
-        if in_batch_job() and os.environ.get("SLURM_RESTART_COUNT", "").strip().isdigit():
-            return int(os.environ["SLURM_RESTART_COUNT"])
+        if in_batch_job() and os.environ.get("SLURM_RESTART_COUNT", "").strip():
+            return slurm_restart_count(os.environ)
         if not self.spec.meshes[self.mesh_names[0]].requeue or not self.job_ids:
             return self.restart_count
         counts = [c for c in (slurmctl.restart_count(j) for j in self.job_ids) if c is not None]

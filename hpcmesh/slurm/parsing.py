@@ -44,6 +44,14 @@ __all__ = [
     "parse_sacct",
     "sacct_unavailable",
     "parse_sbatch_parsable",
+    "excerpt",
+    "whole_number",
+    "slurm_job_id",
+    "slurm_restart_count",
+    "slurm_task_rank",
+    "MAX_HOSTS",
+    "MAX_PER_NODE",
+    "MAX_MEM_MB",
 ]
 
 
@@ -52,31 +60,131 @@ class SlurmParseError(HpcmeshError, ValueError):
 
 
 # --------------------------------------------------------------------------
-# hostlists and counts
+# bounds, and hostlists
+
+#: Most hosts one hostlist may name: python-hostlist's own limit, far above the largest
+#: Slurm clusters. No node count is allowed above it.
+MAX_HOSTS = hostlist.MAX_SIZE
+#: Longest ``SLURM_*`` value (and hostlist) read: Linux refuses an environment string
+#: longer than 128 KiB (MAX_ARG_STRLEN), so nothing longer came from Slurm.
+MAX_VALUE_CHARS = 128 * 1024
+#: Largest per-node count (tasks, CPUs, GPUs) and restart count: Slurm keeps them in 16
+#: bits, with 65534 and 65535 meaning "not set" and "unlimited".
+MAX_PER_NODE = 65533
+#: Largest job or step id (32 bits in Slurm).
+MAX_ID = 2**32 - 1
+#: Largest memory in MB (per node, CPU or GPU): 1 EiB, far above any node and far
+#: inside Slurm's 64-bit field.
+MAX_MEM_MB = 2**40
+# Bracket groups in one host name ("n[1-2]x[1-2]" has 2); Slurm's own hostlists have
+# at most 5 dimensions.
+_MAX_GROUPS = 8
+_MAX_DIGITS = 18
+_EXAMPLE_HOSTLIST = "'node[01-04,07],gpu-a[1-2]'"
+_DIGITS = re.compile(r"[0-9]{1,20}")
 
 
-def expand_hostlist(s: str) -> list[str]:
+def whole_number(text: str) -> int | None:
+    """``text`` (spaces around it aside) as a whole number when it is 1 to 20 ASCII digits;
+    None otherwise. Stricter than int(), which also takes a sign, '_' and the digits of
+    other scripts, and raises past 4300 digits."""
+    text = text.strip()
+    return int(text) if _DIGITS.fullmatch(text) else None
+
+
+def excerpt(value: str, limit: int = 60) -> str:
+    """``repr(value)``, cut after ``limit`` characters with the length said, so an
+    error about a 100 KB value stays one readable line."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+class _BadHostlist(Exception):
+    """Why a hostlist cannot be expanded (the caller names the hostlist)."""
+
+
+def _hostlist_parts(text: str) -> list[str]:
+    """Split at the commas outside brackets; brackets must pair and not nest."""
+    parts, start, inside = [], 0, False
+    for i, c in enumerate(text):
+        if c == "[":
+            if inside:
+                raise _BadHostlist("nested brackets")
+            inside = True
+        elif c == "]":
+            if not inside:
+                raise _BadHostlist("unbalanced brackets")
+            inside = False
+        elif c == "," and not inside:
+            parts.append(text[start:i])
+            start = i + 1
+    if inside:
+        raise _BadHostlist("unbalanced brackets")
+    parts.append(text[start:])
+    return [p for p in parts if p]
+
+
+def _range_numbers(group: str) -> list[tuple[int, int, int]]:
+    """``01-04,07`` -> ``[(1, 4, 2), (7, 7, 2)]`` (low, high, zero-padded width)."""
+    out = []
+    for item in group.split(","):
+        low, dash, high = item.partition("-")
+        high = high if dash else low
+        if not (low.isascii() and low.isdigit() and high.isascii() and high.isdigit()):
+            raise _BadHostlist(f"bad range {excerpt(item)}")
+        if len(low) > _MAX_DIGITS or len(high) > _MAX_DIGITS:
+            raise _BadHostlist(f"range {excerpt(item)} has numbers of more than "
+                               f"{_MAX_DIGITS} digits")
+        if int(high) < int(low):
+            raise _BadHostlist(f"range {excerpt(item)} starts after it stops")
+        out.append((int(low), int(high), len(low)))
+    return out
+
+
+def _expand_part(part: str, room: int, limit: int) -> list[str]:
+    """One comma-free part (``x[1-2]y[1-3]``), refused before expansion when it would
+    name more than ``room`` hosts."""
+    pieces = re.split(r"\[([^\]]*)\]", part)     # literal, group, literal, group, ..., literal
+    groups = [_range_numbers(g) for g in pieces[1::2]]
+    if len(groups) > _MAX_GROUPS:
+        raise _BadHostlist(f"more than {_MAX_GROUPS} bracket ranges in one name")
+    count = 1
+    for ranges in groups:
+        count *= sum(high - low + 1 for low, high, _ in ranges)
+        if count > room:
+            raise _BadHostlist(f"it names more than {limit} hosts")
+    names = [pieces[0]]
+    for ranges, literal in zip(groups, pieces[2::2]):
+        numbers = [f"{n:0{width}d}" for low, high, width in ranges for n in range(low, high + 1)]
+        names = [name + number + literal for name in names for number in numbers]
+    return names
+
+
+def expand_hostlist(s: str, *, max_hosts: int = MAX_HOSTS) -> list[str]:
     """``node[01-04,07],gpu-a[1-2]`` -> ``['node01', ..., 'gpu-a2']``, in Slurm's order.
 
-    Order is kept (not sorted) because rank assignment follows the nodelist.
+    Order is kept (not sorted) because rank assignment follows the nodelist; a name
+    given twice counts once. Bounded: at most ``max_hosts`` names (checked before any
+    list is built, so ``n[1-999999999999]`` costs nothing) and ``MAX_VALUE_CHARS`` of text.
     """
     if not isinstance(s, str):
         raise SlurmParseError(f"hostlist must be a string, got {type(s).__name__} {s!r}")
     text = s.strip()
     if not text:
         return []
-    if any(c.isspace() for c in text):
-        raise SlurmParseError(
-            f"cannot expand hostlist {s!r}: it contains whitespace; expected a Slurm "
-            "hostlist like 'node[01-04,07],gpu-a[1-2]'"
-        )
     try:
-        names = hostlist.expand_hostlist(text)
-    except hostlist.BadHostlist as exc:
-        raise SlurmParseError(
-            f"cannot expand hostlist {s!r} ({exc}); expected a Slurm hostlist like "
-            "'node[01-04,07],gpu-a[1-2]'"
-        ) from None
+        if len(text) > MAX_VALUE_CHARS:
+            raise _BadHostlist(f"longer than {MAX_VALUE_CHARS} characters")
+        if any(c.isspace() for c in text):
+            raise _BadHostlist("it contains whitespace")
+        names: dict[str, None] = {}
+        for part in _hostlist_parts(text):
+            for name in _expand_part(part, max_hosts - len(names), max_hosts):
+                names[name] = None
+    except _BadHostlist as exc:
+        raise SlurmParseError(f"cannot expand hostlist {excerpt(s)} ({exc}); expected a "
+                              f"Slurm hostlist like {_EXAMPLE_HOSTLIST}") from None
     return list(names)
 
 
@@ -91,51 +199,84 @@ def compress_hostlist(names: Iterable[str]) -> str:
     return hostlist.collect_hostlist(items)
 
 
-_TPN_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+# --------------------------------------------------------------------------
+# counts
 
 
-def parse_tasks_per_node(s: str) -> list[int]:
-    """``2(x3),1`` -> ``[2, 2, 2, 1]``; the form of SLURM_TASKS_PER_NODE / SLURM_JOB_CPUS_PER_NODE."""
+_TPN_ITEM = re.compile(r"^([0-9]{1,18})(?:\(x([0-9]{1,18})\))?$")
+
+
+def parse_tasks_per_node(s: str, *, minimum: int = 0, max_nodes: int = MAX_HOSTS) -> list[int]:
+    """``2(x3),1`` -> ``[2, 2, 2, 1]``; the form of SLURM_TASKS_PER_NODE / SLURM_JOB_CPUS_PER_NODE.
+
+    Each count is from ``minimum`` to MAX_PER_NODE, and the repeats together describe at
+    most ``max_nodes`` nodes: ``2(x1000000000)`` is refused before any list is built.
+    """
     expected = "expected comma-separated counts like '4', '2(x3),1' or '1,2(x2)'"
     if not isinstance(s, str) or not s.strip():
         raise SlurmParseError(f"cannot parse tasks-per-node value {s!r}: {expected}")
-    out: list[int] = []
+    shown = excerpt(s)
+    if len(s) > MAX_VALUE_CHARS:
+        raise SlurmParseError(f"cannot parse tasks-per-node value {shown}: longer than "
+                              f"{MAX_VALUE_CHARS} characters")
+    items: list[tuple[int, int]] = []
+    total = 0
     for part in s.strip().split(","):
         m = _TPN_ITEM.match(part.strip())
         if not m:
             raise SlurmParseError(
-                f"cannot parse tasks-per-node value {s!r} at {part!r}: {expected}"
+                f"cannot parse tasks-per-node value {shown} at {excerpt(part)}: {expected}"
             )
         count, repeat = int(m.group(1)), int(m.group(2) or 1)
         if repeat < 1:
             raise SlurmParseError(
-                f"cannot parse tasks-per-node value {s!r}: repeat count in {part!r} must be >= 1"
+                f"cannot parse tasks-per-node value {shown}: repeat count in {part!r} must be >= 1"
             )
-        out.extend([count] * repeat)
-    return out
+        if not minimum <= count <= MAX_PER_NODE:
+            raise SlurmParseError(
+                f"cannot parse tasks-per-node value {shown}: count {count} in {part!r} is "
+                f"outside {minimum} to {MAX_PER_NODE}"
+            )
+        total += repeat
+        if total > max_nodes:
+            raise SlurmParseError(
+                f"cannot parse tasks-per-node value {shown}: its counts describe more than "
+                f"{max_nodes} node(s)"
+            )
+        items.append((count, repeat))
+    return [count for count, repeat in items for _ in range(repeat)]
 
 
-_GPU_ITEM = re.compile(r"^(?:[A-Za-z][\w.-]*:)*(\d+)$")
+_GPU_ITEM = re.compile(r"^(?:[A-Za-z][\w.-]*:)*([0-9]{1,18})$", re.ASCII)
 
 
 def parse_gpu_count(s: str) -> int:
-    """GPUs per node from ``2``, ``gpu:2``, ``a100:4``, ``gpu:a100:4`` or ``a100:2,v100:1`` (summed)."""
+    """GPUs per node from ``2``, ``gpu:2``, ``a100:4``, ``gpu:a100:4`` or ``a100:2,v100:1``
+    (summed; at most MAX_PER_NODE)."""
     expected = "expected a count with optional type like '2', 'gpu:2', 'a100:4' or 'a100:2,v100:1'"
     if not isinstance(s, str) or not s.strip():
         raise SlurmParseError(f"cannot parse GPU count {s!r}: {expected}")
+    if len(s) > MAX_VALUE_CHARS:
+        raise SlurmParseError(f"cannot parse GPU count {excerpt(s)}: longer than "
+                              f"{MAX_VALUE_CHARS} characters")
     total = 0
     for part in s.strip().split(","):
         item = re.sub(r"\(.*\)$", "", part.strip())  # scontrol-style "(S:0-1)" socket suffix
         m = _GPU_ITEM.match(item)
         if not m:
-            raise SlurmParseError(f"cannot parse GPU count {s!r} at {part!r}: {expected}")
+            raise SlurmParseError(f"cannot parse GPU count {excerpt(s)} at {excerpt(part)}: "
+                                  f"{expected}")
         total += int(m.group(1))
+    if total > MAX_PER_NODE:
+        raise SlurmParseError(f"cannot parse GPU count {excerpt(s)}: {total} GPUs per node, "
+                              f"more than {MAX_PER_NODE}")
     return total
 
 
+# Each number at most 18 ASCII digits: int() of a 5000-digit one would raise its own error.
 _DURATION = re.compile(
-    r"^(?:(?P<days>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
-    r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)$"
+    r"^(?:(?P<days>\d{1,18})-(?P<dh>\d{1,18})(?::(?P<dm>\d{1,18})(?::(?P<ds>\d{1,18}))?)?"
+    r"|(?P<a>\d{1,18})(?::(?P<b>\d{1,18})(?::(?P<c>\d{1,18}))?)?)$", re.ASCII
 )
 _NO_DURATION = {"UNLIMITED", "INFINITE", "INVALID", "NOT_SET", "PARTITION_LIMIT", "N/A", "NONE", ""}
 
@@ -154,7 +295,7 @@ def parse_slurm_duration(s: str | None) -> int | None:
     m = _DURATION.match(text)
     if not m:
         raise SlurmParseError(
-            f"cannot parse Slurm duration {s!r}: expected minutes, M:SS, H:MM:SS, D-HH, "
+            f"cannot parse Slurm duration {excerpt(s)}: expected minutes, M:SS, H:MM:SS, D-HH, "
             "D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
         )
     if m.group("days") is not None:
@@ -173,10 +314,10 @@ def parse_exit_code(s: str | None) -> tuple[int | None, int | None]:
     """sacct ``ExitCode`` ``'0:15'`` -> ``(0, 15)`` (exit status, signal); empty -> (None, None)."""
     if s is None or not s.strip():
         return None, None
-    m = re.match(r"^(\d+)(?::(\d+))?$", s.strip())
+    m = re.match(r"^(\d{1,18})(?::(\d{1,18}))?$", s.strip(), re.ASCII)
     if not m:
         raise SlurmParseError(
-            f"cannot parse exit code {s!r}: expected 'status:signal' like '0:0' or '1:15'"
+            f"cannot parse exit code {excerpt(s)}: expected 'status:signal' like '0:0' or '1:15'"
         )
     return int(m.group(1)), (int(m.group(2)) if m.group(2) is not None else None)
 
@@ -231,29 +372,104 @@ _SPECIAL_STEPS = {
 }
 
 
-def _env_int(env: Mapping[str, str], name: str) -> int | None:
+# A host name read from the environment may end up in a path or on a command line: letters,
+# digits, '_', '.', '-', not starting with '-' or '.'.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+# What _env_int takes for a CPU count and a memory size.
+_CPUS = ("a whole number of CPUs", 1, MAX_PER_NODE)
+_MEM = ("a whole number of MB", 0, MAX_MEM_MB)
+# Names and paths (partition, account, job name, cluster, submit dir): one line, PATH_MAX long.
+_MAX_TEXT = 4096
+
+
+def _env_raw(env: Mapping[str, str], name: str) -> str | None:
     raw = env.get(name)
-    if raw is None or not raw.strip():
+    return None if raw is None or not raw.strip() else raw
+
+
+def _env_int(env: Mapping[str, str], name: str, what: str, minimum: int,
+             maximum: int) -> int | None:
+    """``env[name]`` as a whole number from ``minimum`` to ``maximum`` (ASCII digits only:
+    no sign, '_' or other scripts' digits); None when unset or empty."""
+    raw = _env_raw(env, name)
+    if raw is None:
         return None
+    value = whole_number(raw)
+    if value is not None and minimum <= value <= maximum:
+        return value
+    raise SlurmParseError(f"{name}={excerpt(raw)}: expected {what} from {minimum} to {maximum}")
+
+
+def _env_text(env: Mapping[str, str], name: str) -> str | None:
+    """A name or path: printable (no newline or other control character), at most
+    _MAX_TEXT characters; None when unset or empty."""
+    raw = _env_raw(env, name)
+    if raw is None:
+        return None
+    if len(raw) > _MAX_TEXT or not raw.isprintable():
+        raise SlurmParseError(f"{name}={excerpt(raw)}: expected one line of printable text of "
+                              f"at most {_MAX_TEXT} characters")
+    return raw.strip()
+
+
+def _env_host(env: Mapping[str, str], name: str) -> str | None:
+    raw = _env_raw(env, name)
+    if raw is None:
+        return None
+    if not _HOST_NAME.fullmatch(raw.strip()):
+        raise SlurmParseError(f"{name}={excerpt(raw)}: expected a host name of letters, digits, "
+                              "'_', '.' and '-', not starting with '-' or '.'")
+    return raw.strip()
+
+
+def _env_hosts(env: Mapping[str, str], name: str, max_hosts: int = MAX_HOSTS) -> list[str]:
     try:
-        return int(raw.strip())
-    except ValueError:
-        raise SlurmParseError(f"{name}={raw!r} is not an integer") from None
+        names = expand_hostlist(env[name], max_hosts=max_hosts)
+    except SlurmParseError as exc:
+        raise SlurmParseError(f"{name}: {exc}") from None
+    for host in names:
+        if not _HOST_NAME.fullmatch(host):
+            raise SlurmParseError(f"{name}={excerpt(env[name])} names host {excerpt(host)}; "
+                                  "expected host names of letters, digits, '_', '.' and '-', "
+                                  "not starting with '-' or '.'")
+    return names
 
 
-def _env_str(env: Mapping[str, str], *names: str) -> str | None:
-    for name in names:
-        raw = env.get(name)
-        if raw is not None and raw.strip():
-            return raw.strip()
+def _env_gpu_indexes(env: Mapping[str, str], name: str) -> int | None:
+    """How many GPUs an index list (``0,1,2,3``: SLURM_STEP_GPUS / SLURM_JOB_GPUS) names."""
+    raw = _env_raw(env, name)
+    if raw is None:
+        return None
+    items = [whole_number(i) for i in raw.strip().split(",")]
+    if len(raw) > MAX_VALUE_CHARS or len(items) > MAX_PER_NODE or not all(
+            i is not None and i <= MAX_PER_NODE for i in items):
+        raise SlurmParseError(f"{name}={excerpt(raw)}: expected GPU indexes from 0 to "
+                              f"{MAX_PER_NODE}, comma-separated, like '0,1,2,3'")
+    return len(items)
+
+
+def slurm_job_id(env: Mapping[str, str]) -> str | None:
+    """SLURM_JOB_ID (or its old name SLURM_JOBID), a job number from 1 to MAX_ID; None
+    when unset. It names folders and goes on scancel's command line, so nothing else."""
+    for name in ("SLURM_JOB_ID", "SLURM_JOBID"):
+        value = _env_int(env, name, "a job id", 1, MAX_ID)
+        if value is not None:
+            return str(value)
     return None
 
 
-def _env_hosts(env: Mapping[str, str], name: str) -> list[str]:
-    try:
-        return expand_hostlist(env[name])
-    except SlurmParseError as exc:
-        raise SlurmParseError(f"{name}: {exc}") from None
+def slurm_restart_count(env: Mapping[str, str]) -> int:
+    """SLURM_RESTART_COUNT: how often the job was requeued, 0 when unset."""
+    return _env_int(env, "SLURM_RESTART_COUNT", "a restart count", 0, MAX_PER_NODE) or 0
+
+
+def slurm_task_rank(env: Mapping[str, str]) -> int:
+    """This task's rank in its step: SLURM_PROCID, else SLURM_NODEID, else 0."""
+    for name, maximum in (("SLURM_PROCID", MAX_ID), ("SLURM_NODEID", MAX_HOSTS - 1)):
+        value = _env_int(env, name, "a task rank", 0, maximum)
+        if value is not None:
+            return value
+    return 0
 
 
 @dataclass(frozen=True)
@@ -302,14 +518,14 @@ class Allocation:
         Raises SlurmParseError when the variables contradict each other (a node count
         that does not match the nodelist) or cannot be parsed, naming the variables.
         """
-        job_id = _env_str(env, "SLURM_JOB_ID", "SLURM_JOBID")
+        job_id = slurm_job_id(env)
         if job_id is None:
             return None
 
         # SLURM_JOB_NODELIST is the whole job; inside a step SLURM_NODELIST is the step's.
-        if _env_str(env, "SLURM_JOB_NODELIST"):
+        if _env_raw(env, "SLURM_JOB_NODELIST"):
             list_var = "SLURM_JOB_NODELIST"
-        elif _env_str(env, "SLURM_NODELIST"):
+        elif _env_raw(env, "SLURM_NODELIST"):
             list_var = "SLURM_NODELIST"
         else:
             raise SlurmParseError(
@@ -318,71 +534,73 @@ class Allocation:
             )
         nodes = _env_hosts(env, list_var)
         if not nodes:
-            raise SlurmParseError(f"{list_var}={env[list_var]!r} names no nodes")
+            raise SlurmParseError(f"{list_var}={excerpt(env[list_var])} names no nodes")
 
         # Cross-check each count against the list it describes: the job's pair, and
         # SLURM_NNODES/SLURM_NODELIST, which srun rewrites to the step's values.
-        step_list_var = "SLURM_NODELIST" if _env_str(env, "SLURM_NODELIST") else list_var
+        step_list_var = "SLURM_NODELIST" if _env_raw(env, "SLURM_NODELIST") else list_var
         for nvar, lvar in (("SLURM_JOB_NUM_NODES", list_var), ("SLURM_NNODES", step_list_var)):
-            count = _env_int(env, nvar)
+            count = _env_int(env, nvar, "a node count", 1, MAX_HOSTS)
             if count is None:
                 continue
             listed = nodes if lvar == list_var else _env_hosts(env, lvar)
             if count != len(listed):
                 raise SlurmParseError(
-                    f"{nvar}={count} does not match {lvar}={env[lvar]!r}, which names "
+                    f"{nvar}={count} does not match {lvar}={excerpt(env[lvar])}, which names "
                     f"{len(listed)} node(s)"
                 )
 
-        def counts(name: str) -> list[int]:
-            raw = _env_str(env, name)
+        def counts(name: str, minimum: int) -> list[int]:
+            # one count per node of the allocation at most: a step covers some of them
+            raw = _env_raw(env, name)
             if raw is None:
                 return []
             try:
-                return parse_tasks_per_node(raw)
+                return parse_tasks_per_node(raw, minimum=minimum, max_nodes=len(nodes))
             except SlurmParseError as exc:
                 raise SlurmParseError(f"{name}: {exc}") from None
 
-        gpus = _env_int(env, "SLURM_GPUS_ON_NODE")
+        gpus = _env_int(env, "SLURM_GPUS_ON_NODE", "a GPU count", 0, MAX_PER_NODE)
         if gpus is None:
-            raw = _env_str(env, "SLURM_GPUS_PER_NODE")
+            raw = _env_raw(env, "SLURM_GPUS_PER_NODE")
             if raw is not None:
                 try:
                     gpus = parse_gpu_count(raw)
                 except SlurmParseError as exc:
                     raise SlurmParseError(f"SLURM_GPUS_PER_NODE: {exc}") from None
-        if gpus is None:
-            # Index lists ("0,1,2,3") of the GPUs on this node; count them as a last resort.
-            raw = _env_str(env, "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
-            if raw is not None:
-                gpus = len([g for g in raw.split(",") if g.strip()])
+        for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+            # Index lists ("0,1,2,3") of the GPUs on this node; counted as a last resort.
+            if gpus is None:
+                gpus = _env_gpu_indexes(env, name)
 
-        step_raw = _env_str(env, "SLURM_STEP_ID", "SLURM_STEPID")
-        step_id = _SPECIAL_STEPS.get(step_raw, step_raw) if step_raw is not None else None
-        step_nodes = (
-            _env_hosts(env, "SLURM_STEP_NODELIST") if _env_str(env, "SLURM_STEP_NODELIST") else []
-        )
+        step_raw = _env_int(env, "SLURM_STEP_ID", "a step id", 0, MAX_ID)
+        if step_raw is None:
+            step_raw = _env_int(env, "SLURM_STEPID", "a step id", 0, MAX_ID)
+        step_id = _SPECIAL_STEPS.get(str(step_raw), str(step_raw)) if step_raw is not None \
+            else None
+        step_nodes = (_env_hosts(env, "SLURM_STEP_NODELIST", len(nodes))
+                      if _env_raw(env, "SLURM_STEP_NODELIST") else [])
 
         return cls(
             job_id=job_id,
             nodes=nodes,
-            tasks_per_node=counts("SLURM_TASKS_PER_NODE"),
+            tasks_per_node=counts("SLURM_TASKS_PER_NODE", 0),
             gpus_per_node=gpus,
-            cpus_per_task=_env_int(env, "SLURM_CPUS_PER_TASK"),
-            cpus_on_node=_env_int(env, "SLURM_CPUS_ON_NODE"),
-            cpus_per_node=counts("SLURM_JOB_CPUS_PER_NODE"),
-            mem_per_node=_env_int(env, "SLURM_MEM_PER_NODE"),
-            mem_per_cpu=_env_int(env, "SLURM_MEM_PER_CPU"),
-            mem_per_gpu=_env_int(env, "SLURM_MEM_PER_GPU"),
-            partition=_env_str(env, "SLURM_JOB_PARTITION"),
-            job_name=_env_str(env, "SLURM_JOB_NAME"),
-            account=_env_str(env, "SLURM_JOB_ACCOUNT"),
-            cluster=_env_str(env, "SLURM_CLUSTER_NAME"),
+            cpus_per_task=_env_int(env, "SLURM_CPUS_PER_TASK", *_CPUS),
+            cpus_on_node=_env_int(env, "SLURM_CPUS_ON_NODE", *_CPUS),
+            cpus_per_node=counts("SLURM_JOB_CPUS_PER_NODE", 1),
+            mem_per_node=_env_int(env, "SLURM_MEM_PER_NODE", *_MEM),
+            mem_per_cpu=_env_int(env, "SLURM_MEM_PER_CPU", *_MEM),
+            mem_per_gpu=_env_int(env, "SLURM_MEM_PER_GPU", *_MEM),
+            partition=_env_text(env, "SLURM_JOB_PARTITION"),
+            job_name=_env_text(env, "SLURM_JOB_NAME"),
+            account=_env_text(env, "SLURM_JOB_ACCOUNT"),
+            cluster=_env_text(env, "SLURM_CLUSTER_NAME"),
             step_id=step_id,
             step_nodes=step_nodes,
-            node_name=_env_str(env, "SLURMD_NODENAME"),
-            submit_host=_env_str(env, "SLURM_SUBMIT_HOST"),
-            submit_dir=_env_str(env, "SLURM_SUBMIT_DIR"),
+            node_name=_env_host(env, "SLURMD_NODENAME"),
+            submit_host=_env_host(env, "SLURM_SUBMIT_HOST"),
+            submit_dir=_env_text(env, "SLURM_SUBMIT_DIR"),
         )
 
 
@@ -450,12 +668,17 @@ _NESTED_DROP: dict[str, str] = {
 _MEM_VARS = ("SLURM_MEM_PER_NODE", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU")
 
 
-def _tres_cpu(value: str | None) -> int | None:
-    """``cpu:4,gres/gpu:1`` -> 4 (the form of SLURM_TRES_PER_TASK)."""
-    for part in (value or "").split(","):
+def _tres_cpu(env: Mapping[str, str]) -> int | None:
+    """``cpu:4,gres/gpu:1`` -> 4 (the form of SLURM_TRES_PER_TASK); None without ``cpu:``."""
+    raw = _env_raw(env, "SLURM_TRES_PER_TASK")
+    for part in (raw or "").split(","):
         name, _, count = part.strip().partition(":")
-        if name == "cpu" and count.isdigit():
-            return int(count)
+        if name == "cpu":
+            cpus = whole_number(count)
+            if cpus is not None and 1 <= cpus <= MAX_PER_NODE:
+                return cpus
+            raise SlurmParseError(f"SLURM_TRES_PER_TASK={excerpt(raw)}: expected 'cpu:N' with "
+                                  f"N a whole number of CPUs from 1 to {MAX_PER_NODE}")
     return None
 
 
@@ -496,17 +719,14 @@ def clean_env_for_nested_srun(
             out.pop(name, None)
 
     if cpus_per_task is None:
-        raw = (env.get("SLURM_CPUS_PER_TASK") or "").strip()
-        if raw:
-            try:
-                cpus_per_task = int(raw)
-            except ValueError:
-                raise SlurmParseError(f"SLURM_CPUS_PER_TASK={raw!r} is not an integer") from None
-        else:
-            cpus_per_task = _tres_cpu(env.get("SLURM_TRES_PER_TASK"))
+        cpus_per_task = _env_int(env, "SLURM_CPUS_PER_TASK", *_CPUS)
+        if cpus_per_task is None:
+            cpus_per_task = _tres_cpu(env)
     if cpus_per_task is not None:
-        if isinstance(cpus_per_task, bool) or not isinstance(cpus_per_task, int) or cpus_per_task < 1:
-            raise ValueError(f"cpus_per_task must be a positive integer, got {cpus_per_task!r}")
+        if isinstance(cpus_per_task, bool) or not isinstance(cpus_per_task, int) \
+                or not 1 <= cpus_per_task <= MAX_PER_NODE:
+            raise ValueError(f"cpus_per_task must be a positive integer (at most "
+                             f"{MAX_PER_NODE}), got {cpus_per_task!r}")
         args = [f"--cpus-per-task={cpus_per_task}"]
     else:
         args = ["--cpu-bind=none"]
@@ -786,7 +1006,7 @@ def parse_scontrol_restarts(text: str) -> int | None:
     for word in (text or "").split():
         if word.startswith("Restarts="):
             value = word.split("=", 1)[1]
-            return int(value) if value.isdigit() else None
+            return whole_number(value)
     return None
 
 

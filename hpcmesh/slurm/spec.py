@@ -35,7 +35,8 @@ import yaml
 
 from ..yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
                           nearest_line)
-from .parsing import SlurmParseError, parse_slurm_duration
+from .parsing import (MAX_HOSTS, MAX_MEM_MB, MAX_PER_NODE, SlurmParseError, excerpt,
+                      parse_slurm_duration, whole_number)
 from ..errors import HpcmeshError
 
 __all__ = [
@@ -98,6 +99,19 @@ class _Invalid(Exception):
     """A field validator's complaint; the caller adds where it happened."""
 
 
+# Bounds of the numbers in a spec: Slurm's own limits, so that a typo (or 2**70 nodes) is
+# refused here, naming its key, rather than overflowing in sbatch or queueing for ever.
+#: nodes, per mesh and per allocation: no more than one hostlist can name.
+MAX_NODES = MAX_HOSTS
+# ntasks_per_node, cpus_per_task and gpus_per_node: at most MAX_PER_NODE, as Slurm's
+# counts per node are 16 bits.
+#: time: sbatch reads --time into a signed 32-bit count of minutes (UNLIMITED: no limit).
+MAX_TIME_MINUTES = 2**31 - 1
+#: signal: sbatch's warning time is 16 bits of seconds; signal numbers end at SIGRTMAX.
+MAX_SIGNAL_SECONDS = 65535
+MAX_SIGNAL_NUMBER = 64
+
+
 # --------------------------------------------------------------------------
 # YAML with line numbers
 
@@ -130,6 +144,11 @@ def parse_yaml_with_lines(text: str, source: str = "<string>") -> tuple[Any, dic
             raise SpecError(str(e), source=source, line=e.line, key=e.path) from None
         try:
             data = loader.construct_document(root)
+        except ValueError:  # int() refuses a number of more than 4300 digits
+            path = next((p for p, t in raw.items() if len(t) > 4300), None)
+            raise SpecError(f"{path or 'a value'}: a number of more than 4300 digits; no job "
+                            "spec value needs one", source=source,
+                            line=lines.get(path) if path else None, key=path) from None
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             raise SpecError(f"invalid YAML value: {exc.problem}", source=source,
@@ -181,7 +200,9 @@ def _show(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, str):
-        return repr(value)
+        return excerpt(value)
+    if isinstance(value, int) and abs(value) >= 10**60:  # str() of 5000 digits raises
+        return f"an integer of about {round(value.bit_length() * 0.30103)} digits"
     if isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, Mapping):
@@ -191,22 +212,30 @@ def _show(value: Any) -> str:
     return type(value).__name__
 
 
-def _pos_int(name: str, *, minimum: int = 1, optional: bool = False) -> Callable[[Any], Any]:
+def _pos_int(name: str, maximum: int, why: str, *, minimum: int = 1,
+             optional: bool = False) -> Callable[[Any], Any]:
     what = "a positive integer" if minimum == 1 else "a non-negative integer"
 
     def conv(value: Any) -> Any:
         if value is None and optional:
             return None
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value.strip())
+        if isinstance(value, str) and whole_number(value) is not None:
+            value = whole_number(value)     # a count written as text ("4")
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise _Invalid(f"{name} must be {what}{' or null' if optional else ''}, got {_show(value)}")
+        if value > maximum:
+            raise _Invalid(f"{name} must be at most {maximum} ({why}), got {_show(value)}")
         return value
     return conv
 
 
+_NODES_WHY = "the most one Slurm hostlist names"
+_PER_NODE_WHY = "Slurm's limit per node"
+
+
 def _gpus(value: Any) -> int | None:
-    n = _pos_int("gpus_per_node", minimum=0, optional=True)(value)
+    n = _pos_int("gpus_per_node", MAX_PER_NODE, _PER_NODE_WHY, minimum=0,
+                 optional=True)(value)
     return n or None  # 0 GPUs and "no GPU request" render the same
 
 
@@ -233,41 +262,52 @@ def _word(name: str, example: str) -> Callable[[Any], str | None]:
     return conv
 
 
-_MEM = re.compile(r"^(\d+)([KMGTkmgt]?)$")
+_MEM = re.compile(r"^([0-9]+)([KMGTkmgt]?)$")
+_MB_PER_UNIT = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2}
 
 
 def _mem(value: Any) -> str | None:
     if value is None or value == "":
         return None
+    m = None
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return str(value)
-    m = _MEM.match(value.strip()) if isinstance(value, str) else None
-    if not m:
+        mb: float = value
+    else:
+        m = _MEM.match(value.strip()) if isinstance(value, str) else None
+        digits = m.group(1) if m else ""
+        # past 20 digits it is too big anyway (and int() refuses 4300)
+        mb = int(digits) * _MB_PER_UNIT[m.group(2).upper()] if 0 < len(digits) <= 20 \
+            else MAX_MEM_MB + 1
+    if mb > MAX_MEM_MB:
         raise _Invalid(f"mem must be a size like '64G', '500M' or '0' (all of the node's memory; "
-                       f"units K, M, G, T, default M), got {_show(value)}")
-    return m.group(1) + m.group(2).upper()
+                       f"units K, M, G, T, default M; at most {MAX_MEM_MB // 1024**2}T), "
+                       f"got {_show(value)}")
+    return str(value) if m is None else m.group(1) + m.group(2).upper()
 
 
 def _time(value: Any) -> str | None:
     if value is None or value == "":
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return str(value)  # minutes, as sbatch reads a bare number
-    ok = isinstance(value, str)
-    if ok and value.strip().upper() in ("UNLIMITED", "INFINITE"):
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    seconds: int | None = None
+    if is_int and value >= 0:
+        seconds = value * 60  # minutes, as sbatch reads a bare number
+    elif isinstance(value, str) and value.strip().upper() in ("UNLIMITED", "INFINITE"):
         return value.strip().upper()
-    if ok:
+    elif isinstance(value, str) and value.strip():
         try:
-            ok = parse_slurm_duration(value) is not None
+            seconds = parse_slurm_duration(value)
         except SlurmParseError:
-            ok = False
-    if not ok:
+            pass
+    if seconds is None or seconds > MAX_TIME_MINUTES * 60:
         raise _Invalid("time must be minutes or 'HH:MM:SS', 'MM:SS', 'D-HH', 'D-HH:MM', "
-                       f"'D-HH:MM:SS' (quote it in YAML), got {_show(value)}")
-    return value.strip()
+                       f"'D-HH:MM:SS' (quote it in YAML), at most {MAX_TIME_MINUTES} minutes, "
+                       f"or UNLIMITED, got {_show(value)}")
+    return str(value) if is_int else value.strip()
 
 
-_SIGNAL = re.compile(r"^(?:(?P<flags>[RB]{1,2}):)?(?:SIG)?(?P<sig>[A-Z0-9]+)(?:@(?P<secs>\d+))?$")
+_SIGNAL = re.compile(r"^(?:(?P<flags>[RB]{1,2}):)?(?:SIG)?(?P<sig>[A-Z0-9]{1,20})"
+                     r"(?:@(?P<secs>[0-9]{1,20}))?$")
 _SIGNAL_NAMES = frozenset(
     "HUP INT QUIT ILL TRAP ABRT BUS FPE KILL USR1 SEGV USR2 PIPE ALRM TERM CHLD CONT STOP "
     "TSTP TTIN TTOU URG XCPU XFSZ VTALRM PROF WINCH IO PWR SYS".split())
@@ -279,11 +319,16 @@ def _signal(value: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     m = _SIGNAL.match(value.strip().upper()) if isinstance(value, str) else None
-    if m and not (m.group("sig").isdigit() or m.group("sig") in _SIGNAL_NAMES):
+    sig = m.group("sig") if m else ""
+    if m and not (sig in _SIGNAL_NAMES or sig.isdigit() and 1 <= int(sig) <= MAX_SIGNAL_NUMBER):
         m = None
     if not m:
         raise _Invalid("signal must look like 'USR1@90' (signal, then seconds before the time "
-                       f"limit; optional 'B:' prefix) or null, got {_show(value)}")
+                       f"limit; optional 'B:' prefix; a number from 1 to {MAX_SIGNAL_NUMBER}) "
+                       f"or null, got {_show(value)}")
+    if int(m.group("secs") or 0) > MAX_SIGNAL_SECONDS:
+        raise _Invalid(f"signal's warning time must be at most {MAX_SIGNAL_SECONDS} seconds "
+                       f"(sbatch's limit), got {_show(value)}")
     return value.strip().upper()
 
 
@@ -368,10 +413,11 @@ def _env(value: Any) -> dict[str, str | None]:
 
 
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
-    "nodes": _pos_int("nodes"),
+    "nodes": _pos_int("nodes", MAX_NODES, _NODES_WHY),
     "gpus_per_node": _gpus,
-    "ntasks_per_node": _pos_int("ntasks_per_node"),
-    "cpus_per_task": _pos_int("cpus_per_task", optional=True),
+    "ntasks_per_node": _pos_int("ntasks_per_node", MAX_PER_NODE, _PER_NODE_WHY),
+    "cpus_per_task": _pos_int("cpus_per_task", MAX_PER_NODE, _PER_NODE_WHY,
+                              optional=True),
     "mem": _mem,
     "time": _time,
     "partition": _word("partition", "gpu"),
@@ -605,6 +651,10 @@ class JobSpec:
             bad = _shared_mismatch(self.meshes)
             if bad:
                 raise SpecError(_mismatch_message(self.meshes, *bad), key=bad[0])
+            if self.total_nodes > MAX_NODES:
+                raise SpecError(f"the meshes share one allocation (same_allocation: true) and "
+                                f"ask for {self.total_nodes} nodes in all; at most {MAX_NODES} "
+                                f"({_NODES_WHY})", key="meshes")
 
     # -- layout helpers for the launcher
 
@@ -800,8 +850,8 @@ def _from_dict(d: Any, ctx: _Ctx, mesh_name: str) -> JobSpec:
             meshes[name] = value
             origins[name] = {}
             continue
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value)
+        if isinstance(value, str) and whole_number(value) is not None:
+            value = whole_number(value)
         if isinstance(value, int) and not isinstance(value, bool):
             value = {"nodes": value}
         if value is None:

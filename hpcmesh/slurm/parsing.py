@@ -143,8 +143,9 @@ def _range_numbers(group: str) -> list[tuple[int, int, int]]:
 
 
 def _expand_part(part: str, room: int, limit: int) -> list[str]:
-    """One comma-free part (``x[1-2]y[1-3]``), refused before expansion when it would
-    name more than ``room`` hosts."""
+    """One comma-free part (``x[1-2]y[1-3]``), expanded by python-hostlist once its size
+    is known to be at most ``room`` hosts. The checks come first because python-hostlist
+    has no total bound and recurses once per bracket group."""
     pieces = re.split(r"\[([^\]]*)\]", part)     # literal, group, literal, group, ..., literal
     groups = [_range_numbers(g) for g in pieces[1::2]]
     if len(groups) > _MAX_GROUPS:
@@ -154,11 +155,10 @@ def _expand_part(part: str, room: int, limit: int) -> list[str]:
         count *= sum(high - low + 1 for low, high, _ in ranges)
         if count > room:
             raise _BadHostlist(f"it names more than {limit} hosts")
-    names = [pieces[0]]
-    for ranges, literal in zip(groups, pieces[2::2]):
-        numbers = [f"{n:0{width}d}" for low, high, width in ranges for n in range(low, high + 1)]
-        names = [name + number + literal for name in names for number in numbers]
-    return names
+    try:
+        return hostlist.expand_hostlist(part, allow_duplicates=True)
+    except hostlist.BadHostlist as exc:
+        raise _BadHostlist(str(exc)) from None
 
 
 def expand_hostlist(s: str, *, max_hosts: int = MAX_HOSTS) -> list[str]:

@@ -9,6 +9,7 @@ even by SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -17,10 +18,11 @@ import sys
 import tempfile
 import threading
 import uuid
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..errors import HpcmeshError
 from ..runtime.exit_actions import mounts_at, register_unmount, unmount, unmount_if_ours
+from .safe_path import Resolved, explain, own_dir
 
 #: seconds the kernel may cache that a path does not exist (and, where a filesystem cannot
 #: invalidate what changed, any lookup): how long a new file may take to show
@@ -116,33 +118,54 @@ def mount_fstype(path: str) -> str | None:
     return found[-1][0] if found else None
 
 
-def ready_mount_point(path: str, subtype: str, where: str, what: str) -> None:
-    """Make ``path`` a usable mount point or raise MountError saying why not: a mount of
-    ours left by a client that is gone is detached; a directory that holds files is refused
-    (mounting would hide them). ``where``/``what`` name the host and the API in errors."""
+def ready_mount_point(path: str, subtype: str, where: str, what: str,
+                      busy_hint: str = "") -> None:
+    """Make ``path`` a usable mount point or raise MountError saying why not. It must be a
+    folder of this user's own that no other user can redirect (``safe_path.own_dir``: the
+    way to it is root's or ours, it is never a symlink; missing, it is made 0700): a mount
+    there would otherwise land where they chose, and the interpreter a mesh starts with
+    under it be theirs. A mount of ours left by a client that is gone is detached; a
+    folder that holds files is refused (mounting would hide them; ``busy_hint`` is added to
+    that error). ``where``/``what`` name the host and the API in errors."""
     if mount_fstype(path) == f"fuse.{subtype}":
         unmount(path)
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise MountError(f"{what}: the mount point {path} on {where} is a file, not a "
-                         f"directory")
-    os.makedirs(path, exist_ok=True)
-    held = sorted(os.listdir(path))
+    named = _mount_point(path, where, what)
+    try:
+        with own_dir(path, what=named, create=True) as d:
+            fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=d.fd)
+            try:
+                held = sorted(os.listdir(fd))
+            finally:
+                os.close(fd)
+    except OSError as e:
+        raise MountError(explain(e, named)) from None
     if held:
         shown = ", ".join(held[:5]) + (", ..." if len(held) > 5 else "")
         raise MountError(f"{what}: the mount point {path} on {where} already holds files "
                          f"({shown}); mounting would hide them. Give an empty or new "
-                         f"directory")
+                         f"directory{busy_hint}")
+
+
+def _mount_point(path: str, where: str, what: str) -> str:
+    return f"{what}: the mount point {path} on {where}"
+
+
+def _dev(dev: int) -> str:
+    return f"{os.major(dev)}:{os.minor(dev)}"
 
 
 class FuseProcess:
     """A filesystem process this side owns: started, waited for, told, stopped. Its mount's
     source (``fsname``) is unique, so an unmount can tell this mount from a later one at
     the same path; where an agent started this process, the agent is asked to unmount it
-    after this process is gone, however it went (``runtime.exit_actions``)."""
+    after this process is gone, however it went (``runtime.exit_actions``). The mount's
+    root (device, inode) is noted once it is up: ``opened_root`` checks that the mount
+    point still leads there, whatever became of the path since."""
 
-    def __init__(self, argv: list[str], mountpoint: str, where: str, pass_fds=()):
+    def __init__(self, argv: list[str], mountpoint: str, where: str, what: str, pass_fds=()):
         self.mountpoint = mountpoint
         self.where = where
+        self.what = what
         self.fsname = f"hpcmesh-{uuid.uuid4().hex[:16]}"
         # stderr to a file, not a pipe: a long-lived filesystem that logs would otherwise
         # block once the pipe is full, and the mount with it
@@ -153,6 +176,44 @@ class FuseProcess:
                                      stderr=self.stderr)
         self.expect("mounted", "come up")
         register_unmount(mountpoint, self.fsname)
+        self.root = self._root_identity()
+
+    def _root_identity(self) -> tuple[int, int]:
+        """(st_dev, st_ino) of the mount's root, reached as ``opened_root`` reaches it, once
+        /proc/self/mountinfo shows our mount (our unique source) there."""
+        try:
+            with own_dir(self.mountpoint, what=self._named()) as d:
+                found = mounts_at(d.path)           # d.path: with symlinks on the way resolved
+                if found and found[-1][1] == self.fsname:
+                    return d.st.st_dev, d.st.st_ino
+                problem = (f"shows {found[-1][0]} from {found[-1][1]} after mounting" if found
+                           else f"shows no mount at {d.path} after mounting")
+        except OSError as e:
+            problem = f"cannot be reached after mounting ({explain(e, self._named())})"
+        self.stop()
+        raise MountError(f"{self._named()} {problem}, not this mount ({self.fsname})")
+
+    def _named(self) -> str:
+        return _mount_point(self.mountpoint, self.where, self.what)
+
+    @contextlib.contextmanager
+    def opened_root(self) -> Iterator[Resolved]:
+        """The mount's root, opened through folders no other user can change; MountError
+        when the mount point no longer leads to the mount this process made (the folder
+        moved, a symlink or another folder took its name, the mount is gone)."""
+        with contextlib.ExitStack() as stack:
+            try:
+                d = stack.enter_context(own_dir(self.mountpoint, what=self._named()))
+            except OSError as e:
+                raise MountError(explain(e, self._named())) from None
+            if (d.st.st_dev, d.st.st_ino) != self.root:
+                raise MountError(
+                    f"{self._named()} is not the mount hpcmesh made there: it leads to a "
+                    f"folder on device {_dev(d.st.st_dev)}, inode {d.st.st_ino}; the mount is "
+                    f"device {_dev(self.root[0])}, inode {self.root[1]}. The folder was moved "
+                    f"or replaced since; no process starts from it. Unmount it (job.kill()) "
+                    f"and give a new mount point")
+            yield d
 
     def answer(self, what: str) -> str:
         """Its next line, within ANSWER_TIMEOUT; MountError with its stderr if none."""

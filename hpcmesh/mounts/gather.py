@@ -25,6 +25,7 @@ from ..shapes import Point, subdir_for
 from .fuse_gather import SUBTYPE, recv_frame, send_frame
 from .fuse_process import FuseProcess, MountError, fuse_problem, ready_mount_point
 from .remote_mount import START_TIMEOUT, chosen_meshes, hosts_of, mesh_names
+from .safe_path import UntrustedPath, beneath, resolve
 
 log = logging.getLogger("hpcmesh.mounts")
 
@@ -56,52 +57,83 @@ class GatherMountSpec:
 
 
 class GatherActor(Actor):
-    """Answers the client's lookups and reads under each of its host's roots."""
+    """Answers the client's lookups and reads under each of its host's roots. A root is
+    reached through folders no other user can change (``safe_path.resolve``), and each name
+    under it without following any symlink (``safe_path.beneath``): another user who may
+    write a folder in there can swap it for a symlink at any moment, and following it here
+    would show the client what this user, not they, may read. A symlink is answered as a
+    symlink; the client's kernel follows it on the client, with the reader's rights."""
 
     def __init__(self, roots: dict[str, str]):
         self.roots = roots
-
-    def _path(self, key: str, path: str) -> str:
-        root = os.path.abspath(self.roots[key])
-        full = os.path.normpath(os.path.join(root, path)) if path else root
-        if full != root and not full.startswith(root + os.sep):
-            raise PermissionError(errno.EACCES, "outside the gathered directory")
-        return full
+        self._refused: set[str] = set()     # roots whose refusal was logged
 
     @endpoint
     def fs(self, op: str, key: str, path: str, args: tuple) -> tuple[str, Any]:
         """One filesystem request: ("ok", value) or ("err", errno)."""
+        if key not in self.roots or op not in _OPS:
+            return "err", errno.ENOENT if op in _OPS else errno.ENOSYS
+        root = self.roots[key]
         try:
-            full = self._path(key, path)
-            if op == "lstat":
-                try:
-                    st = os.lstat(full)
-                except FileNotFoundError:
-                    if path:
-                        raise
-                    return "ok", {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}
-                return "ok", {"st_mode": st.st_mode, "st_nlink": st.st_nlink,
-                              "st_size": st.st_size, "st_mtime": st.st_mtime_ns,
-                              "st_ctime": st.st_ctime_ns, "st_atime": st.st_atime_ns,
-                              "st_blocks": st.st_blocks}
-            if op == "listdir":
-                try:
-                    return "ok", sorted(os.listdir(full))
-                except FileNotFoundError:
-                    if path:
-                        raise
-                    return "ok", []     # the host has not made its folder (yet)
-            if op == "readlink":
-                return "ok", os.readlink(full)
-            if op == "read":
-                offset, size = args
-                with open(full, "rb") as f:
-                    return "ok", os.pread(f.fileno(), min(size, MAX_READ), offset)
-            return "err", errno.ENOSYS
+            with resolve(root, what=f"gather_mount's folder {root}", trust_last=False) as top:
+                with beneath(top.fd, path) as (dir_fd, name):
+                    return "ok", _OPS[op](dir_fd, name, args)
+        except UntrustedPath as e:
+            if key not in self._refused:
+                self._refused.add(key)
+                log.warning("%s", e)
+            return "err", errno.EACCES
+        except FileNotFoundError:
+            if path or op not in _NOT_MADE_YET:
+                return "err", errno.ENOENT
+            return "ok", _NOT_MADE_YET[op]
         except OSError as e:
             return "err", e.errno or errno.EIO
-        except KeyError:
-            return "err", errno.ENOENT
+
+
+def _lstat(dir_fd: int, name: str, args: tuple) -> dict:
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    return {"st_mode": st.st_mode, "st_nlink": st.st_nlink, "st_size": st.st_size,
+            "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns,
+            "st_atime": st.st_atime_ns, "st_blocks": st.st_blocks}
+
+
+def _listdir(dir_fd: int, name: str, args: tuple) -> list[str]:
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=dir_fd)
+    try:
+        return sorted(os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
+def _readlink(dir_fd: int, name: str, args: tuple) -> str:
+    return os.readlink(name, dir_fd=dir_fd)
+
+
+def _read(dir_fd: int, name: str, args: tuple) -> bytes:
+    """Read a regular file only: the name is looked at first without opening it (opening a
+    FIFO or a device another user put there could block or act), then re-opened through
+    /proc from that very look, so the file checked is the file read."""
+    offset, size = args
+    seen = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        mode = os.fstat(seen).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL, name)
+        fd = os.open(f"/proc/self/fd/{seen}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(seen)
+    try:
+        return os.pread(fd, min(size, MAX_READ), offset)
+    finally:
+        os.close(fd)
+
+
+#: the requests a host answers, by the name ``fuse_gather`` asks with
+_OPS = {"lstat": _lstat, "listdir": _listdir, "readlink": _readlink, "read": _read}
+#: what a host whose folder is not made yet answers: an empty folder
+_NOT_MADE_YET = {"lstat": {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2}, "listdir": []}
 
 
 def host_keys(spec: GatherMountSpec, meshes: dict[str, HostMesh]) -> dict[str, Any]:
@@ -149,7 +181,7 @@ class GatherMount:
                 self.fs = FuseProcess(["-m", "hpcmesh.mounts.fuse_gather", "--fd",
                                        str(theirs.fileno()), "--keys",
                                        ",".join(self.hosts_by_key)], local, "this client",
-                                      pass_fds=(theirs.fileno(),))
+                                      "gather_mount", pass_fds=(theirs.fileno(),))
             finally:
                 theirs.close()
         except BaseException:

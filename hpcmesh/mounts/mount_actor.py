@@ -4,6 +4,11 @@ One ``MountActor`` per host, in a process of its own that lives as long as the m
 filesystem runs in a child process (``fuse_tree``) in this process's group, so stopping
 the mount's process (stop, kill -9, lease expiry after the client died) takes it along,
 and ``auto_unmount`` removes the mount when it is gone.
+
+Before the mesh's processes start from the mount (each ``state()``), ``verify`` checks on
+the host that the mount point still leads to this mount, by its root's device and inode,
+and that the interpreter is the mount's own file: a path string alone could lead anywhere
+another user of the node redirected it (issue 28).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import stat
 import time
 
 from ..actor.blob_transfer import BlobReceiver
@@ -19,6 +25,7 @@ from ..file_tree import FileTree
 from .fuse_process import ATTR_TIMEOUT, FuseProcess, MountError, fuse_problem, \
     ready_mount_point
 from .fuse_tree import SUBTYPE
+from .safe_path import explain, resolve
 
 
 class MountActor(BlobReceiver):
@@ -38,11 +45,9 @@ class MountActor(BlobReceiver):
                 f"remote_mount cannot mount on host {self.host}: {problem}. Without FUSE, "
                 f"copy the directory instead: host_mesh.sync_workspace({{source: "
                 f"{mountpoint!r}}}) ships only what changed")
-        try:
-            ready_mount_point(mountpoint, SUBTYPE, f"host {self.host}", "remote_mount")
-        except MountError as e:
-            raise MountError(f"{e} (if the hosts see the client's own directory on a shared "
-                             f"filesystem, they have it there already)") from None
+        ready_mount_point(mountpoint, SUBTYPE, f"host {self.host}", "remote_mount",
+                          busy_hint=" (if the hosts see the client's own directory on a "
+                                    "shared filesystem, they have it there already)")
         return self.host
 
     def _write_tree(self, tree: FileTree) -> str:
@@ -60,7 +65,33 @@ class MountActor(BlobReceiver):
             raise MountError(f"host {self.host} already mounts {self.fs.mountpoint}")
         self.fs = FuseProcess(["-m", "hpcmesh.mounts.fuse_tree", "--store", self.store.root,
                                "--tree", self._write_tree(tree)], mountpoint,
-                              f"host {self.host}")
+                              f"host {self.host}", "remote_mount")
+
+    @endpoint
+    def verify(self, python_exe: str | None) -> str | None:
+        """Check that the mount point still leads to this host's mount and, with
+        ``python_exe`` (relative to it), that the interpreter is an executable file of the
+        mount, or where a link in it leads out (a venv's python to its base interpreter),
+        one reached only through folders and links of root or this user. Returns the
+        interpreter's real path; MountError naming what was found otherwise."""
+        if self.fs is None:
+            raise MountError(f"host {self.host} has no mount to check")
+        with self.fs.opened_root() as root:
+            if python_exe is None:
+                return None
+            what = (f"remote_mount: the interpreter {python_exe} under the mount point "
+                    f"{self.fs.mountpoint} on host {self.host}")
+            try:
+                with resolve(python_exe, what=what, beneath=root) as exe:
+                    mode = exe.st.st_mode
+                    if not stat.S_ISREG(mode) or not mode & 0o111:
+                        raise MountError(f"{what} leads to {exe.path}, which is not an "
+                                         f"executable file (mode {mode:o})")
+                    return exe.path
+            except OSError as e:
+                if isinstance(e, MountError):
+                    raise
+                raise MountError(explain(e, what)) from None
 
     @endpoint
     def refresh(self, tree: FileTree) -> None:

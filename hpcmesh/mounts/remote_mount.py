@@ -5,6 +5,9 @@ refreshes the live mounts (``RemoteMount``) in this client process. A mount push
 tree's blobs down a chain of hosts (``blob_transfer``), then each host's ``MountActor``
 serves it. ``refresh()`` rescans the client's tree (reading only files whose inode, size
 or mtime changed), ships what changed and swaps the tree in under the running processes.
+Every ``state()`` then has each host ``verify`` its mount before the meshes are handed out
+with the mounted python: the mount point must still lead to that host's mount (a folder
+another user can redirect is refused, ``safe_path``).
 """
 
 from __future__ import annotations
@@ -131,6 +134,14 @@ class RemoteMount:
             self.tree = tree
             return self.last_push
 
+    def verify(self) -> None:
+        """Check on every host that the mount point leads to the mount made there and that
+        ``python_exe`` is the mount's interpreter (``MountActor.verify``); raises naming
+        the host and what it found."""
+        if self._actors is None:
+            raise RuntimeError(f"the remote mount of {self.spec.source} is closed")
+        self._actors.verify.call(self.spec.python_exe).get(timeout=START_TIMEOUT)
+
     def close(self) -> None:
         """Unmount on every host and stop the mount's processes."""
         actors, procs, self._actors, self._procs = self._actors, self._procs, None, None
@@ -187,6 +198,7 @@ def apply_mounts(job_id: str | None, specs: list[RemoteMountSpec],
             mount = RemoteMount(spec, union_of_hosts([meshes[n] for n in names])).start()
             with _LIVE_LOCK:
                 _LIVE[key] = mount
+        mount.verify()              # before any process starts from it, every state()
         live.append(mount)
         python = spec.python_path()
         if python is not None:

@@ -243,9 +243,11 @@ def _readlink_when_cached_expired(path: str, timeout: float = 10.0) -> str:
 
 def test_gather_mount_does_not_follow_a_symlink_another_user_swapped_in(other_user,
                                                                          shared_tmp):
-    """The host's gathered folder holds a folder the other user owns. They step into one of
-    its subfolders through the client's mount, then swap that subfolder for a symlink to a
-    folder only root may read: opening a name in it must not show root's file."""
+    """The host's gathered folder holds a folder the other user owns. The client holds one of
+    its subfolders open through its mount; the other user then swaps that subfolder on the
+    host for a symlink to a folder only root may read. A name opened in the held folder must
+    not be served from root's folder by the host (it was, before: the host followed the
+    link). The other user cannot enter the client's mount at all (no allow_other)."""
     os.mkdir(shared_tmp, 0o755)
     secret = os.path.join(shared_tmp, "secret")
     os.mkdir(secret, 0o700)
@@ -260,25 +262,33 @@ def test_gather_mount_does_not_follow_a_symlink_another_user_swapped_in(other_us
     job = LocalJob().gather_mount(os.path.join(shared_tmp, "out", "$SUBDIR"), local)
     job.state(cached_path=None)
     try:
-        # the file is root's: the other user cannot read it directly
+        # the file is root's: the other user cannot read it directly, nor enter our mount
         direct = other_user.python("open(__import__('sys').argv[1]).read()",
                                    os.path.join(secret, "key.txt"), check=False)
         assert "PermissionError" in direct.stderr, direct
-        attack = other_user.python(textwrap.dedent("""
-            import os, sys
-            host_sub, secret, through = sys.argv[1:]
-            os.chdir(through)                  # the client's mount: "sub" is a folder now
-            os.rename(host_sub, host_sub + ".old")
-            os.symlink(secret, host_sub)       # and a symlink to root's folder from here on
+        peek = other_user.python("import os, sys; os.listdir(sys.argv[1])", local,
+                                 check=False)
+        assert "PermissionError" in peek.stderr, peek
+        held = os.open(os.path.join(local, "0", "shared", "sub"), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            other_user.python(textwrap.dedent("""
+                import os, sys
+                host_sub, secret = sys.argv[1:]
+                os.rename(host_sub, host_sub + ".old")
+                os.symlink(secret, host_sub)       # a symlink to root's folder from here on
+            """), os.path.join(theirs, "sub"), secret)
             try:
-                print("READ", open("key.txt").read(), end="")
+                fd = os.open("key.txt", os.O_RDONLY, dir_fd=held)
             except OSError as e:
-                print("REFUSED", e.errno, e.strerror)
-        """), os.path.join(theirs, "sub"), secret,
-            os.path.join(local, "0", "shared", "sub"), check=False)
-        print(f"\nthe attack, as uid {other_user.uid}: {attack.stdout.strip()}")
-        assert "root's secret" not in attack.stdout, attack.stdout
-        assert attack.stdout.startswith("REFUSED"), (attack.stdout, attack.stderr)
+                got = f"REFUSED {e.errno} {e.strerror}"
+            else:
+                with os.fdopen(fd) as f:
+                    got = "READ " + f.read()
+        finally:
+            os.close(held)
+        print(f"\nkey.txt in the held folder after the swap: {got.strip()}")
+        assert "root's secret" not in got, got
+        assert got.startswith("REFUSED"), got
         # what the client's mount shows of the link, once the kernel's cached folder
         # expires: a link, which the client follows with its own rights, not root's folder
         assert _readlink_when_cached_expired(os.path.join(local, "0", "shared", "sub")) \

@@ -80,8 +80,8 @@ def run(operations, mountpoint: str, subtype: str, fsname: str,
                    fsname=fsname, subtype=subtype, auto_cache=True,
                    attr_timeout=cache_timeout, entry_timeout=cache_timeout,
                    negative_timeout=ATTR_TIMEOUT)
-    if os.getuid() == 0:
-        options["allow_other"] = True     # other users' processes on the node may read it
+    # No allow_other: the job's processes run as the user who mounts, and with it another
+    # user of the node could read the job's code and data through the mount (issue 28).
     mfusepy.FUSE(operations, mountpoint, **options)
 
 

@@ -831,8 +831,8 @@ class Node:
                 self._flush_backlog(p)
                 return
         p.conn = None
-        # named by what the peer said in its hello (name, host, pid): conn.peer is only a
-        # socket address, on an accepted connection this node's own
+        # named by what the peer said in its hello (name, host, pid); conn.peer is only the
+        # other end of the socket (an address, or a Unix peer's pid and uid)
         reason = SupervisionError(f"connection to {describe_peer(peer_id, conn.info.get('peer_info'))}"
                                   f" lost: {exc or 'closed'}")
         for cb in list(self.on_peer_closed):

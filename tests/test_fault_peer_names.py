@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,16 +25,20 @@ from hpcmesh.runtime.node import Node
 from hpcmesh.transport.addresses import new_secret
 
 #: A peer with the secret (a process of the job, as root like the test): it dials, says
-#: hello, then waits to be called.
+#: hello, then does what argv[3] says.
 PEER = textwrap.dedent("""
     import asyncio, os, sys
+    from hpcmesh.runtime.messages import MSG_CALL
     from hpcmesh.runtime.node import Node
+    from hpcmesh.transport import serialization
 
     async def main():
         node = Node(bytes.fromhex(sys.argv[2]), asyncio.get_running_loop(), role="proc",
                     name="peer")
         node.services["exit"] = lambda: os._exit(0)     # the call is never answered
         conn = await node.connect(sys.argv[1])
+        if sys.argv[3] == "malformed":
+            conn.send_frame(*serialization.dumps((MSG_CALL, "a call without its fields")))
         while not conn.closed:
             await asyncio.sleep(0.05)
     asyncio.run(main())
@@ -126,3 +131,25 @@ def test_a_lost_connection_names_the_peer_not_our_own_socket(listener):
     assert "lost" in text and path not in text, text
     assert f"pid {peer.pid}" in text and f"uid {os.getuid()}" in text, text
 
+
+def test_a_malformed_message_from_an_authenticated_peer_is_one_line(listener, caplog):
+    node, path = listener
+    caplog.set_level(logging.DEBUG, logger="hpcmesh")
+    peer = _start_peer(node, path, "malformed")
+    try:
+        # the connection is closed (SPEC §7: a malformed frame closes that connection
+        # only): the peer sees it and exits
+        assert peer.wait(15) == 0
+    finally:
+        if peer.poll() is None:
+            peer.kill()
+    about = [r for r in caplog.records if r.levelno >= logging.WARNING and
+             "malformed" in r.getMessage()]
+    for r in caplog.records:
+        print(f"{r.levelname} {r.name}: {r.getMessage()}")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert not [r for r in caplog.records if r.exc_info], caplog.text
+    assert len(about) == 1, caplog.text
+    line = about[0].getMessage()
+    assert path not in line and f"pid {peer.pid}" in line, line
+    assert socket.gethostname() in line

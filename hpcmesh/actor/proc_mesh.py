@@ -10,7 +10,6 @@ import logging
 import os
 import pickle
 import socket
-import sys
 import uuid
 from typing import TypeVar, cast
 
@@ -228,8 +227,9 @@ class ProcMesh(MeshView):
                            f"{', '.join(hosts)} did not answer within {bound:g} s (stopped, "
                            f"hung or cut off?); gave up on {len(names)} process(es): "
                            f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+                    # once: through logging, which writes a warning to stderr where this
+                    # process configured no logging (it used to be printed as well: twice)
                     log.warning("%s", msg)
-                    print(msg, file=sys.stderr, flush=True)
                     return {n: None for n in names}
             results = await asyncio.gather(*(stop_procs(a, names, g)
                                              for a, names, g in calls.values()),

@@ -50,6 +50,7 @@ class ProcRecord:
     forward_logs: bool = True
     on_failure: Callable | None = None
     owner: Any = None            # ActorInstance that spawned this process (None: the client)
+    stop_reason: str = ""        # why it ends on purpose (stopping), where not a stop()
 
 
 def _listen_addresses(node_id_unix: str) -> list[str]:
@@ -168,9 +169,7 @@ class ClientRuntime:
         self._record_exit(rec, pid, host, status)
         if rec.stopping:
             if rec.node is not None:
-                self.node.fail_peer(rec.node.node_id, SupervisionError(
-                    f"process {rec.label} of mesh {rec.mesh_name} was stopped",
-                    rec.mesh_name, rec.point, host, pid, status))
+                self.node.fail_peer(rec.node.node_id, self._stopped(rec, host, pid, status))
             return
         where = f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} (pid {pid})"
         if rec.node is None:
@@ -191,6 +190,13 @@ class ClientRuntime:
             self.report_failure(rec.owner, MeshFailure(rec.mesh_name, exc, rec.point))
         if rec.on_failure is not None:
             rec.on_failure(rec, exc)
+
+    @staticmethod
+    def _stopped(rec: ProcRecord, host: str, pid: int | None, status: str) -> SupervisionError:
+        """What calls to a process that ended on purpose raise."""
+        why = f": {rec.stop_reason}" if rec.stop_reason else ""
+        return SupervisionError(f"process {rec.label} of mesh {rec.mesh_name} was stopped{why}",
+                                rec.mesh_name, rec.point, host, pid, status)
 
     def _record_exit(self, rec: ProcRecord, pid: int, host: str, status: str) -> None:
         """The telemetry of a process's end: its own row, and one per actor it hosted

@@ -66,6 +66,7 @@ class PortRef:
 EVENT_LOG = "log"                          # (LOG, proc_name, stream, [lines])
 EVENT_EXIT = "exit"                        # (EXIT, proc_name, pid, returncode, hostname)
 EVENT_ACTOR_FAULT = "actor_fault"          # (ACTOR_FAULT, actor_id, MeshFailure)
+EVENT_AGENT_EXIT = "agent_exit"            # (AGENT_EXIT, agent_node_id, hostname, reason)
 
 
 #: Each kind's name and how many fields its messages have, the code included.

@@ -190,7 +190,12 @@ class HostMesh(MeshTrait):
 
         def on_spawned(f: Future, recs: list[ProcRecord]) -> None:
             if f.exception() is not None:
+                # The agent killed what it had started of these (spawn_procs cleans up
+                # after itself): ends hpcmesh caused on purpose, no failures to report.
+                # Its answer comes before their exit reports, on the same connection.
                 for r in recs:
+                    r.stopping = True
+                    r.stop_reason = f"its start failed on host {r.host}: {f.exception()}"
                     r.ready.set_exception(f.exception())
                 return
             info = {n: (pid, paths) for n, pid, paths in f.value()}

@@ -10,7 +10,6 @@ import logging
 import os
 import pickle
 import socket
-import sys
 import uuid
 from typing import TypeVar, cast
 
@@ -18,7 +17,7 @@ from ..runtime.actor_services import ActorServices
 from ..runtime import telemetry_recorder as _tel
 from ..runtime.client import ProcRecord, current_or_client_node, existing_client_runtime
 from ..runtime.context import Rendezvous
-from ..runtime.errors import MeshStoppedError
+from ..runtime.errors import HOST_LOST, MeshStoppedError
 from ..runtime.future import Future, completed, gather, on_runtime_thread
 from ..runtime.node import Node, NodeRef
 from ..runtime.spans import start_span
@@ -212,7 +211,11 @@ class ProcMesh(MeshView):
             # Per agent: processes that were asked to stop get what is left of the grace;
             # those that never connected (nobody could ask them) are terminated at once.
             calls: dict[tuple, tuple] = {}
+            codes = {}
             for r in recs:
+                if r.failure is not None and r.failure.reason == HOST_LOST:
+                    codes[r.name] = None    # its agent is gone: nobody knows how it ended
+                    continue
                 g = left if r.node is not None else 0.0
                 calls.setdefault((r.agent.node_id, g), (r.agent, [], g))[1].append(r.name)
             async def stop_procs(agent: NodeRef, names: list[str], g: float):
@@ -228,13 +231,13 @@ class ProcMesh(MeshView):
                            f"{', '.join(hosts)} did not answer within {bound:g} s (stopped, "
                            f"hung or cut off?); gave up on {len(names)} process(es): "
                            f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''}")
+                    # once: through logging, which writes a warning to stderr where this
+                    # process configured no logging (it used to be printed as well: twice)
                     log.warning("%s", msg)
-                    print(msg, file=sys.stderr, flush=True)
                     return {n: None for n in names}
             results = await asyncio.gather(*(stop_procs(a, names, g)
                                              for a, names, g in calls.values()),
                                            return_exceptions=True)
-            codes = {}
             for res in results:
                 if isinstance(res, dict):
                     codes.update(res)

@@ -104,7 +104,7 @@ async def serve(listen: list[str], attach: list[str], secret: bytes, lease: Leas
         dialing.cancel()
     print(f"hpcmesh worker on {socket.gethostname()} exiting: {lease.reason}", file=sys.stderr,
           flush=True)
-    agent.kill_all()
+    agent.kill_all(lease.reason)       # its controllers are told first: no lost host
     await asyncio.sleep(0.05)
     node.close()
     return lease.reason

@@ -20,16 +20,22 @@ from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
 from . import telemetry_recorder
-from .errors import MeshFailure, SupervisionError, describe_exit
+from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, describe_exit
 from . import placement
 from .future import Future, set_wait_hook
 from .host_agent import HostAgent
-from .messages import EVENT_ACTOR_FAULT, EVENT_EXIT, EVENT_LOG
-from .node import Node, NodeRef, current_node, set_current_node
+from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG
+from .node import Node, NodeRef, current_node, describe_peer, set_current_node
 from .supervision import run_unhandled_fault_hook
 from .tuning import tune_malloc
 
 log = logging.getLogger("hpcmesh.client")
+
+#: How long a host agent whose connection closed gets to answer a new one before its host
+#: counts as lost (a killed agent refuses at once; this bounds a host that went silent).
+AGENT_PROBE_S = 2.0
+#: The exit status a process lost with its host is reported with: nobody saw it end.
+LOST_STATUS = "exit status unknown (its host was lost)"
 
 
 @dataclass(eq=False)
@@ -50,6 +56,7 @@ class ProcRecord:
     forward_logs: bool = True
     on_failure: Callable | None = None
     owner: Any = None            # ActorInstance that spawned this process (None: the client)
+    stop_reason: str = ""        # why it ends on purpose (stopping), where not a stop()
 
 
 def _listen_addresses(node_id_unix: str) -> list[str]:
@@ -105,6 +112,10 @@ class ClientRuntime:
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
+        self.node.on_peer_closed.append(self._on_peer_closed)
+        # host agent node id -> its hello (name, host, pid): to name it once it is gone
+        self._agents: dict[str, dict] = {}
+        self._agent_checks: set = set()      # the tasks asking agents whether they live
         self.lease_grace = env_number("HPCMESH_LEASE_GRACE", 10, finite=True)
         self._print_lock = threading.Lock()
         set_current_node(self.node)
@@ -125,6 +136,8 @@ class ClientRuntime:
 
     # -- events from agents and procs -------------------------------------------------
     def _on_hello(self, node, ref: NodeRef, info: dict, conn) -> None:
+        if info.get("role") == "agent":
+            self._agents[ref.node_id] = info
         name = info.get("proc_name")
         rec = self.procs.get(name) if name else None
         if rec is not None and rec.node is None:
@@ -144,6 +157,8 @@ class ClientRuntime:
             self._on_exit(*event[1:])
         elif kind == EVENT_ACTOR_FAULT:
             self.report_failure(self.owners.get(event[1]), event[2])
+        elif kind == EVENT_AGENT_EXIT:
+            self._on_agent_exit(*event[1:])
 
     def _print_log(self, name: str, stream: str, lines: list[str]) -> None:
         rec = self.procs.get(name)
@@ -162,15 +177,13 @@ class ClientRuntime:
 
     def _on_exit(self, name: str, pid: int, returncode: int | None, host: str) -> None:
         rec = self.procs.get(name)
-        if rec is None:
+        if rec is None or rec.failure is not None:     # (lost with its host already)
             return
         status = describe_exit(returncode)
         self._record_exit(rec, pid, host, status)
         if rec.stopping:
             if rec.node is not None:
-                self.node.fail_peer(rec.node.node_id, SupervisionError(
-                    f"process {rec.label} of mesh {rec.mesh_name} was stopped",
-                    rec.mesh_name, rec.point, host, pid, status))
+                self.node.fail_peer(rec.node.node_id, self._stopped(rec, host, pid, status))
             return
         where = f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} (pid {pid})"
         if rec.node is None:
@@ -179,18 +192,109 @@ class ClientRuntime:
                 f"{where} exited before it connected back ({status})" +
                 (f"; last stderr lines:\n{tail}" if tail else ""),
                 rec.mesh_name, rec.point, host, pid, status)
-            rec.failure = exc
-            rec.ready.set_exception(exc)
         else:
             exc = SupervisionError(f"{where} died: {status}", rec.mesh_name, rec.point, host,
                                    pid, status)
-            rec.failure = exc
-            self.node.fail_peer(rec.node.node_id, exc)
+        self._fail(rec, exc)
         if rec.owner is not None or rec.node is not None:
             # one that never connected fails the spawn: whoever waits for it is told
             self.report_failure(rec.owner, MeshFailure(rec.mesh_name, exc, rec.point))
+
+    def _fail(self, rec: ProcRecord, exc: SupervisionError) -> None:
+        """``rec``'s process failed: it is gone for good, and what waits on it fails."""
+        rec.failure = exc
+        self._fail_waiters(rec, exc)
         if rec.on_failure is not None:
             rec.on_failure(rec, exc)
+
+    def _fail_waiters(self, rec: ProcRecord, exc: SupervisionError) -> None:
+        """What waits on ``rec``'s process fails with ``exc`` now: its start, if it never
+        connected; else every call pending on it."""
+        if rec.node is None:
+            rec.ready.set_exception(exc)
+        else:
+            self.node.fail_peer(rec.node.node_id, exc)
+
+    @staticmethod
+    def _stopped(rec: ProcRecord, host: str, pid: int | None, status: str,
+                 reason: str = "") -> SupervisionError:
+        """What calls to a process that ended on purpose raise."""
+        why = f": {rec.stop_reason}" if rec.stop_reason else ""
+        return SupervisionError(f"process {rec.label} of mesh {rec.mesh_name} was stopped{why}",
+                                rec.mesh_name, rec.point, host, pid, status, reason)
+
+    # -- host agents that end ---------------------------------------------------------
+    def _live_on(self, agent_id: str) -> list[ProcRecord]:
+        """The processes started through agent ``agent_id`` that nobody stopped and that
+        have not failed."""
+        return [r for r in self.procs.values() if r.agent.node_id == agent_id
+                and not r.stopping and r.failure is None]
+
+    def _on_agent_exit(self, agent_id: str, host: str, reason: str) -> None:
+        """An agent says it is ending on purpose (a stop signal, its lease, its HostMesh's
+        shutdown) and takes its processes: their end is no lost host, and no failure to
+        supervise (the job's lifecycle, SPEC §12); calls to them fail now, saying why."""
+        for rec in self._live_on(agent_id):
+            rec.stopping = True
+            rec.stop_reason = f"its host agent on {host} exited ({reason})"
+            self._fail_waiters(rec, self._stopped(
+                rec, host, rec.pid, f"killed by its host agent ({reason})", AGENT_EXITED))
+
+    def _on_peer_closed(self, node, peer_id: str, exc: BaseException | None) -> None:
+        """The last connection to a peer closed. If it is an agent with live processes of
+        ours, ask it for a new one: an agent that does not answer is gone, and so is its
+        host, as far as its processes go (SPEC §3)."""
+        if self._closing or node.closed or peer_id == node.node_id:
+            return
+        recs = self._live_on(peer_id)
+        if recs:
+            task = node.loop.create_task(self._check_agent(recs[0].agent, exc))
+            self._agent_checks.add(task)         # (the loop keeps only a weak reference)
+            task.add_done_callback(self._agent_checks.discard)
+
+    async def _check_agent(self, agent: NodeRef, closed: BaseException | None) -> None:
+        try:
+            await self.node.connect_first(agent.addresses, expect=agent.node_id,
+                                          timeout=AGENT_PROBE_S)
+            return              # alive: it was the connection, now replaced
+        except Exception as e:  # noqa: BLE001 - whatever it was, the agent cannot be reached
+            why = str(e) or type(e).__name__
+        if not self._closing:
+            self._host_lost(agent.node_id, f"its connection closed ({closed or 'closed'}) "
+                            f"and it did not answer a new one ({why})")
+
+    def _host_lost(self, agent_id: str, why: str) -> None:
+        """Agent ``agent_id`` is gone: its processes are lost with it (they end by
+        themselves, their parent gone). Every call pending on each fails now; each owner is
+        told once per mesh (its ``__supervise__``, else ``unhandled_fault_hook``)."""
+        recs = self._live_on(agent_id)
+        if not recs:
+            return
+        info = self._agents.get(agent_id)
+        host = recs[0].host or (info or {}).get("host", "?")
+        agent = f"its host agent {describe_peer(agent_id, info)} is gone: {why}"
+        log.info("host %s lost: %s", host, agent)
+        def pid(rec: ProcRecord) -> str:
+            return f"pid {rec.pid}" if rec.pid is not None else "not started yet"
+        meshes: dict[tuple, list[ProcRecord]] = {}
+        for rec in recs:
+            exc = SupervisionError(
+                f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} ({pid(rec)}) "
+                f"was lost with its host: {agent}", rec.mesh_name, rec.point, host, rec.pid,
+                LOST_STATUS, HOST_LOST)
+            self._record_exit(rec, rec.pid, host, LOST_STATUS)
+            self._fail(rec, exc)
+            meshes.setdefault((rec.mesh_name, id(rec.owner)), []).append(rec)
+        for (mesh, _), lost in meshes.items():
+            owner = lost[0].owner
+            if owner is None and all(r.node is None for r in lost):
+                continue      # none had connected: the failed spawn tells whoever waits
+            which = ", ".join(f"{r.label} ({pid(r)})" for r in lost)
+            error = SupervisionError(
+                f"host {host} of mesh {mesh!r} was lost, and its {len(lost)} process(es) "
+                f"of the mesh with it ({which}): {agent}", mesh, None, host, None,
+                LOST_STATUS, HOST_LOST)
+            self.report_failure(owner, MeshFailure(mesh, error))
 
     def _record_exit(self, rec: ProcRecord, pid: int, host: str, status: str) -> None:
         """The telemetry of a process's end: its own row, and one per actor it hosted

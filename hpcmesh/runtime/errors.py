@@ -27,18 +27,26 @@ class ActorError(HpcmeshError):
         return text
 
 
+#: ``SupervisionError.reason``, ``MeshFailure.reason``: why, as a word a classifier of
+#: failures reads (SPEC §12: every failure carries a class); "" where nobody said.
+HOST_LOST = "host lost"           # its host agent is gone (killed, its node down or cut off)
+AGENT_EXITED = "agent exited"     # its host agent ended on purpose and took its processes
+
+
 class SupervisionError(HpcmeshError):
-    """A process (or the connection to it) died; pending work addressed to it fails with this."""
+    """A process (or the connection to it) died; pending work addressed to it fails with this.
+    ``reason``: one of the words above, for whoever sorts failures by cause."""
 
     def __init__(self, message: str, mesh: str = "", point=None, host: str = "",
-                 pid: int | None = None, exit_status: str = ""):
+                 pid: int | None = None, exit_status: str = "", reason: str = ""):
         self.mesh = mesh
         self.point = point
         self.host = host
         self.pid = pid
         self.exit_status = exit_status
         self.message = message
-        super().__init__(message, mesh, point, host, pid, exit_status)
+        self.reason = reason
+        super().__init__(message, mesh, point, host, pid, exit_status, reason)
 
     def __str__(self) -> str:
         return self.message
@@ -98,6 +106,11 @@ class MeshFailure:
     def exit_status(self) -> str:
         return self.error.exit_status
 
+    @property
+    def reason(self) -> str:
+        """Why, as a classifier reads it (``HOST_LOST``, ...; "" where not known)."""
+        return self.error.reason
+
     def report(self) -> str:
         """What failed and why, for a person to read."""
         return self.error.message
@@ -125,4 +138,4 @@ def call_failed(endpoint_name: str, fault: SupervisionError) -> SupervisionError
     """A call to an actor that has failed: Monarch's wording, naming the call first."""
     return SupervisionError(f"Endpoint call {fault.mesh}.{endpoint_name}() failed, "
                             f"{fault.message}", fault.mesh, fault.point, fault.host, fault.pid,
-                            fault.exit_status)
+                            fault.exit_status, fault.reason)

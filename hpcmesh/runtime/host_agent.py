@@ -27,7 +27,7 @@ from . import placement
 from .errors import describe_exit
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env
 from .introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
-from .messages import EVENT_EXIT, EVENT_LOG, deliver_msg
+from .messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, deliver_msg
 from .node import Node, NodeRef, PortRef
 from .zygote import ZygoteClient, ZygoteProcess
 
@@ -427,8 +427,24 @@ class HostAgent:
             except OSError:
                 pass
 
-    def kill_all(self) -> None:
-        """Synchronously SIGKILL every child and the fork server (used at exit)."""
+    def announce_exit(self, reason: str) -> None:
+        """Tell each controller with processes here that this agent is ending (a stop
+        signal, its lease, its HostMesh's shutdown) and takes them along. An agent that
+        just vanishes says nothing: its controllers count its host as lost."""
+        ports = {p.events for p in self.procs.values() if p.events is not None}
+        for port in ports:
+            try:
+                self.node.send(port.node, deliver_msg(port.port_id, (
+                    EVENT_AGENT_EXIT, self.node.node_id, self.hostname, reason)))
+            except Exception:  # noqa: BLE001 - that controller is gone already
+                pass
+
+    def kill_all(self, reason: str | None = None) -> None:
+        """Synchronously SIGKILL every child and the fork server (used at exit). With a
+        ``reason``, whoever asked for those processes is told first that this agent ends
+        on purpose, and why: their end is then no lost host (see ``announce_exit``)."""
+        if reason is not None:
+            self.announce_exit(reason)
         for p in list(self.procs.values()):
             if p.popen.poll() is None:
                 self._kill(p, signal.SIGKILL)

@@ -66,6 +66,32 @@ class PortRef:
 EVENT_LOG = "log"                          # (LOG, proc_name, stream, [lines])
 EVENT_EXIT = "exit"                        # (EXIT, proc_name, pid, returncode, hostname)
 EVENT_ACTOR_FAULT = "actor_fault"          # (ACTOR_FAULT, actor_id, MeshFailure)
+EVENT_AGENT_EXIT = "agent_exit"            # (AGENT_EXIT, agent_node_id, hostname, reason)
+
+
+#: Each kind's name and how many fields its messages have, the code included.
+_FIELDS = {MSG_HELLO: ("hello", 4), MSG_CALL: ("call", 7), MSG_DELIVER: ("deliver", 3),
+           MSG_RPC: ("rpc", 4), MSG_FAIL: ("fail", 3), MSG_RESULT: ("result", 3)}
+
+
+def layout_problem(msg: tuple) -> str | None:
+    """What breaks the layout of a message a peer sent, None if nothing does. Not checked
+    on the way in (every message would pay for it): asked once handling one has raised, to
+    tell a malformed message (the peer's doing) from a bug in its handler (this side's)."""
+    kind = msg[0]
+    if type(kind) is not int or kind not in _FIELDS:
+        return f"a message of unknown kind {kind!r}"
+    name, fields = _FIELDS[kind]
+    if len(msg) != fields:
+        return f"a {name} message of {len(msg)} fields, not {fields}"
+    expected = {MSG_CALL: (str, str, object, (int, type(None)), int, (tuple, type(None))),
+                MSG_DELIVER: (int, object), MSG_FAIL: (int, BaseException),
+                MSG_RESULT: (int, (bytes, bytearray)),
+                MSG_RPC: (str, tuple, (PortRef, type(None)))}.get(kind, ())
+    for i, (value, types) in enumerate(zip(msg[1:], expected), 1):
+        if not isinstance(value, types):
+            return f"field {i} of a {name} message is a {type(value).__name__}"
+    return None
 
 
 def hello_msg(node_id: str, addresses: tuple[str, ...], info: dict) -> tuple:

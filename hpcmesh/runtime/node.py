@@ -39,7 +39,8 @@ from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_D
                        MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
                        BatchShare, MessageNotReceived, ReplyNotSent,
                        call_msg, deliver_msg, describe_exception,
-                       encode_result, fail_msg, frozen_size, hello_msg, rpc_msg)
+                       encode_result, fail_msg, frozen_size, hello_msg, layout_problem,
+                       rpc_msg)
 
 log = logging.getLogger("hpcmesh.runtime")
 
@@ -566,7 +567,7 @@ class Node:
                     msgs = serialization.loads_batch(fr.meta, fr.count)
             except Exception as e:  # noqa: BLE001
                 log.warning("closing connection from %s: undecodable message (%s: %s)",
-                            conn.peer, type(e).__name__, e)
+                            self._conn_name(conn), type(e).__name__, e)
                 conn.close(e)
                 return
             origin = conn.info.get("peer_id")
@@ -577,7 +578,7 @@ class Node:
             for msg in msgs:
                 if type(msg) is not tuple or not msg:
                     log.warning("closing connection from %s: not a protocol message (%s)",
-                                conn.peer, type(msg).__name__)
+                                self._conn_name(conn), type(msg).__name__)
                     conn.close(ConnectionClosed(f"{conn.peer} sent a malformed message"))
                     return
                 if msg[0] == MSG_HELLO:
@@ -590,8 +591,17 @@ class Node:
                     continue
                 try:
                     self._dispatch(msg, origin, buffers)
-                except Exception:  # noqa: BLE001 - a bad message must not kill the node
-                    log.exception("error handling a message from %s", conn.peer)
+                except Exception as e:  # noqa: BLE001 - a bad message must not kill the node
+                    problem = layout_problem(msg)
+                    if problem is None:         # a well-formed message: a bug here
+                        log.exception("error handling a message from %s", self._conn_name(conn))
+                        continue
+                    # the peer's doing (SPEC §7: a malformed frame closes that connection
+                    # only): one line naming it, no traceback of this side's code
+                    log.warning("closing connection from %s: malformed message (%s; %s)",
+                                self._conn_name(conn), problem, describe_exception(e))
+                    conn.close(ConnectionClosed(f"{conn.peer} sent a malformed message"))
+                    return
 
     def _fail_dropped(self, conn: Connection, fr) -> bool:
         """A frame whose buffer could not be allocated here (the decoder read past it): fail
@@ -686,6 +696,13 @@ class Node:
             self._handle_rpc(msg)
         else:
             log.warning("unknown message kind %r", kind)
+
+    @staticmethod
+    def _conn_name(conn: Connection) -> str:
+        """The peer of ``conn`` for a log line: as its hello named it (name, host, pid), else
+        the other end of its socket."""
+        peer_id = conn.info.get("peer_id")
+        return describe_peer(peer_id, conn.info.get("peer_info")) if peer_id else conn.peer
 
     def _peer_name(self, node_id: str | None) -> str:
         """``name (host, pid N)`` of a peer from its hello, for messages a user reads."""
@@ -833,8 +850,8 @@ class Node:
                 self._flush_backlog(p)
                 return
         p.conn = None
-        # named by what the peer said in its hello (name, host, pid): conn.peer is only a
-        # socket address, on an accepted connection this node's own
+        # named by what the peer said in its hello (name, host, pid); conn.peer is only the
+        # other end of the socket (an address, or a Unix peer's pid and uid)
         reason = SupervisionError(f"connection to {describe_peer(peer_id, conn.info.get('peer_info'))}"
                                   f" lost: {exc or 'closed'}")
         for cb in list(self.on_peer_closed):

@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import socket
+import struct
 import threading
 from collections import deque
 from typing import TYPE_CHECKING, Callable
@@ -602,6 +603,21 @@ def inherited_listener(fd: int, address: str) -> socket.socket:
     return sock
 
 
+def accepted_peer_name(sock: socket.socket, peer) -> str:
+    """Who is at the other end of an accepted connection, as the log and errors name it:
+    a TCP peer's address and port; for a Unix socket (whose peer address is empty) the
+    process the kernel says connected, by pid and uid (SO_PEERCRED). On a shared login
+    node that is what tells another user's process from one of the job's."""
+    if isinstance(peer, tuple):
+        return f"{peer[0]}:{peer[1]}"
+    try:
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (AttributeError, OSError, struct.error):      # not Linux, or not a Unix socket
+        return peer or "a local process (its pid and uid unknown)"
+    return f"local process (pid {pid}, uid {uid})"
+
+
 class Listener:
     """Accepts connections, authenticates them, and hands them to ``on_accept``."""
 
@@ -749,7 +765,7 @@ class Listener:
             self.loop.add_reader(self.sock.fileno(), self._on_readable)
 
     async def _authenticate(self, sock: socket.socket, peer) -> None:
-        name = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else (peer or str(self.address))
+        name = accepted_peer_name(sock, peer)
         me = asyncio.current_task()
         self._started.add(me)
         deadline = self.loop.time() + HANDSHAKE_TIMEOUT     # one budget for sniff + handshake

@@ -136,6 +136,7 @@ class TelemetryService:
         self.query_server.close()
         if self.dashboard is not None:
             self.dashboard.close()
+        self.engine.close()
 
     # -- the dashboard's document ----------------------------------------------------
     def _job(self) -> Any:

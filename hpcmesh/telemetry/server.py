@@ -4,8 +4,10 @@
 set) starts one per controller process and returns the ``JobState`` fields:
 ``query_engine`` (in-process), ``query_engine_client`` (HTTP), ``telemetry_url`` (``POST
 /api/query`` with ``{"sql": ...}`` answers Arrow IPC; ``GET /api/tables`` the schema) and,
-with ``include_dashboard``, ``dashboard_url``. Both servers bind to loopback and need the
-job's token, as the admin view does (``admin/token_http.py``).
+with ``include_dashboard``, ``dashboard_url``. Both servers bind to loopback and need a
+token, as the admin view does (``admin/token_http.py``); the dashboard has a token of its
+own, so that a URL shown on a screen or shared reads the dashboard and nothing else (its
+server answers GET only, and its token opens neither the SQL service nor the admin view).
 """
 
 from __future__ import annotations
@@ -103,15 +105,14 @@ class TelemetryService:
         self.collector.start()
 
     def _dashboard_server(self, port: int) -> TokenServer:
-        token = self.query_server.token     # one job, one token
+        # a token of its own (TokenServer makes one): the dashboard's URL is shown to
+        # people, and must not open the SQL service
         try:
-            srv = TokenServer(_DashboardHandler, f"127.0.0.1:{port}", token=token,
-                              name="hpcmesh-dashboard")
+            srv = TokenServer(_DashboardHandler, f"127.0.0.1:{port}", name="hpcmesh-dashboard")
         except OSError as e:
             if e.errno != errno.EADDRINUSE or port == 0:
                 raise
-            srv = TokenServer(_DashboardHandler, "127.0.0.1:0", token=token,
-                              name="hpcmesh-dashboard")
+            srv = TokenServer(_DashboardHandler, "127.0.0.1:0", name="hpcmesh-dashboard")
             log.warning("dashboard_port %d is in use; the dashboard is on port %d instead",
                         port, srv.server_address[1])
         srv.service = self

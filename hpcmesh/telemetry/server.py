@@ -16,6 +16,7 @@ import atexit
 import errno
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -58,16 +59,47 @@ class _QueryHandler(TokenHandler):
         if path != "/api/query":
             return 404, {"error": f"no endpoint {path!r}; POST to /api/query"}
         try:
-            sql = json.loads(body or b"{}").get("sql")
-        except (ValueError, AttributeError):
-            sql = None
-        if not isinstance(sql, str):
-            return 400, {"error": 'the body must be JSON like {"sql": "SELECT ..."}'}
+            sql = query_body(body)
+        except ValueError as e:
+            return 400, {"error": str(e)}
         try:
             table = self.server.service.engine.query(sql)
         except TelemetryQueryError as e:
             return 400, {"error": str(e)}
         return 200, _arrow_ipc(table), ARROW_STREAM
+
+
+def query_body(body: bytes) -> str:
+    """The SQL of a ``POST /api/query`` body, which must be ``{"sql": "<text>"}``: anything
+    else (not JSON, nested past Python's recursion limit, a number JSON cannot hold such as
+    ``1e400`` or ``NaN``, another field) is a ``ValueError`` saying what is wrong."""
+    def finite(text: str) -> float:
+        value = float(text)
+        if math.isinf(value):
+            raise ValueError(f"the number {text[:40]} is too large for a JSON number")
+        return value
+
+    def constant(name: str) -> float:
+        raise ValueError(f"{name} is not a JSON number")
+    shape = 'the body must be JSON like {"sql": "SELECT ..."}'
+    try:
+        doc = json.loads(body or b"", parse_float=finite, parse_constant=constant)
+    except RecursionError:
+        raise ValueError(f"{shape}; this one is nested too deeply") from None
+    except ValueError as e:      # also a body that is not UTF-8
+        raise ValueError(f"{shape}; this one is not: {e}") from None
+    if not isinstance(doc, dict):
+        kind = {list: "an array", str: "a string", bool: "true or false",
+                type(None): "null"}.get(type(doc), "a number")
+        raise ValueError(f"{shape}; this one is {kind}")
+    if not isinstance(doc.get("sql"), str):
+        raise ValueError(f"{shape}; its \"sql\" is " + (
+            "missing" if "sql" not in doc else f"not a string: {json.dumps(doc['sql'])[:40]}"))
+    extra = sorted(set(doc) - {"sql"})
+    if extra:
+        raise ValueError(f"{shape}: \"sql\" is its only field, not "
+                         f"{', '.join(map(repr, extra))}")
+    return doc["sql"]
 
 
 class _DashboardHandler(TokenHandler):

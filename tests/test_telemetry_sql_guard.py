@@ -215,14 +215,16 @@ def test_a_holder_of_the_query_url_reads_and_cannot_write_or_change_anything(
 
 
 def test_the_in_process_engine_is_read_only_too(tmp_path):
-    from hpcmesh.telemetry.engine import QueryEngine, QueryLimits
-    engine = QueryEngine(TelemetryStore(), limits=QueryLimits(timeout_s=30))
+    from hpcmesh.telemetry.engine import QueryEngine
+    engine = QueryEngine(TelemetryStore())
     try:
         target = tmp_path / "out.csv"
-        with pytest.raises(TelemetryQueryError, match=r"refused: COPY \.\.\. TO is a "
-                                                      r"statement that writes files"):
-            engine.query(f"COPY (SELECT 1 AS x) TO '{target}' STORED AS CSV")
-        assert not target.exists()
+        try:
+            with pytest.raises(TelemetryQueryError, match=r"refused: COPY \.\.\. TO is a "
+                                                          r"statement that writes files"):
+                engine.query(f"COPY (SELECT 1 AS x) TO '{target}' STORED AS CSV")
+        finally:
+            assert not target.exists(), "COPY ... TO wrote a file"
         with pytest.raises(TelemetryQueryError, match="refused: BEGIN TRANSACTION is not a "
                                                       "query"):
             engine.query("BEGIN TRANSACTION")

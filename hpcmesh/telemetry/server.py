@@ -4,8 +4,10 @@
 set) starts one per controller process and returns the ``JobState`` fields:
 ``query_engine`` (in-process), ``query_engine_client`` (HTTP), ``telemetry_url`` (``POST
 /api/query`` with ``{"sql": ...}`` answers Arrow IPC; ``GET /api/tables`` the schema) and,
-with ``include_dashboard``, ``dashboard_url``. Both servers bind to loopback and need the
-job's token, as the admin view does (``admin/token_http.py``).
+with ``include_dashboard``, ``dashboard_url``. Both servers bind to loopback and need a
+token, as the admin view does (``admin/token_http.py``); the dashboard has a token of its
+own, so that a URL shown on a screen or shared reads the dashboard and nothing else (its
+server answers GET only, and its token opens neither the SQL service nor the admin view).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import atexit
 import errno
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -56,16 +59,47 @@ class _QueryHandler(TokenHandler):
         if path != "/api/query":
             return 404, {"error": f"no endpoint {path!r}; POST to /api/query"}
         try:
-            sql = json.loads(body or b"{}").get("sql")
-        except (ValueError, AttributeError):
-            sql = None
-        if not isinstance(sql, str):
-            return 400, {"error": 'the body must be JSON like {"sql": "SELECT ..."}'}
+            sql = query_body(body)
+        except ValueError as e:
+            return 400, {"error": str(e)}
         try:
             table = self.server.service.engine.query(sql)
         except TelemetryQueryError as e:
             return 400, {"error": str(e)}
         return 200, _arrow_ipc(table), ARROW_STREAM
+
+
+def query_body(body: bytes) -> str:
+    """The SQL of a ``POST /api/query`` body, which must be ``{"sql": "<text>"}``: anything
+    else (not JSON, nested past Python's recursion limit, a number JSON cannot hold such as
+    ``1e400`` or ``NaN``, another field) is a ``ValueError`` saying what is wrong."""
+    def finite(text: str) -> float:
+        value = float(text)
+        if math.isinf(value):
+            raise ValueError(f"the number {text[:40]} is too large for a JSON number")
+        return value
+
+    def constant(name: str) -> float:
+        raise ValueError(f"{name} is not a JSON number")
+    shape = 'the body must be JSON like {"sql": "SELECT ..."}'
+    try:
+        doc = json.loads(body or b"", parse_float=finite, parse_constant=constant)
+    except RecursionError:
+        raise ValueError(f"{shape}; this one is nested too deeply") from None
+    except ValueError as e:      # also a body that is not UTF-8
+        raise ValueError(f"{shape}; this one is not: {e}") from None
+    if not isinstance(doc, dict):
+        kind = {list: "an array", str: "a string", bool: "true or false",
+                type(None): "null"}.get(type(doc), "a number")
+        raise ValueError(f"{shape}; this one is {kind}")
+    if not isinstance(doc.get("sql"), str):
+        raise ValueError(f"{shape}; its \"sql\" is " + (
+            "missing" if "sql" not in doc else f"not a string: {json.dumps(doc['sql'])[:40]}"))
+    extra = sorted(set(doc) - {"sql"})
+    if extra:
+        raise ValueError(f"{shape}: \"sql\" is its only field, not "
+                         f"{', '.join(map(repr, extra))}")
+    return doc["sql"]
 
 
 class _DashboardHandler(TokenHandler):
@@ -103,15 +137,14 @@ class TelemetryService:
         self.collector.start()
 
     def _dashboard_server(self, port: int) -> TokenServer:
-        token = self.query_server.token     # one job, one token
+        # a token of its own (TokenServer makes one): the dashboard's URL is shown to
+        # people, and must not open the SQL service
         try:
-            srv = TokenServer(_DashboardHandler, f"127.0.0.1:{port}", token=token,
-                              name="hpcmesh-dashboard")
+            srv = TokenServer(_DashboardHandler, f"127.0.0.1:{port}", name="hpcmesh-dashboard")
         except OSError as e:
             if e.errno != errno.EADDRINUSE or port == 0:
                 raise
-            srv = TokenServer(_DashboardHandler, "127.0.0.1:0", token=token,
-                              name="hpcmesh-dashboard")
+            srv = TokenServer(_DashboardHandler, "127.0.0.1:0", name="hpcmesh-dashboard")
             log.warning("dashboard_port %d is in use; the dashboard is on port %d instead",
                         port, srv.server_address[1])
         srv.service = self
@@ -136,6 +169,7 @@ class TelemetryService:
         self.query_server.close()
         if self.dashboard is not None:
             self.dashboard.close()
+        self.engine.close()
 
     # -- the dashboard's document ----------------------------------------------------
     def _job(self) -> Any:

@@ -32,6 +32,8 @@ import threading
 import time
 from typing import Any, Sequence
 
+from ..errors import HpcmeshError
+
 #: A worker that got no query for this long is stopped (the next query starts another).
 IDLE_EXIT_S = 60.0
 #: DataFusion's partitions per query: one core of a shared login node per query, and a
@@ -49,7 +51,7 @@ _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from hpcmesh.telemetry.query_worker import main; main(int(sys.argv[2]))")
 
 
-class WorkerError(Exception):
+class WorkerError(HpcmeshError, RuntimeError):
     """A query the worker did not answer: ``kind`` (failed, panic, rows, bytes, timeout,
     memory, crashed, busy) and what DataFusion or the worker said."""
 

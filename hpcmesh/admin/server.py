@@ -1,4 +1,4 @@
-"""The admin HTTP server on the controller (standard library only: ``ThreadingHTTPServer``).
+"""The admin HTTP server on the controller (standard library only: ``token_http``).
 
 ``GET /api/tree`` and ``GET /api/stack/<process>``, each behind the job's token: a login
 node is shared, so the server binds to loopback unless told otherwise and every request
@@ -144,9 +144,12 @@ class _Handler(TokenHandler):
             return 405, {"error": "the admin view is read-only but for POST /api/debug/<process>"}
         try:
             doc = json.loads(body or b"{}")
-            session, line = int(doc["session"]), doc.get("line")
-        except (ValueError, KeyError, TypeError):
-            return 400, {"error": 'the body must be JSON like {"session": 1, "line": "p x"}'}
+            session, line = doc["session"], doc.get("line")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            session = line = None
+        if type(session) is not int:        # (not 1e400, true, "1"; the session's number)
+            return 400, {"error": 'the body must be JSON like {"session": 1, "line": "p x"}, '
+                                  'session a whole number'}
         if line is not None and not isinstance(line, str):
             return 400, {"error": "line must be a string or null"}
         return 200, send_to(self.server.runtime, unquote(path[len("/api/debug/"):]), session,

@@ -21,7 +21,7 @@ from ..runtime.introspect import (ADMIN_URL_VARS, PYSPY_NATIVE_TIMEOUT_S, PYSPY_
                                   PySpyError)
 from .config import MeshAdminConfig
 from .debug import send_to, sessions_of
-from .token_http import TokenHandler, TokenServer, endpoint_url
+from .token_http import TokenHandler, TokenServer, endpoint_url, redacted
 from .tree import build_tree, process_status
 
 log = logging.getLogger("hpcmesh.admin")
@@ -178,7 +178,8 @@ def start_admin(config: MeshAdminConfig | None = None) -> str:
             _server = None
         if _server is None:
             _server = AdminServer(rt, config.admin_addr)
-            log.info("admin view at %s", admin_endpoint(_server.url, "/api/tree"))
+            # (the token elided: the URL with it is state().admin_url and $HPCMESH_ADMIN_URL)
+            log.info("admin view at %s", redacted(admin_endpoint(_server.url, "/api/tree")))
         for var in URL_VARS:
             os.environ[var] = _server.url
         return _server.url

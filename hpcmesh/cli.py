@@ -490,32 +490,30 @@ def cmd_worker(args) -> int:
     return exit_status(reason)
 
 
-def _service_urls(url: str | None) -> tuple[str, str | None]:
-    """(admin URL, telemetry URL or None) of the running job: ``url``, the environment, or
-    what the job's client wrote beside the context's job state."""
-    from .admin.top import read_services_file
+def _service_urls(args) -> tuple[str, str | None]:
+    """(admin URL, telemetry URL or None) of the running job for ``hpcmesh debug``/``top``:
+    from ``--url-file``, the environment, or the services file beside the context's job
+    state (``admin/services.py``). Not from the command line: ``ps`` shows it to every
+    user, and the admin URL's token opens a pdb prompt in the job's processes. One given
+    there anyway is refused rather than used with a warning: by then it has been visible,
+    and a habit (a script, the shell's history) would go on showing it."""
+    from .admin.services import ServiceURLError, find_urls
     from .job.base import context_state_path
-    admin_url, telemetry_url = url, os.environ.get("HPCMESH_TELEMETRY_URL")
-    if not admin_url:
-        admin_url = os.environ.get("HPCMESH_ADMIN_URL") or os.environ.get("MONARCH_ADMIN_URL")
-    if not admin_url:
-        folder = os.path.dirname(context_state_path())
-        try:
-            urls = read_services_file(folder)
-        except (OSError, ValueError):
-            urls = {}
-        admin_url = urls.get("admin_url")
-        telemetry_url = telemetry_url or urls.get("telemetry_url")
-        if not admin_url:
-            raise UsageError(f"no admin URL: pass one, set HPCMESH_ADMIN_URL, or call "
-                             f"job.enable_admin() in the job's client (it writes the URL to "
-                             f"{folder}/services.json)")
-    return admin_url, telemetry_url
+    if args.url:
+        raise UsageError(f"hpcmesh {args.command} takes no URL on its command line: every "
+                         f"user of this host sees command lines (ps), and the URL carries "
+                         f"the job's token. Leave it out (the job's client wrote it beside "
+                         f"the job state), or pass it with --url-file PATH (a file of mode "
+                         f"0600), --url-file - (standard input) or $HPCMESH_ADMIN_URL")
+    try:
+        return find_urls(args.url_file, os.path.dirname(context_state_path()))
+    except (ServiceURLError, OSError) as e:
+        raise UsageError(str(e)) from None
 
 
 def cmd_debug(args) -> int:
     from .admin.debug import AdminDebugClient, attach, describe, pick
-    admin_url, _ = _service_urls(args.url)
+    admin_url, _ = _service_urls(args)
     client = AdminDebugClient(admin_url)
     sessions = client.list()
     if args.list:
@@ -537,7 +535,7 @@ def cmd_debug(args) -> int:
 
 def cmd_top(args) -> int:
     from .admin.top import build_app
-    admin_url, telemetry_url = _service_urls(args.url)
+    admin_url, telemetry_url = _service_urls(args)
     try:
         app = build_app(admin_url, telemetry_url, interval=args.interval)
     except ImportError as e:
@@ -555,6 +553,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _url_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", nargs="?", help=argparse.SUPPRESS)     # refused, with how instead
+    p.add_argument("--url-file", metavar="PATH",
+                   help="read the admin URL from PATH (your file, mode 0600: a URL line or "
+                        "a services.json), or from standard input with -; default: "
+                        "$HPCMESH_ADMIN_URL, else the context's services.json")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -652,9 +658,11 @@ def build_parser() -> argparse.ArgumentParser:
                                    "second (with telemetry) and actors, refreshed every "
                                    "second; s shows the selected process's stacks, q quits. "
                                    "The job's client must have called enable_admin(); the URL "
-                                   "comes from the argument, $HPCMESH_ADMIN_URL, or what the "
-                                   "client wrote beside the context's job state.")
-    t.add_argument("url", nargs="?", help="the admin URL (with its token)")
+                                   "(it carries the job's token) comes from --url-file, "
+                                   "$HPCMESH_ADMIN_URL, or what the client wrote beside the "
+                                   "context's job state (services.json, mode 0600), never "
+                                   "from the command line, which every user sees.")
+    _url_options(t)
     t.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     t.set_defaults(fn=cmd_top)
 
@@ -665,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "end of input continues the endpoint; other actors keep "
                                    "running meanwhile. Goes through the job's admin view "
                                    "(enable_admin()); the URL is found as for `hpcmesh top`.")
-    d.add_argument("url", nargs="?", help="the admin URL (with its token)")
+    _url_options(d)
     d.add_argument("--session", type=int, help="the session to attach to")
     d.add_argument("--list", action="store_true", help="only list the sessions")
     d.set_defaults(fn=cmd_debug)

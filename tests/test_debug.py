@@ -357,11 +357,13 @@ def test_a_loop_that_cannot_nest_skips_the_breakpoint_with_how_to_debug_it(monke
 def test_debug_with_nothing_paused_says_so():
     state = LocalJob(hosts=("hosts",)).enable_admin().state(cached_path=None)
     try:
-        res = subprocess.run([sys.executable, "-m", "hpcmesh", "debug", state.admin_url],
+        # (the URL from $HPCMESH_ADMIN_URL, which state() set)
+        assert os.environ["HPCMESH_ADMIN_URL"] == state.admin_url
+        res = subprocess.run([sys.executable, "-m", "hpcmesh", "debug"],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 1 and "no actor is paused at a breakpoint()" in res.stderr
-        res = subprocess.run([sys.executable, "-m", "hpcmesh", "debug", "--list",
-                              state.admin_url], capture_output=True, text=True, timeout=60)
+        res = subprocess.run([sys.executable, "-m", "hpcmesh", "debug", "--list"],
+                             capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and "no actor is paused" in res.stdout
     finally:
         from hpcmesh.admin.server import stop_admin

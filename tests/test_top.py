@@ -12,7 +12,8 @@ import pytest
 from ci_gate import import_or_skip
 
 from hpcmesh.actor import Actor, endpoint
-from hpcmesh.admin.top import process_rows, read_services_file
+from hpcmesh.admin.services import read_services_file
+from hpcmesh.admin.top import process_rows
 from hpcmesh.job import LocalJob
 
 

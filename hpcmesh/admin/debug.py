@@ -9,14 +9,12 @@ token), which relays the same way. :func:`attach` is the prompt loop both use.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import urllib.request
 from typing import Any, Callable, TextIO
 
 from ..runtime.client import ClientRuntime, client_runtime
-from .token_http import endpoint_url, url_token
+from .token_http import request_json
 
 #: A paused endpoint's session, as listed: process, host, pid, mesh, rank, point, session.
 Session = dict
@@ -113,20 +111,15 @@ def pick(sessions: list[Session], which: Session | int | None) -> Session:
 
 # -- through the admin view, for `hpcmesh debug` ---------------------------------------------
 class AdminDebugClient:
+    """The sessions through the admin view at ``admin_url`` (the token travels in a
+    header, not in the request line)."""
+
     def __init__(self, admin_url: str):
         self.url = admin_url
 
-    def _request(self, path: str, doc: dict | None = None, timeout: float = 60.0) -> Any:
-        req = urllib.request.Request(
-            endpoint_url(self.url, path).split("?")[0],
-            data=None if doc is None else json.dumps(doc).encode(),
-            headers={"Authorization": f"Bearer {url_token(self.url)}",
-                     "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
-
     def list(self) -> list[Session]:
-        return self._request("/api/debug")["sessions"]
+        return request_json(self.url, "/api/debug")["sessions"]
 
     def send(self, process: str, session: int, line: str | None) -> dict[str, Any]:
-        return self._request(f"/api/debug/{process}", {"session": session, "line": line})
+        return request_json(self.url, f"/api/debug/{process}",
+                            {"session": session, "line": line})

@@ -1,4 +1,4 @@
-"""The admin HTTP server on the controller (standard library only: ``ThreadingHTTPServer``).
+"""The admin HTTP server on the controller (standard library only: ``token_http``).
 
 ``GET /api/tree`` and ``GET /api/stack/<process>``, each behind the job's token: a login
 node is shared, so the server binds to loopback unless told otherwise and every request
@@ -21,7 +21,7 @@ from ..runtime.introspect import (ADMIN_URL_VARS, PYSPY_NATIVE_TIMEOUT_S, PYSPY_
                                   PySpyError)
 from .config import MeshAdminConfig
 from .debug import send_to, sessions_of
-from .token_http import TokenHandler, TokenServer, endpoint_url
+from .token_http import TokenHandler, TokenServer, endpoint_url, redacted
 from .tree import build_tree, process_status
 
 log = logging.getLogger("hpcmesh.admin")
@@ -144,9 +144,12 @@ class _Handler(TokenHandler):
             return 405, {"error": "the admin view is read-only but for POST /api/debug/<process>"}
         try:
             doc = json.loads(body or b"{}")
-            session, line = int(doc["session"]), doc.get("line")
-        except (ValueError, KeyError, TypeError):
-            return 400, {"error": 'the body must be JSON like {"session": 1, "line": "p x"}'}
+            session, line = doc["session"], doc.get("line")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            session = line = None
+        if type(session) is not int:        # (not 1e400, true, "1"; the session's number)
+            return 400, {"error": 'the body must be JSON like {"session": 1, "line": "p x"}, '
+                                  'session a whole number'}
         if line is not None and not isinstance(line, str):
             return 400, {"error": "line must be a string or null"}
         return 200, send_to(self.server.runtime, unquote(path[len("/api/debug/"):]), session,
@@ -175,7 +178,8 @@ def start_admin(config: MeshAdminConfig | None = None) -> str:
             _server = None
         if _server is None:
             _server = AdminServer(rt, config.admin_addr)
-            log.info("admin view at %s", admin_endpoint(_server.url, "/api/tree"))
+            # (the token elided: the URL with it is state().admin_url and $HPCMESH_ADMIN_URL)
+            log.info("admin view at %s", redacted(admin_endpoint(_server.url, "/api/tree")))
         for var in URL_VARS:
             os.environ[var] = _server.url
         return _server.url

@@ -5,24 +5,44 @@ on a cluster is often a shared login node: each binds to loopback unless told ot
 and every request must carry the server's token (``?token=...`` or ``Authorization:
 Bearer ...``). A request without it gets a bare 401: no body, no hint of what is served.
 The token is in the URL the job hands out (``state().admin_url`` and the like), never in
-a log (request lines are not logged).
+a log: request lines are not logged, and where a log names a URL it shows
+:func:`redacted`.
+
+Anyone on the host can connect, though, token or not. So what a connection may cost the
+controller is bounded before its token is checked: at most ``max_connections`` are served
+at once, each by its own thread; past that a connection is answered 503 at once and
+closed by the accepting thread (no thread, no wait). A request head must arrive, whole,
+within ``head_timeout`` seconds of the connection and ``max_head`` bytes (a client that
+sends it a byte at a time is cut then); once the token checks out, the body and the answer
+get ``body_timeout``. One request per connection (HTTP/1.0): none stays open idle after
+its answer. The job's own work does not go through these servers, and they take from it
+at most a bounded number of threads and file descriptors.
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
+import io
 import json
 import logging
 import secrets
 import socket
+import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from .config import parse_addr
 
 log = logging.getLogger("hpcmesh.admin")
+
+#: What stands for a token in what is shown or logged.
+ELIDED = "…"
 
 
 def endpoint_url(url: str, path: str) -> str:
@@ -36,27 +56,108 @@ def url_token(url: str) -> str:
     return (parse_qs(urlsplit(url).query).get("token") or [""])[0]
 
 
+def redacted(url: str) -> str:
+    """``url`` with its token shown as ``…``: how a log or an error names a service."""
+    parts = urlsplit(url)
+    query = "&".join(f"token={ELIDED}" if field.split("=", 1)[0] == "token" else field
+                     for field in parts.query.split("&")) if parts.query else ""
+    return urlunsplit(parts._replace(query=query))
+
+
+def request_json(url: str, path: str, doc: Any = None, *, timeout: float = 60.0,
+                 busy_for: float = 5.0) -> Any:
+    """GET ``path`` on the server of ``url`` (POST ``doc`` as JSON if given), with the token
+    in an ``Authorization`` header rather than in the request line. A 503 (the server has
+    as many connections as it serves) is asked again for up to ``busy_for`` s."""
+    parts = urlsplit(url)
+    req = urllib.request.Request(
+        urlunsplit((parts.scheme, parts.netloc, path, "", "")),
+        data=None if doc is None else json.dumps(doc).encode(),
+        headers={"Authorization": f"Bearer {url_token(url)}",
+                 "Content-Type": "application/json"})
+    give_up = time.monotonic() + busy_for
+    while True:
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or time.monotonic() > give_up:
+                raise
+            e.close()
+        time.sleep(0.2)
+
+
+class _TimedReader(io.RawIOBase):
+    """The raw stream under a handler's ``rfile``: every read ends by the connection's
+    current deadline and within its byte budget, however the client paces its bytes."""
+
+    def __init__(self, sock: socket.socket, seconds: float, budget: int, what: str):
+        self.sock = sock
+        self.limit(seconds, budget, what)
+
+    def limit(self, seconds: float, budget: int, what: str) -> None:
+        self.seconds, self.deadline = seconds, time.monotonic() + seconds
+        self.budget, self.what = budget, what
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{self.what} not in within {self.seconds:g} s")
+        if self.budget <= 0:
+            raise ConnectionAbortedError(f"{self.what} over its size limit")
+        self.sock.settimeout(left)
+        n = self.sock.recv_into(buf, min(len(buf), self.budget))
+        self.budget -= n
+        return n
+
+
 class TokenHandler(BaseHTTPRequestHandler):
     """Base of the handlers: token check, JSON and byte answers. Subclasses define
     ``get(path, query)`` and/or ``post(path, body)``, returning (status, doc) for JSON or
-    (status, bytes, content type)."""
+    (status, bytes, content type); what they raise is answered 500 with the reason."""
     server_version = "hpcmesh"
     sys_version = ""
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()      # read through the deadline instead
+        self._reader = _TimedReader(self.connection, self.server.head_timeout,
+                                    self.server.max_head, "the request head")
+        self.rfile = io.BufferedReader(self._reader)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        # the head is in: what follows (the body, once the token checked out) gets longer
+        self._reader.limit(self.server.body_timeout, self.server.max_body + 1,
+                           "the request body")
+        return ok
 
     def log_message(self, format: str, *args: Any) -> None:   # noqa: A002
         pass    # the request line holds the token: never write it to a shared log
 
-    def _authorized(self) -> bool:
+    def _target(self) -> tuple[str, dict] | None:
+        """(path, query) of the request, or None once it was answered 400."""
+        try:
+            parts = urlsplit(self.path)
+            # (blank values kept: `?source=` is a wrong value, not no value)
+            return parts.path, parse_qs(parts.query, keep_blank_values=True)
+        except ValueError:
+            self.send_doc(400, None)    # a bare 400: the token could not even be looked for
+            return None
+
+    def _authorized(self, query: dict) -> bool:
         token = self.server.token.encode()
         got = self.headers.get("Authorization", "")
         if got.startswith("Bearer ") and hmac.compare_digest(got[7:].strip().encode(), token):
             return True
-        for value in parse_qs(urlsplit(self.path).query).get("token", []):
-            if hmac.compare_digest(value.encode(), token):
-                return True
-        return False
+        return any(hmac.compare_digest(value.encode(), token)
+                   for value in query.get("token", []))
 
     def send_bytes(self, code: int, body: bytes, content_type: str | None) -> None:
+        self.connection.settimeout(self.server.body_timeout)
         self.send_response(code)
         if content_type is not None:
             self.send_header("Content-Type", content_type)
@@ -70,34 +171,37 @@ class TokenHandler(BaseHTTPRequestHandler):
         body = b"" if doc is None else json.dumps(doc, default=str).encode()
         self.send_bytes(code, body, None if doc is None else "application/json")
 
-    def _deny(self) -> bool:
-        if self._authorized():
-            return False
-        self.send_doc(401, None)
-        return True
+    def _checked(self) -> tuple[str, dict] | None:
+        """(path, query) of an authorized request; None once it was answered."""
+        target = self._target()
+        if target is not None and not self._authorized(target[1]):
+            self.send_doc(401, None)
+            return None
+        return target
 
     def _answer(self, fn, *args) -> None:
-        path = urlsplit(self.path).path
         try:
             res = fn(*args)
-        except Exception as e:  # noqa: BLE001 - a broken view must not kill the server
-            log.exception("%s %s failed", self.command, path)
-            res = (500, {"error": f"{type(e).__name__}: {e}"})
-        if len(res) == 3:
-            self.send_bytes(*res)
-        else:
-            self.send_doc(*res)
+            code, body, ctype = res if len(res) == 3 else (
+                res[0], json.dumps(res[1], default=str).encode(), "application/json")
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - pyo3's PanicException too: answer why
+            reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            log.warning("%s %s failed: %s", self.command, urlsplit(self.path).path,
+                        reason.splitlines()[0][:300])
+            log.debug("%s %s failed", self.command, urlsplit(self.path).path, exc_info=True)
+            code, body, ctype = 500, json.dumps({"error": reason}).encode(), "application/json"
+        self.send_bytes(code, body, ctype)
 
     def do_GET(self) -> None:  # noqa: N802
-        if self._deny():
-            return
-        parts = urlsplit(self.path)
-        # (blank values kept: `?source=` is a wrong value, not no value)
-        self._answer(self.get, parts.path.rstrip("/") or "/",
-                     parse_qs(parts.query, keep_blank_values=True))
+        target = self._checked()
+        if target is not None:
+            self._answer(self.get, target[0].rstrip("/") or "/", target[1])
 
     def do_POST(self) -> None:  # noqa: N802
-        if self._deny():
+        target = self._checked()
+        if target is None:
             return
         try:
             n = int(self.headers.get("Content-Length") or 0)
@@ -109,7 +213,7 @@ class TokenHandler(BaseHTTPRequestHandler):
                          f"Content-Length, is needed"})
             return
         body = self.rfile.read(n)
-        self._answer(self.post, urlsplit(self.path).path.rstrip("/"), body)
+        self._answer(self.post, target[0].rstrip("/"), body)
 
     def get(self, path: str, query: dict) -> tuple:
         return 405, {"error": "this server takes POST only"}
@@ -118,27 +222,86 @@ class TokenHandler(BaseHTTPRequestHandler):
         return 405, {"error": "this server is read-only: GET only"}
 
     def _not_allowed(self) -> None:
-        if not self._deny():
+        if self._checked() is not None:
             self.send_doc(405, {"error": "GET and POST only"})
 
     do_PUT = do_DELETE = do_PATCH = do_HEAD = _not_allowed  # noqa: N815
 
 
-class TokenServer(ThreadingHTTPServer):
+#: What a connection past the cap gets, from the accepting thread, before it is closed.
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nServer: hpcmesh\r\nRetry-After: 1\r\n"
+         b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+class TokenServer(HTTPServer):
     """``addr`` (``host:port``; None: loopback, any free port), served from a daemon
     thread; ``token``: a new one unless given (servers of one job may share one)."""
-    daemon_threads = True
+    #: Connections served at once (a thread each); past it: 503. A job's own clients (a
+    #: browser, ``hpcmesh top``, a few scripts) need a handful.
+    max_connections = 32
+    #: Seconds for a connection's whole request head, bytes it may take.
+    head_timeout = 5.0
+    max_head = 64 * 1024
+    #: Seconds for the body and for the answer once the token checked out; the body's size.
+    body_timeout = 30.0
     max_body = 1 << 20
+    #: The listen backlog: connections the kernel holds until they are accepted (and,
+    #: past the cap, answered 503) instead of dropping them.
+    request_queue_size = 128
 
     def __init__(self, handler: type[TokenHandler], addr: str | None, *,
                  token: str | None = None, name: str = "hpcmesh-http"):
         host, port = parse_addr(addr)
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self.name = name
         super().__init__((host, port), handler)
         self.addr = addr
         self.token = token or secrets.token_urlsafe(32)
         self._thread = threading.Thread(target=self.serve_forever, name=name, daemon=True)
         self._thread.start()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as e:
+            # out of descriptors (the rest of the process, or the system): the pending
+            # connection stays readable, and retrying at once would spin a core
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                time.sleep(0.1)
+            raise
+
+    def process_request(self, request: socket.socket, client_address: Any) -> None:
+        """Serve the connection from its own thread if a slot is free, else refuse it."""
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            threading.Thread(target=self._serve, args=(request, client_address),
+                             name=f"{self.name}-request", daemon=True).start()
+        except RuntimeError:        # no thread to be had
+            self._slots.release()
+            self._refuse(request)
+
+    def _serve(self, request: socket.socket, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - the client's problem (gone, too slow): its own
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self._slots.release()
+
+    def _refuse(self, request: socket.socket) -> None:
+        try:
+            request.setblocking(False)      # a new socket's buffer takes it, or it is lost
+            request.send(_BUSY)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("%s: a connection ended: %s", self.name, sys.exc_info()[1])
 
     @property
     def url(self) -> str:

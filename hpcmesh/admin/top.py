@@ -9,42 +9,16 @@ app only draws them. Keys: ``s`` the stacks of the selected process, ``q`` quit.
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
-import urllib.request
 from typing import Any
 
-from ..private_files import read_file, write_file
-from .token_http import endpoint_url
+from .token_http import request_json
 
-#: Where a controller writes its services' URLs for ``hpcmesh top`` (beside the job's cache).
-SERVICES_FILE = "services.json"
 RATE_WINDOW_S = 5
 
 STATUS_STYLE = {"running": "green", "failed": "bold red", "stopped": "dim", "starting": "yellow",
                 "stopping": "yellow", "lost": "magenta"}
-
-
-def write_services_file(folder: str, fields: dict[str, Any]) -> str:
-    """Record the URLs (they carry the token: mode 0600) for ``hpcmesh top``, in a folder
-    of this user's that nobody else can write (``private_files``)."""
-    urls = {k: v for k, v in fields.items() if k.endswith("_url") and isinstance(v, str)}
-    doc = json.dumps(dict(urls, pid=os.getpid(), written=time.time()))
-    return write_file(os.path.join(folder, SERVICES_FILE), doc.encode(),
-                      what="the services file")
-
-
-def read_services_file(folder: str) -> dict[str, Any]:
-    """What :func:`write_services_file` wrote; a file somebody else could have planted (to
-    send ``hpcmesh top`` to their server) raises ``UntrustedPathError``."""
-    return json.loads(read_file(os.path.join(folder, SERVICES_FILE),
-                                what="the services file"))
-
-
-def fetch_json(url: str, timeout: float = 10.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return json.loads(r.read())
 
 
 def process_rows(tree: dict, rates: dict[str, float] | None = None) -> list[dict]:
@@ -113,7 +87,7 @@ def build_app(admin_url: str, telemetry_url: str | None = None, interval: float 
         def refresh_tree(self) -> None:
             status = self.query_one("#status", Static)
             try:
-                tree = fetch_json(endpoint_url(admin_url, "/api/tree"))
+                tree = request_json(admin_url, "/api/tree", timeout=10, busy_for=0)
             except Exception as e:  # noqa: BLE001 - the controller may be gone: say so
                 status.update(Text(f"admin view not reachable: {e}", style="bold red"))
                 return
@@ -145,7 +119,7 @@ def build_app(admin_url: str, telemetry_url: str | None = None, interval: float 
             name = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
             out = self.query_one("#stacktext", Static)
             try:
-                doc = fetch_json(endpoint_url(admin_url, f"/api/stack/{name}"), timeout=15)
+                doc = request_json(admin_url, f"/api/stack/{name}", timeout=15)
                 out.update(Text(f"{name} (pid {doc.get('pid')}, from the "
                                 f"{doc.get('source')}):\n\n{doc.get('text', '')}"))
             except urllib.error.HTTPError as e:

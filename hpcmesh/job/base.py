@@ -67,7 +67,8 @@ class JobState:
         return list(self._meshes)
 
     def __repr__(self) -> str:
-        extra = "".join(f", {k}={getattr(self, k)!r}" for k in
+        from ..admin.token_http import redacted     # a repr ends up in logs: no token
+        extra = "".join(f", {k}={redacted(getattr(self, k))!r}" for k in
                         ("telemetry_url", "dashboard_url", "admin_url") if getattr(self, k))
         return f"JobState({', '.join(f'{k}={v!r}' for k, v in self._meshes.items())}{extra})"
 
@@ -206,7 +207,7 @@ class JobTrait(ABC):
             from ..admin.server import start_admin
             fields["admin_url"] = start_admin(config)
         if fields and cached_path:      # for `hpcmesh top` in another terminal
-            from ..admin.top import write_services_file
+            from ..admin.services import write_services_file
             write_services_file(os.path.dirname(os.path.realpath(cached_path)), fields)
         return fields
 

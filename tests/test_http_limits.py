@@ -1,0 +1,351 @@
+"""The controller's HTTP services (admin view, telemetry, dashboard) under a flood from
+another user of the login node, and their answers to requests that break a handler.
+
+The attacker is a second local account (``other_user``): it cannot authenticate, but it can
+open connections to any port on loopback. The servers must bound what that costs the
+controller (threads, file descriptors), cut a request head that dribbles in, answer 503
+past their cap, and leave the job's own work running meanwhile.
+"""
+
+import json
+import os
+import queue
+import resource
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+import pytest
+from other_user import SYSTEM_PYTHON
+
+from hpcmesh.actor import Actor, endpoint
+from hpcmesh.admin.server import admin_endpoint
+from hpcmesh.admin.token_http import TokenHandler, TokenServer
+from hpcmesh.job import LocalJob
+
+#: What the servers promise (with the old server's lack of them as defaults, so that this
+#: test runs, and fails, on a server without limits).
+CAP = getattr(TokenServer, "max_connections", 64)
+HEAD_TIMEOUT_S = getattr(TokenServer, "head_timeout", 5.0)
+MAX_HEAD = getattr(TokenServer, "max_head", 64 * 1024)
+
+#: The attacker: ``ports``, idle connections, slow ones per port. It opens the slow ones
+#: first (so that they are admitted), sending a request head a byte at a time, then the
+#: idle ones (waiting until they are connected), and keeps that many open (redialling
+#: those the server closes, 500 a second) until its stdin closes. It prints ``ready``,
+#: then ``cut <port> <seconds>`` for each slow connection the server ends, and at the end
+#: a JSON summary.
+FLOOD = r'''
+import json, resource, selectors, socket, sys, time
+ports = [int(p) for p in sys.argv[1].split(",")]
+idle_n, slow_n = int(sys.argv[2]), int(sys.argv[3])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+sel = selectors.DefaultSelector()
+sel.register(sys.stdin, selectors.EVENT_READ, "stdin")
+def dial(port, kind):
+    if kind == "slow":
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.setblocking(False)
+    else:                       # not waiting for the server to accept
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+    sel.register(s, selectors.EVENT_READ, [kind, port, time.monotonic()])
+    return s
+slow = [dial(p, "slow") for p in ports for _ in range(slow_n)]
+for s in slow:
+    s.send(b"GET /api/tree HTTP/1.1\r\nX-Slow: ")
+connecting = selectors.DefaultSelector()
+for i in range(idle_n):
+    connecting.register(dial(ports[i % len(ports)], "idle"), selectors.EVENT_WRITE)
+give_up = time.monotonic() + 30          # until the server has taken them all
+while connecting.get_map() and time.monotonic() < give_up:
+    for key, _ in connecting.select(1):
+        connecting.unregister(key.fileobj)
+print("ready", flush=True)
+answers, redial, cut, dial_errors = {}, [], [], 0
+last_drip = last_redial = time.monotonic()
+credit = 0.0
+running = True
+while running:
+    for key, _ in sel.select(0.1):
+        if key.data == "stdin":
+            running = False
+            continue
+        kind, port, opened = key.data
+        try:
+            data = key.fileobj.recv(4096)
+        except OSError:
+            data = b""
+        if data:
+            first = data.split(b"\r\n", 1)[0].decode(errors="replace")
+            answers[first] = answers.get(first, 0) + 1
+            continue                # the close follows
+        sel.unregister(key.fileobj)
+        key.fileobj.close()
+        if kind == "slow":
+            cut.append(round(time.monotonic() - opened, 2))
+            print(f"cut {port} {cut[-1]}", flush=True)
+        else:
+            redial.append(port)
+    now = time.monotonic()
+    credit, last_redial = min(credit + (now - last_redial) * 500, 500), now
+    allowed = min(len(redial), int(credit))
+    credit -= allowed
+    for port in redial[:allowed]:
+        try:
+            dial(port, "idle")
+        except OSError:
+            dial_errors += 1
+    del redial[:allowed]
+    if time.monotonic() - last_drip > 0.2:     # the slowloris: one byte of header
+        last_drip = time.monotonic()
+        for key in list(sel.get_map().values()):
+            if key.data != "stdin" and key.data[0] == "slow":
+                try:
+                    key.fileobj.send(b"x")
+                except OSError:
+                    pass
+open_slow = [round(time.monotonic() - k.data[2], 2) for k in sel.get_map().values()
+             if k.data != "stdin" and k.data[0] == "slow"]
+print(json.dumps({"answers": answers, "cut": cut, "slow_still_open_for": open_slow,
+                  "dial_errors": dial_errors}), flush=True)
+'''
+
+
+class Pinger(Actor):
+    @endpoint
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def threads_and_fds() -> tuple[int, int]:
+    with open("/proc/self/status") as f:
+        threads = next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+    return threads, len(os.listdir("/proc/self/fd"))
+
+
+class Peak:
+    """The highest thread and fd counts of this process (the controller), sampled."""
+
+    def __init__(self):
+        self.threads, self.fds = threads_and_fds()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            t, f = threads_and_fds()
+            self.threads, self.fds = max(self.threads, t), max(self.fds, f)
+
+    def stop(self) -> "Peak":
+        self._stop.set()
+        self._thread.join()
+        return self
+
+
+def timed_get(url: str, timeout: float = 30) -> tuple[int, float]:
+    t0 = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            r.read()
+            code = r.status
+    except urllib.error.HTTPError as e:
+        code = e.code
+    except OSError as e:
+        code = f"{type(e).__name__}: {e}"
+    return code, time.monotonic() - t0
+
+
+def lines_of(proc: subprocess.Popen) -> "queue.Queue[str]":
+    out: queue.Queue[str] = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            out.put(line)
+        out.put("")
+    threading.Thread(target=pump, daemon=True).start()
+    return out
+
+
+def wait_until(cond, limit: float, what: str):
+    deadline = time.monotonic() + limit
+    while not (got := cond()):
+        assert time.monotonic() < deadline, f"{what} not within {limit} s"
+        time.sleep(0.1)
+    return got
+
+
+@pytest.fixture
+def login_node_fd_limit():
+    """The controller with a login node's usual limit of 1024 open files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_flood_of_idle_and_slow_connections_from_another_user(other_user,
+                                                                login_node_fd_limit):
+    job = LocalJob(hosts=("hosts",)).enable_admin().enable_telemetry()
+    state = job.state(cached_path=None)
+    pm = None
+    ports = [urlsplit(state.admin_url).port, urlsplit(state.telemetry_url).port]
+    base_threads, base_fds = threads_and_fds()
+    slow_n = 3
+    attacker = other_user.popen([SYSTEM_PYTHON, "-c", FLOOD, ",".join(map(str, ports)),
+                                 "1000", str(slow_n)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    out = lines_of(attacker)
+    peak = Peak()
+    cut: list[float] = []
+    try:
+        assert out.get(timeout=60) == "ready\n", attacker.stderr.read()
+        # the job's own work, meanwhile: new processes, an actor, calls
+        t0 = time.monotonic()
+        pm = state.hosts.spawn_procs(per_host={"gpus": 2}, name="flooded")
+        pinger = pm.spawn("pinger", Pinger)
+        assert sorted(pinger.ping.call().get(timeout=60).values()) == sorted(pm.pids)
+        spawned_in = time.monotonic() - t0
+        # the token holder gets an answer, or a quick 503
+        for url in (admin_endpoint(state.admin_url, "/api/tree"),
+                    admin_endpoint(state.telemetry_url, "/api/tables")):
+            code, took = timed_get(url)
+            assert code in (200, 503) and took < 5, (url.split("?")[0], code, took)
+        # the slow request heads: the attacker says when each is cut
+        while len(cut) < slow_n * len(ports):
+            try:
+                line = out.get(timeout=HEAD_TIMEOUT_S + 10)
+            except queue.Empty:
+                break
+            assert line.startswith("cut "), line
+            cut.append(float(line.split()[2]))
+    finally:
+        attacker.stdin.close()
+        attacker.wait(timeout=60)
+        peak.stop()
+        rest = []
+        while (line := out.get(timeout=10)):
+            rest.append(line)
+        print("attacker:", "".join(rest), attacker.stderr.read())
+        if pm is not None:
+            pm.stop().get(timeout=30)
+    summary = json.loads(rest[-1])
+    print(f"threads {base_threads} -> peak {peak.threads}, fds {base_fds} -> peak {peak.fds}, "
+          f"spawn and calls in {spawned_in:.1f} s, slow heads cut after {cut} s")
+    assert spawned_in < 60
+    # the controller's cost stayed bounded: a thread and a descriptor per admitted
+    # connection on each of the two servers, and what the spawn itself needs
+    assert peak.threads <= base_threads + 2 * CAP + 20, (peak.threads, base_threads)
+    assert peak.fds <= base_fds + 2 * CAP + 40, (peak.fds, base_fds)
+    # every slow request head was cut once its time was up
+    assert len(cut) == slow_n * len(ports) and max(cut) < HEAD_TIMEOUT_S + 3, summary
+    # past the cap the answer is a 503, at once
+    assert summary["answers"].get("HTTP/1.0 503 Service Unavailable", 0) > 100, summary
+    # and all of it is released once the attacker is gone
+    wait_until(lambda: threads_and_fds()[0] <= base_threads + 5
+               and threads_and_fds()[1] <= base_fds + 5, 30,
+               f"back to {base_threads} threads and {base_fds} fds (now {threads_and_fds()})")
+    code, _ = timed_get(admin_endpoint(state.admin_url, "/api/tree"))
+    assert code == 200
+
+
+# -- what a handler that breaks answers -----------------------------------------------------
+class PanicException(BaseException):
+    """What pyo3 raises for a Rust panic (DataFusion's): a BaseException, not an Exception."""
+
+
+class Breaking(TokenHandler):
+    def get(self, path: str, query: dict) -> tuple:
+        if path == "/panic":
+            raise PanicException("called `Option::unwrap()` on a `None` value\nmore lines")
+        if path == "/bug":
+            raise KeyError("no such thing")
+        return 200, {"ok": True}
+
+
+def request(url: str, data: bytes | None = None) -> tuple[int, dict | None]:
+    req = urllib.request.Request(url, data=data)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        body = e.read()
+        return e.code, json.loads(body) if body else None
+
+
+def test_a_handler_that_raises_answers_with_the_reason(caplog):
+    srv = TokenServer(Breaking, None)
+    try:
+        with caplog.at_level("DEBUG", logger="hpcmesh.admin"):
+            code, doc = request(admin_endpoint(srv.url, "/panic"))
+            assert code == 500 and "PanicException" in doc["error"], doc
+            assert "Option::unwrap()" in doc["error"]
+            code, doc = request(admin_endpoint(srv.url, "/bug"))
+            assert code == 500 and doc["error"] == "KeyError: 'no such thing'", doc
+            assert request(admin_endpoint(srv.url, "/fine")) == (200, {"ok": True})
+        failed = [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+        assert len(failed) == 2 and not any(r.exc_info for r in failed), failed
+        assert "PanicException" in failed[0].getMessage()
+        assert "\n" not in failed[0].getMessage()
+        assert srv.token not in caplog.text
+    finally:
+        srv.close()
+
+
+def test_a_debug_request_with_an_unusable_number_is_a_400():
+    state = LocalJob(hosts=("hosts",)).enable_admin().state(cached_path=None)
+    try:
+        for body in (b'{"session": 1e400}', b'{"session": -1e400}', b'{"session": NaN}',
+                     b"[" * 100000, b'{"session": "x"}', b"[]"):
+            code, doc = request(admin_endpoint(state.admin_url, "/api/debug/p"), body)
+            assert code == 400 and "session" in doc["error"], (body[:30], code, doc)
+    finally:
+        from hpcmesh.admin.server import stop_admin
+        stop_admin()
+
+
+def test_a_request_that_cannot_be_parsed_is_a_400():
+    srv = TokenServer(Breaking, None)
+    try:
+        port = srv.server_address[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET http://[x/fine?token=" + srv.token.encode() + b" HTTP/1.0\r\n\r\n")
+            answer = s.makefile("rb").read()
+        assert answer.startswith(b"HTTP/1.0 400 "), answer
+    finally:
+        srv.close()
+
+
+
+def test_a_request_head_over_its_size_limit_is_cut():
+    srv = TokenServer(Breaking, None)
+    try:
+        with socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10) as s:
+            s.sendall(b"GET /fine HTTP/1.0\r\n")
+            head = b"X-Pad: " + b"y" * 10000 + b"\r\n"      # (fewer than 100 headers)
+            sent = 0
+            try:
+                while sent < 10 * MAX_HEAD:     # more than it takes
+                    s.sendall(head)
+                    sent += len(head)
+            except OSError:
+                pass
+            try:
+                answer = s.recv(100)
+            except ConnectionResetError:
+                answer = b""
+        assert answer == b"", (sent, answer)        # hung up on, not answered
+        # and the next one is served
+        assert request(admin_endpoint(srv.url, "/fine")) == (200, {"ok": True})
+    finally:
+        srv.close()

@@ -494,6 +494,7 @@ def _service_urls(url: str | None) -> tuple[str, str | None]:
     what the job's client wrote beside the context's job state."""
     from .admin.top import read_services_file
     from .job.base import context_state_path
+    from .private_files import UntrustedPathError
     admin_url, telemetry_url = url, os.environ.get("HPCMESH_TELEMETRY_URL")
     if not admin_url:
         admin_url = os.environ.get("HPCMESH_ADMIN_URL") or os.environ.get("MONARCH_ADMIN_URL")
@@ -501,6 +502,8 @@ def _service_urls(url: str | None) -> tuple[str, str | None]:
         folder = os.path.dirname(context_state_path())
         try:
             urls = read_services_file(folder)
+        except UntrustedPathError:
+            raise           # planted, or open to others: say so, not "no admin URL"
         except (OSError, ValueError):
             urls = {}
         admin_url = urls.get("admin_url")

@@ -13,7 +13,9 @@ top are the user's choice (a project under a group's scratch space, a symlinked 
 are followed as they are. A symlink at the end (the context link
 ``.hpcmesh/job_state.pkl``) is followed when it is this user's, and its target is checked
 in the same way. Folders are made 0700; files are made 0600 with ``O_CREAT|O_EXCL|
-O_NOFOLLOW`` and replaced atomically (a temporary name, fsync, rename).
+O_NOFOLLOW`` and replaced atomically (a temporary name, fsync, rename). Logs are appended
+to with ``O_NOFOLLOW`` (a symlink there is refused, never followed); a secret (the job's
+key) is written only into a 0700 folder and read only from a file nobody else can read.
 
 Base layer: imports nothing of hpcmesh but its errors, so every layer may use it.
 """
@@ -60,18 +62,20 @@ def describe(st: os.stat_result) -> str:
 
 
 def requirement(kind: str, private: bool = False) -> str:
-    """What hpcmesh requires of a ``kind`` (folder, file) it trusts."""
+    """What hpcmesh requires of a ``kind`` (folder, file) it trusts; a private folder is
+    0700, a private file (a secret) 0600."""
     me = user_name(os.geteuid())
     if private:
-        return f"a {kind} owned by this user, {me}, with mode 0700"
+        return (f"a {kind} owned by this user, {me}, with mode "
+                f"{'0700' if kind == 'folder' else '0600'}")
     return f"a {kind} owned by this user, {me}, that group and others cannot write"
 
 
 def _refusal(what: str, path: str, where: str, st: os.stat_result, required: str,
-             fix: str = "") -> UntrustedPathError:
+             fix: str = "", why: str = "") -> UntrustedPathError:
     at = "it" if where == path else where
-    why = (f"others could have changed it; if none did, `{fix}` makes it trusted" if fix
-           else "another user could have put it there")
+    why = why or (f"others could have changed it; if none did, `{fix}` makes it trusted"
+                  if fix else "another user could have put it there")
     return UntrustedPathError(
         f"refusing {what} {path}: {at} is {describe(st)}; hpcmesh trusts only {required} "
         f"({why})")
@@ -80,16 +84,26 @@ def _refusal(what: str, path: str, where: str, st: os.stat_result, required: str
 def _check(fd: int, what: str, path: str, where: str, kind: str, private: bool) -> None:
     """Refuse the open ``fd`` (``where``, on the way to ``path``) unless it is a ``kind``
     of ours that nobody else can write. A private folder that others may only read is
-    made 0700: nobody else can have written into it, so tightening it is safe."""
+    made 0700: nobody else can have written into it, so tightening it is safe. A private
+    file (a secret) others can read is refused: tightening it would hide that it leaked."""
     st = os.fstat(fd)
     is_kind = stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)
     mode = stat.S_IMODE(st.st_mode)
+    required = requirement(kind, private)
     if not is_kind or st.st_uid != os.geteuid():
-        raise _refusal(what, path, where, st, requirement(kind, private))
+        raise _refusal(what, path, where, st, required)
+    if mode & OTHERS_WRITE and mode & stat.S_ISVTX:     # ours, but shared: /tmp as root
+        raise _refusal(what, path, where, st, required,
+                       why="a folder every user may add to; keep hpcmesh's files in a "
+                           "folder of this user's")
     if mode & OTHERS_WRITE:         # ours, but open to others: perhaps only a loose umask
-        raise _refusal(what, path, where, st, requirement(kind, private),
+        raise _refusal(what, path, where, st, required,
                        fix=f"chmod {'700' if private else 'go-w'} {where}")
     if private and mode & OTHERS_ANY:
+        if kind == "file":
+            raise _refusal(what, path, where, st, required,
+                           why="others could have read it; `chmod 600` it and start the "
+                               "job again for a new one")
         os.fchmod(fd, mode & ~OTHERS_ANY)
 
 
@@ -133,7 +147,7 @@ def _walk(top: str, folders: list[str], what: str, path: str, *, create: bool,
     if not name:
         raise ValueError(f"the top of a trusted folder chain cannot be {top}")
     if create:
-        os.makedirs(parent, exist_ok=True)     # above the top: the user's, made as usual
+        make_dirs(parent)       # above the top: the user's, made as usual (never g/o-writable)
     pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fd = _open_folder_at(pfd, name, what, path, top, create=create,
@@ -163,17 +177,18 @@ def _split(path: str, top: str) -> list[str]:
     return os.path.relpath(path, top).split(os.sep)
 
 
-def _locate(path: str, top: str | None, what: str, *, create: bool, follow: bool = True
-            ) -> tuple[int, str, str]:
+def _locate(path: str, top: str | None, what: str, *, create: bool, follow: bool = True,
+            private: bool = False) -> tuple[int, str, str]:
     """(fd of the checked folder that holds the file, its name there, its full path) for
     ``path``, following (``follow``) this user's own symlinks at the end: into folders
-    checked from ``top`` when the target is below it, else from the target's own folder."""
+    checked from ``top`` when the target is below it, else from the target's own folder.
+    ``private``: the folder that holds the file must be 0700 (made so if missing)."""
     path = os.path.abspath(path)
     top = os.path.abspath(top) if top is not None else os.path.dirname(path)
     shown = path
     for _ in range(MAX_LINKS + 1):
         *folders, name = _split(path, top)
-        dfd = _walk(top, folders, what, shown, create=create, private=False)
+        dfd = _walk(top, folders, what, shown, create=create, private=private)
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -221,10 +236,11 @@ def make_dirs(path: str) -> str:
     return path
 
 
-def open_file(path: str, *, top: str | None = None, what: str = "file"):
+def open_file(path: str, *, top: str | None = None, what: str = "file",
+              secret: bool = False):
     """``path`` opened for reading (binary): a file of ours that nobody else can write, in
-    folders checked from ``top`` (default: its own folder). ``FileNotFoundError`` when it
-    is not there."""
+    folders checked from ``top`` (default: its own folder). ``secret``: nobody else may
+    read it either (mode 0600). ``FileNotFoundError`` when it is not there."""
     dfd, name, real = _locate(path, top, what, create=False)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dfd)
@@ -232,7 +248,7 @@ def open_file(path: str, *, top: str | None = None, what: str = "file"):
         os.close(dfd)
     f = os.fdopen(fd, "rb")
     try:
-        _check(fd, what, os.path.abspath(path), real, "file", False)
+        _check(fd, what, os.path.abspath(path), real, "file", secret)
     except BaseException:
         f.close()
         raise
@@ -273,12 +289,13 @@ def write_file(path: str, data: bytes, *, top: str | None = None, what: str = "f
 
 
 def create_file(path: str, *, top: str | None = None, what: str = "file",
-                replace: bool = False, flags: int = os.O_WRONLY) -> int:
+                replace: bool = False, flags: int = os.O_WRONLY, secret: bool = False) -> int:
     """A new file at ``path`` (mode 0600, ``O_CREAT|O_EXCL|O_NOFOLLOW``), open with
     ``flags``; its folders checked from ``top`` (default: its own folder) and made if
     missing. ``replace``: whatever has that name is removed first (a stale file, or link,
-    of a process that had the same pid), else ``FileExistsError``."""
-    dfd, name, _real = _locate(path, top, what, create=True, follow=False)
+    of a process that had the same pid), else ``FileExistsError``. ``secret``: the folder
+    that holds it must be 0700 too (one of ours others may only read is tightened)."""
+    dfd, name, _real = _locate(path, top, what, create=True, follow=False, private=secret)
     try:
         if replace:
             try:
@@ -289,6 +306,36 @@ def create_file(path: str, *, top: str | None = None, what: str = "file",
                        dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+def append_file(path: str, *, top: str | None = None, what: str = "file",
+                mode: int = 0o600):
+    """``path`` opened to append to (an unbuffered binary file; ``name`` is the path): a
+    log. Made (``mode``, less the umask) if missing, with its folders from ``top``
+    (default: its own folder); one already there must be a file of ours that nobody else
+    can write (the log of an earlier run). A symlink there is refused, never followed,
+    whoever made it: a log line must not land in a file somebody chose."""
+    path = os.path.abspath(path)
+    dfd, name, real = _locate(path, top, what, create=True, follow=False)
+    try:
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, mode,
+                         dir_fd=dfd)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            raise _refusal(what, path, real, st, requirement("file")) from None
+    finally:
+        os.close(dfd)
+    f = open(fd, "ab", buffering=0)
+    try:
+        _check(fd, what, path, real, "file", False)
+    except BaseException:
+        f.close()
+        raise
+    f.name = path
+    return f
 
 
 def remove_file(path: str, *, top: str | None = None, what: str = "file") -> None:

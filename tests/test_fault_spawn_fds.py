@@ -23,14 +23,14 @@ def _procs_named(prefix: str) -> list[int]:
 
 
 def test_a_spawn_whose_log_file_cannot_be_opened_leaves_no_process(monkeypatch, tmp_path):
-    real_open = open
+    real_open = host_agent.append_file     # how the agent opens its processes' logs
 
     def no_fds_for_logs(path, *args, **kwargs):
         if str(path).endswith((".out", ".err")) and "fdtest" in str(path):
             raise OSError(errno.EMFILE, "Too many open files", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(host_agent, "open", no_fds_for_logs, raising=False)
+    monkeypatch.setattr(host_agent, "append_file", no_fds_for_logs)
     procs = this_host().spawn_procs(per_host={"gpus": 2}, name="fdtest")
     with pytest.raises(Exception, match="Too many open files"):
         procs.initialized.get(timeout=30)

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcmesh.private_files import (UntrustedPathError, create_file, private_dir, read_file,
-                                   remove_file, runtime_dir, write_file, write_link)
+from hpcmesh.private_files import (UntrustedPathError, append_file, create_file, open_file,
+                                   private_dir, read_file, remove_file, runtime_dir, write_file,
+                                   write_link)
 
 NOBODY = 65534
 REPO = Path(__file__).resolve().parent.parent
@@ -167,6 +168,55 @@ def test_create_file_replaces_a_stale_file_and_never_follows_a_link(tmp_path):
     assert target.read_bytes() == b"keep"
     assert (tmp_path / "stacks-1.txt").read_bytes() == b"stacks"
     assert mode(tmp_path / "stacks-1.txt") == 0o600
+
+
+def test_append_file_adds_to_a_log_of_ours_and_refuses_any_symlink(tmp_path):
+    top = tmp_path / "logs"
+    log = top / "mesh" / "p.out"
+    with append_file(str(log), top=str(top), mode=0o644) as f:
+        assert f.name == str(log)
+        f.write(b"one\n")
+    with append_file(str(log), top=str(top)) as f:         # the log of an earlier run
+        f.write(b"two\n")
+    assert log.read_bytes() == b"one\ntwo\n" and mode(log) == 0o644
+    assert mode(top) == mode(top / "mesh") == 0o700
+    target = tmp_path / "target"
+    target.write_bytes(b"keep")
+    os.symlink(target, top / "mesh" / "q.out")             # even our own link is not followed
+    with pytest.raises(UntrustedPathError, match=r"q\.out: it is a symlink owned by root"):
+        append_file(str(top / "mesh" / "q.out"), top=str(top))
+    assert target.read_bytes() == b"keep"
+    os.chmod(log, 0o666)
+    with pytest.raises(UntrustedPathError, match=r"mode 0666.*chmod go-w"):
+        append_file(str(log), top=str(top))
+
+
+def test_a_secret_goes_into_a_0700_folder_and_is_read_only_from_a_0600_file(tmp_path):
+    d = tmp_path / "job"
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    os.close(create_file(str(d / "secret"), secret=True))
+    assert mode(d) == 0o700 and mode(d / "secret") == 0o600   # ours, only readable: tightened
+    os.chmod(d, 0o770)
+    with pytest.raises(UntrustedPathError, match=r"mode 0770; .*with mode 0700"):
+        create_file(str(d / "secret2"), secret=True)
+    os.chmod(d, 0o700)
+    os.chmod(d / "secret", 0o640)
+    with pytest.raises(UntrustedPathError, match=r"mode 0640; .*with mode 0600 \(others could "
+                                                 r"have read it"):
+        open_file(str(d / "secret"), secret=True)
+    assert mode(d / "secret") == 0o640          # refused, not tightened: it may have leaked
+    open_file(str(d / "secret")).close()         # not a secret: readable by others is fine
+
+
+def test_a_shared_sticky_folder_of_ours_gets_no_chmod_advice(tmp_path):
+    d = tmp_path / "tmp"
+    d.mkdir()
+    os.chmod(d, 0o1777)                         # what /tmp is to root
+    with pytest.raises(UntrustedPathError) as e:
+        read_file(str(d / "f"))
+    assert "mode 1777" in str(e.value) and "chmod" not in str(e.value)
+    assert "keep hpcmesh's files in a folder of this user's" in str(e.value)
 
 
 def test_runtime_dir_is_a_private_subfolder_of_xdg_runtime_dir(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Another user of a shared login node against the files hpcmesh trusts (issue 28, items 2
-and 4; SPEC §7): the job cache in a project's ``.hpcmesh`` and the per-user runtime folder.
+and 4; SPEC §7): the job cache in a project's ``.hpcmesh``, the per-user runtime folder,
+the job secret, the logs and exit actions of the host agent, and the services file.
 
 Each test performs the attack as a second local account (the ``other_user`` fixture) and
 checks that it no longer works: no code of theirs runs, nothing of ours is written where
@@ -16,9 +17,12 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import types
+import uuid
 from pathlib import Path
 
 import pytest
+from ci_gate import import_or_skip
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -243,3 +247,199 @@ def test_planted_stack_file_link_gets_no_stack_dump(other_user, shared_dir, tmp_
         p.wait()
     assert precious.read_bytes() == b"precious\n", "the stack dump went into their link"
     assert p.returncode == 0 and out.split() == ["refused"], (out, err)
+
+
+# -- the job secret, the logs, the exit actions, the services file (issue 28, rest) -------------
+FIXED_ID = uuid.UUID(int=0xFEED)      # the apply id / mesh uid the other user waited for
+
+
+def fixed_uuid(monkeypatch, module) -> None:
+    """Make ``module``'s random names predictable, as the attacker's inotify watch on a
+    folder they control would make them in life: a stand-in for winning that race."""
+    monkeypatch.setattr(module, "uuid", types.SimpleNamespace(uuid4=lambda: FIXED_ID))
+
+
+def plant_link(user, link: Path, target: Path, *, folders: bool) -> None:
+    """As ``user``: a symlink ``link`` -> ``target`` (and, with ``folders``, every folder
+    from the project down to it, made theirs and 0777 as they would make them)."""
+    user.python("import os, sys\n"
+                "link, target, folders = sys.argv[1], sys.argv[2], sys.argv[3] == '1'\n"
+                "if folders:\n"
+                "    os.makedirs(os.path.dirname(link))\n"
+                "    d = os.path.dirname(link)\n"
+                "    while os.path.basename(d) != '.hpcmesh':\n"
+                "        os.chmod(d, 0o777); d = os.path.dirname(d)\n"
+                "    os.chmod(d, 0o777)\n"
+                "os.symlink(target, link)", str(link), str(target), "1" if folders else "0")
+
+
+def our_open_folders(project: Path, folder: Path) -> None:
+    """Our own folders from ``.hpcmesh`` down to ``folder``, left 0777 (made under umask 0):
+    the other user can plant in them."""
+    folder.mkdir(parents=True)
+    d = folder
+    while d != project:
+        os.chmod(d, 0o777)
+        d = d.parent
+
+
+@pytest.mark.parametrize("where", ["their-folder", "our-open-folder"])
+def test_planted_secret_link_gets_no_secret(other_user, shared_dir, monkeypatch, where):
+    # write_secret opened the secret's path O_CREAT|O_TRUNC, following a symlink: the other
+    # user's link at .hpcmesh/submitit/secret-<id> got the job's key (their file, readable)
+    import_or_skip("submitit")
+    from hpcmesh.job import SubmititJob
+    from hpcmesh.job import base
+    project = shared_dir(0o777)
+    folder = project / ".hpcmesh" / "submitit"
+    secret = folder / f"secret-{FIXED_ID.hex[:12]}"
+    stolen = Path(other_user.home) / "stolen"
+    other_user.python("import os, sys; open(sys.argv[1], 'w').close(); os.chmod(sys.argv[1], 0o666)",
+                      str(stolen))
+    if where == "our-open-folder":
+        our_open_folders(project, folder)
+    plant_link(other_user, secret, stolen, folders=where == "their-folder")
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("HPCMESH_STATE_DIR", raising=False)
+    fixed_uuid(monkeypatch, base)
+    job = SubmititJob(meshes={"workers": 1}, cluster="debug", grace=5, progress=False)
+    try:
+        refused = attempt(job.apply)
+    finally:
+        if job.job_ids:
+            job.kill()
+    assert stolen.read_bytes() == b"", "the job's secret went into their link"
+    assert os.path.islink(secret), "their link was replaced, not refused"
+    assert refused is not None and not job.job_ids, "the job started with the planted link"
+    text = str(refused)
+    assert f"refusing the job secret {secret}" in text, text
+    if where == "their-folder":
+        assert (f"{project / '.hpcmesh'} is a folder owned by {other_user.name} "
+                f"(uid {other_user.uid}), mode 0777") in text, text
+    else:
+        assert f"{project / '.hpcmesh'} is a folder owned by root (uid 0), mode 0777" in text
+
+
+WORKER_SECRET = "ab" * 32
+
+
+@pytest.mark.parametrize("where", ["their-folder", "our-open-folder", "ours-readable"])
+def test_secret_file_another_user_knows_is_refused(other_user, shared_dir, tmp_path, where):
+    # a worker read HPCMESH_SECRET_FILE whoever wrote it or could read it: a key the other
+    # user knows, so they could connect to the agent (root) and have it run their pickles
+    write = ("import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644);"
+             "os.write(fd, sys.argv[2].encode())")
+    if where == "their-folder":
+        folder = Path(other_user.home) / "job"
+        other_user.python("import os, sys; os.mkdir(sys.argv[1])", str(folder))
+    else:
+        folder = shared_dir(0o777 if where == "our-open-folder" else 0o755)
+    secret = folder / "secret"
+    if where == "ours-readable":                # ours, but 0644: they read it
+        secret.write_text(WORKER_SECRET)
+        os.chmod(secret, 0o644)
+        assert other_user.run(["cat", str(secret)]).stdout == WORKER_SECRET
+    else:
+        other_user.python(write, str(secret), WORKER_SECRET)
+    sock = tmp_path / "w.sock"
+    r = subprocess.run([sys.executable, "-m", "hpcmesh", "worker", "--listen", f"unix://{sock}",
+                        "--initial-wait", "0.5"], cwd=tmp_path, capture_output=True, text=True,
+                       env=hpcmesh_env(HPCMESH_SECRET_FILE=str(secret)), timeout=60)
+    assert "listening on" not in r.stderr, "the worker took a key they know: " + r.stderr
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"refusing the job secret {secret}" in r.stderr, r.stderr
+    assert {"their-folder": f"{folder} is a folder owned by {other_user.name} "
+                            f"(uid {other_user.uid})",
+            "our-open-folder": f"{folder} is a folder owned by root (uid 0), mode 0777",
+            "ours-readable": "it is a file owned by root (uid 0), mode 0644"}[where] \
+        in r.stderr, r.stderr
+
+
+SPAWN_AND_PRINT = textwrap.dedent("""
+    import types, uuid
+    import hpcmesh.actor.host_mesh as host_mesh
+    from hpcmesh.actor import Actor, endpoint, this_host
+    host_mesh.uuid = types.SimpleNamespace(uuid4=lambda: uuid.UUID(int=0xFEED))
+
+    class Say(Actor):
+        @endpoint
+        def say(self, text):
+            print(text, flush=True)
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1}, name="logs")
+    procs.spawn("say", Say).say.call("A-LINE-OF-THE-JOB").get(timeout=60)
+    procs.stop()
+    print("spawned", flush=True)
+""")
+
+
+@pytest.mark.parametrize("where", ["their-folder", "our-open-folder"])
+def test_planted_log_link_gets_no_log_lines(other_user, shared_dir, tmp_path, where):
+    # the host agent opened .hpcmesh/logs/<mesh>/<proc>.out with open("ab"), following
+    # the other user's link: the job's output was appended to a root-only file
+    precious = tmp_path / "root-only.log"       # in a 0700 folder of root's
+    precious.write_text("precious\n")
+    os.chmod(precious, 0o600)
+    project = shared_dir(0o777)
+    logs = project / ".hpcmesh" / "logs" / f"logs-{FIXED_ID.hex[:8]}"
+    if where == "our-open-folder":
+        our_open_folders(project, logs)
+    plant_link(other_user, logs / f"logs-{FIXED_ID.hex[:8]}-0.out", precious,
+               folders=where == "their-folder")
+    r = subprocess.run([sys.executable, "-c", SPAWN_AND_PRINT], cwd=project,
+                       env=hpcmesh_env(), capture_output=True, text=True, timeout=120)
+    # the agent (in that process) wrote whatever it read before stop() returned
+    assert precious.read_bytes() == b"precious\n", "the job's log went into their link"
+    assert r.returncode != 0 and "spawned" not in r.stdout, (r.stdout, r.stderr)
+    assert f"refusing the log folder {logs}" in r.stderr, r.stderr
+    owner = (f"owned by {other_user.name} (uid {other_user.uid})" if where == "their-folder"
+             else "owned by root (uid 0)")
+    assert f"{project / '.hpcmesh' / 'logs'} is a folder {owner}, mode 0777" in r.stderr, \
+        r.stderr
+
+
+def test_planted_exit_actions_are_not_carried_out(other_user, shared_dir, monkeypatch):
+    # the agent read <proc>.exit-actions in the log folder, whoever wrote it, and unmounted
+    # what it named (as root: any FUSE mount of the node whose source they name)
+    from hpcmesh.runtime import exit_actions
+    folder = shared_dir(0o777)                  # a log folder the other user can write in
+    theirs = folder / "logs-0.exit-actions"
+    other_user.python("import json, sys; open(sys.argv[1], 'w').write(json.dumps("
+                      "{'unmount': '/home/someone/mnt', 'source': 'their-fs'}) + '\\n')",
+                      str(theirs))
+    asked = []
+    monkeypatch.setattr(exit_actions, "unmount_if_ours", lambda *a: asked.append(a))
+    exit_actions.run_exit_actions(str(theirs))
+    assert asked == [], "the agent carried out their exit actions"
+    assert theirs.exists(), "the agent removed their file"
+
+
+def test_exit_action_is_not_written_through_a_planted_link(other_user, shared_dir, tmp_path,
+                                                           monkeypatch):
+    # a process recorded its unmount by appending to $HPCMESH_EXIT_ACTIONS, following a link
+    from hpcmesh.runtime import exit_actions
+    folder = shared_dir(0o777)
+    precious = tmp_path / "root-only.conf"
+    precious.write_text("precious\n")
+    link = folder / "logs-1.exit-actions"
+    plant_link(other_user, link, precious, folders=False)
+    monkeypatch.setenv(exit_actions.VAR, str(link))
+    refused = attempt(lambda: exit_actions.register_unmount("/mnt/x", "hpcmesh-1"))
+    assert precious.read_bytes() == b"precious\n", "the exit action went into their link"
+    assert refused is not None and f"refusing the exit-actions file {link}" in str(refused)
+    assert f"{folder} is a folder owned by root (uid 0), mode 0777" in str(refused)
+
+
+def test_planted_services_file_is_named_not_ignored(other_user, shared_dir):
+    # `hpcmesh debug`/`top` read .hpcmesh/<context>/services.json; a refused one (another
+    # user's) read as "no admin URL", which hid that somebody had planted it
+    project = shared_dir(0o777)
+    services = project / ".hpcmesh" / "default" / "services.json"
+    other_user.python("import json, os, sys; os.makedirs(os.path.dirname(sys.argv[1]));"
+                      "open(sys.argv[1], 'w').write(json.dumps({'admin_url': "
+                      "'http://127.0.0.1:9/?token=theirs'}))", str(services))
+    r = hm("debug", "--list", cwd=project)
+    assert r.returncode == 2, (r.returncode, r.stderr)     # a usage error, as for a bad URL
+    assert "no admin URL" not in r.stderr, r.stderr
+    assert f"refusing the services file {services}" in r.stderr, r.stderr
+    assert f"owned by {other_user.name} (uid {other_user.uid})" in r.stderr, r.stderr

@@ -44,12 +44,12 @@ def write_services_file(folder: str, fields: Mapping[str, Any]) -> str:
                       what="the services file")
 
 
-def read_private_file(path: str) -> str:
+def read_private_file(path: str, what: str = "the file with the job's URL") -> str:
     """The text of ``path``, a regular file of this user in folders nobody else can write
     (``private_files.open_file``: no link followed that is not ours), that no one else may
     read either; else an error saying which check failed."""
     path = os.path.abspath(path)
-    with open_file(path, what="the file with the job's URL") as f:
+    with open_file(path, what=what) as f:
         st = os.fstat(f.fileno())
         if st.st_mode & 0o077:
             raise ServiceURLError(
@@ -80,7 +80,7 @@ def parse_urls(text: str, source: str) -> dict[str, Any]:
 def read_services_file(folder: str) -> dict[str, Any]:
     """The URLs the job's client wrote in ``folder`` (checked as :func:`read_private_file`)."""
     path = os.path.join(folder, SERVICES_FILE)
-    return parse_urls(read_private_file(path), path)
+    return parse_urls(read_private_file(path, "the services file"), path)
 
 
 def read_url_input(url_file: str, stdin: TextIO | None = None) -> dict[str, Any]:

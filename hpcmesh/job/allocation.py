@@ -27,11 +27,11 @@ import time
 import weakref
 from typing import Any, Sequence
 
-from ..private_files import make_dirs
+from ..private_files import private_dir
 from ..settings import env_number
 from ..slurm.parsing import (Allocation, SlurmParseError, clean_env_for_nested_srun,
                              slurm_restart_count)
-from .base import JobState, JobTrait
+from .base import JobState, JobTrait, cache_top
 from .progress import Progress
 from .start_limits import check_seconds
 from . import slurmctl
@@ -133,9 +133,8 @@ class SlurmAllocation(JobTrait):
         token = self.apply_id or os.urandom(16).hex()
         restart = str(slurm_restart_count(os.environ))
         job_dir = os.path.join(self.log_dir, f"alloc-{alloc.job_id}-{token[:12]}")
-        make_dirs(self.log_dir)
-        os.makedirs(job_dir, mode=0o700, exist_ok=True)
         self.srun_log = os.path.join(job_dir, "agents.log")
+        private_dir(job_dir, top=cache_top(self.srun_log), what="the job folder")
         self.step_name = f"hpcmesh-agents-{token[:8]}"
         env, extra = clean_env_for_nested_srun(os.environ, self.cpus_per_task)
         env.update({"HPCMESH_SECRET": rt.secret.hex(), "HPCMESH_JOB_TOKEN": token,

@@ -23,8 +23,8 @@ from typing import Any
 
 import cloudpickle
 
-from ..private_files import (UntrustedPathError, private_dir, read_file, remove_file,
-                             write_file, write_link)
+from ..private_files import (UntrustedPathError, append_file, private_dir, read_file,
+                             remove_file, write_file, write_link)
 from ..runtime.client import expect_exits
 
 DEFAULT_CACHE = ".hpcmesh/job_state.pkl"
@@ -388,6 +388,13 @@ def cache_top(path: str) -> str:
     the user's choice (a shared project, /tmp): only what hpcmesh keeps there is checked."""
     root, path = os.path.abspath(state_root()), os.path.abspath(path)
     return root if path.startswith(root + os.sep) else os.path.dirname(path)
+
+
+def open_log(path: str, what: str = "the log file"):
+    """``path`` opened to append a job's log to (binary, unbuffered), in folders checked as
+    the cache's are (from :func:`cache_top`) and made if missing; a symlink at ``path`` is
+    refused, never followed (``private_files.append_file``)."""
+    return append_file(path, top=cache_top(path), what=what, mode=0o644)
 
 
 def current_context() -> str:

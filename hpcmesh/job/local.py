@@ -9,8 +9,7 @@ import sys
 import time
 from typing import Any
 
-from ..private_files import make_dirs
-from .base import BATCH_MARKER, JobTrait, try_load
+from .base import BATCH_MARKER, JobTrait, open_log, try_load
 
 
 class LocalJob(JobTrait):
@@ -37,13 +36,12 @@ class LocalJob(JobTrait):
     def _submit_client(self, client_script: str) -> None:
         if not os.path.exists(client_script):
             raise FileNotFoundError(f"client script {client_script!r} does not exist")
-        make_dirs(self.log_dir)
         self.client_log = os.path.join(self.log_dir, f"client-{self.apply_id}.log")
         state_path = os.path.abspath(os.path.join(self.log_dir, f"job-{self.apply_id}.pkl"))
         self._applied = True
         self.dump(state_path)
         env = dict(os.environ, **{BATCH_MARKER: "1", "HPCMESH_JOB_STATE": state_path})
-        with open(self.client_log, "ab") as log:
+        with open_log(self.client_log, what="the client's log") as log:
             proc = subprocess.Popen([sys.executable, client_script], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)

@@ -2,8 +2,8 @@
 
 How it works (``apply()``):
 
-1. A job folder ``<log_dir>/<job_name>-<apply id>/`` gets the job secret
-   (``secret``, hex, mode 0600), the rendered sbatch script (``job.sbatch``,
+1. A job folder ``<log_dir>/<job_name>-<apply id>/`` (0700, this user's) gets the job
+   secret (``secret``, hex, mode 0600), the rendered sbatch script (``job.sbatch``,
    rendered by :mod:`hpcmesh.slurm.render` from a :class:`~hpcmesh.slurm.spec.JobSpec`)
    and, later, one ready file per host agent and any time-limit notice.
 2. ``sbatch --parsable`` submits it. Each mesh is one ``srun`` step that starts
@@ -50,7 +50,7 @@ import uuid
 from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.host_mesh import HostMesh, HostRef, attach_to_workers
-from ..private_files import make_dirs
+from ..private_files import make_dirs, write_file
 from ..runtime.agent_main import NOTICE_VAR, run_agent
 from ..runtime.bootstrap import PROC_MODULE, BootstrapCommand
 from ..settings import env_number
@@ -59,7 +59,7 @@ from ..slurm.parsing import (JobRecord, SlurmParseError, parse_sbatch_parsable, 
                              slurm_restart_count, slurm_task_rank)
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
-from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, try_load
+from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, cache_top, try_load
 from .local import in_batch_job
 from .progress import Progress
 from . import slurmctl
@@ -452,10 +452,13 @@ class SlurmJob(JobTrait):
         self.timings = {}
         self.client_script = os.path.abspath(client_script) if client_script else None
         self.token = self.apply_id or uuid.uuid4().hex
-        make_dirs(self.spec.log_dir)
+        make_dirs(self.spec.log_dir)     # Slurm writes the job's --output there
         self.job_dir = os.path.join(self.spec.log_dir, f"{self.spec.job_name}-{self.token[:12]}")
-        os.makedirs(self.job_dir, mode=0o700, exist_ok=True)
-        secret_path = write_secret(os.path.join(self.job_dir, "secret"), rt.secret)
+        # the job folder (0700, this user's, checked as the cache's folders are) holds the
+        # secret and the batch script: nobody else can have put a file or a link there
+        secret_path = os.path.join(self.job_dir, "secret")
+        top = cache_top(secret_path)
+        write_secret(secret_path, rt.secret, top=top)
         self.secret_hex = rt.secret.hex()
         attach = [] if client_script else client_attach_addresses()
         initial_wait = self.timeout if client_script else None
@@ -483,8 +486,7 @@ class SlurmJob(JobTrait):
                                  client_command=client_cmd)
             path = os.path.join(self.job_dir, f"job{'' if len(groups) == 1 else '-' + group[0]}"
                                 f".sbatch")
-            with open(path, "w") as f:
-                f.write(text)
+            write_file(path, text.encode(), top=top, what="the batch script")
             scripts.append(path)
         self._applied = True
         if client_script:

@@ -21,6 +21,7 @@ from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue,
                              command_for_squeue_start, parse_scontrol_restarts, parse_squeue,
                              parse_squeue_start, squeue_job_unknown)
 from ..errors import HpcmeshError
+from ..private_files import append_file
 
 __all__ = ["SlurmError", "need", "run", "start_srun", "squeue_jobs", "squeue_expected_starts",
            "squeue_steps", "scancel", "scancel_once", "restart_count", "tail"]
@@ -55,9 +56,10 @@ def run(argv: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProce
 
 def start_srun(argv: Sequence[str], env: Mapping[str, str], log_path: str) -> subprocess.Popen:
     """Start a long-running ``srun`` step in its own session, its output appended to
-    ``log_path``: the caller watches it (``poll()``) and stops it (scancel, then killpg)."""
+    ``log_path`` (never through a symlink, in a folder of this user's): the caller watches
+    it (``poll()``) and stops it (scancel, then killpg)."""
     need(argv[0])
-    with open(log_path, "ab") as out:
+    with append_file(log_path, what="the srun log", mode=0o644) as out:
         return subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 

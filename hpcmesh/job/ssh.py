@@ -29,11 +29,10 @@ import subprocess
 import time
 from typing import Any, Mapping, Sequence
 
-from ..private_files import make_dirs
 from ..runtime.client import client_runtime
 from ..transport import tls
 from .attach import AttachTimeout, AttachWaiter
-from .base import JobTrait
+from .base import JobTrait, open_log
 from .submitit_job import describe_agents, host_mesh_of, reconnect_mesh, stop_client_procs
 
 __all__ = ["SSHJob", "LoginJob"]
@@ -172,7 +171,6 @@ class SSHJob(JobTrait):
         tag = (self.apply_id or "x")[:12]
         self.secret_hex = rt.secret.hex()
         self.log_dir = os.path.abspath(os.path.join(".hpcmesh", "logs", f"ssh-{tag}"))
-        make_dirs(self.log_dir)
         attach = list(rt.node.addresses)
         self._live_procs: dict[str, list[subprocess.Popen]] = {}
         self.ssh_pids, self.agents = {}, {}
@@ -211,7 +209,7 @@ class SSHJob(JobTrait):
 
     def _start_one(self, name: str, i: int, host: str, cmd: str) -> subprocess.Popen:
         log_path = os.path.join(self.log_dir, f"{name}-{i}-{host}.log")
-        with open(log_path, "ab") as log:
+        with open_log(log_path) as log:
             try:
                 p = subprocess.Popen(self._ssh_base(host) + [cmd], stdin=subprocess.PIPE,
                                      stdout=log, stderr=log, start_new_session=True)

@@ -11,6 +11,10 @@ the secret in a mode-0600 file in the job folder (``HPCMESH_SECRET_FILE``), so t
 secret is never on a command line or in submitit's pickles. ``AttachWaiter``
 collects the agents as they dial in.
 
+The folder holds the secret, the logs and submitit's pickles (which the tasks and this
+client load): it is made 0700 and must be this user's, as must the folders above it up
+to ``.hpcmesh`` when it is inside it (checked as the job cache's are, ``private_files``).
+
 Clusters:
 
 * ``"slurm"`` — one task per node (``nodes=n, tasks_per_node=1``); pass Slurm
@@ -42,11 +46,10 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
-from ..private_files import make_dirs
 from ..runtime.agent_main import configure_logging, exit_status, run_agent
 from ..runtime.client import client_runtime
 from .attach import AttachTimeout, AttachWaiter
-from .base import JobTrait
+from .base import JobTrait, cache_top, open_log
 from .slurmctl import SlurmError, scancel_once, squeue_jobs
 from .start_limits import StartLimits, check_start_limits
 
@@ -101,9 +104,8 @@ def debug_start_agents(n: int, attach: list[str], secret_file: str, token: str, 
         pids = []
         env = dict(os.environ, HPCMESH_JOB_TOKEN=token, HPCMESH_SECRET_FILE=secret_file)
         env.pop("HPCMESH_SECRET", None)
-        make_dirs(log_dir)
         for i in range(n):
-            with open(os.path.join(log_dir, f"agent-{token}-{i}.log"), "ab") as log:
+            with open_log(os.path.join(log_dir, f"agent-{token}-{i}.log")) as log:
                 p = subprocess.Popen([sys.executable, "-m", "hpcmesh",
                                       *_worker_argv(attach, grace, initial_wait, None, None)],
                                      env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -161,11 +163,10 @@ class _StdioToFile:
     def __enter__(self):
         sys.stdout.flush()
         sys.stderr.flush()
-        self.saved = [os.dup(1), os.dup(2)]
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+        with open_log(self.path, what="the local controller's log") as log:
+            self.saved = [os.dup(1), os.dup(2)]
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
         return self
 
     def __exit__(self, *exc):
@@ -253,10 +254,11 @@ class SubmititJob(JobTrait):
             raise ValueError(f"submitit picked executor {cluster!r}; SubmititJob supports "
                              f"local, debug and slurm")
         self.resolved_cluster = cluster
-        make_dirs(self.folder)
         tag = (self.apply_id or "x")[:12]
         self.secret_hex = rt.secret.hex()
-        self.secret_file = write_secret(os.path.join(self.folder, f"secret-{tag}"), rt.secret)
+        # makes the folder 0700, or refuses it (and the way to it) unless this user's alone
+        secret_file = os.path.join(self.folder, f"secret-{tag}")
+        self.secret_file = write_secret(secret_file, rt.secret, top=cache_top(secret_file))
         attach = self.attach_addresses or list(rt.node.addresses)
         self.job_ids, self.agents = {}, {}
         self._live_jobs: dict[str, Any] = {}

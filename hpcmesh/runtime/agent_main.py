@@ -45,6 +45,7 @@ import sys
 import time
 from typing import Sequence
 
+from ..private_files import append_file
 from ..settings import env_number, log_level
 from ..transport import tls
 from ..transport.addresses import secret_from_env
@@ -120,11 +121,8 @@ def record_notice(path: str | None, signum: int) -> None:
     if not path:
         return
     try:    # one write of one line in append mode: agents sharing the file do not interleave
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, (json.dumps(entry) + "\n").encode())
-        finally:
-            os.close(fd)
+        with append_file(path, what="the notice file", mode=0o644) as f:
+            f.write((json.dumps(entry) + "\n").encode())
     except OSError as e:
         print(f"hpcmesh agent: cannot write notice {path}: {e}", file=sys.stderr, flush=True)
 

@@ -10,7 +10,10 @@ an action, and the agent carries them out after the process exited or was killed
 crash, lease expiry, the agent's own exit).
 
 An action names exactly what it undoes: an unmount names the mount's source, so a mount
-that somebody else made at the same path since then is left alone.
+that somebody else made at the same path since then is left alone. The file sits in the
+process's log folder; it is written without following a symlink and carried out only when
+it is this user's, in folders of this user's (``private_files``): a file another user put
+there would otherwise have the agent unmount what they name.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import json
 import logging
 import os
 import subprocess
+
+from ..private_files import UntrustedPathError, append_file, open_file, remove_file
 
 VAR = "HPCMESH_EXIT_ACTIONS"
 log = logging.getLogger("hpcmesh.runtime")
@@ -64,21 +69,22 @@ def register_unmount(path: str, source: str) -> bool:
     if not actions:
         return False
     line = json.dumps({"unmount": os.path.abspath(path), "source": source}) + "\n"
-    fd = os.open(actions, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line.encode())       # one write: a line is there whole or not at all
-    finally:
-        os.close(fd)
+    with append_file(actions, what="the exit-actions file") as f:
+        f.write(line.encode())      # one write: a line is there whole or not at all
     return True
 
 
 def run_exit_actions(actions: str) -> None:
     """Carry out the actions recorded in the file ``actions`` (the agent, once the process
-    is dead), then remove the file. Never raises: each failure is logged."""
+    is dead), then remove the file. Never raises: each failure is logged. A file that is
+    not this user's, or sits where others could have put it, is not carried out."""
     try:
-        with open(actions) as f:
-            lines = f.readlines()
+        with open_file(actions, what="the exit-actions file") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
     except FileNotFoundError:
+        return
+    except UntrustedPathError as e:
+        log.warning("not carrying out the exit actions: %s", e)
         return
     except OSError as e:
         log.warning("cannot read the exit actions %s: %s", actions, e)
@@ -90,6 +96,6 @@ def run_exit_actions(actions: str) -> None:
         except Exception as e:  # noqa: BLE001 - one bad action must not keep the rest
             log.warning("exit action %r of %s failed: %s", line.strip(), actions, e)
     try:
-        os.unlink(actions)
+        remove_file(actions, what="the exit-actions file")
     except OSError:
         pass

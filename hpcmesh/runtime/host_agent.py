@@ -21,7 +21,7 @@ from .exit_actions import VAR as EXIT_ACTIONS_VAR, run_exit_actions
 from . import telemetry_recorder
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
                         build_environment, runs_entry_point)
-from ..private_files import make_dirs
+from ..private_files import append_file, private_dir
 from ..settings import env_flag
 from . import placement
 from .errors import describe_exit
@@ -163,7 +163,9 @@ class HostAgent:
         out = []
         started: list[_Proc] = []
         unpinned: list[str] = []
-        log_dir = make_dirs(os.path.join(self.log_dir, log_subdir))
+        # the logs and exit actions go where only this user can have put anything
+        log_dir = private_dir(os.path.join(self.log_dir, log_subdir), top=self.log_dir,
+                              private=False, what="the log folder")
         try:
             for name, cmd, label, *rest in requests:
                 mesh_env = rest[0] if rest else {}
@@ -279,8 +281,8 @@ class HostAgent:
         for stream, pipe in (("stdout", p.popen.stdout), ("stderr", p.popen.stderr)):
             fd = pipe.fileno()
             os.set_blocking(fd, False)
-            p.logs[stream] = open(os.path.join(log_dir, f"{p.name}.{stream[3:]}"), "ab",
-                                  buffering=0)
+            p.logs[stream] = append_file(os.path.join(log_dir, f"{p.name}.{stream[3:]}"),
+                                         top=self.log_dir, what="the log file", mode=0o644)
             p.open_streams += 1
             loop.add_reader(fd, self._on_output, p, stream, pipe)
 

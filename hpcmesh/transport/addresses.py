@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from ..private_files import create_file, open_file
 from .handshake import SECRET_BYTES
 
 
@@ -92,20 +93,22 @@ def new_secret() -> bytes:
     return secrets.token_bytes(SECRET_BYTES)
 
 
-def write_secret(path: str, secret: bytes) -> str:
-    """Write the secret with mode 0600 (created that way, never world-readable)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, secret.hex().encode())
-    finally:
-        os.close(fd)
+def write_secret(path: str, secret: bytes, *, top: str | None = None) -> str:
+    """Write the secret to a new file ``path`` (0600, ``O_CREAT|O_EXCL|O_NOFOLLOW``) in a
+    0700 folder of this user's, checked from ``top`` (default: that folder) and made if
+    missing. Whoever has the secret can run code in the job, so a symlink another user put
+    at ``path``, or a folder they can write on the way, is refused (UntrustedPathError)."""
+    fd = create_file(path, top=top, what="the job secret", replace=True, secret=True)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret.hex().encode())
     return path
 
 
 def read_secret(path: str) -> bytes:
-    with open(path, "rb") as f:
+    """The secret in ``path``: a file of this user's that nobody else can read or write, in
+    a folder nobody else can write. Another user's would let them into the job (they
+    know the key it would accept), so it is refused (UntrustedPathError)."""
+    with open_file(path, what="the job secret", secret=True) as f:
         text = f.read().strip()
     try:
         secret = bytes.fromhex(text.decode())

@@ -141,7 +141,7 @@ def test_a_mount_point_in_a_folder_of_another_user_is_refused(tmp_path, other_us
     assert refused is not None
     msg = str(refused)
     print(f"\nrefused: {msg}")
-    assert shared_tmp in msg and f"owned by uid {other_user.uid}" in msg, msg
+    assert shared_tmp in msg and f"owned by {other_user.name} (uid {other_user.uid})" in msg, msg
 
 
 def test_a_mount_point_re_pointed_between_two_states_is_refused(tmp_path, other_user,
@@ -204,7 +204,8 @@ def test_a_mounted_python_that_links_into_a_folder_of_another_user_is_refused(tm
     msg = str(refused)
     print(f"\nrefused: {msg}")
     assert f"the interpreter bin/python under the mount point {mnt}" in msg, msg
-    assert f"{other_user.home} is a folder owned by uid {other_user.uid}" in msg, msg
+    assert (f"{other_user.home} is a folder owned by {other_user.name} (uid {other_user.uid})"
+            in msg), msg
     assert f"mnt/bin/python -> {theirs}/bin/python" in msg, msg
 
 
@@ -299,44 +300,44 @@ def test_gather_mount_does_not_follow_a_symlink_another_user_swapped_in(other_us
 
 
 def test_the_walks_refuse_what_another_user_could_redirect(tmp_path, other_user):
-    """safe_path on its own: names under a gathered root never follow a link or climb out;
-    a resolution checks every folder and link outside a trusted root, loops end in ELOOP;
-    a missing mount point is made 0700 with the folders on the way."""
-    from hpcmesh.mounts.safe_path import UntrustedPath, beneath, own_dir, resolve
+    """The walks on their own (``private_files.walk``): names under a gathered root never
+    follow a link or climb out; a walk checks every folder and link outside a trusted root,
+    loops end in ELOOP; a missing mount point is made 0700 with the folders on the way."""
+    from hpcmesh.mounts.fuse_process import open_mount_point
+    from hpcmesh.mounts.gather import beneath
+    from hpcmesh.private_files import UntrustedPathError, walk
     root = tmp_path / "root"
     (root / "dir").mkdir(parents=True)
     (root / "dir" / "f").write_text("x")
     os.symlink("dir", root / "link")
     os.symlink("loop", root / "loop")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        with beneath(fd, "dir/f") as (d, name):
+    with walk(str(root), what="t") as top:
+        with beneath(top, "dir/f", "t") as (d, name):
             assert os.stat(name, dir_fd=d).st_size == 1
-        with beneath(fd, "link") as (d, name):          # the link itself, as a link
+        with beneath(top, "link", "t") as (d, name):     # the link itself, as a link
             assert os.readlink(name, dir_fd=d) == "dir"
         with pytest.raises(NotADirectoryError):
-            with beneath(fd, "link/f"):
+            with beneath(top, "link/f", "t"):
                 pass
         with pytest.raises(PermissionError, match="climbs out"):
-            with beneath(fd, "dir/../../x"):
+            with beneath(top, "dir/../../x", "t"):
                 pass
-    finally:
-        os.close(fd)
-    with resolve(str(root / "link" / "f"), what="t") as r:
+    with walk(str(root / "link" / "f"), what="t") as r:
         assert r.path == str(root / "dir" / "f")
     with pytest.raises(OSError) as e:
-        with resolve(str(root / "loop"), what="t"):
+        with walk(str(root / "loop"), what="t"):
             pass
     assert e.value.errno == errno.ELOOP
-    with resolve(str(root), what="t") as top:                  # ".." out of a trusted root
-        with resolve("../root/dir/f", what="t", beneath=top) as r:
+    with walk(str(root), what="t") as top:                     # ".." out of a trusted root
+        with walk("../root/dir/f", what="t", start=top, way=None) as r:
             assert r.path == str(root / "dir" / "f")
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     other_user.own(str(theirs))
-    with pytest.raises(UntrustedPath, match=f"{theirs} is a folder owned by uid {other_user.uid}"):
-        with resolve(str(theirs / "x"), what="t"):
+    with pytest.raises(UntrustedPathError, match=f"{theirs} is a folder owned by "
+                                                 f"{other_user.name} \\(uid {other_user.uid}\\)"):
+        with walk(str(theirs / "x"), what="t"):
             pass
-    with own_dir(str(tmp_path / "new" / "mnt"), what="t", create=True) as d:
+    with open_mount_point(str(tmp_path / "new" / "mnt"), "t", create=True) as d:
         assert stat.S_IMODE(d.st.st_mode) == 0o700 and d.st.st_uid == os.geteuid()
     assert stat.S_IMODE(os.stat(tmp_path / "new").st_mode) == 0o700

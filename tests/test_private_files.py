@@ -254,3 +254,31 @@ def test_a_socket_path_over_the_limit_names_it(tmp_path, monkeypatch):
             node.unix_address()
     finally:
         loop.close()
+
+
+def test_the_one_walk_passes_through_root_s_and_sticky_folders_and_trusts_only_ours(tmp_path):
+    """``walk``'s two rules, as the mounts use them: on the way (``PASS``) a folder of root's
+    or ours, a sticky one too, and links of root's or ours are followed; the last name is
+    held to the narrower rule (no sticky folder there), and ``TRUST`` takes only ours."""
+    from hpcmesh.private_files import TRUST, walk
+    sticky = tmp_path / "shared"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)                    # what /tmp is
+    (sticky / "mine" / "sub").mkdir(parents=True)
+    os.chmod(sticky / "mine", 0o755)
+    os.symlink(sticky / "mine", tmp_path / "link")
+    with walk(str(tmp_path / "link" / "sub"), what="t", last=TRUST) as d:   # on the way...
+        assert d.path == str(sticky / "mine" / "sub") and stat.S_ISDIR(d.st.st_mode)
+    with pytest.raises(UntrustedPathError, match=r"it is a folder owned by root \(uid 0\), "
+                                                 r"mode 1777; .*every user may add to"):
+        walk(str(sticky), what="t")             # ...but a sticky folder is no last name
+    os.chown(sticky / "mine", NOBODY, NOBODY)
+    for last in (TRUST, None):                  # nobody's: not even passed through
+        with pytest.raises(UntrustedPathError, match=f"{sticky}/mine is a folder owned by "
+                                                     r"nobody \(uid 65534\), mode 0755"):
+            walk(str(sticky / "mine" / "x"), what="t", last=last)
+    with walk(str(tmp_path), what="t") as top:  # TRUST (a chain from a top): no link at all
+        with pytest.raises(UntrustedPathError, match=r"it is a symlink owned by root \(uid "
+                                                     rf"0\), to {sticky}/mine; .*name the folder"):
+            walk("link", what="t", named=str(tmp_path / "link"), start=top, way=TRUST,
+                 last=TRUST)

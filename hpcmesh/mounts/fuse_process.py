@@ -21,8 +21,8 @@ import uuid
 from typing import Callable, Iterator
 
 from ..errors import HpcmeshError
+from ..private_files import TRUST, Opened, explain, walk
 from ..runtime.exit_actions import mounts_at, register_unmount, unmount, unmount_if_ours
-from .safe_path import Resolved, explain, own_dir
 
 #: seconds the kernel may cache that a path does not exist (and, where a filesystem cannot
 #: invalidate what changed, any lookup): how long a new file may take to show
@@ -121,7 +121,7 @@ def mount_fstype(path: str) -> str | None:
 def ready_mount_point(path: str, subtype: str, where: str, what: str,
                       busy_hint: str = "") -> None:
     """Make ``path`` a usable mount point or raise MountError saying why not. It must be a
-    folder of this user's own that no other user can redirect (``safe_path.own_dir``: the
+    folder of this user's own that no other user can redirect (``open_mount_point``: the
     way to it is root's or ours, it is never a symlink; missing, it is made 0700): a mount
     there would otherwise land where they chose, and the interpreter a mesh starts with
     under it be theirs. A mount of ours left by a client that is gone is detached; a
@@ -131,7 +131,7 @@ def ready_mount_point(path: str, subtype: str, where: str, what: str,
         unmount(path)
     named = _mount_point(path, where, what)
     try:
-        with own_dir(path, what=named, create=True) as d:
+        with open_mount_point(path, named, create=True) as d:
             fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=d.fd)
             try:
                 held = sorted(os.listdir(fd))
@@ -144,6 +144,14 @@ def ready_mount_point(path: str, subtype: str, where: str, what: str,
         raise MountError(f"{what}: the mount point {path} on {where} already holds files "
                          f"({shown}); mounting would hide them. Give an empty or new "
                          f"directory{busy_hint}")
+
+
+def open_mount_point(path: str, what: str, create: bool = False) -> Opened:
+    """The folder ``path``, reached through folders no other user can change
+    (``private_files.walk``: ``PASS`` on the way), itself this user's own, writable by nobody
+    else and never a symlink (``TRUST``); ``create``: made 0700 with the folders missing on
+    the way. ``what`` starts each error."""
+    return walk(path, what=what, last=TRUST, create=create)
 
 
 def _mount_point(path: str, where: str, what: str) -> str:
@@ -182,7 +190,7 @@ class FuseProcess:
         """(st_dev, st_ino) of the mount's root, reached as ``opened_root`` reaches it, once
         /proc/self/mountinfo shows our mount (our unique source) there."""
         try:
-            with own_dir(self.mountpoint, what=self._named()) as d:
+            with open_mount_point(self.mountpoint, self._named()) as d:
                 found = mounts_at(d.path)           # d.path: with symlinks on the way resolved
                 if found and found[-1][1] == self.fsname:
                     return d.st.st_dev, d.st.st_ino
@@ -197,13 +205,13 @@ class FuseProcess:
         return _mount_point(self.mountpoint, self.where, self.what)
 
     @contextlib.contextmanager
-    def opened_root(self) -> Iterator[Resolved]:
+    def opened_root(self) -> Iterator[Opened]:
         """The mount's root, opened through folders no other user can change; MountError
         when the mount point no longer leads to the mount this process made (the folder
         moved, a symlink or another folder took its name, the mount is gone)."""
         with contextlib.ExitStack() as stack:
             try:
-                d = stack.enter_context(own_dir(self.mountpoint, what=self._named()))
+                d = stack.enter_context(open_mount_point(self.mountpoint, self._named()))
             except OSError as e:
                 raise MountError(explain(e, self._named())) from None
             if (d.st.st_dev, d.st.st_ino) != self.root:

@@ -10,6 +10,7 @@ calling those actors.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -17,15 +18,15 @@ import socket
 import stat
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ..actor.endpoint import Actor, endpoint
 from ..actor.host_mesh import HostMesh
+from ..private_files import Opened, UntrustedPathError, walk
 from ..shapes import Point, subdir_for
 from .fuse_gather import SUBTYPE, recv_frame, send_frame
 from .fuse_process import FuseProcess, MountError, fuse_problem, ready_mount_point
 from .remote_mount import START_TIMEOUT, chosen_meshes, hosts_of, mesh_names
-from .safe_path import UntrustedPath, beneath, resolve
 
 log = logging.getLogger("hpcmesh.mounts")
 
@@ -58,8 +59,8 @@ class GatherMountSpec:
 
 class GatherActor(Actor):
     """Answers the client's lookups and reads under each of its host's roots. A root is
-    reached through folders no other user can change (``safe_path.resolve``), and each name
-    under it without following any symlink (``safe_path.beneath``): another user who may
+    reached through folders no other user can change (``private_files.walk``), and each name
+    under it without following any symlink (:func:`beneath`): another user who may
     write a folder in there can swap it for a symlink at any moment, and following it here
     would show the client what this user, not they, may read. A symlink is answered as a
     symlink; the client's kernel follows it on the client, with the reader's rights."""
@@ -74,11 +75,12 @@ class GatherActor(Actor):
         if key not in self.roots or op not in _OPS:
             return "err", errno.ENOENT if op in _OPS else errno.ENOSYS
         root = self.roots[key]
+        what = f"gather_mount's folder {root}"
         try:
-            with resolve(root, what=f"gather_mount's folder {root}", trust_last=False) as top:
-                with beneath(top.fd, path) as (dir_fd, name):
+            with walk(root, what=what, last=None) as top:
+                with beneath(top, path, what) as (dir_fd, name):
                     return "ok", _OPS[op](dir_fd, name, args)
-        except UntrustedPath as e:
+        except UntrustedPathError as e:
             if key not in self._refused:
                 self._refused.add(key)
                 log.warning("%s", e)
@@ -89,6 +91,20 @@ class GatherActor(Actor):
             return "ok", _NOT_MADE_YET[op]
         except OSError as e:
             return "err", e.errno or errno.EIO
+
+
+@contextlib.contextmanager
+def beneath(root: Opened, relpath: str, what: str) -> Iterator[tuple[int, str]]:
+    """(folder fd, name) of ``relpath`` under the opened ``root``, every folder on the way
+    opened without following it and not checked (whoever owns it: ``walk(way=None,
+    follow=False)``): a symlink there fails with ENOTDIR, ``.``/``..`` with EACCES, so
+    nothing outside the root is reached. The caller acts on the last name with ``dir_fd``
+    and without following it; the root itself is ``"."`` in a copy of ``root.fd``."""
+    parts = [p for p in relpath.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise PermissionError(errno.EACCES, f"{relpath!r} climbs out of the folder")
+    with walk("/".join(parts[:-1]), what=what, start=root, way=None, follow=False) as d:
+        yield d.fd, (parts[-1] if parts else ".")
 
 
 def _lstat(dir_fd: int, name: str, args: tuple) -> dict:

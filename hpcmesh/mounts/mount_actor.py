@@ -22,10 +22,10 @@ import time
 from ..actor.blob_transfer import BlobReceiver
 from ..actor.endpoint import endpoint
 from ..file_tree import FileTree
+from ..private_files import explain, walk
 from .fuse_process import ATTR_TIMEOUT, FuseProcess, MountError, fuse_problem, \
     ready_mount_point
 from .fuse_tree import SUBTYPE
-from .safe_path import explain, resolve
 
 
 class MountActor(BlobReceiver):
@@ -82,7 +82,7 @@ class MountActor(BlobReceiver):
             what = (f"remote_mount: the interpreter {python_exe} under the mount point "
                     f"{self.fs.mountpoint} on host {self.host}")
             try:
-                with resolve(python_exe, what=what, beneath=root) as exe:
+                with walk(python_exe, what=what, start=root, way=None) as exe:
                     mode = exe.st.st_mode
                     if not stat.S_ISREG(mode) or not mode & 0o111:
                         raise MountError(f"{what} leads to {exe.path}, which is not an "

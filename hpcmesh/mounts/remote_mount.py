@@ -7,7 +7,7 @@ serves it. ``refresh()`` rescans the client's tree (reading only files whose ino
 or mtime changed), ships what changed and swaps the tree in under the running processes.
 Every ``state()`` then has each host ``verify`` its mount before the meshes are handed out
 with the mounted python: the mount point must still lead to that host's mount (a folder
-another user can redirect is refused, ``safe_path``).
+another user can redirect is refused, ``private_files.walk``).
 """
 
 from __future__ import annotations

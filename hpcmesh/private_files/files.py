@@ -1,169 +1,55 @@
-"""Files and folders this user can trust on a shared machine.
+"""Files and folders this user can trust on a shared machine, and the runtime folder.
 
 A login node is shared (SPEC §7). A file another user made, or can change, may be a pickle
 that runs their code when we load it, or a symlink that makes us write where they point.
-What hpcmesh keeps for itself (the job cache, the runtime folder of sockets and stack
-dumps) is reached through here, and trusted only when it and every folder on its way down
-from a *top* folder are owned by this user and not writable by group or others.
+What hpcmesh keeps for itself (the job cache, secrets, logs, the runtime folder of sockets
+and stack dumps) is reached through here, and trusted only when it and every folder on its
+way down from a *top* folder pass the ``TRUST`` rule of :mod:`.walk`: owned by this user and
+not writable by group or others, checked on the descriptor that is then used.
 
-The way down is walked one folder at a time from open folder descriptors, ``O_NOFOLLOW``
-at each step, and each folder is checked on the descriptor that is then used: what was
-checked is what is read or written, whatever anybody renames meanwhile. Folders above the
-top are the user's choice (a project under a group's scratch space, a symlinked home) and
-are followed as they are. A symlink at the end (the context link
+Folders above the top are the user's choice (a project under a group's scratch space, a
+symlinked home) and are taken as the kernel finds them: the descriptor is used at once, and
+nobody else can put a folder of ours at the top. A symlink at the end (the context link
 ``.hpcmesh/job_state.pkl``) is followed when it is this user's, and its target is checked
 in the same way. Folders are made 0700; files are made 0600 with ``O_CREAT|O_EXCL|
 O_NOFOLLOW`` and replaced atomically (a temporary name, fsync, rename). Logs are appended
 to with ``O_NOFOLLOW`` (a symlink there is refused, never followed); a secret (the job's
 key) is written only into a 0700 folder and read only from a file nobody else can read.
-
-Base layer: imports nothing of hpcmesh but its errors, so every layer may use it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import pwd
 import stat
 import tempfile
 import uuid
 
-from .errors import HpcmeshError
-
-#: this user's own symlinks followed on the way to one file, at most (a loop ends there)
-MAX_LINKS = 8
-#: mode bits that let somebody else change a folder's entries or a file's content
-OTHERS_WRITE = 0o022
-#: mode bits of any access by somebody else (a private folder has none)
-OTHERS_ANY = 0o077
+from .walk import (MAX_LINKS, TRUST, Opened, UntrustedPathError, check, refusal, requirement,
+                   user_name, walk)
 
 
-class UntrustedPathError(HpcmeshError, PermissionError):
-    """A path hpcmesh would trust that this user cannot: owned by somebody else, writable
-    by others, or a symlink that is not ours. The message names the path, its owner and
-    mode, and what is required."""
-
-
-def user_name(uid: int) -> str:
-    """``name (uid N)``, or ``uid N`` for a uid without an account."""
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def describe(st: os.stat_result) -> str:
-    """What an ``lstat`` result is, for an error: kind, owner, mode."""
-    mode = st.st_mode
-    kind = ("a symlink" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
-            else "a file" if stat.S_ISREG(mode) else "a special file")
-    return f"{kind} owned by {user_name(st.st_uid)}, mode {stat.S_IMODE(mode):04o}"
-
-
-def requirement(kind: str, private: bool = False) -> str:
-    """What hpcmesh requires of a ``kind`` (folder, file) it trusts; a private folder is
-    0700, a private file (a secret) 0600."""
-    me = user_name(os.geteuid())
-    if private:
-        return (f"a {kind} owned by this user, {me}, with mode "
-                f"{'0700' if kind == 'folder' else '0600'}")
-    return f"a {kind} owned by this user, {me}, that group and others cannot write"
-
-
-def _refusal(what: str, path: str, where: str, st: os.stat_result, required: str,
-             fix: str = "", why: str = "") -> UntrustedPathError:
-    at = "it" if where == path else where
-    why = why or (f"others could have changed it; if none did, `{fix}` makes it trusted"
-                  if fix else "another user could have put it there")
-    return UntrustedPathError(
-        f"refusing {what} {path}: {at} is {describe(st)}; hpcmesh trusts only {required} "
-        f"({why})")
-
-
-def _check(fd: int, what: str, path: str, where: str, kind: str, private: bool) -> None:
-    """Refuse the open ``fd`` (``where``, on the way to ``path``) unless it is a ``kind``
-    of ours that nobody else can write. A private folder that others may only read is
-    made 0700: nobody else can have written into it, so tightening it is safe. A private
-    file (a secret) others can read is refused: tightening it would hide that it leaked."""
-    st = os.fstat(fd)
-    is_kind = stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)
-    mode = stat.S_IMODE(st.st_mode)
-    required = requirement(kind, private)
-    if not is_kind or st.st_uid != os.geteuid():
-        raise _refusal(what, path, where, st, required)
-    if mode & OTHERS_WRITE and mode & stat.S_ISVTX:     # ours, but shared: /tmp as root
-        raise _refusal(what, path, where, st, required,
-                       why="a folder every user may add to; keep hpcmesh's files in a "
-                           "folder of this user's")
-    if mode & OTHERS_WRITE:         # ours, but open to others: perhaps only a loose umask
-        raise _refusal(what, path, where, st, required,
-                       fix=f"chmod {'700' if private else 'go-w'} {where}")
-    if private and mode & OTHERS_ANY:
-        if kind == "file":
-            raise _refusal(what, path, where, st, required,
-                           why="others could have read it; `chmod 600` it and start the "
-                               "job again for a new one")
-        os.fchmod(fd, mode & ~OTHERS_ANY)
-
-
-def _open_folder_at(dfd: int, name: str, what: str, path: str, where: str, *, create: bool,
-                    private: bool, own_link_ok: bool = False) -> int:
-    """Open and check the folder ``name`` in the open folder ``dfd`` (making it 0700 if
-    missing and ``create``). Not through a symlink, unless ``own_link_ok`` and it is ours."""
-    flags = os.O_RDONLY | os.O_DIRECTORY
-    try:
-        fd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=dfd)
-    except FileNotFoundError:
-        if not create:
-            raise FileNotFoundError(errno.ENOENT, f"no folder {where} (on the way to {path})",
-                                    where) from None
-        try:
-            os.mkdir(name, 0o700, dir_fd=dfd)
-        except FileExistsError:
-            pass                    # made meanwhile: checked below like any other
-        return _open_folder_at(dfd, name, what, path, where, create=False, private=private,
-                               own_link_ok=own_link_ok)
-    except OSError as e:
-        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        if not (own_link_ok and stat.S_ISLNK(st.st_mode) and st.st_uid == os.geteuid()):
-            raise _refusal(what, path, where, st, requirement("folder", private)) from None
-        fd = os.open(name, flags, dir_fd=dfd)      # our own link: its target is checked
-    try:
-        _check(fd, what, path, where, "folder", private)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _walk(top: str, folders: list[str], what: str, path: str, *, create: bool,
-          private: bool) -> int:
-    """An fd of ``top``/``folders``, each folder checked (``private``: the last one 0700).
-    ``top`` itself may be a symlink of ours (a project's ``.hpcmesh`` kept elsewhere)."""
+def _chain(top: str, folders: list[str], what: str, path: str, *, create: bool,
+           private: bool, via: str = "") -> Opened:
+    """The folder ``top``/``folders``, each folder from the top down held to ``TRUST``
+    (``private``: the last one 0700). ``top`` itself may be a symlink of ours."""
     parent, name = os.path.split(top)
     if not name:
         raise ValueError(f"the top of a trusted folder chain cannot be {top}")
     if create:
         make_dirs(parent)       # above the top: the user's, made as usual (never g/o-writable)
-    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    above = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = _open_folder_at(pfd, name, what, path, top, create=create,
-                             private=private and not folders, own_link_ok=True)
+        return walk(os.path.join(name, *folders), what=f"refusing {what} {path}", named=path,
+                    start=Opened(above, os.fstat(above), parent), way=TRUST, last=TRUST,
+                    private=private, create=create, top_link=True, via=via)
     finally:
-        os.close(pfd)
-    where = top
-    for i, name in enumerate(folders):
-        where = os.path.join(where, name)
-        try:
-            nfd = _open_folder_at(fd, name, what, path, where, create=create,
-                                  private=private and i == len(folders) - 1)
-        finally:
-            os.close(fd)
-        fd = nfd
-    return fd
+        os.close(above)
+
+
+def _check_file(fd: int, what: str, path: str, where: str, private: bool) -> None:
+    check(os.fstat(fd), TRUST, what=f"refusing {what} {path}", named=path, where=where,
+          kind="file", private=private)
 
 
 def _inside(path: str, top: str) -> bool:
@@ -185,10 +71,10 @@ def _locate(path: str, top: str | None, what: str, *, create: bool, follow: bool
     ``private``: the folder that holds the file must be 0700 (made so if missing)."""
     path = os.path.abspath(path)
     top = os.path.abspath(top) if top is not None else os.path.dirname(path)
-    shown = path
+    shown, via = path, ""
     for _ in range(MAX_LINKS + 1):
         *folders, name = _split(path, top)
-        dfd = _walk(top, folders, what, shown, create=create, private=private)
+        dfd = _chain(top, folders, what, shown, create=create, private=private, via=via).fd
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -196,12 +82,14 @@ def _locate(path: str, top: str | None, what: str, *, create: bool, follow: bool
         if not follow or not stat.S_ISLNK(st.st_mode):
             return dfd, name, path
         try:
-            if st.st_uid != os.geteuid():
-                raise _refusal(what, shown, path, st, "symlinks of this user, "
-                               f"{user_name(os.geteuid())}, into folders of this user")
             target = os.readlink(name, dir_fd=dfd)
+            if st.st_uid != os.geteuid():
+                raise refusal(f"refusing {what} {shown}", shown, path, st, "symlinks of this "
+                              f"user, {user_name(os.geteuid())}, into folders of this user",
+                              via=via, target=target)
         finally:
             os.close(dfd)
+        via = f", reached by the link {path} -> {target}"
         path = os.path.normpath(os.path.join(os.path.dirname(path), target))
         if not _inside(path, top):
             top = os.path.dirname(path)
@@ -217,8 +105,8 @@ def private_dir(path: str, *, what: str = "folder", top: str | None = None,
     path = os.path.abspath(path)
     top = os.path.abspath(top) if top is not None else path
     folders = [] if top == path else _split(path, top)
-    os.close(_walk(top, folders, what, path, create=create, private=private))
-    return path
+    with _chain(top, folders, what, path, create=create, private=private):
+        return path
 
 
 def make_dirs(path: str) -> str:
@@ -248,7 +136,7 @@ def open_file(path: str, *, top: str | None = None, what: str = "file",
         os.close(dfd)
     f = os.fdopen(fd, "rb")
     try:
-        _check(fd, what, os.path.abspath(path), real, "file", secret)
+        _check_file(fd, what, os.path.abspath(path), real, secret)
     except BaseException:
         f.close()
         raise
@@ -282,7 +170,11 @@ def write_file(path: str, data: bytes, *, top: str | None = None, what: str = "f
             except FileNotFoundError:
                 pass
             raise
-        os.fsync(dfd)                   # the rename itself survives a crash
+        folder = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dfd)
+        try:
+            os.fsync(folder)            # the rename itself survives a crash
+        finally:
+            os.close(folder)
     finally:
         os.close(dfd)
     return real
@@ -325,12 +217,13 @@ def append_file(path: str, *, top: str | None = None, what: str = "file",
             if e.errno != errno.ELOOP:
                 raise
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            raise _refusal(what, path, real, st, requirement("file")) from None
+            raise refusal(f"refusing {what} {path}", path, real, st, requirement("file"),
+                          target=os.readlink(name, dir_fd=dfd)) from None
     finally:
         os.close(dfd)
     f = open(fd, "ab", buffering=0)
     try:
-        _check(fd, what, path, real, "file", False)
+        _check_file(fd, what, path, real, False)
     except BaseException:
         f.close()
         raise
@@ -360,7 +253,7 @@ def write_link(path: str, target: str, *, top: str | None = None,
     path = os.path.abspath(path)
     top = os.path.abspath(top) if top is not None else os.path.dirname(path)
     *folders, name = _split(path, top)
-    dfd = _walk(top, folders, what, path, create=True, private=False)
+    dfd = _chain(top, folders, what, path, create=True, private=False).fd
     try:
         try:
             if os.readlink(name, dir_fd=dfd) == target:

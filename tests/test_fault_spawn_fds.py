@@ -56,7 +56,7 @@ def test_processes_killed_to_clean_up_a_failed_spawn_are_no_failure(monkeypatch,
     from hpcmesh.runtime.zygote import ZygoteClient
 
     rt = client_runtime()
-    real_open, real_spawn = open, ZygoteClient.spawn
+    real_open, real_spawn = host_agent.append_file, ZygoteClient.spawn     # the logs' opener
 
     def no_fds_for_the_last(path, *args, **kwargs):
         if str(path).endswith((".out", ".err")) and "fdlast" in str(path) and \
@@ -75,7 +75,7 @@ def test_processes_killed_to_clean_up_a_failed_spawn_are_no_failure(monkeypatch,
                 await asyncio.sleep(0.05)
         return await real_spawn(self, env)
 
-    monkeypatch.setattr(host_agent, "open", no_fds_for_the_last, raising=False)
+    monkeypatch.setattr(host_agent, "append_file", no_fds_for_the_last)
     monkeypatch.setattr(ZygoteClient, "spawn", spawn_once_the_others_connected)
     before = len(unhandled_faults)
     procs = this_host().spawn_procs(per_host={"gpus": 3}, name="fdlast")

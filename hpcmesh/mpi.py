@@ -80,6 +80,7 @@ from typing import Sequence
 
 from .actor.host_mesh import HostMesh, HostRef
 from .actor.proc_mesh import ProcMesh
+from .private_files import open_file, write_file
 from .runtime import client as _client
 from .runtime.client import ClientRuntime, ProcRecord
 from .runtime.errors import SupervisionError
@@ -426,7 +427,9 @@ def _read_address_file(path: str, timeout: float) -> dict:
     last = "it does not exist"
     while True:
         try:
-            with open(path) as f:
+            # it holds the job's secret: only a 0600 file of ours, in folders nobody else
+            # can write, is believed (another user's could point us at their worker)
+            with open_file(path, what="the MPI address file", secret=True) as f:
                 data = json.load(f)
             if data.get("format") != ADDRESS_FILE_FORMAT:
                 raise ValueError(f"{path} is not an hpcmesh MPI address file "
@@ -555,14 +558,8 @@ def _write_address_file(path: str, secret: bytes, layout: MPILayout, agent: Node
             "procs": procs, "created": time.time(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_step_id": os.environ.get("SLURM_STEP_ID")}
-    path = os.path.abspath(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    write_file(os.path.abspath(path), json.dumps(data, indent=1).encode(),
+               what="the MPI address file")
 
 
 def _remove_address_file(path: str, secret: bytes) -> None:

@@ -11,6 +11,7 @@ in subprocesses with their own cwd, ``TMPDIR`` and ``XDG_RUNTIME_DIR``.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -443,3 +444,23 @@ def test_planted_services_file_is_named_not_ignored(other_user, shared_dir):
     assert "no admin URL" not in r.stderr, r.stderr
     assert f"refusing the services file {services}" in r.stderr, r.stderr
     assert f"owned by {other_user.name} (uid {other_user.uid})" in r.stderr, r.stderr
+
+
+def test_planted_mpi_address_file_is_refused(other_user, shared_dir):
+    # the address file carries the job's secret and the agent to dial: one another user wrote
+    # (0666, in a sticky shared folder) sent attach_to_mpi() to their own listener
+    from hpcmesh.mpi import ADDRESS_FILE_FORMAT, attach_to_mpi
+    folder = shared_dir(0o1777)
+    path = folder / "addr.json"
+    doc = {"format": ADDRESS_FILE_FORMAT, "secret": "00" * 32, "extent": {"hosts": 1},
+           "world_size": 1, "hosts": ["h"], "agent": {"node_id": "x" * 32,
+                                                      "addresses": ["tcp://127.0.0.1:9"]},
+           "procs": []}
+    other_user.python("import json, os, sys; fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY,"
+                      " 0o666); os.fchmod(fd, 0o666); os.write(fd, sys.argv[2].encode())",
+                      str(path), json.dumps(doc))
+    from hpcmesh.private_files import UntrustedPathError
+    with pytest.raises(UntrustedPathError) as e:
+        attach_to_mpi(str(path), timeout=5)
+    assert "refusing the MPI address file" in str(e.value), str(e.value)
+    assert str(folder) in str(e.value) or str(path) in str(e.value), str(e.value)

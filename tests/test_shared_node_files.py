@@ -464,3 +464,23 @@ def test_planted_mpi_address_file_is_refused(other_user, shared_dir):
         attach_to_mpi(str(path), timeout=5)
     assert "refusing the MPI address file" in str(e.value), str(e.value)
     assert str(folder) in str(e.value) or str(path) in str(e.value), str(e.value)
+
+
+def test_slurm_job_in_a_log_folder_others_can_write_is_refused_before_submitting(
+        other_user, shared_dir, slurm_cluster):
+    # the job folder (secret, batch script, ready files) sat in log_dir unchecked: in a
+    # group- or world-writable logs/ another user swapped it for theirs while the job was
+    # pending, and the batch script's stamp and Slurm's --output clobbered files through
+    # their links. Now log_dir itself must be ours and closed to others.
+    import subprocess as sp
+    from hpcmesh.job import SlurmJob
+    from hpcmesh.private_files import UntrustedPathError
+    logs = shared_dir(0o777)
+    before = sp.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    job = SlurmJob(meshes={"hosts": 1}, log_dir=str(logs), job_name="t28-logdir")
+    with pytest.raises(UntrustedPathError) as e:
+        job.state(cached_path=None)
+    assert str(logs) in str(e.value) and "0777" in str(e.value), str(e.value)
+    after = sp.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.split()
+    assert set(after) <= set(before), f"a job was submitted: {set(after) - set(before)}"
+    assert os.listdir(logs) == [], os.listdir(logs)

@@ -134,7 +134,7 @@ class SlurmAllocation(JobTrait):
         restart = str(slurm_restart_count(os.environ))
         job_dir = os.path.join(self.log_dir, f"alloc-{alloc.job_id}-{token[:12]}")
         self.srun_log = os.path.join(job_dir, "agents.log")
-        private_dir(job_dir, top=cache_top(self.srun_log), what="the job folder")
+        private_dir(job_dir, top=cache_top(job_dir), what="the job folder")   # log_dir checked too
         self.step_name = f"hpcmesh-agents-{token[:8]}"
         env, extra = clean_env_for_nested_srun(os.environ, self.cpus_per_task)
         env.update({"HPCMESH_SECRET": rt.secret.hex(), "HPCMESH_JOB_TOKEN": token,

@@ -457,7 +457,9 @@ class SlurmJob(JobTrait):
         # the job folder (0700, this user's, checked as the cache's folders are) holds the
         # secret and the batch script: nobody else can have put a file or a link there
         secret_path = os.path.join(self.job_dir, "secret")
-        top = cache_top(secret_path)
+        # checked from the log folder itself when it is not under .hpcmesh: a job folder in a
+        # folder others can write could be swapped for theirs while the job is pending
+        top = cache_top(self.job_dir)
         write_secret(secret_path, rt.secret, top=top)
         self.secret_hex = rt.secret.hex()
         attach = [] if client_script else client_attach_addresses()

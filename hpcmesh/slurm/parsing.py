@@ -412,6 +412,18 @@ def _env_text(env: Mapping[str, str], name: str) -> str | None:
     return raw.strip()
 
 
+def _env_label(env: Mapping[str, str], name: str) -> str | None:
+    """A name that is only shown (the job's name): Slurm accepts a tab or other control
+    character in it, so those become '?' (nothing reaches a terminal as an escape) instead
+    of failing the whole allocation; still at most _MAX_TEXT characters."""
+    raw = _env_raw(env, name)
+    if raw is None:
+        return None
+    if len(raw) > _MAX_TEXT:
+        raise SlurmParseError(f"{name}={excerpt(raw)}: expected at most {_MAX_TEXT} characters")
+    return "".join(c if c.isprintable() else "?" for c in raw).strip()
+
+
 def _env_host(env: Mapping[str, str], name: str) -> str | None:
     raw = _env_raw(env, name)
     if raw is None:
@@ -593,7 +605,7 @@ class Allocation:
             mem_per_cpu=_env_int(env, "SLURM_MEM_PER_CPU", *_MEM),
             mem_per_gpu=_env_int(env, "SLURM_MEM_PER_GPU", *_MEM),
             partition=_env_text(env, "SLURM_JOB_PARTITION"),
-            job_name=_env_text(env, "SLURM_JOB_NAME"),
+            job_name=_env_label(env, "SLURM_JOB_NAME"),
             account=_env_text(env, "SLURM_JOB_ACCOUNT"),
             cluster=_env_text(env, "SLURM_CLUSTER_NAME"),
             step_id=step_id,

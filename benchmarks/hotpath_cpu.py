@@ -49,7 +49,7 @@ try:    # their homes since the messages/loop/peers split; older trees (A/B runs
     from hpcmesh.runtime.loop import new_event_loop  # noqa: E402
     from hpcmesh.runtime.peers import Peer  # noqa: E402
 except ImportError:
-    from hpcmesh.runtime.node import _new_loop as new_event_loop  # noqa: E402
+    from hpcmesh.runtime.loop import new_event_loop  # noqa: E402
     from hpcmesh.runtime.node import _Peer as Peer  # noqa: E402
 from hpcmesh.shapes import Extent, Point, Shape  # noqa: E402
 from hpcmesh.transport.connection import Connection  # noqa: E402

@@ -13,7 +13,7 @@ from .handshake import SECRET_BYTES
 
 @dataclass(frozen=True, slots=True)
 class Address:
-    scheme: str          # "tcp" or "unix"
+    scheme: str          # "tcp", "unix", or "memory" (in this process: transport/memory.py)
     host: str = ""
     port: int = 0
     path: str = ""
@@ -22,6 +22,8 @@ class Address:
     def __str__(self) -> str:
         if self.scheme == "unix":
             return f"unix://{self.path}"
+        if self.scheme == "memory":
+            return f"memory://{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"tcp://{host}:{self.port if self.fd is None else f'fd{self.fd}'}"
 
@@ -85,6 +87,11 @@ def _parse_one(url: str) -> Address:
                              f"with a port in 1..65535 (0 when listening: pick a free port); "
                              f"forms: {FORMS}")
         return Address("tcp", host=parts.hostname, port=port)
+    if parts.scheme == "memory":
+        if not parts.netloc or parts.path:
+            raise ValueError(f"bad address {url!r}: memory addresses look like memory://name "
+                             f"(a listener in this process; for tests)")
+        return Address("memory", path=parts.netloc)
     raise ValueError(f"bad address {url!r}: the scheme must be tcp://, unix:// or ipc://; "
                      f"forms: {FORMS}")
 

@@ -98,8 +98,38 @@ def _take(out: deque, limit: int) -> list:
     return taken
 
 
+class _SelectorReadiness:
+    """When a socket can be read or written, as the event loop's selector tells it."""
+
+    __slots__ = ("loop", "fd")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket):
+        self.loop = loop
+        self.fd = sock.fileno()
+
+    def on_readable(self, cb: Callable[[], None]) -> None:
+        self.loop.add_reader(self.fd, cb)
+
+    def on_writable(self, cb: Callable[[], None]) -> None:
+        self.loop.add_writer(self.fd, cb)
+
+    def writable_done(self) -> None:
+        self.loop.remove_writer(self.fd)
+
+    def stop(self) -> None:
+        try:
+            self.loop.remove_reader(self.fd)
+            self.loop.remove_writer(self.fd)
+        except (ValueError, OSError):
+            pass
+
+
 class Connection:
-    __slots__ = ("loop", "sock", "peer", "_decoder", "_on_frames", "_on_close", "_lock",
+    """One authenticated stream to a peer: frames in, frames out. ``sock`` is a
+    non-blocking socket, or a stream with a socket's face that brings its own readiness
+    (``transport/memory.py``)."""
+
+    __slots__ = ("loop", "sock", "peer", "_decoder", "_on_frames", "_on_close", "_lock", "_io",
                  "_out", "_flush_scheduled", "_writer_on", "_closed", "_loop_tid",
                  "_pending_frames", "_batch", "_batch_bytes", "info", "_tls", "_tls_out",
                  "_tls_in", "__weakref__")
@@ -127,6 +157,10 @@ class Connection:
         self._tls_out = _NOTHING        # ciphertext encrypted and not yet written
         self._tls_in: bytearray | None = None   # the reused receive buffer for ciphertext
         self.info: dict = {}
+        # a socket's readiness comes from the loop's selector; another stream (the memory
+        # backend's) brings its own, with the same four calls
+        self._io = (_SelectorReadiness(loop, sock) if isinstance(sock, socket.socket)
+                    else sock.readiness(loop))
         if leftover:
             try:
                 frames = self._decoder.feed(leftover)
@@ -135,7 +169,7 @@ class Connection:
                 frames = []
             if frames:
                 loop.call_soon(on_frames, self, frames)
-        loop.add_reader(sock.fileno(), self._on_readable)
+        self._io.on_readable(self._on_readable)
 
     @property
     def closed(self) -> bool:
@@ -404,12 +438,12 @@ class Connection:
 
     def _add_writer(self) -> None:
         if not self._closed:
-            self.loop.add_writer(self.sock.fileno(), self._on_writable)
+            self._io.on_writable(self._on_writable)
 
     def _on_writable(self) -> None:
         with self._lock:
             self._writer_on = False
-            self.loop.remove_writer(self.sock.fileno())
+            self._io.writable_done()
             if self._batch:
                 self._close_batch()
             self._write_locked()
@@ -419,11 +453,7 @@ class Connection:
         if self._closed:
             return
         self._closed = True
-        try:
-            self.loop.remove_reader(self.sock.fileno())
-            self.loop.remove_writer(self.sock.fileno())
-        except (ValueError, OSError):
-            pass
+        self._io.stop()
         with self._lock:    # a writer on another thread may be walking the queue
             try:
                 self.sock.close()

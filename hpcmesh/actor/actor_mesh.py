@@ -324,7 +324,7 @@ class Endpoint(Generic[P, R]):
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single member of this mesh; a Future of its value."""
         if _tel.RECORDER is not None:
-            # _note_sent() written out, the least it can be: every pipelined call passes
+            # twin of _note_sent(): written out, the least it can be: every pipelined call passes
             # here, and the caller's thread is the pipeline's critical path (RESULTS.md's
             # history, 2026-12-03: ~100 ns a call here cost pipelined calls several per cent). A log
             # that is no longer the recorder's has cap 0: the check of the bound finds it.

@@ -457,7 +457,8 @@ class ActorHost:
                                  self._message_context(rank, extent_items))
             ok = False
             try:
-                # decode_args() written out: the pipelined hot path
+                # twin of decode_args(): written out, the pipelined hot path
+                # (tests/test_twins.py holds them equal)
                 args, kwargs = (payload if type(payload) is tuple
                                 else serialization.loads(payload, buffers))
                 value = await fn(obj, *args, **kwargs)

@@ -258,8 +258,8 @@ class Node:
             self._replies[pid] = (fut, p)
             inflight = p.inflight
             inflight.add(pid)
-            # call_msg() and call_payload_size() written out: every pipelined call passes
-            # here, and two Python calls are ~2 % of its CPU
+            # twin of call_msg(): written out, as every pipelined call passes here and two
+            # Python calls are ~2 % of its CPU (tests/test_twins.py holds them equal)
             msg = (MSG_CALL, actor_id, endpoint, payload, pid, rank, extent_items)
             size = frozen_size(payload[0]) if not payload[1] else -1
             try:
@@ -476,7 +476,8 @@ class Node:
                 size = frozen_size(value)
                 if 0 <= size <= CHECK_LIMITS_OVER:   # immutable: pickled later, in a batch
                     try:
-                        # deliver_msg() written out: every reply of a pipelined caller
+                        # twin of deliver_msg(): written out, every reply of a pipelined
+                        # caller passes here (tests/test_twins.py holds them equal)
                         conn.send_obj((MSG_DELIVER, port_id, value), size + 16,
                                       flushed_by_caller=self._handling_frames)
                         self._replied.add(conn)

@@ -102,14 +102,19 @@ def plant_cache(user, project: Path, how: str, marker: Path) -> None:
 
 
 def assert_refused(text: str, project: Path, user, how: str) -> None:
-    """The refusal names the path, its owner and its mode."""
+    """The refusal names the path, its owner and its mode, and the way out: make ours
+    trusted again, or remove theirs."""
+    hp = project / ".hpcmesh"
     assert "refusing the job cache" in text, text
-    assert str(project / ".hpcmesh") in text, text
+    assert str(hp) in text, text
     if how == "into-ours":
         assert "owned by root (uid 0), mode 0777" in text, text
+        assert f"`chmod -R go-w {hp}` makes it trusted" in text, text
     else:
         assert f"owned by {user.name} (uid {user.uid})" in text, text
         assert ("a symlink" if how == "link" else "a folder") in text, text
+        assert f"`rm {'' if how == 'link' else '-r '}{hp}`, as its owner or root, removes it" \
+            in text, text
 
 
 SHARED_MODES = {"folder": 0o777, "link": 0o1777, "into-ours": 0o755}

@@ -20,13 +20,15 @@ key) is written only into a 0700 folder and read only from a file nobody else ca
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import tempfile
+import threading
 import uuid
 
-from .walk import (MAX_LINKS, TRUST, Opened, UntrustedPathError, check, refusal, requirement,
-                   user_name, walk)
+from .walk import (MAX_LINKS, TRUST, Opened, UntrustedPathError, check, refusal, remove_hint,
+                   requirement, user_name, walk)
 
 
 def _chain(top: str, folders: list[str], what: str, path: str, *, create: bool,
@@ -86,7 +88,7 @@ def _locate(path: str, top: str | None, what: str, *, create: bool, follow: bool
             if st.st_uid != os.geteuid():
                 raise refusal(f"refusing {what} {shown}", shown, path, st, "symlinks of this "
                               f"user, {user_name(os.geteuid())}, into folders of this user",
-                              via=via, target=target)
+                              via=via, target=target, why=remove_hint(path))
         finally:
             os.close(dfd)
         via = f", reached by the link {path} -> {target}"
@@ -218,7 +220,10 @@ def append_file(path: str, *, top: str | None = None, what: str = "file",
                 raise
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             raise refusal(f"refusing {what} {path}", path, real, st, requirement("file"),
-                          target=os.readlink(name, dir_fd=dfd)) from None
+                          target=os.readlink(name, dir_fd=dfd),
+                          why=remove_hint(real) if st.st_uid != os.geteuid() else
+                          f"hpcmesh writes no log through a symlink; `rm {real}` if it should "
+                          f"not be there") from None
     finally:
         os.close(dfd)
     f = open(fd, "ab", buffering=0)

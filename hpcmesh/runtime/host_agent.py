@@ -21,7 +21,7 @@ from .exit_actions import VAR as EXIT_ACTIONS_VAR, run_exit_actions
 from . import telemetry_recorder
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
                         build_environment, runs_entry_point)
-from ..private_files import append_file, private_dir
+from ..private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
 from ..settings import env_flag
 from . import placement
 from .errors import describe_exit
@@ -166,6 +166,7 @@ class HostAgent:
         # the logs and exit actions go where only this user can have put anything
         log_dir = private_dir(os.path.join(self.log_dir, log_subdir), top=self.log_dir,
                               private=False, what="the log folder")
+        rt = runtime_dir()      # theirs too, even without our environment: their stack files
         try:
             for name, cmd, label, *rest in requests:
                 mesh_env = rest[0] if rest else {}
@@ -182,6 +183,7 @@ class HostAgent:
                     "HPCMESH_ADVERTISE_HOST": self.advertise_host,
                     "HPCMESH_LEASE_GRACE": str(lease_grace),
                     EXIT_ACTIONS_VAR: os.path.join(log_dir, f"{name}.exit-actions"),
+                    RUNTIME_VAR: rt,
                 }
                 env = build_environment(cmd, os.environ, bootstrap_vars,
                                         {**self.network_env(), **mesh_env})

@@ -198,8 +198,8 @@ class Node:
         path = os.path.join(runtime_dir(), self.node_id[:16] + ".sock")
         if len(os.fsencode(path)) > UNIX_PATH_MAX:
             raise ValueError(f"the Unix socket path {path} is over {UNIX_PATH_MAX} bytes, the "
-                             f"limit of a socket's name: set XDG_RUNTIME_DIR or TMPDIR to a "
-                             f"folder with a shorter path")
+                             f"limit of a socket's name: set HPCMESH_RUNTIME_DIR, "
+                             f"XDG_RUNTIME_DIR or TMPDIR to a folder with a shorter path")
         return f"unix://{path}"
 
     @property

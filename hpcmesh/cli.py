@@ -59,10 +59,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _use_cwd_for_imports() -> None:
-    """``hpcmesh apply mod.attr`` finds modules in the current directory, like ``python -m``."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    """``hpcmesh apply mod.attr`` finds modules in the current directory, like ``python -m``,
+    but after the standard library and installed packages, and only files nobody else can
+    have planted or changed (another user's ``sysconfig.py`` in /tmp must not run as us)."""
+    from .private_files.modules import import_from_folder
+    import_from_folder(os.getcwd())
 
 
 def _set_context(args) -> None:
@@ -73,6 +74,7 @@ def _set_context(args) -> None:
 def _cached_job():
     """The cached job of the current context, or None."""
     from .job.base import context_state_path, current_context, job_load
+    _use_cwd_for_imports()      # the cache may name classes of the job spec's module
     path = context_state_path()
     try:
         return job_load(path), path
@@ -577,8 +579,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Make the job `module.attr` the current one of this context, "
                                    "apply it (create it unless a cached running job can serve "
                                    "it), and cache its state. `attr` may be a JobTrait or a "
-                                   "function returning one. The module is looked up from the "
-                                   "current directory and PYTHONPATH.")
+                                   "function returning one. The module is looked up on "
+                                   "PYTHONPATH and in the installed packages, then in the "
+                                   "current directory: there only a file (or package folder) "
+                                   "of yours or root's, in a folder nobody else can write "
+                                   "(/tmp's sticky bit is fine).")
     a.add_argument("spec", metavar="module.attr", help="where the job spec lives, e.g. "
                                                          "myproject.jobs.trainers")
     a.set_defaults(fn=cmd_apply)

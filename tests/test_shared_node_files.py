@@ -11,11 +11,14 @@ in subprocesses with their own cwd, ``TMPDIR`` and ``XDG_RUNTIME_DIR``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import marshal
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import types
@@ -43,7 +46,8 @@ def hpcmesh_env(**extra: str) -> dict[str, str]:
     """The environment of an hpcmesh subprocess: this checkout, no inherited state folder,
     context or runtime folder."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("HPCMESH_CONTEXT", "HPCMESH_STATE_DIR", "XDG_RUNTIME_DIR", "TMPDIR")}
+           if k not in ("HPCMESH_CONTEXT", "HPCMESH_STATE_DIR", "XDG_RUNTIME_DIR", "TMPDIR",
+                        "HPCMESH_RUNTIME_DIR")}
     env["PYTHONPATH"] = str(REPO)
     env.update(extra)
     return env
@@ -195,45 +199,158 @@ def test_dump_through_a_planted_symlink_leaves_its_target_alone(other_user, shar
         assert str(hp) in str(e), e
 
 
+# -- the modules of the current folder (`hpcmesh apply mod.attr`; issue 28 review) -------------
+#: the user's own job spec module, in the folder they run `hpcmesh` from
+OUR_JOBS = textwrap.dedent("""
+    import sys, sysconfig
+    import helper                    # our own module beside it: found as python -m finds it
+    print("sysconfig from", sysconfig.__file__, file=sys.stderr)
+    from hpcmesh.job import LocalJob
+    local = LocalJob()
+""")
+#: run by the attacker: write sys.argv[2] (Python that touches the marker) to sys.argv[1]
+PLANT_FILE = "import os, sys; open(sys.argv[1], 'w').write(sys.argv[2])"
+#: the two ways to run the command: the installed `hpcmesh` (no folder of its own on
+#: sys.path: what -P gives) and `python -m hpcmesh` (Python puts the current folder first)
+RUN = {"hpcmesh": [sys.executable, "-P", "-m", "hpcmesh"],
+       "python -m": [sys.executable, "-m", "hpcmesh"]}
+
+
+def touch(marker: Path) -> str:
+    return f"open({str(marker)!r}, 'w').write('ran')\n"
+
+
+def stamped_pyc(source: Path, code: str) -> bytes:
+    """Bytecode of ``code`` stamped with ``source``'s mtime and size: what Python's own
+    loader takes from ``__pycache__`` for ``source`` without reading the source."""
+    st = source.stat()
+    return (importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little")
+            + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+            + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+            + marshal.dumps(compile(code, str(source), "exec")))
+
+
+@pytest.mark.parametrize("run", list(RUN))
+def test_modules_planted_in_the_current_folder_shadow_nothing(other_user, shared_dir, tmp_path,
+                                                              run):
+    # `hpcmesh apply`/`exec` put the current folder first on sys.path: another user's
+    # sysconfig.py in /tmp (or in a shared project folder) ran as root when root ran them
+    # there, and so did bytecode they put in __pycache__ for our own module
+    project = shared_dir(0o1777)
+    (project / "myjobs.py").write_text(OUR_JOBS)
+    (project / "helper.py").write_text("")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "sysconfig.py"), touch(marker))
+    pyc = importlib.util.cache_from_source(str(project / "myjobs.py"))
+    other_user.python("import os, sys; os.mkdir(os.path.dirname(sys.argv[1]));"
+                      "open(sys.argv[1], 'wb').write(bytes.fromhex(sys.argv[2]))",
+                      pyc, stamped_pyc(project / "myjobs.py", touch(marker) + OUR_JOBS).hex())
+
+    def hm_(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*RUN[run], *args], cwd=project, env=hpcmesh_env(),
+                              capture_output=True, text=True, timeout=120)
+    try:
+        r = hm_("apply", "myjobs.local")
+        assert not marker.exists(), f"apply ({run}) ran the other user's code"
+        assert r.returncode == 0, r.stderr
+        assert f"sysconfig from {sysconfig.__file__}" in r.stderr
+        r = hm_("exec", "--", "true")
+        assert not marker.exists(), f"exec ({run}) ran the other user's code"
+        assert r.returncode == 0, r.stderr
+    finally:
+        hm_("kill")
+
+
+def test_a_job_spec_module_another_user_planted_is_refused(other_user, shared_dir, tmp_path):
+    # in /tmp, `hpcmesh apply myjobs.local` imported whatever myjobs.py was there
+    project = shared_dir(0o1777)
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "myjobs.py"), touch(marker) + OUR_JOBS)
+    r = subprocess.run([*RUN["hpcmesh"], "apply", "myjobs.local"], cwd=project,
+                       env=hpcmesh_env(), capture_output=True, text=True, timeout=60)
+    assert not marker.exists(), "`hpcmesh apply` ran the other user's module"
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    theirs = project / "myjobs.py"
+    assert (f"refusing to import {theirs}: it is a file owned by {other_user.name} "
+            f"(uid {other_user.uid}), mode 0644") in r.stderr, r.stderr
+    assert f"`rm {theirs}`, as its owner or root, removes it" in r.stderr
+
+
+def test_a_job_spec_module_in_a_folder_others_can_write_is_refused(shared_dir, tmp_path):
+    # our own module, but in a folder everybody may write (not sticky): anybody could have
+    # replaced it, or could replace it between a check and the import
+    project = shared_dir(0o777)
+    marker = tmp_path / "ran"
+    (project / "myjobs.py").write_text(touch(marker) + OUR_JOBS)
+    (project / "helper.py").write_text("")
+    r = subprocess.run([*RUN["hpcmesh"], "apply", "myjobs.local"], cwd=project,
+                       env=hpcmesh_env(), capture_output=True, text=True, timeout=60)
+    assert not marker.exists() and r.returncode == 2, (r.stdout, r.stderr)
+    assert (f"refusing to import 'myjobs' from {project / 'myjobs.py'}: {project} is a folder "
+            f"owned by root (uid 0), mode 0777") in r.stderr, r.stderr
+    assert f"`chmod -R go-w {project}` makes it trusted" in r.stderr
+
+
 # -- the runtime folder (issue 28 item 4) ------------------------------------------------------
 START_RUNTIME = textwrap.dedent("""
-    from hpcmesh.actor import this_host
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
-    print("started", procs)
+    import os
+    from hpcmesh.actor import Actor, endpoint, this_host
+    from hpcmesh.private_files import runtime_dir
+
+    class Where(Actor):
+        @endpoint
+        def where(self):
+            return runtime_dir()
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    print("started", runtime_dir(), oct(os.stat(runtime_dir()).st_mode & 0o7777))
+    print("workers", *sorted(set(procs.spawn("w", Where).where.call().get(timeout=60).values())))
 """)
 
 
-def test_runtime_folder_another_user_made_first_is_refused(other_user, shared_dir):
-    # /tmp/hpcmesh-<uid> made 0777 by another user was used silently: they could delete the
-    # job's sockets, or plant files in it
+def test_runtime_folder_another_user_made_first_is_left_for_a_fresh_one(other_user,
+                                                                       shared_dir):
+    # /tmp/hpcmesh-<uid> made 0777 by another user was used silently (they could delete the
+    # job's sockets, or plant files in it); then it was refused, and the job could not start
+    # as long as their folder was there. Now hpcmesh makes a fresh folder of its own beside
+    # it, says so once, and the processes it starts use that one too.
     tmp = shared_dir(0o1777)              # what /tmp is; TMPDIR points the process at it
     rt = tmp / f"hpcmesh-{os.geteuid()}"
     other_user.python("import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)",
                       str(rt))
     r = subprocess.run([sys.executable, "-c", START_RUNTIME], env=hpcmesh_env(TMPDIR=str(tmp)),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "started" not in r.stdout, r.stdout
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
     assert os.listdir(rt) == [], "the job put its sockets in the other user's folder"
-    assert (f"refusing the runtime folder {rt}: it is a folder owned by {other_user.name} "
-            f"(uid {other_user.uid}), mode 0777") in r.stderr, r.stderr
-    assert "set TMPDIR to a folder of this user's" in r.stderr
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    fresh, mode = lines["started"].split()
+    assert os.path.dirname(fresh) == str(tmp) and fresh != str(rt), fresh
+    assert os.path.basename(fresh).startswith(f"hpcmesh-{os.geteuid()}-") and mode == "0o700"
+    assert lines["workers"] == fresh, "the processes it started chose a folder of their own"
+    warning = (f"refusing the runtime folder {rt}: it is a folder owned by {other_user.name} "
+               f"(uid {other_user.uid}), mode 0777")
+    assert r.stderr.count(warning) == 1, r.stderr
+    assert f"`rm -r {rt}`, as its owner or root, removes it" in r.stderr
+    assert f"using {fresh} instead" in r.stderr
 
 
 PLANTED_STACKS = textwrap.dedent("""
     import os, sys
-    from hpcmesh.runtime.introspect import STACK_SIGNAL, install_stack_dump_handler
+    from hpcmesh.runtime.introspect import STACK_SIGNAL, install_stack_dump_handler, stack_file
     print(os.getpid(), flush=True)
     sys.stdin.readline()                   # the other user plants the link now
     if install_stack_dump_handler():
-        print("installed", flush=True)
         os.kill(os.getpid(), STACK_SIGNAL)     # what the admin view asks: a dump, now
+        path = stack_file(os.getpid())         # (to ourselves: written before kill returns)
+        print("installed", os.path.dirname(path), os.path.getsize(path) > 0, flush=True)
     else:                                      # (unhandled, the signal would end us)
         print("refused", flush=True)
 """)
 
 
 def test_planted_stack_file_link_gets_no_stack_dump(other_user, shared_dir, tmp_path):
-    # a planted stacks-<pid>.txt symlink made a stack dump append to a root-only file
+    # a planted stacks-<pid>.txt symlink made a stack dump append to a root-only file; then
+    # their folder was refused, and with it the stack dumps
     precious = tmp_path / "root-only.log"
     precious.write_text("precious\n")
     tmp = shared_dir(0o1777)
@@ -252,7 +369,10 @@ def test_planted_stack_file_link_gets_no_stack_dump(other_user, shared_dir, tmp_
         p.kill()
         p.wait()
     assert precious.read_bytes() == b"precious\n", "the stack dump went into their link"
-    assert p.returncode == 0 and out.split() == ["refused"], (out, err)
+    # their folder is left alone: the dump goes into a fresh one of ours
+    assert p.returncode == 0 and out.split()[0] == "installed", (out, err)
+    folder, written = out.split()[1:]
+    assert os.path.dirname(folder) == str(tmp) and folder != str(rt) and written == "True"
 
 
 # -- the job secret, the logs, the exit actions, the services file (issue 28, rest) -------------

@@ -422,6 +422,17 @@ def client_runtime() -> ClientRuntime:
     return _runtime
 
 
+def install_client_runtime(secret: bytes) -> ClientRuntime:
+    """This process's client runtime, created with ``secret`` if it has none yet: a process
+    that joins a job started elsewhere (the controller of an MPI launch) speaks with that
+    job's secret, not a new one. One that exists already is returned as it is."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = ClientRuntime(secret)
+        return _runtime
+
+
 def existing_client_runtime() -> ClientRuntime | None:
     return _runtime
 

@@ -124,10 +124,8 @@ class ProcMesh(MeshView):
         state = ActorMeshState(actor_id, name, actor_class.__name__, endpoints,
                                 [r.name for r in recs], recs, methods)
         state.owner = spawning_actor()
-        if rt is not None and state.owner is not None:
-            rt.owners[actor_id] = state.owner     # who a failure of one of them goes to
         if rt is not None:
-            rt.actor_meshes[actor_id] = state     # the admin view (hpcmesh.admin)
+            rt.track_actor_mesh(state, state.owner)
         if self._state.in_this_process:
             self._state.actor_meshes.append(state)
         sp = None

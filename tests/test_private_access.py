@@ -223,10 +223,10 @@ def reach_ins(name: str, used: set | None = None) -> list[str]:
                     found.append(f"{where(name)}:{node.lineno}: from {base} import {alias.name}")
                 elif used is not None:
                     used.add(key)
-        elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules" \
-                and _is_hpcmesh_name(node.slice) \
-                or isinstance(node, ast.Call) and ast.unparse(node.func) == "sys.modules.get" \
-                and node.args and _is_hpcmesh_name(node.args[0]):
+        elif (isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules"
+              and _is_hpcmesh_name(node.slice)) or (
+                isinstance(node, ast.Call) and ast.unparse(node.func) == "sys.modules.get"
+                and node.args and _is_hpcmesh_name(node.args[0])):
             found.append(f"{where(name)}:{node.lineno}: {ast.unparse(node)} (looks up a module "
                          f"of hpcmesh at run time: import it, or register a seam)")
     return found

@@ -217,8 +217,7 @@ def cmd_exec(args) -> int:
     cached, _path = _cached_job()
     if cached is not None and cached.active:
         # the job that is running now (it may have been applied by a script, not `apply`)
-        from .job.base import JobState
-        state = JobState(cached._state())
+        state = cached.running_state()
     else:
         try:
             job = load_current_job()

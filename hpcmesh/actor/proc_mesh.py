@@ -63,12 +63,24 @@ class ProcMesh(MeshView):
 
     @classmethod
     def from_records(cls, name: str, records: list[ProcRecord], extent: Extent,
-                     hosts: MeshTrait | None) -> "ProcMesh":
+                     hosts: MeshTrait | None, *, in_this_process: bool = False) -> "ProcMesh":
         """A mesh over processes started by someone else (an MPI launcher, this process
-        itself): ``records`` in row-major order of ``extent``, each ready once its process
-        said hello."""
+        itself: ``in_this_process``): ``records`` in row-major order of ``extent``, each
+        ready once its process said hello."""
         state = ProcMeshState(name, records, gather([r.ready for r in records]), hosts)
+        state.in_this_process = in_this_process
         return cls(state, Shape.from_extent(extent))
+
+    @property
+    def records(self) -> list[ProcRecord]:
+        """The runtime's record of each process of this view, in order (a launcher that
+        built the mesh with ``from_records`` finds its own records here)."""
+        return [self._state.records[g] for g in self._shape.ranks()]
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the whole mesh was stopped (``stop()`` on it, or on a view of all of it)."""
+        return self._state.stopped
 
     @property
     def pids(self) -> list[int | None]:
@@ -112,10 +124,8 @@ class ProcMesh(MeshView):
         state = ActorMeshState(actor_id, name, actor_class.__name__, endpoints,
                                 [r.name for r in recs], recs, methods)
         state.owner = spawning_actor()
-        if rt is not None and state.owner is not None:
-            rt.owners[actor_id] = state.owner     # who a failure of one of them goes to
         if rt is not None:
-            rt.actor_meshes[actor_id] = state     # the admin view (hpcmesh.admin)
+            rt.track_actor_mesh(state, state.owner)
         if self._state.in_this_process:
             self._state.actor_meshes.append(state)
         sp = None
@@ -384,6 +394,4 @@ def this_proc() -> ProcMesh:
     rec.pid = os.getpid()
     rec.host = socket.gethostname()
     rec.ready.set_result(node.ref)
-    mesh = ProcMesh.from_records("this_proc", [rec], Extent({}), None)
-    mesh._state.in_this_process = True
-    return mesh
+    return ProcMesh.from_records("this_proc", [rec], Extent({}), None, in_this_process=True)

@@ -41,6 +41,14 @@ class AttachWaiter:
             self.hosts[ref.node_id] = (info.get("host", "?"), ref, info)
             self._cond.notify_all()
 
+    def stop(self) -> None:
+        """Stop collecting hellos (``wait`` does when it returns or raises; a launch that
+        fails before it waits must, or the node would keep calling this waiter)."""
+        try:
+            self.node.on_peer_hello.remove(self._on_hello)
+        except ValueError:
+            pass
+
     @property
     def attached(self) -> int:
         return len(self.hosts)
@@ -65,10 +73,7 @@ class AttachWaiter:
                 if poll is not None:
                     poll()
         finally:
-            try:
-                self.node.on_peer_hello.remove(self._on_hello)
-            except ValueError:
-                pass
+            self.stop()
         entries = sorted(self.hosts.values(),
                          key=lambda e: (int(e[2].get("slurm_nodeid") or 0), e[0]))
         return [HostRef(ref, host) for host, ref, info in entries]

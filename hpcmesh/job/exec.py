@@ -386,7 +386,7 @@ def exec_command(host_mesh, cmd: str | Sequence[str], env: Mapping[str, str | No
 
     def finished(f: Future) -> None:
         exc = f.exception()
-        value = None if exc is not None else max(f._value.values(), default=0)
+        value = None if exc is not None else max(f.value().values(), default=0)
 
         def stopped(_s: Future) -> None:
             if port_ref is not None:

@@ -529,10 +529,7 @@ class SlurmJob(JobTrait):
                 except SlurmError as e:
                     log.warning("could not cancel job(s) %s: %s", self.job_ids, e)
             for w in waiters.values():
-                try:
-                    w.node.on_peer_hello.remove(w._on_hello)
-                except ValueError:
-                    pass
+                w.stop()
             self._applied = False
             raise
         finally:

@@ -143,6 +143,13 @@ def _pid_alive(pid: int, must_contain: str | None = None) -> bool:
         return False
 
 
+def _controller_process(job) -> subprocess.Popen | None:
+    """The process that runs a job of submitit's local cluster (None: no such job): its
+    Job has no public handle on it, and this is the one place hpcmesh reads the private
+    one."""
+    return getattr(job, "_process", None)
+
+
 def _wait_gone(check, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -454,8 +461,7 @@ class SubmititJob(JobTrait):
             return {}
 
     def _local_alive(self, name: str) -> bool:
-        job = getattr(self, "_live_jobs", {}).get(name)
-        proc = getattr(job, "_process", None)
+        proc = _controller_process(getattr(self, "_live_jobs", {}).get(name))
         if proc is not None:
             return proc.poll() is None
         jid = self.job_ids.get(name)
@@ -485,7 +491,7 @@ class SubmititJob(JobTrait):
         elif cluster == "local":
             for name, jid in self.job_ids.items():
                 job = getattr(self, "_live_jobs", {}).get(name)
-                if job is not None and getattr(job, "_process", None) is not None:
+                if _controller_process(job) is not None:
                     job.cancel()          # SIGINT to submitit's controller
                 elif _pid_alive(int(jid), "submitit"):
                     os.kill(int(jid), signal.SIGINT)

@@ -47,14 +47,20 @@ def _serve_commands(mountpoint: str, fsname: str,
     unmount_if_ours(mountpoint, fsname)
 
 
+def libfuse():
+    """mfusepy's ctypes handle on libfuse: it exposes none in public, and the cache
+    invalidation below is only there (the one place hpcmesh reads it)."""
+    import mfusepy
+    return mfusepy._libfuse
+
+
 def invalidator():
     """A function that drops the kernel's cached lookup, attributes and pages of a path of
     the filesystem this process serves (libfuse 3's ``fuse_invalidate_path``), or None
     where libfuse lacks it. Call ``invalidator()`` from inside a filesystem callback (it
     needs the filesystem's handle, which only a callback's context has)."""
     import ctypes
-    import mfusepy
-    lib = mfusepy._libfuse
+    lib = libfuse()
     if not hasattr(lib, "fuse_invalidate_path"):
         return None
     fuse = lib.fuse_get_context().contents.fuse

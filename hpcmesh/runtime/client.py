@@ -13,7 +13,7 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..settings import check_process_settings, env_number
 from ..transport.addresses import new_secret
@@ -77,6 +77,16 @@ def _listen_addresses(node_id_unix: str) -> list[str]:
     return addrs
 
 
+class TrackedActorMesh(Protocol):
+    """What the runtime reads of an actor mesh it tracks (``track_actor_mesh``): the
+    actor layer's mesh state, which sits a layer above and is not imported here."""
+    actor_id: str
+    name: str
+    class_name: str
+    proc_names: list[str]           # the processes its actors run in, one per actor
+    nodes: list[NodeRef] | None     # the actors' nodes, once they are up
+
+
 class ClientRuntime:
     """One per process that owns meshes; created on first use.
 
@@ -102,10 +112,11 @@ class ClientRuntime:
             node.on_stop.append(self.shutdown)    # the process stops: what it owns goes too
         self.procs: dict[str, ProcRecord] = {}
         # actor mesh id -> the ActorInstance that spawned it (absent: this process's code)
-        self.owners: dict[str, Any] = {}
-        # actor mesh id -> its ActorMeshState while someone holds it (the admin view's
-        # record of the actors of a process that cannot be asked)
-        self.actor_meshes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._owners: dict[str, Any] = {}
+        # actor mesh id -> its state while someone holds it (the admin view's record of the
+        # actors of a process that cannot be asked): see track_actor_mesh
+        self._actor_meshes: weakref.WeakValueDictionary[str, TrackedActorMesh] = \
+            weakref.WeakValueDictionary()
         self._hook_thread: ActorThread | None = None
         self._closing = False
         actor_host.on_actor_failed.append(self.end_descendants)
@@ -156,7 +167,7 @@ class ClientRuntime:
         elif kind == EVENT_EXIT:
             self._on_exit(*event[1:])
         elif kind == EVENT_ACTOR_FAULT:
-            self.report_failure(self.owners.get(event[1]), event[2])
+            self.report_failure(self._owners.get(event[1]), event[2])
         elif kind == EVENT_AGENT_EXIT:
             self._on_agent_exit(*event[1:])
 
@@ -306,10 +317,25 @@ class ClientRuntime:
         why = (f"process {rec.label} of mesh {rec.mesh_name} on host {host} (pid {pid}) "
                f"{'was stopped' if rec.stopping else 'died'}: {status}")
         tel.process_status(rec.name, rec.mesh_name, rec.label, host, pid, ended, why)
-        for actor_id, st in list(self.actor_meshes.items()):
-            names = getattr(st, "proc_names", ())
+        for actor_id, st in list(self._actor_meshes.items()):
+            names = st.proc_names
             if rec.name in names:
                 tel.status(f"{actor_id}.{names.index(rec.name)}", ended, why)
+
+    # -- the actor meshes this process spawned ------------------------------------
+    def track_actor_mesh(self, mesh: TrackedActorMesh, owner: Any = None) -> None:
+        """``mesh`` was spawned from this process by ``owner`` (the ActorInstance of the
+        spawning actor; None: this process's own code). A failure of one of its actors is
+        offered to that owner (``report_failure``), the owner's failure stops it
+        (``end_descendants``), its actors' ends are recorded with their processes', and
+        the admin view lists it, while somebody holds it (it is kept weakly)."""
+        if owner is not None:
+            self._owners[mesh.actor_id] = owner
+        self._actor_meshes[mesh.actor_id] = mesh
+
+    def actor_meshes(self) -> list[TrackedActorMesh]:
+        """The actor meshes tracked here that somebody still holds."""
+        return list(self._actor_meshes.values())
 
     # -- supervision by owning actors ---------------------------------------------
     def report_failure(self, owner, failure: MeshFailure) -> None:
@@ -359,11 +385,11 @@ class ClientRuntime:
         its descendants have failed"): its actor meshes are stopped and its processes
         stopped at once, quietly (their ends are no further failure). Fire and forget: on
         the event loop, which must not wait."""
-        for actor_id, who in list(self.owners.items()):
+        for actor_id, who in list(self._owners.items()):
             if who is not owner:
                 continue
-            state = self.actor_meshes.get(actor_id)
-            for n in dict.fromkeys(getattr(state, "nodes", None) or ()):
+            state = self._actor_meshes.get(actor_id)
+            for n in dict.fromkeys((state.nodes if state is not None else None) or ()):
                 self.node.rpc(n, "stop_actors", [actor_id])
         by_agent: dict[str, tuple] = {}
         for rec in list(self.procs.values()):
@@ -420,6 +446,17 @@ def client_runtime() -> ClientRuntime:
                 _runtime = ClientRuntime(node=node) if node is not None and \
                     node.role == "proc" else ClientRuntime()
     return _runtime
+
+
+def install_client_runtime(secret: bytes) -> ClientRuntime:
+    """This process's client runtime, created with ``secret`` if it has none yet: a process
+    that joins a job started elsewhere (the controller of an MPI launch) speaks with that
+    job's secret, not a new one. One that exists already is returned as it is."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = ClientRuntime(secret)
+        return _runtime
 
 
 def existing_client_runtime() -> ClientRuntime | None:

@@ -902,6 +902,28 @@ class Node:
     def peer_connected(self, peer_id: str) -> bool:
         return self.peers.connected(peer_id)
 
+    # -- a call that pauses inside frame handling (runtime/debugger.py) -----------------
+    def pause_frame_handling(self) -> tuple[bool, bool]:
+        """The call being handled from a read pauses, with the loop turning inside it (a
+        breakpoint in an async endpoint): replies stop being held back for the end of the
+        read, which waits for the pause, and those held so far leave now. Returns what
+        :meth:`resume_frame_handling` puts back when the call goes on. The frames of the
+        read not handled yet: :meth:`take_unhandled_frames`."""
+        paused = self._handling_frames, self.in_batch
+        self._handling_frames = self.in_batch = False
+        held = self._replied
+        while held:
+            held.pop().flush_now()
+        return paused
+
+    def resume_frame_handling(self, paused: tuple[bool, bool]) -> None:
+        self._handling_frames, self.in_batch = paused
+
+    def handle_frames(self, conn: Connection, frames: list) -> None:
+        """Handle ``frames`` read from ``conn`` as its reader does: frames taken with
+        :meth:`take_unhandled_frames` are handed back to the loop through here."""
+        self._on_frames(conn, frames)
+
     # -- shutdown --------------------------------------------------------------------
     def close(self) -> None:
         """Close listeners and connections (call on the loop thread)."""

@@ -27,8 +27,10 @@ __all__ = [
     "parse_slurm_duration",
     "parse_exit_code",
     "normalize_state",
+    "SLURM_STATES",
     "SLURM_STATES_TERMINAL",
     "SLURM_STATES_ACTIVE",
+    "SLURM_STATES_LIVE",
     "Allocation",
     "clean_env_for_nested_srun",
     "SQUEUE_FORMAT",
@@ -335,16 +337,24 @@ _SHORT_STATES = {
     "SO": "STAGE_OUT", "S": "SUSPENDED", "ST": "STOPPED", "TO": "TIMEOUT",
 }
 
-#: The job will not run again (this run is over and nothing will requeue it by itself).
+#: Every job state squeue and sacct document (the JOB STATE CODES of Slurm 22.05 and 24.11:
+#: the same 24), by long name.
+SLURM_STATES = frozenset(_SHORT_STATES.values())
+#: Over: this run ended and nothing will requeue it by itself.
 SLURM_STATES_TERMINAL = frozenset({
     "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
     "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "TIMEOUT",
 })
-#: The job holds or may still get nodes (held and requeued jobs included: they can run again).
-SLURM_STATES_ACTIVE = frozenset({
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
-    "RESIZING", "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-    "RESV_DEL_HOLD", "SPECIAL_EXIT",
+#: Not over: Slurm still has the job (winding up, stopped, held and requeued jobs included).
+#: The question "is it gone yet?" (a cancel waits until none of its jobs is in here).
+SLURM_STATES_ACTIVE = SLURM_STATES - SLURM_STATES_TERMINAL
+#: Alive for someone waiting on the job's programs: they run, or will run once Slurm gets to
+#: them (pending, suspended, on its way back into the queue). Not the states of a run being
+#: wound up (COMPLETING, STAGE_OUT), stopped by SIGSTOP until someone resumes it (STOPPED),
+#: or held until a person acts (RESV_DEL_HOLD, SPECIAL_EXIT).
+SLURM_STATES_LIVE = frozenset({
+    "PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "SIGNALING",
+    "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
 })
 
 
@@ -778,7 +788,14 @@ class JobRecord:
 
     @property
     def is_active(self) -> bool:
+        """Not over yet (see ``SLURM_STATES_ACTIVE``): what a cancel waits out."""
         return self.state in SLURM_STATES_ACTIVE
+
+    @property
+    def is_live(self) -> bool:
+        """Its programs run or will run (see ``SLURM_STATES_LIVE``): what a wait for them,
+        or the reuse of a cached job, needs."""
+        return self.state in SLURM_STATES_LIVE
 
     @property
     def time_used_seconds(self) -> int | None:

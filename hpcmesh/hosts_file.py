@@ -36,7 +36,9 @@ error, so a half-edited file cannot silently run on the wrong hosts):
     allocation.
 ``ssh``
     ``hosts`` (required): a list of host names, each of which may be a hostlist
-    expression, or one hostlist string such as ``node[01-04],gpu-a[1-2]``.
+    expression, or one hostlist string such as ``node[01-04],gpu-a[1-2]``; a name may
+    be ``user@host``, and none may be given twice (``expand_hosts``, which SSHJob
+    uses too).
     ``ssh_args`` (optional): extra ``ssh`` arguments. ``python`` (optional):
     the Python executable on the remote hosts.
 ``static``
@@ -68,6 +70,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from .slurm.parsing import MAX_HOSTS, SlurmParseError, expand_hostlist
 from .transport.tls import TRUST_ALL
 from .yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
                          nearest_line)
@@ -81,6 +84,7 @@ __all__ = [
     "parse_hosts_config",
     "parse_worker_address",
     "expand_hosts",
+    "HostListError",
 ]
 
 SCHEDULERS = ("local", "slurm", "ssh", "static")
@@ -277,57 +281,80 @@ def _string_list(doc: _Doc, node: yaml.Node, key: str, *, split: bool) -> list[s
     return out
 
 
-def expand_hosts(spec: str | Iterable[str]) -> list[str]:
-    """Expand hostlist expressions (``node[01-04],gpu-a[1-2]``) in order.
+class HostListError(HpcmeshError, ValueError):
+    """A bad ssh host list. ``index`` is the list item at fault (None for one string),
+    ``first`` the item that named a repeated host first; ``problem`` the message without
+    the item's name, for callers that locate it themselves (a file's line)."""
 
-    Raises ValueError for a malformed expression or host name.
+    def __init__(self, problem: str, what: str = "hosts", index: int | None = None,
+                 first: int | None = None, name: str | None = None) -> None:
+        self.problem, self.index, self.first, self.name = problem, index, first, name
+        where = what if index is None else f"{what}[{index}]"
+        also = "" if first is None else f" (also at index {first})"
+        super().__init__(f"{where}: {problem}{also}")
+
+
+_USER_RE = re.compile(r"[\w.-]+")
+_HOST_NAME_RULE = ("expected a host name of letters, digits, '.', '-' and '_', "
+                   "optionally after 'user@'")
+
+
+def expand_hosts(spec: str | Iterable[str], what: str = "hosts") -> list[str]:
+    """The hosts to reach over ssh, in order, from one hostlist string
+    (``node[01-04],gpu-a[1-2]``) or a list of host names and hostlists.
+
+    Expansion is slurm.parsing's bounded ``expand_hostlist`` (at most ``MAX_HOSTS``
+    names in all); each name must be a host name, optionally ``user@host``, none may be
+    given twice (one agent per host; a repeat is a slip) and there must be one at least.
+    Raises HostListError, naming the value ``what`` (and the item).
     """
-    import hostlist  # python-hostlist
-
-    parts = [spec] if isinstance(spec, str) else list(spec)
+    items = [spec] if isinstance(spec, str) else list(spec)
     out: list[str] = []
-    for part in parts:
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        index = None if isinstance(spec, str) else i
+        if not isinstance(item, str) or not item.strip():
+            raise HostListError(f"must be a host name or hostlist, got {_describe(item)}",
+                                what, index)
         try:
-            names = hostlist.expand_hostlist(part.strip())
-        except hostlist.BadHostlist as exc:
-            raise ValueError(f"bad hostlist {part!r}: {exc}") from None
+            names = expand_hostlist(item, unique=True)
+        except SlurmParseError as exc:
+            raise HostListError(str(exc), what, index) from None
         for name in names:
             user, _, host = name.rpartition("@")
-            if not _HOST_RE.match(host) or (user and not re.fullmatch(r"[\w.-]+", user)):
-                raise ValueError(f"bad host name {name!r} in {part!r}")
+            if not _HOST_RE.match(host) or (user and not _USER_RE.fullmatch(user)):
+                raise HostListError(f"bad host name {name!r} in {item!r}; {_HOST_NAME_RULE}",
+                                    what, index)
+            if name in seen:
+                raise HostListError(f"host {name!r} is listed twice", what, index, seen[name],
+                                    name)
+            seen[name] = i
             out.append(name)
+        if len(out) > MAX_HOSTS:
+            raise HostListError(f"more than {MAX_HOSTS} hosts in all", what, index)
+    if not out:
+        raise HostListError("needs at least one host (a hostlist like 'node[01-04]' or a "
+                            "list of host names)", what)
     return out
 
 
 def _parse_hosts(doc: _Doc, node: yaml.Node) -> list[str]:
     value = doc.value(node)
-    if isinstance(value, str):
-        pairs = [(value, node)]
-    elif isinstance(value, list):
-        pairs = list(zip(value, node.value))
-    else:
+    if not isinstance(value, (str, list)):
         raise doc.fail(node, "hosts must be a hostlist string or a list of host names, "
                        f"got {_describe(value)}", key="hosts", value=value)
-    hosts: list[str] = []
-    first: dict[str, int] = {}
-    for i, (item, inode) in enumerate(pairs):
-        key = "hosts" if isinstance(value, str) else f"hosts[{i}]"
-        if not isinstance(item, str) or not item.strip():
-            raise doc.fail(inode, f"{key} must be a host name or hostlist, got {_describe(item)}",
-                           key=key, value=item)
-        try:
-            names = expand_hosts(item)
-        except ValueError as exc:
-            raise doc.fail(inode, f"{key}: {exc}", key=key, value=item) from None
-        for name in names:
-            line = inode.start_mark.line + 1
-            if name in first:
-                raise doc.fail(inode, f"host {name!r} is listed twice (also on line {first[name]})",
-                               key=key, value=name)
-            first[name] = line
-            hosts.append(name)
-    if not hosts:
-        raise doc.fail(node, "scheduler ssh needs at least one host in 'hosts'", key="hosts")
+    try:
+        hosts = expand_hosts(value)
+    except HostListError as exc:
+        if exc.index is None:
+            at, key, item = node, "hosts", value
+        else:
+            at, key, item = node.value[exc.index], f"hosts[{exc.index}]", value[exc.index]
+        if exc.first is None:
+            raise doc.fail(at, str(exc), key=key, value=item) from None
+        line = node.value[exc.first].start_mark.line + 1
+        raise doc.fail(at, f"{exc.problem} (also on line {line})", key=key,
+                       value=exc.name) from None
     return hosts
 
 

@@ -11,6 +11,7 @@ from hpcmesh.hosts_file import (
     SCHEDULERS,
     ConfigError,
     HostsConfig,
+    HostListError,
     expand_hosts,
     load_hosts_config,
     parse_hosts_config,
@@ -295,13 +296,15 @@ def test_ssh_missing_hosts():
 
 def test_ssh_bad_hostlist():
     err = error("scheduler: ssh\nhosts:\n  - ok1\n  - node[01-\n")
-    assert str(err) == "hosts.yaml:4: hosts[1]: bad hostlist 'node[01-': unbalanced brackets"
+    assert str(err) == ("hosts.yaml:4: hosts[1]: cannot expand hostlist 'node[01-' (unbalanced "
+                        "brackets); expected a Slurm hostlist like 'node[01-04,07],gpu-a[1-2]'")
     assert err.key == "hosts[1]"
 
 
 def test_ssh_bad_host_name():
-    err = error("scheduler: ssh\nhosts: ['node 1']\n")
-    assert str(err) == "hosts.yaml:2: hosts[0]: bad host name 'node 1' in 'node 1'"
+    err = error("scheduler: ssh\nhosts: ['node/1']\n")
+    assert str(err) == ("hosts.yaml:2: hosts[0]: bad host name 'node/1' in 'node/1'; expected a "
+                        "host name of letters, digits, '.', '-' and '_', optionally after 'user@'")
 
 
 def test_ssh_duplicate_host():
@@ -314,12 +317,13 @@ def test_ssh_hosts_wrong_type():
     assert str(err) == ("hosts.yaml:2: hosts must be a hostlist string or a list of host "
                         "names, got a mapping")
     err = error("scheduler: ssh\nhosts: [42]\n")
-    assert str(err) == "hosts.yaml:2: hosts[0] must be a host name or hostlist, got integer 42"
+    assert str(err) == "hosts.yaml:2: hosts[0]: must be a host name or hostlist, got integer 42"
 
 
 def test_ssh_empty_hosts():
     err = error("scheduler: ssh\nhosts: []\n")
-    assert str(err) == "hosts.yaml:2: scheduler ssh needs at least one host in 'hosts'"
+    assert str(err) == ("hosts.yaml:2: hosts: needs at least one host (a hostlist like "
+                        "'node[01-04]' or a list of host names)")
 
 
 def test_ssh_python_bad():
@@ -332,10 +336,27 @@ def test_ssh_user_at_host():
     assert parse("scheduler: ssh\nhosts: ['me@n[1-2]']\n").hosts == ["me@n1", "me@n2"]
 
 
-def test_expand_hosts_helper():
+def test_expand_hosts_is_the_one_ssh_host_rule():
     assert expand_hosts("gpu-a[1-2],x") == ["gpu-a1", "gpu-a2", "x"]
-    with pytest.raises(ValueError):
-        expand_hosts("a[3-")
+    assert expand_hosts([" b[1-2] ", "me@a"]) == ["b1", "b2", "me@a"]
+
+    def fails(spec) -> HostListError:
+        with pytest.raises(HostListError) as err:
+            expand_hosts(spec)
+        assert isinstance(err.value, ValueError)
+        return err.value
+
+    assert "unbalanced brackets" in str(fails("a[3-"))
+    # bounded by slurm.parsing before any list is built, per item and in all
+    assert "more than 100000 hosts" in str(fails("n[1-100000000]"))
+    assert str(fails(["a[1-60000]", "b[1-60000]"])) == "hosts[1]: more than 100000 hosts in all"
+    err = fails(["n[1-3]", "x", "n2"])
+    assert (str(err), err.index, err.first, err.name) == (
+        "hosts[2]: host 'n2' is listed twice (also at index 0)", 2, 0, "n2")
+    assert str(fails("n[1-3],n2")) == "hosts: hostlist 'n[1-3],n2' names 'n2' twice"
+    assert "bad host name 'bad:name'" in str(fails(["bad:name"]))
+    assert str(fails(["x", None])) == "hosts[1]: must be a host name or hostlist, got null"
+    assert str(fails([])).startswith("hosts: needs at least one host")
 
 
 # ----------------------------------------------------------------- static

@@ -72,6 +72,13 @@ def test_expand_hostlist(text, expected):
     assert expand_hostlist(text) == expected
 
 
+def test_expand_hostlist_unique_refuses_a_repeat():
+    assert expand_hostlist("a,b,a") == ["a", "b"]          # a nodelist: counts once
+    for text in ("a,b,a", "n[1,1]", "n[1-3],n2"):
+        with pytest.raises(SlurmParseError, match=r"names 'n?[a12]' twice"):
+            expand_hostlist(text, unique=True)
+
+
 @pytest.mark.parametrize("text", ["node[1-", "node[3-1]", "x[a-b]", "node1 node2", "n]1["])
 def test_expand_hostlist_malformed_names_input_and_form(text):
     with pytest.raises(SlurmParseError) as err:

@@ -163,12 +163,14 @@ def _expand_part(part: str, room: int, limit: int) -> list[str]:
         raise _BadHostlist(str(exc)) from None
 
 
-def expand_hostlist(s: str, *, max_hosts: int = MAX_HOSTS) -> list[str]:
+def expand_hostlist(s: str, *, max_hosts: int = MAX_HOSTS, unique: bool = False) -> list[str]:
     """``node[01-04,07],gpu-a[1-2]`` -> ``['node01', ..., 'gpu-a2']``, in Slurm's order.
 
-    Order is kept (not sorted) because rank assignment follows the nodelist; a name
-    given twice counts once. Bounded: at most ``max_hosts`` names (checked before any
-    list is built, so ``n[1-999999999999]`` costs nothing) and ``MAX_VALUE_CHARS`` of text.
+    The one hostlist expander of hpcmesh (Slurm's nodelists, ssh host lists). Order is
+    kept (not sorted) because rank assignment follows the nodelist; a name given twice
+    counts once, or with ``unique`` is an error (a list a person wrote). Bounded: at most
+    ``max_hosts`` names (checked before any list is built, so ``n[1-999999999999]`` costs
+    nothing) and ``MAX_VALUE_CHARS`` of text. Host names are not checked here.
     """
     if not isinstance(s, str):
         raise SlurmParseError(f"hostlist must be a string, got {type(s).__name__} {s!r}")
@@ -183,6 +185,8 @@ def expand_hostlist(s: str, *, max_hosts: int = MAX_HOSTS) -> list[str]:
         names: dict[str, None] = {}
         for part in _hostlist_parts(text):
             for name in _expand_part(part, max_hosts - len(names), max_hosts):
+                if unique and name in names:
+                    raise SlurmParseError(f"hostlist {excerpt(s)} names {excerpt(name)} twice")
                 names[name] = None
     except _BadHostlist as exc:
         raise SlurmParseError(f"cannot expand hostlist {excerpt(s)} ({exc}); expected a "

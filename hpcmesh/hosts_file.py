@@ -42,9 +42,11 @@ error, so a half-edited file cannot silently run on the wrong hosts):
     ``ssh_args`` (optional): extra ``ssh`` arguments. ``python`` (optional):
     the Python executable on the remote hosts.
 ``static``
-    ``workers`` (required): list of already-running host agents' addresses,
-    ``tcp://host:port`` (port 1-65535, IPv6 as ``tcp://[addr]:port``) or
-    ``unix:///absolute/path``.
+    ``workers`` (required): list of already-running host agents' addresses, as
+    ``attach_to_workers`` takes them (``transport.addresses.parse_worker_address``):
+    ``tcp://host:port`` (port 1-65535, IPv6 as ``tcp://[addr]:port``),
+    ``unix:///absolute/path`` or ``ipc:///absolute/path``, also Monarch's
+    ``DIAL@BIND`` and ``service@`` prefix.
 
 Argument lists (``srun_args``, ``ssh_args``) may be YAML lists or a single
 string split with shell rules. Top-level keys starting with ``x-`` are
@@ -66,11 +68,11 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
-from urllib.parse import urlsplit
 
 import yaml
 
 from .slurm.parsing import MAX_HOSTS, SlurmParseError, expand_hostlist
+from .transport.addresses import Address, is_host_name, parse_worker_address
 from .transport.tls import TRUST_ALL
 from .yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
                          nearest_line)
@@ -82,7 +84,6 @@ __all__ = [
     "HostsConfig",
     "load_hosts_config",
     "parse_hosts_config",
-    "parse_worker_address",
     "expand_hosts",
     "HostListError",
 ]
@@ -97,9 +98,6 @@ SCHEDULER_KEYS: dict[str, tuple[str, ...]] = {
 }
 NETWORK_KEYS = ("ifname", "cidr")
 TRANSPORT_KEYS = ("tls", "ca")
-WORKER_SCHEMES = ("tcp", "unix")
-
-_HOST_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
 
 
 class ConfigError(HpcmeshError, ValueError):
@@ -322,7 +320,7 @@ def expand_hosts(spec: str | Iterable[str], what: str = "hosts") -> list[str]:
             raise HostListError(str(exc), what, index) from None
         for name in names:
             user, _, host = name.rpartition("@")
-            if not _HOST_RE.match(host) or (user and not _USER_RE.fullmatch(user)):
+            if not is_host_name(host) or (user and not _USER_RE.fullmatch(user)):
                 raise HostListError(f"bad host name {name!r} in {item!r}; {_HOST_NAME_RULE}",
                                     what, index)
             if name in seen:
@@ -358,60 +356,6 @@ def _parse_hosts(doc: _Doc, node: yaml.Node) -> list[str]:
     return hosts
 
 
-def parse_worker_address(address: str) -> tuple[str, str, int | None]:
-    """Check a worker URL; return ``(scheme, host_or_path, port)``.
-
-    ``tcp://host:port`` gives ``("tcp", host, port)`` (IPv6 without brackets);
-    ``unix:///path`` gives ``("unix", "/path", None)``. Raises ValueError.
-    """
-    expected = "expected tcp://host:port (port 1-65535) or unix:///absolute/path"
-    if "://" not in address:
-        hint = ""
-        if re.fullmatch(r"[\w.-]+:\d+", address):
-            hint = f" (did you mean 'tcp://{address}'?)"
-        raise ValueError(f"worker {address!r} is not a URL; {expected}{hint}")
-    try:
-        parts = urlsplit(address)
-    except ValueError as exc:  # e.g. a bracketed non-IPv6 host
-        raise ValueError(f"worker {address!r}: bad IPv6 address ({exc})") from None
-    scheme = parts.scheme.lower()
-    if scheme not in WORKER_SCHEMES:
-        raise ValueError(f"worker {address!r}: unknown scheme {parts.scheme!r}"
-                         f"{allowed_suffix(WORKER_SCHEMES, scheme, cutoff=0.5)}")   # http -> tcp
-    if parts.query or parts.fragment:
-        raise ValueError(f"worker {address!r}: unexpected '?' or '#' part; {expected}")
-    if scheme == "unix":
-        if parts.netloc or not parts.path.startswith("/"):
-            raise ValueError(f"worker {address!r}: unix addresses need an absolute path "
-                             "(three slashes: unix:///path)")
-        return "unix", parts.path, None
-    if parts.path not in ("", "/"):
-        raise ValueError(f"worker {address!r}: unexpected path {parts.path!r}; {expected}")
-    if "@" in parts.netloc:
-        raise ValueError(f"worker {address!r}: user names are not allowed; {expected}")
-    host = parts.hostname
-    if not host:
-        raise ValueError(f"worker {address!r} has no host; {expected}")
-    if ":" in host:
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise ValueError(f"worker {address!r}: bad IPv6 address {host!r}") from None
-    elif not _HOST_RE.match(host):
-        raise ValueError(f"worker {address!r}: bad host name {host!r}")
-    try:
-        port = parts.port
-    except ValueError:
-        port_text = parts.netloc.rpartition(":")[2]
-        raise ValueError(f"worker {address!r}: bad port {port_text!r}; "
-                         "port must be 1-65535") from None
-    if port is None:
-        raise ValueError(f"worker {address!r} has no port; {expected}")
-    if not 1 <= port <= 65535:
-        raise ValueError(f"worker {address!r}: port {port} out of range 1-65535")
-    return "tcp", host, port
-
-
 def _parse_workers(doc: _Doc, node: yaml.Node) -> list[str]:
     value = doc.value(node)
     if isinstance(value, str):
@@ -422,7 +366,7 @@ def _parse_workers(doc: _Doc, node: yaml.Node) -> list[str]:
         raise doc.fail(node, f"workers must be a list of addresses, got {_describe(value)}",
                        key="workers", value=value)
     out: list[str] = []
-    first: dict[tuple, int] = {}
+    first: dict[Address, int] = {}
     for i, (item, inode) in enumerate(zip(value, items)):
         key = f"workers[{i}]"
         if not isinstance(item, str):
@@ -430,7 +374,7 @@ def _parse_workers(doc: _Doc, node: yaml.Node) -> list[str]:
                            key=key, value=item)
         address = item.strip()
         try:
-            parsed = parse_worker_address(address)
+            parsed = parse_worker_address(address)     # what attach_to_workers accepts
         except ValueError as exc:
             raise doc.fail(inode, str(exc), key=key, value=item) from None
         line = inode.start_mark.line + 1

@@ -8,12 +8,14 @@ keys refused, and the same wording. Pure: no I/O beyond the text given.
 
 from __future__ import annotations
 
-import difflib
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import yaml
 
-from .errors import HpcmeshError
+from .errors import HpcmeshError, allowed_suffix
+
+__all__ = ["DuplicateKey", "allowed_suffix", "describe_yaml_error", "index_lines",
+           "nearest_line"]
 
 
 class DuplicateKey(HpcmeshError):
@@ -85,17 +87,3 @@ def nearest_line(lines: Mapping[str, int], key: str) -> int | None:
         cut = max(key.rfind("."), key.rfind("["))
         key = key[:cut] if cut > 0 else ""
     return None
-
-
-def allowed_suffix(allowed: Sequence[str], guess: str | None = None,
-                   cutoff: float = 0.6) -> str:
-    """``"; allowed: a, b (did you mean 'b'?)"`` (empty without ``allowed``); ``cutoff``:
-    how close ``guess`` must be (difflib's ratio) to be suggested."""
-    if not allowed:
-        return ""
-    text = "; allowed: " + ", ".join(allowed)
-    if guess is not None:
-        close = difflib.get_close_matches(guess, list(allowed), n=1, cutoff=cutoff)
-        if close:
-            text += f" (did you mean {close[0]!r}?)"
-    return text

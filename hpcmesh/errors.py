@@ -28,3 +28,11 @@ def allowed_suffix(allowed: Sequence[str], guess: str | None = None,
         if close:
             text += f" (did you mean {close[0]!r}?)"
     return text
+
+
+def excerpt(value: str, limit: int = 60) -> str:
+    """``repr(value)``, cut after ``limit`` characters with the length said, so an
+    error about a 100 KB value stays one readable line."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"

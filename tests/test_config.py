@@ -10,12 +10,14 @@ import pytest
 from hpcmesh.hosts_file import (
     SCHEDULERS,
     ConfigError,
+    HostsFileError,
     HostsConfig,
     HostListError,
     expand_hosts,
     load_hosts_config,
     parse_hosts_config,
 )
+from hpcmesh.yaml_lines import SchemaError
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -237,9 +239,17 @@ def test_slurm_without_job_is_fine():
     assert cfg.job is None and cfg.srun_args == []
 
 
+def test_a_number_too_long_to_read_is_a_located_error():
+    # the hosts file now reads YAML with the job spec's loader; it raised a bare ValueError
+    err = error("scheduler: local\nprocesses_per_host: " + "9" * 5000 + "\n")
+    assert str(err) == ("hosts.yaml:2: processes_per_host: a number of more than 4300 digits; "
+                        "no value here needs one")
+    assert isinstance(err, SchemaError) and HostsFileError is ConfigError
+
+
 def test_slurm_job_not_mapping():
     err = error("scheduler: slurm\njob:\n  - nodes: 2\n")
-    assert str(err) == ("hosts.yaml:3: job must be a mapping (a Slurm job spec: nodes, "
+    assert str(err) == ("hosts.yaml:2: job must be a mapping (a Slurm job spec: nodes, "
                         "gpus_per_node, time, ...), got a list")
     assert err.key == "job"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 import hostlist  # python-hostlist
-from ..errors import HpcmeshError
+from ..errors import HpcmeshError, excerpt
 
 __all__ = [
     "SlurmParseError",
@@ -92,14 +92,6 @@ def whole_number(text: str) -> int | None:
     other scripts, and raises past 4300 digits."""
     text = text.strip()
     return int(text) if _DIGITS.fullmatch(text) else None
-
-
-def excerpt(value: str, limit: int = 60) -> str:
-    """``repr(value)``, cut after ``limit`` characters with the length said, so an
-    error about a 100 KB value stays one readable line."""
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 class _BadHostlist(Exception):

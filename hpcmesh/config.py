@@ -230,7 +230,7 @@ def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
 def __getattr__(name: str) -> Any:
     """The hosts-file names this module used to hold, for one more release."""
     from . import hosts_file
-    if name in hosts_file.__all__ or name in ("WORKER_SCHEMES", "SCHEDULER_KEYS"):
+    if name in hosts_file.__all__ or name == "SCHEDULER_KEYS":
         warnings.warn(f"hpcmesh.config.{name} moved to hpcmesh.hosts_file.{name} (hpcmesh.config "
                       f"is Monarch's runtime configuration now); the old name goes in the "
                       f"next release", DeprecationWarning, stacklevel=2)

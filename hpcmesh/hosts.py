@@ -25,7 +25,7 @@ import socket
 import sys
 from typing import Any
 
-from .hosts_file import ConfigError, HostsConfig, load_hosts_config
+from .hosts_file import HostsConfig, HostsFileError, load_hosts_config
 
 log = logging.getLogger("hpcmesh.hosts")
 
@@ -110,7 +110,7 @@ def hosts_from_config(var: str = "HPCMESH_HOSTS", path: str | os.PathLike | None
         return _attach_static(cfg, timeout)
     if cfg.scheduler == "ssh":
         return _ssh(cfg, timeout)
-    raise ConfigError(f"unknown scheduler {cfg.scheduler!r}", source=cfg.source)  # unreachable
+    raise HostsFileError(f"unknown scheduler {cfg.scheduler!r}", source=cfg.source)  # unreachable
 
 
 def _adopt_allocation(srun_args, timeout):
@@ -124,7 +124,7 @@ def _submit_slurm(cfg: HostsConfig, timeout):
     from .job.slurm import SlurmJob
     from .slurm.spec import JobSpec, SpecError
     if not cfg.job:
-        raise ConfigError(
+        raise HostsFileError(
             "scheduler slurm outside an allocation needs a 'job:' spec to submit (nodes, "
             "gpus_per_node, time, partition, ...); or run inside salloc/sbatch to adopt the "
             "allocation", source=cfg.source, line=cfg.line_of("scheduler"), key="job")
@@ -133,8 +133,8 @@ def _submit_slurm(cfg: HostsConfig, timeout):
         job_dict["python"] = sys.executable      # like SlurmJob: this client's interpreter
     try:
         spec = JobSpec.from_dict(job_dict, cfg.source, lines=cfg.lines, prefix="job")
-    except SpecError as e:
-        raise ConfigError(str(e)) from None
+    except SpecError as e:       # the hosts file's kind of the same family, every piece kept
+        raise e.recast(HostsFileError) from None
     if len(spec.meshes) != 1:
         raise cfg.error("job", f"hosts_from_config returns one mesh; the job spec has "
                         f"{len(spec.meshes)} ({', '.join(spec.meshes)}); use SlurmJob for "

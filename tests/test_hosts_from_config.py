@@ -157,8 +157,11 @@ def test_slurm_job_spec_error_names_the_line(no_slurm, monkeypatch):
     """)
     monkeypatch.setenv("HPCMESH_HOSTS", cfg)
     with pytest.raises(ConfigError, match=r"slurm.yaml:4: .*gpu_per_node.*did you mean "
-                                          r"'gpus_per_node'"):
+                                          r"'gpus_per_node'") as err:
         hosts_from_config()
+    # the job spec's error keeps its pieces as the hosts file's kind (it lost them)
+    assert (err.value.source, err.value.line, err.value.key) == (cfg, 4, "job.gpu_per_node")
+    assert err.value.allowed and err.value.problem.startswith("unknown key 'gpu_per_node'")
 
 
 def test_ssh_goes_to_sshjob(no_slurm, monkeypatch):

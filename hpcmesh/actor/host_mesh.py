@@ -28,7 +28,7 @@ from ..runtime.spans import start_span
 from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import tls
-from ..transport.addresses import parse_address
+from ..transport.addresses import parse_worker_address
 from ..transport.handshake import HandshakeBusy, HandshakeError
 from .controllers import offer_controllers
 from .mesh_view import chain, spawning_actor
@@ -331,7 +331,7 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
     hosts = []
 
     for addr in workers:
-        parse_address(addr)        # a malformed URL: ValueError naming it and the forms
+        parse_worker_address(addr)   # ValueError naming the URL, the fault and the forms
 
     async def connect_all():
         async def dial(addr: str):

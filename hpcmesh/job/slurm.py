@@ -78,9 +78,6 @@ AGENT_CODE = "from hpcmesh.job.slurm import agent_main; agent_main()"
 #: How long a job that ended before its agents attached may stay COMPLETING before the
 #: error names that state instead of the final one.
 COMPLETING_WAIT = 5.0
-#: Job states in which the job holds, or will get, its nodes.
-ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED",
-                           "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING"})
 AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
 
 
@@ -578,7 +575,7 @@ class SlurmJob(JobTrait):
                 state["next"] = time.monotonic() + state["interval"]
                 for jid in ids:
                     r = recs.get(jid)
-                    if r is None or r.state not in ACTIVE_STATES:
+                    if r is None or not r.is_live:
                         if attached() >= total:
                             return
                         self._fail_ended(jid, r)
@@ -802,7 +799,7 @@ class SlurmJob(JobTrait):
                         r = recs.get(jid)
                         # COMPLETING: a requeued run is wound up before the job is queued
                         # again (a job that really ends shows COMPLETED at the next look)
-                        if r is None or r.state not in ACTIVE_STATES | {"COMPLETING"}:
+                        if r is None or not (r.is_live or r.state == "COMPLETING"):
                             self._fail_ended(jid, r)
                     if all(recs[j].state == "RUNNING" for j in ids):
                         limits.mark_running(time.monotonic())
@@ -849,7 +846,7 @@ class SlurmJob(JobTrait):
         if not ids:
             return False
         recs = squeue_jobs(ids)
-        return any(r.state in ACTIVE_STATES for r in recs.values())
+        return any(r.is_live for r in recs.values())
 
     def __getstate__(self):
         d = super().__getstate__()

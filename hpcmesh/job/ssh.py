@@ -29,6 +29,7 @@ import subprocess
 import time
 from typing import Any, Mapping, Sequence
 
+from ..hosts_file import expand_hosts
 from ..runtime.client import client_runtime
 from ..transport import tls
 from .attach import AttachTimeout, AttachWaiter
@@ -36,20 +37,6 @@ from .base import JobTrait, open_log
 from .submitit_job import describe_agents, host_mesh_of, reconnect_mesh, stop_client_procs
 
 __all__ = ["SSHJob", "LoginJob"]
-
-
-def _expand_hosts(hosts) -> list[str]:
-    if isinstance(hosts, str):
-        import hostlist
-        try:
-            out = hostlist.expand_hostlist(hosts)
-        except hostlist.BadHostlist as e:
-            raise ValueError(f"bad hostlist {hosts!r}: {e}") from None
-    else:
-        out = [str(h) for h in hosts]
-    if not out or any(not h.strip() for h in out):
-        raise ValueError(f"a mesh needs at least one host name; got {hosts!r}")
-    return out
 
 
 def _pid_alive(pid: int, must_contain: str) -> bool:
@@ -70,7 +57,8 @@ def _pid_alive(pid: int, must_contain: str) -> bool:
 class SSHJob(JobTrait):
     """Host meshes on explicit hosts reached with ssh.
 
-    ``hosts``: a list of names or a hostlist string (``"node[1-4]"``) for one mesh
+    ``hosts``: a hostlist string (``"node[1-4]"``) or a list of names and hostlists,
+    read as a hosts file's ``hosts:`` (``hosts_file.expand_hosts``), for one mesh
     named ``mesh_name`` (default ``hosts``); or ``meshes={name: hosts}``; or
     ``add_mesh(name, hosts)``. ``python_exe`` must have hpcmesh installed on the
     hosts. ``env``: extra variables for the agents; ``workdir``: where they run
@@ -124,7 +112,7 @@ class SSHJob(JobTrait):
                              f"state.{name})")
         if self._applied:
             raise RuntimeError("add meshes before apply()")
-        self.meshes[name] = _expand_hosts(hosts)
+        self.meshes[name] = expand_hosts(hosts, f"mesh {name!r}: hosts")
         return self
 
     # -- commands -------------------------------------------------------------------------

@@ -422,7 +422,7 @@ class SubmititJob(JobTrait):
         cluster = self.resolved_cluster
         if cluster == "slurm":
             recs = self._squeue()
-            return all(recs.get(j) is not None and recs[j].state in _LIVE_SLURM
+            return all(recs.get(j) is not None and recs[j].is_live
                        for j in self.job_ids.values())
         if cluster == "local":
             return all(self._local_alive(n) for n in self.job_ids)
@@ -476,8 +476,7 @@ class SubmititJob(JobTrait):
         if not ids:
             return
         if cluster == "slurm":
-            live = lambda: any(r.state in _LIVE_SLURM or r.state == "COMPLETING"  # noqa: E731
-                               for r in self._squeue().values())
+            live = lambda: any(r.is_active for r in self._squeue().values())  # noqa: E731
             if wait:
                 # First SIGTERM the steps only: the agents stop their processes and exit, the
                 # submitit tasks return and the job completes at once (a plain scancel also
@@ -525,9 +524,6 @@ class SubmititJob(JobTrait):
                 f"folder={self.folder!r})")
 
 
-#: Slurm states in which the job's agents can be serving (COMPLETING is on its way out).
-_LIVE_SLURM = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED",
-                         "RESIZING", "SIGNALING"})
 
 
 def _dialable(addresses, host: str) -> list[str]:

@@ -235,4 +235,9 @@ def __getattr__(name: str) -> Any:
                       f"is Monarch's runtime configuration now); the old name goes in the "
                       f"next release", DeprecationWarning, stacklevel=2)
         return getattr(hosts_file, name)
+    if name in ("parse_worker_address", "WORKER_SCHEMES"):     # the worker-URL rule's home now
+        from .transport import addresses
+        warnings.warn(f"hpcmesh.config.{name} moved to hpcmesh.transport.addresses.{name}; the "
+                      f"old name goes in the next release", DeprecationWarning, stacklevel=2)
+        return getattr(addresses, name)
     raise AttributeError(f"module 'hpcmesh.config' has no attribute {name!r}")

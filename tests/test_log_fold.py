@@ -2,7 +2,8 @@
 
 import pytest
 
-from hpcmesh.runtime.log_fold import (LogFolder, alike_key, describe_ranks, fold_prefix)
+from hpcmesh.runtime.log_fold import (MAX_GROUPS, LogFolder, TimedFolders, alike_key,
+                                      describe_ranks, fold_prefix)
 from hpcmesh.shapes import Extent, Point
 
 
@@ -64,13 +65,78 @@ def test_ranks_are_described_compactly():
         "hosts={0..2,4..31},gpus=0..7; hosts=3,gpus={0..4,6,7}")
     assert describe_ranks(_pts({"gpus": 8}, [6, 7, 0])) == "gpus={0,6,7}"
     assert describe_ranks(_pts({}, [0])) == "0"
+    assert describe_ranks(_pts({"hosts": 2, "gpus": 4}, range(8))) == "hosts=0..1,gpus=0..3"
     # host h has gpus 0..h: ten different blocks, two past the cap
     many = describe_ranks(_pts({"hosts": 10, "gpus": 10},
                                [h * 10 + g for h in range(10) for g in range(h + 1)]))
-    assert many.startswith("hosts=0,gpus=0; hosts=1,gpus={0,1}; hosts=2,gpus=0..2;")
+    assert many.startswith("hosts=0,gpus=0; hosts=1,gpus=0..1; hosts=2,gpus=0..2;")
     assert many.endswith("; +2 more") and many.count(";") == 8
 
 
 def test_a_single_line_keeps_the_plain_prefix():
     assert fold_prefix(1, "gpus=3") == "[gpus=3] "
     assert fold_prefix(8, "gpus=0..7") == "[8 similar log lines, gpus=0..7] "
+
+
+class _FakeLoop:
+    """time() and call_at() of an asyncio loop, driven by hand."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.timers = []
+
+    def time(self):
+        return self.now
+
+    def call_at(self, when, fn, *args):
+        loop = self
+
+        class Handle:
+            cancelled = False
+
+            def when(self):
+                return when
+
+            def cancel(self):       # as asyncio's: a no-op once it ran
+                self.cancelled = True
+                if self in loop.timers:
+                    loop.timers.remove(self)
+        h = Handle()
+        h.run = lambda: fn(*args)
+        self.timers.append(h)
+        return h
+
+    def advance(self, to):
+        self.now = to
+        for h in sorted(self.timers, key=lambda h: h.when()):
+            if h.when() <= to and h in self.timers:
+                self.timers.remove(h)
+                h.run()
+
+
+def test_timed_folders_emit_each_window_when_it_closes_and_on_flush():
+    loop, emitted = _FakeLoop(), []
+    tf = TimedFolders(loop, lambda key, folds: emitted.append(
+        (key, [(f.text, f.count, list(f.ranks)) for f in folds])))
+    assert not tf
+    tf.add("a", 2.0, "stdout", "step 1", ["p0"])
+    loop.advance(1.0)
+    tf.add("a", 2.0, "stdout", "step 2", ["p1"])
+    tf.add("b", 5.0, "stdout", "other", ["q0"])
+    assert tf and len(loop.timers) == 2 and emitted == []
+    loop.advance(2.0)                           # a's window (opened at 0) closes
+    assert emitted == [("a", [("step 1", 2, ["p0", "p1"])])]
+    tf.flush("b")                               # early: its process ended, say
+    assert emitted[-1] == ("b", [("other", 1, ["q0"])]) and loop.timers == []
+    tf.flush("b")                               # nothing open: nothing emitted
+    assert len(emitted) == 2 and not tf
+
+
+def test_a_full_window_is_emitted_at_once():
+    loop, emitted = _FakeLoop(), []
+    tf = TimedFolders(loop, lambda key, folds: emitted.append(len(folds)))
+    for i in range(MAX_GROUPS):
+        tf.add("k", 60.0, "stdout", f"line {'x' * i}", [0])
+    assert [h.when() for h in loop.timers] == [0.0]     # rearmed to the window's start
+    loop.advance(0.0)
+    assert emitted == [MAX_GROUPS]

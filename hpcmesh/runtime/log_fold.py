@@ -104,7 +104,10 @@ class LogFolder:
 
 
 def _runs(values: Sequence[int]) -> str:
-    """Sorted ints as ranges: [0,1,2,3] -> "0..3"; [0,1,2,5] -> "{0..2,5}"; [4] -> "4"."""
+    """Sorted ints as ranges: [0,1,2,3] -> "0..3"; [0,1] -> "0..1"; [0,1,2,5,6] ->
+    "{0..2,5,6}"; [4] -> "4"."""
+    if values[-1] - values[0] == len(values) - 1:
+        return str(values[0]) if len(values) == 1 else f"{values[0]}..{values[-1]}"
     parts = []
     start = prev = values[0]
     for v in list(values[1:]) + [None]:
@@ -115,8 +118,7 @@ def _runs(values: Sequence[int]) -> str:
                      f"{start},{prev}" if prev == start + 1 else f"{start}..{prev}")
         if v is not None:
             start = prev = v
-    text = ",".join(parts)
-    return text if len(parts) == 1 and "," not in text else "{" + text + "}"
+    return "{" + ",".join(parts) + "}"
 
 
 def _blocks(labels: Sequence[str], coords: list[tuple[int, ...]]) -> list[str]:
@@ -163,3 +165,50 @@ def fold_prefix(count: int, who: str) -> str:
     """What a folded line starts with: ``[who] `` for one line (as unfolded lines are
     prefixed), ``[N similar log lines, who] `` for more."""
     return f"[{who}] " if count == 1 else f"[{count} similar log lines, {who}] "
+
+
+class TimedFolders:
+    """Folders by key (a mesh and its window, say), each handed to ``emit(key, folds)`` when
+    its window closes: the glue between ``LogFolder`` and an event loop, shared by the host
+    agent and the client. ``loop`` needs only ``time()`` and ``call_at()`` (an asyncio loop);
+    use it on the loop's thread."""
+
+    def __init__(self, loop, emit):
+        self._loop = loop
+        self._emit = emit
+        self._folders: dict[Hashable, LogFolder] = {}
+        self._timers: dict[Hashable, object] = {}
+
+    def __bool__(self) -> bool:
+        """Whether a window is open (lines not emitted yet)."""
+        return bool(self._folders)
+
+    def keys(self) -> list:
+        return list(self._folders)
+
+    def add(self, key: Hashable, window: float, stream: str, text: str,
+            ranks: Iterable[Hashable], count: int = 1) -> None:
+        folder = self._folders.get(key)
+        if folder is None:
+            folder = self._folders[key] = LogFolder(window)
+        folder.add(self._loop.time(), stream, text, ranks, count)
+        deadline = folder.deadline
+        timer = self._timers.get(key)
+        if timer is not None and timer.when() <= deadline:
+            return
+        if timer is not None:
+            timer.cancel()
+        self._timers[key] = self._loop.call_at(deadline, self.flush, key)
+
+    def flush(self, key: Hashable) -> None:
+        """Emit the window of ``key`` now (it closed, or whoever printed it is gone)."""
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        folder = self._folders.pop(key, None)
+        if folder is not None:
+            self._emit(key, folder.take(self._loop.time(), force=True))
+
+    def flush_all(self) -> None:
+        for key in self.keys():
+            self.flush(key)

@@ -5,13 +5,14 @@ console; every process's log file keeps every line. Real processes, two local ho
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 
 import pytest
 from output_recorder import Recorder
 
-from hpcmesh.actor import Actor, current_rank, endpoint, this_host
+from hpcmesh.actor import Actor, SupervisionError, current_rank, endpoint, this_host
 from hpcmesh.job import ProcessJob
 from hpcmesh.runtime.client import existing_client_runtime
 
@@ -142,3 +143,23 @@ def test_stop_prints_what_is_still_folded(monkeypatch):
         procs.stop().get(timeout=60)
     assert re.search(r"^\[8 similar log lines, gpus=0\.\.7\] last step 20 loss 0\.3\d$",
                      out.text(), re.M), out.text()
+
+
+class Mortal(Actor):
+    @endpoint
+    def die(self) -> None:
+        print("last words", flush=True)
+        os._exit(3)
+
+
+def test_a_process_that_dies_has_its_folded_lines_printed_at_once(monkeypatch):
+    """Its failure is news now: what it printed last is not kept for the window's end."""
+    out = Recorder.install(monkeypatch, "stdout")
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        asyncio.run(procs.logging_option(stream_to_client=True, aggregate_window_sec=600))
+        with pytest.raises(SupervisionError):
+            procs.spawn("mortal", Mortal).slice(gpus=1).die.call_one().get(timeout=60)
+        _wait(lambda: "[gpus=1] last words\n" in out.text(), "its last words")
+    finally:
+        procs.stop().get(timeout=60)

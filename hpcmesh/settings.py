@@ -12,6 +12,14 @@ import os
 from typing import Mapping
 
 
+def excerpt(value: str, limit: int = 60) -> str:
+    """``repr(value)``, cut after ``limit`` characters with the length said, so an
+    error about a 100 KB value stays one readable line."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
 def _shown(x: float) -> str:
     """3.1536e+07 reads better as 31536000."""
     x = float(x)

@@ -245,7 +245,8 @@ def test_another_user_holding_connections_cannot_keep_the_token_holder_out(
     assert spawned_in < 60
     assert summary["dialled"] > 3 * (200 + 20) * len(ports), summary   # it kept at it
     # every request with the token was answered, quickly
-    assert all(code == 200 and took < 2 for _, code, took in answered), answered
+    late = [a for a in answered if a[1] != 200 or a[2] >= 2]
+    assert not late, (len(answered), late)
     # no thread per connection, a descriptor per connection still arriving (bounded)
     assert peak.threads <= base_threads + 10, (peak.threads, base_threads)
     assert peak.fds <= base_fds + len(ports) * ARRIVING + 40, (peak.fds, base_fds)

@@ -243,6 +243,21 @@ def _readlink_when_cached_expired(path: str, timeout: float = 10.0) -> str:
             time.sleep(0.05)
 
 
+def _gathered_with_a_folder_of_theirs(shared_tmp: str, other_user) -> tuple[str, str]:
+    """``shared_tmp``/secret (root's, 0700, holding key.txt) and the folder ``shared`` of the
+    other user's inside ``shared_tmp``/out/0, the host's folder a gather_mount of
+    ``shared_tmp``/out/$SUBDIR shows: (the secret folder, their folder)."""
+    os.mkdir(shared_tmp, 0o755)
+    secret = os.path.join(shared_tmp, "secret")
+    os.mkdir(secret, 0o700)
+    with open(os.path.join(secret, "key.txt"), "w") as f:
+        f.write("root's secret\n")
+    theirs = os.path.join(shared_tmp, "out", "0", "shared")   # this_host(): no dimensions
+    os.makedirs(theirs)
+    other_user.own(theirs)
+    return secret, theirs
+
+
 def test_gather_mount_does_not_follow_a_symlink_another_user_swapped_in(other_user,
                                                                          shared_tmp):
     """The host's gathered folder holds a folder the other user owns. The client holds one of
@@ -250,16 +265,9 @@ def test_gather_mount_does_not_follow_a_symlink_another_user_swapped_in(other_us
     host for a symlink to a folder only root may read. A name opened in the held folder must
     not be served from root's folder by the host (it was, before: the host followed the
     link). The other user cannot enter the client's mount at all (no allow_other)."""
-    os.mkdir(shared_tmp, 0o755)
-    secret = os.path.join(shared_tmp, "secret")
-    os.mkdir(secret, 0o700)
-    with open(os.path.join(secret, "key.txt"), "w") as f:
-        f.write("root's secret\n")
-    root = os.path.join(shared_tmp, "out", "0")           # this_host(): no dimensions
-    theirs = os.path.join(root, "shared")
-    os.makedirs(os.path.join(theirs, "sub"))
-    for p in (theirs, os.path.join(theirs, "sub")):
-        other_user.own(p)
+    secret, theirs = _gathered_with_a_folder_of_theirs(shared_tmp, other_user)
+    os.mkdir(os.path.join(theirs, "sub"))
+    other_user.own(os.path.join(theirs, "sub"))
     local = os.path.join(shared_tmp, "gathered")
     job = LocalJob().gather_mount(os.path.join(shared_tmp, "out", "$SUBDIR"), local)
     job.state(cached_path=None)
@@ -307,15 +315,7 @@ def test_gather_mount_serves_no_link_out_of_the_gathered_folder(other_user, shar
     ``../a/top/../../secret``, which reads as a name under the folder). The client, root,
     reads each link through its mount and copies the folder following links
     (``shutil.copytree``): root's file must not come through, links that stay inside work."""
-    os.mkdir(shared_tmp, 0o755)
-    secret = os.path.join(shared_tmp, "secret")
-    os.mkdir(secret, 0o700)
-    with open(os.path.join(secret, "key.txt"), "w") as f:
-        f.write("root's secret\n")
-    root = os.path.join(shared_tmp, "out", "0")           # this_host(): no dimensions
-    theirs = os.path.join(root, "shared")
-    os.makedirs(theirs)
-    other_user.own(theirs)
+    secret, theirs = _gathered_with_a_folder_of_theirs(shared_tmp, other_user)
     local = os.path.join(shared_tmp, "gathered")          # so local/.. is shared_tmp
     other_user.python(textwrap.dedent("""
         import os, sys

@@ -285,10 +285,15 @@ class TokenServer(HTTPServer):
     #: Seconds for the body and for the answer once the token checked out; the body's size.
     body_timeout = 30.0
     max_body = 1 << 20
-    #: The listen backlog: connections the kernel holds until the gate accepts them.
-    request_queue_size = 128
+    #: The listen backlog: connections the kernel holds until the gate accepts them (it
+    #: takes at most net.core.somaxconn, 4096 by default). Large, because a connection
+    #: the kernel cannot queue is dropped and its client tries again only 1 s, then 3 s,
+    #: later: another user's connections beyond what the gate holds wait here, in the
+    #: kernel's memory, rather than crowd out the token holder's. Their own count of
+    #: descriptors bounds them.
+    request_queue_size = 4096
     #: Connections accepted in one turn of the gate before it reads what came in.
-    _accept_batch = 32
+    _accept_batch = 256
 
     def __init__(self, handler: type[TokenHandler], addr: str | None, *,
                  token: str | None = None, name: str = "hpcmesh-http"):
@@ -325,7 +330,12 @@ class TokenServer(HTTPServer):
                     elif key.fileobj is self._wake_r:
                         self._wake_r.recv(64)
                     elif key.fileobj in self._arriving:     # (not dropped in this turn)
-                        self._read(key.data)
+                        try:
+                            self._read(key.data)
+                        except Exception as e:  # noqa: BLE001 - that connection's end only
+                            log.debug("%s: a request head failed: %r", self.name, e)
+                            if key.fileobj in self._arriving:
+                                self._drop(key.data, None)
                 now = time.monotonic()
                 while self._arriving:
                     oldest = next(iter(self._arriving.values()))
@@ -401,7 +411,7 @@ class TokenServer(HTTPServer):
         if answer is not None:
             self._send_and_close(sock, answer)
             return
-        sock.setblocking(True)
+        sock.settimeout(self.body_timeout)     # (the handler's reads set their own)
         self._read_ahead[sock] = read
         try:
             threading.Thread(target=self._serve, args=(sock, peer),

@@ -622,7 +622,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra environment")
     e.add_argument("--workdir", help="working directory on the hosts")
     e.add_argument("--output-dir", help="write output to files there instead of printing "
-                                        "($SUBDIR becomes e.g. hosts_0)")
+                                        "($SUBDIR becomes e.g. hosts_0); a folder of yours "
+                                        "others cannot write (made 0700 if missing), files "
+                                        "0600, no symlink there followed")
     e.add_argument("--timeout", type=float, help="give up after this many seconds")
     e.add_argument("--no-shell", action="store_true",
                    help="exec a single-argument COMMAND as a program, as srun would, instead "

@@ -474,6 +474,18 @@ def test_malformed_slurm_values_are_refused_naming_variable_value_and_range(var,
     assert msg.startswith(var) and repr(value) in msg and allowed in msg, msg
 
 
+@pytest.mark.parametrize("var", ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"])
+@pytest.mark.parametrize("value", ["0,1;x", "0,,1", "-1", "0,65534", "1e3", "0," * 70000])
+def test_gpu_index_lists_are_checked_even_when_a_gpu_count_is_set(var, value):
+    """The processes are given these lists (CUDA_VISIBLE_DEVICES): checked whenever set,
+    not only when no count (SLURM_GPUS_ON_NODE) makes them unneeded for counting."""
+    msg = _alloc_error(**{var: value, "SLURM_GPUS_ON_NODE": "2"})
+    assert msg.startswith(f"{var}=") and "expected GPU indexes from 0 to 65533, " \
+        "comma-separated, like '0,1,2,3'" in msg and len(msg) < 300, msg
+    a = Allocation.from_env({**_ALLOC, var: " 0, 3 ", "SLURM_GPUS_ON_NODE": "2"})
+    assert a.gpus_per_node == 2
+
+
 def test_tasks_per_node_repeats_are_bounded_not_expanded():
     msg = _alloc_error(SLURM_TASKS_PER_NODE="2(x1000000000)")
     assert msg == ("SLURM_TASKS_PER_NODE: cannot parse tasks-per-node value '2(x1000000000)': "

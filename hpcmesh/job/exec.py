@@ -20,7 +20,9 @@ Each run sees, besides the host's environment:
 
 With ``output_dir`` the output goes to files on the worker host: ``stdout`` and
 ``stderr`` inside ``output_dir`` when it contains ``$SUBDIR`` (one directory per
-member), else ``<subdir>.stdout`` / ``<subdir>.stderr`` in ``output_dir``.
+member), else ``<subdir>.stdout`` / ``<subdir>.stderr`` in ``output_dir``. The folder
+must be ours and not writable by others (made 0700 when missing), the files are made anew
+(0600) and no symlink there is followed: see ``BashActor._open_outputs``.
 Without it, output reaches the controller: through the usual log forwarding
 (lines prefixed ``[hosts=0]``), or line by line to ``on_output`` when given.
 
@@ -40,6 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.channel import Port
 from ..actor.endpoint import Actor, endpoint
+from ..private_files import create_file
 from ..private_files.modules import run_module_argv
 from ..runtime.client import client_runtime
 from ..runtime.context import context
@@ -139,11 +142,30 @@ class BashActor(Actor):
         path = os.path.expanduser(path)
         if workdir and not os.path.isabs(path):
             path = os.path.join(workdir, path)
-        os.makedirs(path, exist_ok=True)
         if templated:
             return os.path.join(path, "stdout"), os.path.join(path, "stderr")
         return (os.path.join(path, f"{self.subdir}.stdout"),
                 os.path.join(path, f"{self.subdir}.stderr"))
+
+    @staticmethod
+    def _open_outputs(files: tuple[str, str] | None) -> list:
+        """The output files, new (0600, replacing a file of an earlier run), in their folder
+        (made 0700 when missing), which must be ours and not writable by others, and with
+        no symlink followed: on a shared node another user could have put a link there, to
+        a file of ours they want overwritten, or made the folder to read what we write
+        (``private_files.create_file``; its error names the path, the owner and mode)."""
+        if files is None:
+            return [None, None]
+        sinks: list = []
+        try:
+            for f in files:
+                sinks.append(os.fdopen(create_file(f, what="hpcmesh exec's output file",
+                                                   replace=True), "wb"))
+        except BaseException:
+            for sink in sinks:
+                sink.close()
+            raise
+        return sinks
 
     def _check_workdir(self, workdir: str | None) -> str | None:
         if workdir is None:
@@ -187,7 +209,8 @@ class BashActor(Actor):
                       file=sys.stderr, flush=True)
                 return proc
             return self._wait(proc)
-        with open(files[0], "wb") as out, open(files[1], "wb") as err:
+        out, err = self._open_outputs(files)
+        with out, err:
             proc = self._spawn(argv, self._env(env), wd, out, err)
             if isinstance(proc, int):
                 err.write(f"hpcmesh exec: {argv[0]}: command not found or not executable\n"
@@ -213,14 +236,13 @@ class BashActor(Actor):
         sent before the exit code is returned."""
         wd = self._check_workdir(workdir)
         argv = self._argv(cmd)
-        files = self._output_files(output_dir, wd)
-        proc = self._spawn(argv, self._env(env), wd, subprocess.PIPE, subprocess.PIPE)
-        if isinstance(proc, int):
-            port.send((self.label, "stderr",
-                       [f"hpcmesh exec: {argv[0]}: command not found or not executable"]))
-            return proc
-        sinks = [open(f, "wb") for f in files] if files else [None, None]
+        sinks = self._open_outputs(self._output_files(output_dir, wd))
         try:
+            proc = self._spawn(argv, self._env(env), wd, subprocess.PIPE, subprocess.PIPE)
+            if isinstance(proc, int):
+                port.send((self.label, "stderr",
+                           [f"hpcmesh exec: {argv[0]}: command not found or not executable"]))
+                return proc
             pumps = [threading.Thread(target=_pump, args=(pipe, name, sink, port, self.label),
                                       daemon=True)
                      for pipe, name, sink in ((proc.stdout, "stdout", sinks[0]),

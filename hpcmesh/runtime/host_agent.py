@@ -28,7 +28,7 @@ from ..private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
 from ..settings import env_flag
 from . import placement
 from .errors import describe_exit
-from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env
+from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env, gpu_indexes
 from .introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
 from .log_fold import TimedFolders
 from .messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
@@ -231,11 +231,15 @@ class HostAgent:
     def gpus(self) -> list[str]:
         """This host's GPUs as CUDA_VISIBLE_DEVICES entries: the agent's own
         CUDA_VISIBLE_DEVICES (what Slurm gave the step), else SLURM_STEP_GPUS /
-        SLURM_JOB_GPUS, else the /dev/nvidiaN devices."""
-        for var in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        SLURM_JOB_GPUS (index lists, checked: a malformed one is a ValueError naming it),
+        else the /dev/nvidiaN devices."""
+        value = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if value is not None:
+            return [g for g in value.split(",") if g]
+        for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
             value = os.environ.get(var)
-            if value is not None:
-                return [g for g in value.split(",") if g]
+            if value is not None and value.strip():
+                return gpu_indexes(var, value)
         try:
             return sorted((n[6:] for n in os.listdir("/dev") if n.startswith("nvidia")
                            and n[6:].isdigit()), key=int)

@@ -17,6 +17,7 @@ from typing import Iterable, Mapping
 
 import hostlist  # python-hostlist
 from ..errors import HpcmeshError, excerpt
+from ..runtime.gpu_binding import gpu_indexes
 
 __all__ = [
     "SlurmParseError",
@@ -454,16 +455,15 @@ def _env_hosts(env: Mapping[str, str], name: str, max_hosts: int = MAX_HOSTS) ->
 
 
 def _env_gpu_indexes(env: Mapping[str, str], name: str) -> int | None:
-    """How many GPUs an index list (``0,1,2,3``: SLURM_STEP_GPUS / SLURM_JOB_GPUS) names."""
+    """How many GPUs an index list (``0,1,2,3``: SLURM_STEP_GPUS / SLURM_JOB_GPUS) names;
+    the host agent reads the same list with the same check (``gpu_binding.gpu_indexes``)."""
     raw = _env_raw(env, name)
     if raw is None:
         return None
-    items = [whole_number(i) for i in raw.strip().split(",")]
-    if len(raw) > MAX_VALUE_CHARS or len(items) > MAX_PER_NODE or not all(
-            i is not None and i <= MAX_PER_NODE for i in items):
-        raise SlurmParseError(f"{name}={excerpt(raw)}: expected GPU indexes from 0 to "
-                              f"{MAX_PER_NODE}, comma-separated, like '0,1,2,3'")
-    return len(items)
+    try:
+        return len(gpu_indexes(name, raw))
+    except ValueError as exc:
+        raise SlurmParseError(str(exc)) from None
 
 
 def slurm_job_id(env: Mapping[str, str]) -> str | None:
@@ -586,10 +586,11 @@ class Allocation:
                     gpus = parse_gpu_count(raw)
                 except SlurmParseError as exc:
                     raise SlurmParseError(f"SLURM_GPUS_PER_NODE: {exc}") from None
-        for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-            # Index lists ("0,1,2,3") of the GPUs on this node; counted as a last resort.
-            if gpus is None:
-                gpus = _env_gpu_indexes(env, name)
+        # Index lists ("0,1,2,3") of the GPUs on this node: checked whenever set (processes
+        # are given them), counted as a last resort.
+        listed = [_env_gpu_indexes(env, name) for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")]
+        if gpus is None:
+            gpus = next((n for n in listed if n is not None), None)
 
         step_raw = _env_int(env, "SLURM_STEP_ID", "a step id", 0, MAX_ID)
         if step_raw is None:

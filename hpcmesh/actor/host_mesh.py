@@ -26,7 +26,7 @@ from ..runtime.introspect import ADMIN_URL_VARS
 from ..runtime.node import NodeRef
 from ..runtime.spans import start_span
 from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
-from ..shapes import Extent, MeshTrait, Point, Shape
+from ..shapes import Extent, MeshTrait, Point, Shape, point_label
 from ..transport import tls
 from ..transport.addresses import parse_worker_address
 from ..transport.handshake import HandshakeBusy, HandshakeError
@@ -149,14 +149,14 @@ class HostMesh(MeshTrait):
                 cmd = default_bootstrap_cmd(self.__dict__.get("_python"))
             if not isinstance(cmd, BootstrapCommand):
                 raise TypeError(f"bootstrap_command must be a BootstrapCommand or a callable "
-                                f"returning one; for {_label(point)} got {type(cmd).__name__}")
+                                f"returning one; for {point_label(point)} got {type(cmd).__name__}")
             host = self._hosts[host_ranks[i // per]]
             rec = ProcRecord(f"{mesh_name}-{uid}-{i}", mesh_name, point, host.agent,
-                             _label(point), forward_logs=forward_logs, owner=owner)
+                             point_label(point), forward_logs=forward_logs, owner=owner)
             rec.host = host.hostname
             records.append(rec)
             rt.procs[rec.name] = rec
-            by_host.setdefault(i // per, []).append((rec.name, cmd, _label(point), i))
+            by_host.setdefault(i // per, []).append((rec.name, cmd, point_label(point), i))
         first_agent = self._hosts[host_ranks[0]].agent
 
         launched = Future()
@@ -290,10 +290,6 @@ def _mesh_env(place: MemberPlace, master: tuple[str, int] | None,
              if var in os.environ}
     return {**torchrun_env(place, master), SLOT_VAR: str(place.local_rank),
             BINDING_VAR: binding, **admin}    # admin URL, telemetry: for other hosts too
-
-
-def _label(point: Point) -> str:
-    return ",".join(f"{k}={v}" for k, v in point.items()) or "0"
 
 
 def this_host() -> HostMesh:

@@ -50,6 +50,7 @@ import uuid
 from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.host_mesh import HostMesh, HostRef, attach_to_workers
+from ..log_tail import log_tail
 from ..private_files import make_dirs, write_file
 from ..runtime.agent_main import NOTICE_VAR, run_agent
 from ..runtime.bootstrap import PROC_MODULE, BootstrapCommand
@@ -662,10 +663,10 @@ class SlurmJob(JobTrait):
         reason = rec.reason if rec is not None and rec.reason not in ("", "None") else "-"
         paths = self.log_paths()
         err = paths[idx][:-4] + ".err" if idx < len(paths) else ""
-        tail = slurmctl.tail(err) if err else ""
+        tail = log_tail(err, 15)
         if not tail and idx < len(paths):
             time.sleep(0.3)        # the log may still be landing on a shared filesystem
-            tail = slurmctl.tail(err) or slurmctl.tail(paths[idx])
+            tail = log_tail(err, 15) or log_tail(paths[idx], 15)
         raise SlurmJobFailed(
             f"Slurm job {job_id} ended ({state}, reason {reason}) before its host agents "
             f"attached; job log: {self._log_hint(idx)}" +

@@ -86,7 +86,7 @@ from .runtime.errors import SupervisionError
 from .runtime.node import Node, NodeRef, set_current_node
 from .runtime.proc import ProcRuntime
 from .settings import env_number, log_level
-from .shapes import Extent, Point, Shape, point_label
+from .shapes import Extent, Point, point_label
 from .transport.addresses import new_secret
 from .errors import HpcmeshError
 
@@ -396,8 +396,7 @@ def _build_mesh(rt: ClientRuntime, layout: MPILayout, agent: NodeRef, name: str)
         print(f"hpcmesh: supervision: {err}", file=sys.stderr, flush=True)
     rt.node.on_peer_closed.append(on_closed)
     host_refs = [HostRef(agent, h) for h in layout.hosts]
-    hosts = HostMesh(host_refs, Shape.from_extent(Extent({"hosts": len(host_refs)})),
-                     f"{name}_hosts")
+    hosts = HostMesh.from_hosts(host_refs, f"{name}_hosts")
     return ProcMesh.from_records(name, records, extent, hosts)
 
 

@@ -14,8 +14,8 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Self
 
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime import telemetry_recorder as _tel
@@ -59,6 +59,20 @@ class HostMesh(MeshTrait):
         self._shape = shape
         self.name = name
         self._python: str | None = None     # see with_python_executable
+
+    @classmethod
+    def from_hosts(cls, hosts: Sequence[HostRef], name: str = "hosts", **kw: Any) -> Self:
+        """The 1-D mesh ``{"hosts": len(hosts)}`` over ``hosts`` in their order (Monarch's
+        one dimension, whatever the mesh is called): how every job kind, attach and mount
+        makes one. A subclass gets its own keywords through ``kw``."""
+        hosts = list(hosts)
+        if not hosts:
+            raise ValueError(f"host mesh {name!r} needs at least one host; got none")
+        bad = [h for h in hosts if not isinstance(h, HostRef)]
+        if bad:
+            raise TypeError(f"host mesh {name!r} is made of HostRefs (a mesh's .refs); got "
+                            f"{type(bad[0]).__name__} {bad[0]!r}")
+        return cls(hosts, Shape.from_extent(Extent({"hosts": len(hosts)})), name, **kw)
 
     def _new_with_shape(self, shape: Shape) -> "HostMesh":
         mesh = HostMesh(self._hosts, shape, self.name)
@@ -370,6 +384,4 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
                 raise ConnectionError(f"{addr} is a {info.get('role')!r} node, not a host agent")
             return HostRef(NodeRef(conn.info["peer_id"], (addr,)), info.get("host", addr), secret)
         return await asyncio.gather(*(one(a) for a in workers))
-    hosts = node.run_sync(connect_all(), timeout + 5)
-    # as Monarch's: one "hosts" dimension, whatever the mesh is called
-    return HostMesh(list(hosts), Shape.from_extent(Extent({"hosts": len(hosts)})), name)
+    return HostMesh.from_hosts(node.run_sync(connect_all(), timeout + 5), name)

@@ -37,7 +37,7 @@ from .progress import Progress
 from .start_limits import check_seconds
 from . import slurmctl
 from .slurm import (SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, agent_command, agent_token,
-                    client_attach_addresses, make_host_mesh)
+                    client_attach_addresses)
 from .slurmctl import SlurmError
 
 log = logging.getLogger("hpcmesh.job.allocation")
@@ -194,7 +194,7 @@ class SlurmAllocation(JobTrait):
         hosts = getattr(self, "_live_hosts", None)
         if not hosts:
             raise SlurmError("this SlurmAllocation has no running host agents; call apply()")
-        return {self.mesh_name: make_host_mesh(hosts, self.mesh_name, job=self)}
+        return {self.mesh_name: SlurmHostMesh.from_hosts(hosts, self.mesh_name, job=self)}
 
     def _is_active(self) -> bool:
         proc = getattr(self, "_live_srun", None)

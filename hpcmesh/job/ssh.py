@@ -29,13 +29,14 @@ import subprocess
 import time
 from typing import Any, Mapping, Sequence
 
+from ..actor.host_mesh import HostMesh
 from ..hosts_file import expand_hosts
 from ..log_tail import log_tail
 from ..runtime.client import client_runtime
 from ..transport import tls
 from .attach import AttachTimeout, AttachWaiter
 from .base import JobTrait, open_log
-from .submitit_job import describe_agents, host_mesh_of, reconnect_mesh, stop_client_procs
+from .submitit_job import describe_agents, reconnect_mesh, stop_client_procs
 
 __all__ = ["SSHJob", "LoginJob"]
 
@@ -189,7 +190,7 @@ class SSHJob(JobTrait):
                             f"not attach within {left:.0f} s ({e}); last output: "
                             f"{self._tail(name, i, host)} (logs in {self.log_dir})") from None
                 self.agents[name] = describe_agents(refs)
-                meshes[name] = host_mesh_of(name, refs)
+                meshes[name] = HostMesh.from_hosts(refs, name)
         except BaseException:
             self._terminate_ssh()
             raise

@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
-import subprocess
 import sys
 from typing import Any, Sequence
 
 from .errors import HpcmeshError
+from .runtime import nvidia_smi
 from .runtime.gpu_binding import BINDINGS
 
 PROG = "hpcmesh"
@@ -304,25 +303,28 @@ def cmd_render(args) -> int:
 # ---------------------------------------------------------------------------------------
 # info
 # ---------------------------------------------------------------------------------------
+def _gpu_line(gpu: dict) -> str:
+    """``0, NVIDIA H200, 143771 MiB``: one GPU as ``hpcmesh info`` shows it."""
+    total = gpu["memory_total_bytes"]
+    return f"{gpu['gpu']}, {gpu['name']}, " + ("?" if total is None else f"{total >> 20} MiB")
+
+
 def _gpu_info() -> dict:
     info: dict[str, Any] = {}
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     info["CUDA_VISIBLE_DEVICES"] = cvd
     visible = [d for d in (cvd or "").split(",") if d.strip()] if cvd is not None else None
     info["visible"] = len(visible) if visible is not None else None
-    smi = shutil.which("nvidia-smi")
     info["nvidia_smi"] = None
-    if smi:
-        try:
-            r = subprocess.run([smi, "--query-gpu=index,name,memory.total",
-                                "--format=csv,noheader"], capture_output=True, text=True,
-                               timeout=15)
-            if r.returncode == 0:
-                info["nvidia_smi"] = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
-            else:
-                info["nvidia_smi_error"] = (r.stderr or r.stdout).strip().splitlines()[:1]
-        except (OSError, subprocess.TimeoutExpired) as e:
-            info["nvidia_smi_error"] = str(e)
+    try:
+        # a one-off look, so longer than telemetry's 2 s: a GPU without persistence mode
+        # can take seconds to wake
+        found = nvidia_smi.query_gpus(timeout=15)
+    except nvidia_smi.NvidiaSmiError as e:
+        info["nvidia_smi_error"] = str(e)
+    else:
+        if found is not None:
+            info["nvidia_smi"] = [_gpu_line(g) for g in found]
     try:
         info["dev_nvidia"] = sorted(n for n in os.listdir("/dev")
                                     if n.startswith("nvidia") and n[6:].isdigit())

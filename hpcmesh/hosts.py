@@ -35,12 +35,12 @@ __all__ = ["hosts_from_config", "local_host_mesh"]
 def local_host_mesh(processes_per_host: int | None = None, name: str = "hosts"):
     """This host as a ``{"hosts": 1}`` HostMesh (``this_host()`` has no dimensions)."""
     from .actor.host_mesh import HostRef
-    from .job.slurm import make_host_mesh
+    from .job.agent_mesh import AgentHostMesh
     from .runtime.client import client_runtime
     rt = client_runtime()
     ref = HostRef(rt.local_agent(), socket.gethostname())
     per = {"procs": processes_per_host} if processes_per_host else None
-    return make_host_mesh([ref], name, default_per_host=per)
+    return AgentHostMesh.from_hosts([ref], name, default_per_host=per)
 
 
 def _apply_network(cfg: HostsConfig) -> None:
@@ -147,7 +147,7 @@ def _submit_slurm(cfg: HostsConfig, timeout):
 
 def _attach_static(cfg: HostsConfig, timeout):
     from .actor.host_mesh import attach_to_workers
-    from .job.slurm import make_host_mesh
+    from .job.agent_mesh import AgentHostMesh
     from .transport.addresses import secret_from_env
     secret = secret_from_env()
     try:
@@ -156,7 +156,7 @@ def _attach_static(cfg: HostsConfig, timeout):
     except Exception as e:  # noqa: BLE001 - name the file and the key
         raise ConnectionError(f"{cfg.where('workers')}: cannot attach to the workers "
                               f"{', '.join(cfg.workers)}: {e}") from e
-    return make_host_mesh(mesh.refs, "hosts")
+    return AgentHostMesh.from_hosts(mesh.refs, "hosts")
 
 
 def _ssh(cfg: HostsConfig, timeout):

@@ -86,7 +86,7 @@ from .runtime.errors import SupervisionError
 from .runtime.node import Node, NodeRef, set_current_node
 from .runtime.proc import ProcRuntime
 from .settings import env_number, log_level
-from .shapes import Extent, Point, Shape
+from .shapes import Extent, Point, point_label
 from .transport.addresses import new_secret
 from .errors import HpcmeshError
 
@@ -345,10 +345,6 @@ class MPIProcRecord(ProcRecord):
     world_rank: int = -1
 
 
-def _label(point: Point) -> str:
-    return ",".join(f"{k}={v}" for k, v in point.items()) or "0"
-
-
 async def _connect_all(node: Node, entries: Sequence[RankEntry], secret: bytes | None,
                        timeout: float) -> None:
     async def one(e: RankEntry) -> None:
@@ -372,7 +368,7 @@ def _build_mesh(rt: ClientRuntime, layout: MPILayout, agent: NodeRef, name: str)
     records: list[MPIProcRecord] = []
     for i, e in enumerate(layout.by_flat_rank()):
         point = Point(i, extent)
-        rec = MPIProcRecord(f"{name}-{uid}-r{e.world_rank}", name, point, agent, _label(point),
+        rec = MPIProcRecord(f"{name}-{uid}-r{e.world_rank}", name, point, agent, point_label(point),
                             world_rank=e.world_rank)
         rec.node = e.ref
         rec.pid = e.pid
@@ -400,8 +396,7 @@ def _build_mesh(rt: ClientRuntime, layout: MPILayout, agent: NodeRef, name: str)
         print(f"hpcmesh: supervision: {err}", file=sys.stderr, flush=True)
     rt.node.on_peer_closed.append(on_closed)
     host_refs = [HostRef(agent, h) for h in layout.hosts]
-    hosts = HostMesh(host_refs, Shape.from_extent(Extent({"hosts": len(host_refs)})),
-                     f"{name}_hosts")
+    hosts = HostMesh.from_hosts(host_refs, f"{name}_hosts")
     return ProcMesh.from_records(name, records, extent, hosts)
 
 

@@ -118,6 +118,15 @@ def test_info_shows_interface_table_and_choice():
     assert "extent:" in out and "gpus:" in out and "slurm:" in out
 
 
+def test_info_shows_the_gpus_nvidia_smi_reports(tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, GPU-1f2e, NVIDIA H200, 37, 1024, 143771'\n")
+    smi.chmod(0o755)
+    r = hm("info", env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stderr
+    assert "nvidia-smi: 1 GPU(s)\n    0, NVIDIA H200, 143771 MiB\n" in r.stdout
+
+
 def test_info_explicit_interface_and_fake_allocation():
     env = {"HPCMESH_IFNAME": "lo", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n[1-3]",
            "SLURM_JOB_NUM_NODES": "3", "SLURM_TASKS_PER_NODE": "2(x3)",

@@ -46,6 +46,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("hpcmesh.mounts.fuse_process", "mfusepy._libfuse"):
         "mfusepy has no public handle on libfuse, which alone has fuse_invalidate_path; "
         "read in one place (libfuse())",
+    ("hpcmesh.private_files.modules", "runpy._run_module_as_main"):
+        "what `python -m` itself calls (runpy.run_module differs: no __main__ alias, "
+        "sys.argv[0] left alone); read in one place (RUN_MODULE)",
     ("hpcmesh.job.submitit_job", "*._process"):
         "submitit's local Job has no public handle on the process that runs it; read in "
         "one place (_controller_process())",

@@ -12,10 +12,9 @@ import threading
 import time
 from typing import Callable
 
-from ..actor.host_mesh import HostMesh, HostRef
+from ..actor.host_mesh import HostRef
 from ..runtime.client import client_runtime
 from ..runtime.node import NodeRef
-from ..shapes import Extent, Shape
 from ..errors import HpcmeshError
 
 
@@ -77,7 +76,3 @@ class AttachWaiter:
         entries = sorted(self.hosts.values(),
                          key=lambda e: (int(e[2].get("slurm_nodeid") or 0), e[0]))
         return [HostRef(ref, host) for host, ref, info in entries]
-
-
-def host_mesh(hosts: list[HostRef], dim: str = "hosts", name: str = "hosts") -> HostMesh:
-    return HostMesh(hosts, Shape.from_extent(Extent({dim: len(hosts)})), name)

@@ -48,7 +48,7 @@ from ..runtime.client import client_runtime
 from ..runtime.context import context
 from ..runtime.future import Future
 from ..runtime.gpu_binding import BINDING_VAR, choose_binding, gpu_env
-from ..shapes import Extent, Point, subdir_for
+from ..shapes import Extent, Point, point_label, subdir_for
 
 __all__ = ["BashActor", "exec_command", "exec_python", "subdir_for", "point_label"]
 
@@ -59,11 +59,6 @@ _PRIVATE_VARS = ("HPCMESH_SECRET", "HPCMESH_SECRET_FILE", "HPCMESH_BOOTSTRAP_MOD
 
 #: How many lines ``run_streaming`` batches into one message at most.
 _BATCH_LINES = 256
-
-
-def point_label(coords: Mapping[str, int]) -> str:
-    """``{"hosts": 0, "gpus": 1}`` -> ``hosts=0,gpus=1``; ``0`` for no dimensions."""
-    return ",".join(f"{d}={c}" for d, c in coords.items()) or "0"
 
 
 def _exit_code(returncode: int) -> int:

@@ -29,13 +29,15 @@ import subprocess
 import time
 from typing import Any, Mapping, Sequence
 
+from ..actor.host_mesh import HostMesh
 from ..hosts_file import expand_hosts
+from ..log_tail import log_tail
 from ..private_files.modules import python_module
 from ..runtime.client import client_runtime
 from ..transport import tls
 from .attach import AttachTimeout, AttachWaiter
 from .base import JobTrait, open_log
-from .submitit_job import describe_agents, host_mesh_of, reconnect_mesh, stop_client_procs
+from .submitit_job import describe_agents, reconnect_mesh, stop_client_procs
 
 __all__ = ["SSHJob", "LoginJob"]
 
@@ -189,7 +191,7 @@ class SSHJob(JobTrait):
                             f"not attach within {left:.0f} s ({e}); last output: "
                             f"{self._tail(name, i, host)} (logs in {self.log_dir})") from None
                 self.agents[name] = describe_agents(refs)
-                meshes[name] = host_mesh_of(name, refs)
+                meshes[name] = HostMesh.from_hosts(refs, name)
         except BaseException:
             self._terminate_ssh()
             raise
@@ -197,7 +199,7 @@ class SSHJob(JobTrait):
         self.attach_seconds = time.monotonic() - t0
 
     def _start_one(self, name: str, i: int, host: str, cmd: str) -> subprocess.Popen:
-        log_path = os.path.join(self.log_dir, f"{name}-{i}-{host}.log")
+        log_path = self._log_path(name, i, host)
         with open_log(log_path) as log:
             try:
                 p = subprocess.Popen(self._ssh_base(host) + [cmd], stdin=subprocess.PIPE,
@@ -223,13 +225,10 @@ class SSHJob(JobTrait):
                                f"{self._tail(name, i, host)}")
 
     def _tail(self, name: str, i: int, host: str) -> str:
-        try:
-            with open(os.path.join(self.log_dir, f"{name}-{i}-{host}.log"), "rb") as f:
-                lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines()
-                         if ln.strip()]
-            return " | ".join(lines[-3:]) or "(no output)"
-        except OSError:
-            return "(no log)"
+        return log_tail(self._log_path(name, i, host), 3, sep=" | ") or "(no output)"
+
+    def _log_path(self, name: str, i: int, host: str) -> str:
+        return os.path.join(self.log_dir, f"{name}-{i}-{host}.log")
 
     def _state(self) -> dict[str, Any]:
         live = self.__dict__.get("_live_meshes")

@@ -46,6 +46,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from ..actor.host_mesh import HostMesh
 from ..private_files.modules import python_module
 from ..runtime.agent_main import configure_logging, exit_status, run_agent
 from ..runtime.client import client_runtime
@@ -404,7 +405,7 @@ class SubmititJob(JobTrait):
     def _host_mesh(self, name: str, refs: list):
         """HostMesh over attached agents; records where a later client can reach them."""
         self.agents[name] = describe_agents(refs)
-        return host_mesh_of(name, refs)
+        return HostMesh.from_hosts(refs, name)
 
     def _state(self) -> dict[str, Any]:
         live = self.__dict__.get("_live_meshes")
@@ -542,13 +543,6 @@ def _dialable(addresses, host: str) -> list[str]:
 # ---------------------------------------------------------------------------------------
 # shared with SSHJob: recording attached agents, reconnecting, stopping our processes
 # ---------------------------------------------------------------------------------------
-def host_mesh_of(name: str, refs: list):
-    """A HostMesh ``{"hosts": len(refs)}`` named ``name``."""
-    from ..actor.host_mesh import HostMesh
-    from ..shapes import Extent, Shape
-    return HostMesh(list(refs), Shape.from_extent(Extent({"hosts": len(refs)})), name)
-
-
 def describe_agents(refs: list, pids: Mapping[str, int] | None = None) -> list[dict]:
     """What a later client needs to reach each agent: host, node id, dialable addresses
     (``0.0.0.0`` replaced by the agent's advertise host), pid."""
@@ -588,7 +582,7 @@ def reconnect_mesh(name: str, agents: list[dict], secret_hex: str | None, kind: 
                                   f"{info['host']} (it exits once no client has been "
                                   f"connected for its grace period): "
                                   f"{'; '.join(errors) or 'no address recorded'}")
-    return host_mesh_of(name, refs)
+    return HostMesh.from_hosts(refs, name)
 
 
 def stop_client_procs(agent_ids: set) -> None:

@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from ..log_tail import log_tail
 from ..settings import check_process_settings, env_number
 from ..shapes import Point
 from ..transport.addresses import new_secret
@@ -251,7 +252,7 @@ class ClientRuntime:
             return
         where = f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} (pid {pid})"
         if rec.node is None:
-            tail = _tail(rec.log_paths.get("stderr"))
+            tail = log_tail(rec.log_paths.get("stderr"), 10)
             exc = SupervisionError(
                 f"{where} exited before it connected back ({status})" +
                 (f"; last stderr lines:\n{tail}" if tail else ""),
@@ -479,19 +480,6 @@ class ClientRuntime:
         if _runtime is self:
             _runtime = None
             set_current_node(None)
-
-
-def _tail(path: str | None, n: int = 10) -> str:
-    if not path:
-        return ""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 4096))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-        return "\n".join(lines[-n:])
-    except OSError:
-        return ""
 
 
 _runtime: ClientRuntime | None = None

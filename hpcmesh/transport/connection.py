@@ -653,6 +653,8 @@ class Listener:
         self._in_handshake: dict[asyncio.Task, socket.socket] = {}
         self._started: set[asyncio.Task] = set()    # of those, the ones whose task ran
         self._spoke: set[asyncio.Task] = set()      # and of these, the ones that sent a byte
+        #: Spoken connections evicted at the cap but let finish, oldest first (_evict_one).
+        self._outside_cap: dict[asyncio.Task, socket.socket] = {}
         self._refused = 0                   # turned away since the last log line
         self._last_log = -1e9
         self._drop_window = -1e9            # when the current logging interval began
@@ -690,12 +692,23 @@ class Listener:
         oldest of all. Refusing the newcomer instead would let anyone who keeps
         MAX_UNAUTHENTICATED idle connections open keep every real dialer out; this way a
         flood only shortens each connection's time to finish its handshake
-        (MAX_UNAUTHENTICATED connections' worth of arrivals)."""
+        (MAX_UNAUTHENTICATED connections' worth of arrivals).
+
+        The oldest of all has spoken and has our answer: its dialer may be done with its
+        side and cannot tell that it was closed for room (hundreds of processes dialing
+        back at once meet this), so it may finish outside the cap, among at most
+        MAX_UNAUTHENTICATED such; past that, the oldest of those is closed."""
         pending = self._in_handshake
         victim = next((t for t in pending if t in self._started and t not in self._spoke),
                       None) or next((t for t in pending if t not in self._started), None) \
             or next(iter(pending))
         sock = pending.pop(victim)
+        if victim in self._spoke:
+            self._outside_cap[victim] = sock
+            if len(self._outside_cap) <= MAX_UNAUTHENTICATED:
+                return
+            victim = next(iter(self._outside_cap))
+            sock = self._outside_cap.pop(victim)
         # One that has not spoken may be a dialer whose hello we have not read: BUSY tells it
         # to try again (not inside TLS, where it would be garbage). One that has spoken has
         # our answer, and its side of the handshake may be over: BUSY would reach it as a
@@ -771,7 +784,20 @@ class Listener:
         deadline = self.loop.time() + HANDSHAKE_TIMEOUT     # one budget for sniff + handshake
         try:
             tls_ctx = self._tls_ctx() if self.address.scheme == "tcp" else None
-            first = await asyncio.wait_for(self.loop.sock_recv(sock, 4096), HANDSHAKE_TIMEOUT)
+            try:
+                # A dialer speaks at once: what it sent is read now, not a few loop passes
+                # later (wait_for's task), in which a slow loop took it for silent and
+                # evicted it first; a crowd of dialers met nothing else.
+                first = sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                first = await asyncio.wait_for(self.loop.sock_recv(sock, 4096),
+                                               HANDSHAKE_TIMEOUT)
+                if me not in self._in_handshake:
+                    # evicted as its first bytes came in (wait_for then returns them rather
+                    # than the cancellation): it was told BUSY and dials again; going on
+                    # would answer it outside the cap and log its reset as a failed handshake
+                    sock.close()
+                    return
             self._spoke.add(me)
             if first and (first[0] == TLS_HANDSHAKE_BYTE) != (tls_ctx is not None):
                 raise HandshakeError(
@@ -799,6 +825,7 @@ class Listener:
             raise
         finally:
             self._in_handshake.pop(me, None)
+            self._outside_cap.pop(me, None)
             self._started.discard(me)
             self._spoke.discard(me)
         self._on_accept(sock, name, leftover, session)

@@ -312,3 +312,139 @@ def test_evicting_connections_whose_task_has_not_run_closes_their_sockets(monkey
     leaks = [w for w in caught if issubclass(w.category, ResourceWarning)
              and "socket" in str(w.message)]
     assert not leaks, [str(w.message) for w in leaks]
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "unix"])
+def test_dialers_turned_away_at_the_cap_come_back_until_all_are_in(monkeypatch, caplog,
+                                                                   tmp_path, scheme):
+    # 64 dials at once against a cap of 2 handshakes (as 512 processes dialing back to a
+    # busy controller against its 128): before, all but a few failed with HandshakeBusy
+    # (tcp) or a broken pipe (unix: the BUSY sat unread behind it), and the listener logged
+    # the resets of dialers it had evicted as failed handshakes.
+    import asyncio
+    import logging
+
+    from hpcmesh.transport import connection as C
+
+    monkeypatch.setattr(C, "MAX_UNAUTHENTICATED", 2)
+    caplog.set_level(logging.DEBUG, logger="hpcmesh.transport")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        secret = os.urandom(32)
+        accepted: list = []
+        where = "tcp://127.0.0.1:0" if scheme == "tcp" else f"unix://{tmp_path}/l.sock"
+        listener = C.Listener(loop, where, secret, lambda *a: accepted.append(a))
+        try:
+            dials = await asyncio.gather(
+                *(C.dial(loop, listener.address, secret, 20) for _ in range(64)),
+                return_exceptions=True)
+            deadline = loop.time() + 10     # the listener reads each dialer's last word
+            while len(accepted) < 64 and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            listener.close()
+        for d in dials:
+            if not isinstance(d, BaseException):
+                d[0].close()
+        for sock, *_ in accepted:
+            sock.close()
+        return dials, len(accepted)
+    dials, accepted = asyncio.run(main())
+    failed = [repr(d) for d in dials if isinstance(d, BaseException)]
+    assert not failed, f"{len(failed)} of 64 dials failed, e.g. {failed[:3]}"
+    assert accepted == 64
+    retried = [r for r in caplog.records if "is busy (try" in r.getMessage()]
+    assert retried and all(r.levelno == logging.DEBUG for r in retried), \
+        "the cap of 2 turned nobody away: the test proves nothing"
+    dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+    assert not dropped, dropped
+
+
+def test_a_dialer_still_turned_away_when_its_timeout_ends_says_busy(tmp_path):
+    # a listener that answers every dial BUSY: the dialer tries again until its timeout,
+    # then fails with the busy error, not sooner and not much later
+    import asyncio
+
+    from hpcmesh.transport.connection import dial
+    from hpcmesh.transport.handshake import BUSY, HandshakeBusy
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(tmp_path / "busy.sock"))
+        server.listen(64)
+        server.setblocking(False)
+        tries = [0]
+
+        def turn_away():
+            conn, _ = server.accept()
+            tries[0] += 1
+            conn.send(BUSY)
+            conn.close()
+        loop.add_reader(server.fileno(), turn_away)
+        t0 = loop.time()
+        try:
+            with pytest.raises(HandshakeBusy, match=r"busy.*still busy after \d+ tries"):
+                await dial(loop, f"unix://{tmp_path}/busy.sock", os.urandom(32), timeout=1.5)
+        finally:
+            loop.remove_reader(server.fileno())
+            server.close()
+        return loop.time() - t0, tries[0]
+    took, tries = asyncio.run(main())
+    assert tries > 3, tries
+    assert took < 1.5 + 0.5, took
+
+
+
+def _tcp_accept_queue(port: int) -> int:
+    """Connections waiting to be accepted on this host's IPv4 TCP listener at ``port``."""
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return int(fields[4].split(":")[1], 16)
+    return 0
+
+
+def test_a_spawn_whose_processes_dial_back_past_the_cap_starts_them_all(monkeypatch):
+    # 24 processes dial back while the controller is too busy to accept (its listeners
+    # paused until they wait in its backlogs), against a cap of 1 handshake (as 512 against
+    # 128 on a loaded machine): before, those turned away exited "cannot reach the
+    # controller: ... the listener is busy" and failed the spawn; now they come back
+    import threading
+
+    from hpcmesh.actor import this_host
+    from hpcmesh.runtime.client import client_runtime
+    from hpcmesh.transport import connection as C
+
+    this_host()
+    node = client_runtime().node
+    port = next(int(a.rsplit(":", 1)[1]) for a in node.addresses if a.startswith("tcp://")
+                and ":" not in a[len("tcp://"):].rsplit(":", 1)[0])
+    monkeypatch.setattr(C, "MAX_UNAUTHENTICATED", 1)
+    paused = threading.Event()
+
+    def pause(on: bool):
+        for lst in node._listeners:
+            if on:
+                node.loop.remove_reader(lst.sock.fileno())
+            else:
+                node.loop.add_reader(lst.sock.fileno(), lst._on_readable)
+        paused.set()
+    node.loop.call_soon_threadsafe(pause, True)
+    assert paused.wait(10)
+    try:
+        procs = this_host().spawn_procs(per_host={"gpus": 24}, name="pastcap")
+        deadline = time.monotonic() + 60        # each tries TCP 0.25 s after Unix
+        while _tcp_accept_queue(port) < 24 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _tcp_accept_queue(port) == 24
+    finally:
+        node.loop.call_soon_threadsafe(pause, False)
+    try:
+        pids = procs.spawn("pid", Pid).pid.call().get(timeout=120)
+        assert len(set(pids.values())) == 24
+    finally:
+        monkeypatch.undo()
+        procs.stop().get(timeout=60)

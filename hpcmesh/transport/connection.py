@@ -18,6 +18,7 @@ import asyncio
 import errno
 import logging
 import os
+import random
 import socket
 import struct
 import threading
@@ -55,6 +56,13 @@ ACCEPT_PAUSE = 0.25
 ACCEPT_LOG_INTERVAL = 10.0
 #: Failed handshakes logged one by one per ACCEPT_LOG_INTERVAL; past that, only counted.
 DROP_LOG_BURST = 5
+#: A dialer turned away with BUSY tries again after about this long, then twice as long
+#: each time, up to BUSY_RETRY_MAX, until its timeout is spent. Hundreds of processes
+#: retrying cost the machine (and the busy listener in it) in proportion to 1 / the cap.
+BUSY_RETRY_FIRST = 0.02
+BUSY_RETRY_MAX = 5.0
+_BUSY_MESSAGE = ("the listener is busy: too many connections are in their handshake there "
+                 "(a flood?)")
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The first byte of a TLS record carrying a handshake (a ClientHello); the hpcmesh
 #: handshake starts with its magic instead, so a listener tells them apart.
@@ -544,8 +552,7 @@ async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: floa
         while not hs.done:
             data = await recv()
             if hs.dialer and data.startswith(BUSY):
-                raise HandshakeBusy("the listener is busy: too many connections are in their "
-                                    "handshake there (a flood?); try again in a moment")
+                raise HandshakeBusy(_BUSY_MESSAGE)
             if not data:
                 raise HandshakeClosed(
                     "peer closed the connection during the handshake" + (
@@ -565,10 +572,36 @@ async def dial(loop, address: str | Address, secret: bytes, timeout: float = HAN
                tls_ctx: ssl.SSLContext | None = None
                ) -> tuple[socket.socket, bytes, TLSSession | None]:
     """Connect and authenticate (over TLS for tcp:// when ``tls_ctx`` is given); returns
-    the socket, any plaintext read past the handshake, and the TLS session."""
+    the socket, any plaintext read past the handshake, and the TLS session.
+
+    A listener at its cap of connections in their handshake answers BUSY (its flood
+    defence; also what hundreds of processes dialing back at once meet): try again after a
+    jittered, growing pause until ``timeout`` is spent, then raise HandshakeBusy. Every
+    other failure is final at once."""
     addr = parse_address(address) if isinstance(address, str) else address
     if addr.scheme == "tcp" and addr.port == 0:
         raise ValueError(f"cannot dial {addr}: port 0 is only meaningful when listening")
+    deadline = loop.time() + timeout
+    pause, tries = BUSY_RETRY_FIRST, 0
+    while True:
+        tries += 1
+        try:
+            return await _dial_once(loop, addr, secret, max(0.0, deadline - loop.time()),
+                                    tls_ctx)
+        except HandshakeBusy as e:
+            # half to all of the pause: dialers turned away together come back apart
+            wait = pause * (0.5 + random.random() / 2)
+            if loop.time() + wait >= deadline:
+                raise HandshakeBusy(f"{e}; still busy after {tries} tries in "
+                                    f"{timeout:g} s") from None
+            log.debug("%s is busy (try %d); trying again in %.2f s", addr, tries, wait)
+            await asyncio.sleep(wait)
+            pause = min(2 * pause, BUSY_RETRY_MAX)
+
+
+async def _dial_once(loop, addr: Address, secret: bytes, timeout: float,
+                     tls_ctx: ssl.SSLContext | None
+                     ) -> tuple[socket.socket, bytes, TLSSession | None]:
     if addr.scheme == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         target: object = addr.path
@@ -582,12 +615,27 @@ async def dial(loop, address: str | Address, secret: bytes, timeout: float = HAN
     _tune(sock)
     try:
         await asyncio.wait_for(loop.sock_connect(sock, target), timeout)
-        leftover, session = await _run_handshake(loop, sock, Handshake(secret, dialer=True),
-                                                 timeout, tls_ctx)
+        try:
+            leftover, session = await _run_handshake(loop, sock, Handshake(secret, dialer=True),
+                                                     timeout, tls_ctx)
+        except (BrokenPipeError, ConnectionResetError):
+            # the listener closed us at its cap before reading our hello: its BUSY may wait
+            # unread behind the error our send or receive met
+            if tls_ctx is None and _unread(sock).startswith(BUSY):
+                raise HandshakeBusy(_BUSY_MESSAGE) from None
+            raise
     except BaseException:
         sock.close()
         raise
     return sock, leftover, session
+
+
+def _unread(sock: socket.socket) -> bytes:
+    """What the peer sent that is still queued on ``sock`` (b"": nothing, or an error)."""
+    try:
+        return sock.recv(len(BUSY), socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return b""
 
 
 def inherited_listener(fd: int, address: str) -> socket.socket:

@@ -346,9 +346,9 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
     async def connect_all():
         async def dial(addr: str):
             # An agent at its cap of connections in their handshake (a flood, many
-            # clients at once) turns new ones away (HandshakeBusy; a reset when it closed
-            # them unread): that is "busy", so try again until the timeout; every other
-            # error is final.
+            # clients at once) turns new ones away: dial() tries again on its BUSY; a reset
+            # (it closed us unread) is "busy" too, so try again until the timeout; every
+            # other error is final.
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             pause = 0.05
@@ -356,7 +356,7 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
                 left = deadline - loop.time()
                 try:
                     return await node.connect(addr, timeout=max(0.1, left), secret=secret)
-                except (ConnectionResetError, HandshakeBusy):
+                except ConnectionResetError:
                     if loop.time() + pause >= deadline:
                         raise
                 await asyncio.sleep(pause)
@@ -366,8 +366,7 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
             try:
                 conn = await dial(addr)
             except HandshakeBusy as e:
-                raise ConnectionError(f"cannot attach to host agent at {addr}: {e}; still "
-                                      f"busy after {timeout} s") from None
+                raise ConnectionError(f"cannot attach to host agent at {addr}: {e}") from None
             except HandshakeError as e:
                 raise ConnectionError(f"cannot attach to host agent at {addr}: {e} (was it "
                                       f"started with this job's secret?)") from None

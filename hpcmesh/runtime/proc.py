@@ -29,6 +29,12 @@ from .node import Node, NodeRef, set_current_node
 
 log = logging.getLogger("hpcmesh.proc")
 
+#: Seconds a process tries to reach its controller, which waits for it, before it gives up.
+#: One that is gone refuses at once; a busy one (hundreds of processes dialing back at once
+#: on a loaded machine) turns dialers away for a while (BUSY, retried) or answers slowly: a
+#: spawn of 64 x 8 processes on this 2-core VM with two CPU hogs took 24 s.
+CONNECT_TIMEOUT = 60.0
+
 
 class ProcRuntime:
     """Services a worker process offers to the controller."""
@@ -133,7 +139,8 @@ async def _amain() -> int:
     # A SIGTERM while still connecting (a mesh stopped as it starts) ends the process now:
     # there are no actors to clean up yet.
     connecting = asyncio.ensure_future(
-        node.connect_first(controller_addrs, expect=controller.node_id or None))
+        node.connect_first(controller_addrs, expect=controller.node_id or None,
+                           timeout=CONNECT_TIMEOUT))
     stopped = asyncio.ensure_future(rt.done.wait())
     await asyncio.wait((connecting, stopped), return_when=asyncio.FIRST_COMPLETED)
     if not connecting.done():

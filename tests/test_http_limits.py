@@ -180,6 +180,17 @@ def wait_until(cond, limit: float, what: str):
     return got
 
 
+@pytest.fixture(autouse=True)
+def services_stopped_after():
+    """The admin and telemetry services a test here starts are the process's (module
+    globals): stop them, or the next test file finds telemetry recording."""
+    yield
+    from hpcmesh.admin.server import stop_admin
+    from hpcmesh.telemetry.server import stop_telemetry
+    stop_telemetry()
+    stop_admin()
+
+
 @pytest.fixture
 def login_node_fd_limit():
     """The controller with a login node's usual limit of 1024 open files."""

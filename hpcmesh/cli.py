@@ -19,13 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
-import subprocess
 import sys
 from typing import Any, Sequence
 
 from .errors import HpcmeshError
+from .runtime import nvidia_smi
 from .runtime.gpu_binding import BINDINGS
 
 PROG = "hpcmesh"
@@ -59,10 +58,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _use_cwd_for_imports() -> None:
-    """``hpcmesh apply mod.attr`` finds modules in the current directory, like ``python -m``."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    """``hpcmesh apply mod.attr`` finds modules in the current directory, like ``python -m``,
+    but after the standard library and installed packages, and only files nobody else can
+    have planted or changed (another user's ``sysconfig.py`` in /tmp must not run as us)."""
+    from .private_files.modules import import_from_folder
+    import_from_folder(os.getcwd())
 
 
 def _set_context(args) -> None:
@@ -73,6 +73,7 @@ def _set_context(args) -> None:
 def _cached_job():
     """The cached job of the current context, or None."""
     from .job.base import context_state_path, current_context, job_load
+    _use_cwd_for_imports()      # the cache may name classes of the job spec's module
     path = context_state_path()
     try:
         return job_load(path), path
@@ -215,8 +216,7 @@ def cmd_exec(args) -> int:
     cached, _path = _cached_job()
     if cached is not None and cached.active:
         # the job that is running now (it may have been applied by a script, not `apply`)
-        from .job.base import JobState
-        state = JobState(cached._state())
+        state = cached.running_state()
     else:
         try:
             job = load_current_job()
@@ -273,7 +273,8 @@ def cmd_render(args) -> int:
         except ImportError:
             worker = None
     if worker is None:
-        worker = ["{python}", "-m", "hpcmesh", "worker"]
+        from .private_files.modules import python_module
+        worker = python_module("hpcmesh", "{python}") + ["worker"]
         if attach:
             worker += ["--attach", ",".join(attach)]
     env = _parse_kv(args.env, "--env") or None
@@ -302,25 +303,28 @@ def cmd_render(args) -> int:
 # ---------------------------------------------------------------------------------------
 # info
 # ---------------------------------------------------------------------------------------
+def _gpu_line(gpu: dict) -> str:
+    """``0, NVIDIA H200, 143771 MiB``: one GPU as ``hpcmesh info`` shows it."""
+    total = gpu["memory_total_bytes"]
+    return f"{gpu['gpu']}, {gpu['name']}, " + ("?" if total is None else f"{total >> 20} MiB")
+
+
 def _gpu_info() -> dict:
     info: dict[str, Any] = {}
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     info["CUDA_VISIBLE_DEVICES"] = cvd
     visible = [d for d in (cvd or "").split(",") if d.strip()] if cvd is not None else None
     info["visible"] = len(visible) if visible is not None else None
-    smi = shutil.which("nvidia-smi")
     info["nvidia_smi"] = None
-    if smi:
-        try:
-            r = subprocess.run([smi, "--query-gpu=index,name,memory.total",
-                                "--format=csv,noheader"], capture_output=True, text=True,
-                               timeout=15)
-            if r.returncode == 0:
-                info["nvidia_smi"] = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
-            else:
-                info["nvidia_smi_error"] = (r.stderr or r.stdout).strip().splitlines()[:1]
-        except (OSError, subprocess.TimeoutExpired) as e:
-            info["nvidia_smi_error"] = str(e)
+    try:
+        # a one-off look, so longer than telemetry's 2 s: a GPU without persistence mode
+        # can take seconds to wake
+        found = nvidia_smi.query_gpus(timeout=15)
+    except nvidia_smi.NvidiaSmiError as e:
+        info["nvidia_smi_error"] = str(e)
+    else:
+        if found is not None:
+            info["nvidia_smi"] = [_gpu_line(g) for g in found]
     try:
         info["dev_nvidia"] = sorted(n for n in os.listdir("/dev")
                                     if n.startswith("nvidia") and n[6:].isdigit())
@@ -577,8 +581,11 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Make the job `module.attr` the current one of this context, "
                                    "apply it (create it unless a cached running job can serve "
                                    "it), and cache its state. `attr` may be a JobTrait or a "
-                                   "function returning one. The module is looked up from the "
-                                   "current directory and PYTHONPATH.")
+                                   "function returning one. The module is looked up on "
+                                   "PYTHONPATH and in the installed packages, then in the "
+                                   "current directory: there only a file (or package folder) "
+                                   "of yours or root's, in a folder nobody else can write "
+                                   "(/tmp's sticky bit is fine).")
     a.add_argument("spec", metavar="module.attr", help="where the job spec lives, e.g. "
                                                          "myproject.jobs.trainers")
     a.set_defaults(fn=cmd_apply)
@@ -617,7 +624,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra environment")
     e.add_argument("--workdir", help="working directory on the hosts")
     e.add_argument("--output-dir", help="write output to files there instead of printing "
-                                        "($SUBDIR becomes e.g. hosts_0)")
+                                        "($SUBDIR becomes e.g. hosts_0); a folder of yours "
+                                        "others cannot write (made 0700 if missing), files "
+                                        "0600, no symlink there followed")
     e.add_argument("--timeout", type=float, help="give up after this many seconds")
     e.add_argument("--no-shell", action="store_true",
                    help="exec a single-argument COMMAND as a program, as srun would, instead "

@@ -230,9 +230,14 @@ def configured(**overrides: Any) -> Iterator[dict[str, Any]]:
 def __getattr__(name: str) -> Any:
     """The hosts-file names this module used to hold, for one more release."""
     from . import hosts_file
-    if name in hosts_file.__all__ or name in ("WORKER_SCHEMES", "SCHEDULER_KEYS"):
+    if name in hosts_file.__all__ or name == "SCHEDULER_KEYS":
         warnings.warn(f"hpcmesh.config.{name} moved to hpcmesh.hosts_file.{name} (hpcmesh.config "
                       f"is Monarch's runtime configuration now); the old name goes in the "
                       f"next release", DeprecationWarning, stacklevel=2)
         return getattr(hosts_file, name)
+    if name in ("parse_worker_address", "WORKER_SCHEMES"):     # the worker-URL rule's home now
+        from .transport import addresses
+        warnings.warn(f"hpcmesh.config.{name} moved to hpcmesh.transport.addresses.{name}; the "
+                      f"old name goes in the next release", DeprecationWarning, stacklevel=2)
+        return getattr(addresses, name)
     raise AttributeError(f"module 'hpcmesh.config' has no attribute {name!r}")

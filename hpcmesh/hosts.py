@@ -25,7 +25,7 @@ import socket
 import sys
 from typing import Any
 
-from .hosts_file import ConfigError, HostsConfig, load_hosts_config
+from .hosts_file import HostsConfig, HostsFileError, load_hosts_config
 
 log = logging.getLogger("hpcmesh.hosts")
 
@@ -35,12 +35,12 @@ __all__ = ["hosts_from_config", "local_host_mesh"]
 def local_host_mesh(processes_per_host: int | None = None, name: str = "hosts"):
     """This host as a ``{"hosts": 1}`` HostMesh (``this_host()`` has no dimensions)."""
     from .actor.host_mesh import HostRef
-    from .job.slurm import make_host_mesh
+    from .job.agent_mesh import AgentHostMesh
     from .runtime.client import client_runtime
     rt = client_runtime()
     ref = HostRef(rt.local_agent(), socket.gethostname())
     per = {"procs": processes_per_host} if processes_per_host else None
-    return make_host_mesh([ref], name, default_per_host=per)
+    return AgentHostMesh.from_hosts([ref], name, default_per_host=per)
 
 
 def _apply_network(cfg: HostsConfig) -> None:
@@ -110,7 +110,7 @@ def hosts_from_config(var: str = "HPCMESH_HOSTS", path: str | os.PathLike | None
         return _attach_static(cfg, timeout)
     if cfg.scheduler == "ssh":
         return _ssh(cfg, timeout)
-    raise ConfigError(f"unknown scheduler {cfg.scheduler!r}", source=cfg.source)  # unreachable
+    raise HostsFileError(f"unknown scheduler {cfg.scheduler!r}", source=cfg.source)  # unreachable
 
 
 def _adopt_allocation(srun_args, timeout):
@@ -124,7 +124,7 @@ def _submit_slurm(cfg: HostsConfig, timeout):
     from .job.slurm import SlurmJob
     from .slurm.spec import JobSpec, SpecError
     if not cfg.job:
-        raise ConfigError(
+        raise HostsFileError(
             "scheduler slurm outside an allocation needs a 'job:' spec to submit (nodes, "
             "gpus_per_node, time, partition, ...); or run inside salloc/sbatch to adopt the "
             "allocation", source=cfg.source, line=cfg.line_of("scheduler"), key="job")
@@ -133,8 +133,8 @@ def _submit_slurm(cfg: HostsConfig, timeout):
         job_dict["python"] = sys.executable      # like SlurmJob: this client's interpreter
     try:
         spec = JobSpec.from_dict(job_dict, cfg.source, lines=cfg.lines, prefix="job")
-    except SpecError as e:
-        raise ConfigError(str(e)) from None
+    except SpecError as e:       # the hosts file's kind of the same family, every piece kept
+        raise e.recast(HostsFileError) from None
     if len(spec.meshes) != 1:
         raise cfg.error("job", f"hosts_from_config returns one mesh; the job spec has "
                         f"{len(spec.meshes)} ({', '.join(spec.meshes)}); use SlurmJob for "
@@ -147,7 +147,7 @@ def _submit_slurm(cfg: HostsConfig, timeout):
 
 def _attach_static(cfg: HostsConfig, timeout):
     from .actor.host_mesh import attach_to_workers
-    from .job.slurm import make_host_mesh
+    from .job.agent_mesh import AgentHostMesh
     from .transport.addresses import secret_from_env
     secret = secret_from_env()
     try:
@@ -156,7 +156,7 @@ def _attach_static(cfg: HostsConfig, timeout):
     except Exception as e:  # noqa: BLE001 - name the file and the key
         raise ConnectionError(f"{cfg.where('workers')}: cannot attach to the workers "
                               f"{', '.join(cfg.workers)}: {e}") from e
-    return make_host_mesh(mesh.refs, "hosts")
+    return AgentHostMesh.from_hosts(mesh.refs, "hosts")
 
 
 def _ssh(cfg: HostsConfig, timeout):

@@ -81,13 +81,12 @@ from typing import Sequence
 from .actor.host_mesh import HostMesh, HostRef
 from .actor.proc_mesh import ProcMesh
 from .private_files import open_file, write_file
-from .runtime import client as _client
-from .runtime.client import ClientRuntime, ProcRecord
+from .runtime.client import ClientRuntime, ProcRecord, install_client_runtime
 from .runtime.errors import SupervisionError
 from .runtime.node import Node, NodeRef, set_current_node
 from .runtime.proc import ProcRuntime
 from .settings import env_number, log_level
-from .shapes import Extent, Point, Shape
+from .shapes import Extent, Point, point_label
 from .transport.addresses import new_secret
 from .errors import HpcmeshError
 
@@ -346,18 +345,6 @@ class MPIProcRecord(ProcRecord):
     world_rank: int = -1
 
 
-def _label(point: Point) -> str:
-    return ",".join(f"{k}={v}" for k, v in point.items()) or "0"
-
-
-def _install_client(secret: bytes) -> ClientRuntime:
-    """The process's client runtime, created with the MPI job's secret if there is none yet."""
-    with _client._runtime_lock:
-        if _client._runtime is None:
-            _client._runtime = ClientRuntime(secret)
-        return _client._runtime
-
-
 async def _connect_all(node: Node, entries: Sequence[RankEntry], secret: bytes | None,
                        timeout: float) -> None:
     async def one(e: RankEntry) -> None:
@@ -381,7 +368,7 @@ def _build_mesh(rt: ClientRuntime, layout: MPILayout, agent: NodeRef, name: str)
     records: list[MPIProcRecord] = []
     for i, e in enumerate(layout.by_flat_rank()):
         point = Point(i, extent)
-        rec = MPIProcRecord(f"{name}-{uid}-r{e.world_rank}", name, point, agent, _label(point),
+        rec = MPIProcRecord(f"{name}-{uid}-r{e.world_rank}", name, point, agent, point_label(point),
                             world_rank=e.world_rank)
         rec.node = e.ref
         rec.pid = e.pid
@@ -409,17 +396,13 @@ def _build_mesh(rt: ClientRuntime, layout: MPILayout, agent: NodeRef, name: str)
         print(f"hpcmesh: supervision: {err}", file=sys.stderr, flush=True)
     rt.node.on_peer_closed.append(on_closed)
     host_refs = [HostRef(agent, h) for h in layout.hosts]
-    hosts = HostMesh(host_refs, Shape.from_extent(Extent({"hosts": len(host_refs)})),
-                     f"{name}_hosts")
-    mesh = ProcMesh.from_records(name, records, extent, hosts)
-    mesh._state.mpi_layout = layout
-    return mesh
+    hosts = HostMesh.from_hosts(host_refs, f"{name}_hosts")
+    return ProcMesh.from_records(name, records, extent, hosts)
 
 
 def world_ranks(mesh: ProcMesh) -> list[int]:
     """The MPI world rank of each member of an MPI ProcMesh (or a view of one), in order."""
-    recs = mesh._state.records
-    return [getattr(recs[g], "world_rank", None) for g in mesh._shape.ranks()]
+    return [getattr(r, "world_rank", None) for r in mesh.records]
 
 
 def _read_address_file(path: str, timeout: float) -> dict:
@@ -467,7 +450,7 @@ def attach_to_mpi(path: str, *, timeout: float = 60.0, name: str = "mpi") -> Pro
     data = _read_address_file(os.fspath(path), timeout)
     secret = bytes.fromhex(data["secret"])
     layout, agent = _layout_from_file(data)
-    rt = _install_client(secret)
+    rt = install_client_runtime(secret)
     override = None if rt.secret == secret else secret
     per_try = min(timeout, 10.0)
     try:
@@ -499,7 +482,7 @@ def mpi_proc_mesh(name: str = "mpi") -> ProcMesh:
             "hpcmesh.mpi --script SCRIPT` (it runs on rank 0); from a separate client use "
             "hpcmesh.mpi.attach_to_mpi(address_file)")
     if _launch.mesh is None:
-        _launch.mesh = _build_mesh(_install_client(_launch.secret), _launch.layout,
+        _launch.mesh = _build_mesh(install_client_runtime(_launch.secret), _launch.layout,
                                    _launch.agent, name)
     return _launch.mesh
 
@@ -693,7 +676,7 @@ class _Rank:
         global _launch
         script = os.path.abspath(self.args.script)
         _launch = _Launch(layout, agent, secret)
-        rt = _install_client(secret)   # a fresh process: it has no client runtime yet
+        rt = install_client_runtime(secret)   # a fresh process: it has no client runtime yet
         code = 0
         try:
             rt.node.run_sync(_connect_all(rt.node, layout.entries, None, 30), 40)
@@ -729,7 +712,7 @@ class _Rank:
     def _stop_all(self, rt: ClientRuntime) -> None:
         """After the script: stop every rank unless the script already stopped the mesh."""
         mesh = _launch.mesh
-        if mesh is not None and mesh._state.stopped:
+        if mesh is not None and mesh.stopped:
             return
         if mesh is None:
             mesh = _launch.mesh = _build_mesh(rt, _launch.layout, _launch.agent, "mpi")

@@ -113,6 +113,13 @@ def _strided_indices(offset: int, sizes: Sequence[int], strides: Sequence[int]) 
 # --------------------------------------------------------------------------
 
 
+def point_label(coords: Mapping[str, int]) -> str:
+    """How hpcmesh names a member wherever it shows one (process names, logs, errors,
+    admin, debugger): ``{"hosts": 0, "gpus": 1}`` -> ``hosts=0,gpus=1``; ``0`` for no
+    dimensions."""
+    return ",".join(f"{d}={c}" for d, c in coords.items()) or "0"
+
+
 def subdir_for(coords: Mapping[str, int]) -> str:
     """A member's folder name from its coordinates (what ``$SUBDIR`` becomes):
     ``{"hosts": 0, "gpus": 1}`` -> ``hosts_0_gpus_1``; ``0`` for no dimensions."""

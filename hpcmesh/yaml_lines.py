@@ -1,19 +1,59 @@
-"""YAML with line numbers, for the hosts config and for job specs.
+"""The schema kit of hpcmesh's hand-written YAML: the hosts file and job specs.
 
 Both files are written by hand and both report problems as
-``file:line: problem; allowed: a, b (did you mean 'b'?)``, so both need the line
-of every key (a dotted path such as ``job.nodes`` or ``setup[1]``), duplicate
-keys refused, and the same wording. Pure: no I/O beyond the text given.
+``file:line: problem; allowed: a, b (did you mean 'b'?)``, so both read YAML the same
+way (:func:`load_yaml`: the data, the line of every key and item as a dotted path such
+as ``job.nodes`` or ``setup[1]``, duplicate keys refused) and check it with the same
+tools: :class:`Where` (where a value came from, and the error located there),
+:func:`describe` (what was given), :func:`check_keys` and :func:`count`. Their errors
+are one family, :class:`SchemaError`. Pure: no I/O beyond the text given.
 """
 
 from __future__ import annotations
 
-import difflib
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import yaml
 
-from .errors import HpcmeshError
+from .errors import HpcmeshError, allowed_suffix, excerpt
+
+__all__ = ["SchemaError", "Invalid", "DuplicateKey", "Where", "load_yaml", "describe",
+           "check_keys", "count", "allowed_suffix", "describe_yaml_error", "index_lines",
+           "nearest_line"]
+
+
+class SchemaError(HpcmeshError, ValueError):
+    """A bad hand-written file or value: ``source:line: problem; allowed: ... (did you
+    mean ...)``. The pieces stay attributes for tools: ``source``, ``line`` (1-based or
+    None), ``key`` (dotted path), ``value``, ``allowed``, ``problem`` (the message alone).
+
+    ``suggest``: a string is the guess to match against ``allowed``; True (the default)
+    guesses ``value`` when it is a string; False suggests nothing.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
+                 key: str | None = None, value: Any = None, allowed: Sequence[str] = (),
+                 suggest: bool | str = True) -> None:
+        self.source, self.line, self.key, self.value = source, line, key, value
+        self.allowed = tuple(allowed)
+        self.problem = message
+        self.guess = suggest if isinstance(suggest, str) else \
+            value if suggest and isinstance(value, str) else None
+        text = message + allowed_suffix(self.allowed, self.guess)
+        if source is not None:
+            text = f"{source}:{line}: {text}" if line is not None else f"{source}: {text}"
+        super().__init__(text)
+
+    def recast(self, kind: type["SchemaError"]) -> "SchemaError":
+        """The same error, every piece kept, as another kind of the family (a job spec
+        inside a hosts file fails as the hosts file does)."""
+        return kind(self.problem, source=self.source, line=self.line, key=self.key,
+                    value=self.value, allowed=self.allowed,
+                    suggest=self.guess if self.guess is not None else False)
+
+
+class Invalid(HpcmeshError, ValueError):
+    """A value checker's complaint; the caller says where (``Where.error``)."""
 
 
 class DuplicateKey(HpcmeshError):
@@ -78,24 +118,146 @@ def _index(loader, node, prefix: str, lines, raw, seen: set[int]) -> None:
 
 
 def nearest_line(lines: Mapping[str, int], key: str) -> int | None:
-    """Line of ``key``, or of its nearest recorded parent (``a.b[2].c`` -> ``a.b[2]`` ...)."""
+    """Line of ``key``, or of its nearest recorded parent (``a.b[2].c`` -> ``a.b[2]`` ...),
+    or of the document (``""``, which :func:`load_yaml` records)."""
     while key:
         if key in lines:
             return lines[key]
         cut = max(key.rfind("."), key.rfind("["))
         key = key[:cut] if cut > 0 else ""
-    return None
+    return lines.get("")
 
 
-def allowed_suffix(allowed: Sequence[str], guess: str | None = None,
-                   cutoff: float = 0.6) -> str:
-    """``"; allowed: a, b (did you mean 'b'?)"`` (empty without ``allowed``); ``cutoff``:
-    how close ``guess`` must be (difflib's ratio) to be suggested."""
-    if not allowed:
-        return ""
-    text = "; allowed: " + ", ".join(allowed)
-    if guess is not None:
-        close = difflib.get_close_matches(guess, list(allowed), n=1, cutoff=cutoff)
-        if close:
-            text += f" (did you mean {close[0]!r}?)"
-    return text
+def load_yaml(text: str, source: str = "<string>", kind: type[SchemaError] = SchemaError
+              ) -> tuple[Any, dict[str, int], dict[str, str]]:
+    """``(data, lines, raw)`` of one YAML document: the data as SafeLoader builds it, the
+    line of every key and item by dotted path (``""``: the document's first line), and
+    the text as written of plain scalars (:func:`index_lines`). Errors are ``kind``,
+    located: bad YAML, a duplicate key, a number of more than 4300 digits."""
+    try:
+        loader = yaml.SafeLoader(text)           # refuses a NUL byte here already
+    except yaml.YAMLError as exc:
+        message, line = describe_yaml_error(exc, text)
+        raise kind(message, source=source, line=line) from None
+    try:
+        try:
+            root = loader.get_single_node()
+        except yaml.YAMLError as exc:
+            message, line = describe_yaml_error(exc, text)
+            raise kind(message, source=source, line=line) from None
+        if root is None:
+            return None, {}, {}
+        lines: dict[str, int] = {"": root.start_mark.line + 1}
+        raw: dict[str, str] = {}
+        try:
+            index_lines(loader, root, lines, raw)
+        except DuplicateKey as e:
+            raise kind(str(e), source=source, line=e.line, key=e.path) from None
+        try:
+            data = loader.construct_document(root)
+        except ValueError:  # int() refuses a number of more than 4300 digits
+            path = next((p for p, t in raw.items() if len(t) > 4300), None)
+            raise kind(f"{path or 'a value'}: a number of more than 4300 digits; no value "
+                       "here needs one", source=source,
+                       line=lines.get(path) if path else None, key=path) from None
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            raise kind(f"invalid YAML value: {exc.problem}", source=source,
+                       line=mark.line + 1 if mark else None) from None
+        return data, lines, raw
+    finally:
+        loader.dispose()
+
+
+class Where:
+    """Where values came from (``source``, the lines and raw text of :func:`load_yaml`,
+    a ``prefix`` when they sit inside another file), and errors of ``kind`` located there.
+    Plain data (no lines) works too: its errors name the source alone."""
+
+    def __init__(self, source: str, lines: Mapping[str, int] | None = None,
+                 raw: Mapping[str, str] | None = None, prefix: str = "",
+                 kind: type[SchemaError] = SchemaError) -> None:
+        self.source, self.prefix, self.kind = source, prefix, kind
+        self.lines = lines or {}
+        self.raw = raw or {}
+
+    def path(self, *parts: str | int) -> str:
+        """The dotted path of ``parts`` under the prefix (ints are list indexes)."""
+        out = self.prefix
+        for p in parts:
+            if isinstance(p, int):
+                out += f"[{p}]"
+            else:
+                out = f"{out}.{p}" if out else p
+        return out
+
+    def line(self, path: str) -> int | None:
+        return nearest_line(self.lines, path)
+
+    def error(self, path: str, message: str, *, key: str | None = None, **kw: Any
+              ) -> SchemaError:
+        """``kind`` at the line of ``path``, about ``key`` (default: ``path``; a missing
+        key is named at its parent's line). ``kw``: ``value``, ``allowed``, ``suggest``."""
+        return self.kind(message, source=self.source, line=self.line(path),
+                         key=path if key is None else key, **kw)
+
+    def text(self, path: str, value: Any) -> Any:
+        """The scalar as written, for values that are strings (YAML 1.1 reads
+        ``01:30:00`` as 5400 and ``0123`` as octal)."""
+        if isinstance(value, str) or value is None or isinstance(value, (list, dict)):
+            return value
+        return self.raw.get(path, value)
+
+
+def describe(value: Any, kind: bool = True) -> str:
+    """What was given, for "got ...": its kind and, bounded, its value (``integer 5400``
+    says that YAML read ``01:30:00`` as a number); ``kind=False``: the value alone
+    (``'gpu'``, ``4``, ``true``), for "differ in time ('1:00' vs '2:00')"."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        text, word = str(value).lower(), "boolean"
+    elif isinstance(value, int):
+        if abs(value) >= 10**60:                   # str() of 5000 digits raises
+            return f"an integer of about {round(value.bit_length() * 0.30103)} digits"
+        text, word = str(value), "integer"
+    elif isinstance(value, float):
+        text, word = str(value), "number"
+    elif isinstance(value, str):
+        text, word = excerpt(value), "string"
+    elif isinstance(value, Mapping):
+        return "a mapping"
+    elif isinstance(value, (list, tuple)):
+        return "a list"
+    else:
+        return type(value).__name__
+    return f"{word} {text}" if kind else text
+
+
+def check_keys(where: Where, d: Mapping[Any, Any], allowed: Sequence[str] | None, what: str,
+               base: tuple[str | int, ...] = ()) -> None:
+    """Refuse keys of ``d`` (found at ``base``) that are not strings or (unless ``allowed``
+    is None) not ``allowed``, suggesting the nearest allowed one."""
+    for key in d:
+        if not isinstance(key, str):
+            raise where.error(where.path(*base, str(key)), f"keys of {what} must be strings, "
+                              f"got {describe(key)}", value=key)
+        if allowed is not None and key not in allowed:
+            raise where.error(where.path(*base, key), f"unknown key {key!r} in {what}",
+                              value=key, allowed=allowed)
+
+
+def count(name: str, value: Any, *, maximum: int | None = None, why: str = "",
+          minimum: int = 1, optional: bool = False) -> int | None:
+    """``value`` as a whole number from ``minimum`` (1 or 0) to ``maximum`` (``why``: whose
+    limit that is); None when ``optional`` and null. Raises Invalid."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise Invalid(f"{name} must be {what}{' or null' if optional else ''}, got "
+                      f"{describe(value)}")
+    if maximum is not None and value > maximum:
+        raise Invalid(f"{name} must be at most {maximum}{f' ({why})' if why else ''}, got "
+                      f"{describe(value)}")
+    return value

@@ -69,7 +69,7 @@ def test_render_example_spec():
 def test_render_cli_worker_and_attach():
     r = hm("render", "--cli-worker", "--attach", "tcp://10.0.0.1:1234", str(EXAMPLE_SPEC))
     assert r.returncode == 0
-    assert "-m hpcmesh worker --attach tcp://10.0.0.1:1234" in r.stdout
+    assert " -P -m hpcmesh worker --attach tcp://10.0.0.1:1234" in r.stdout
 
 
 def test_render_bad_spec_names_file_line_and_key(tmp_path):
@@ -116,6 +116,15 @@ def test_info_shows_interface_table_and_choice():
     assert "INTERFACE" in out and "CHOICE" in out and "KIND" in out
     assert "chosen:" in out and "chosen #0" in out
     assert "extent:" in out and "gpus:" in out and "slurm:" in out
+
+
+def test_info_shows_the_gpus_nvidia_smi_reports(tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, GPU-1f2e, NVIDIA H200, 37, 1024, 143771'\n")
+    smi.chmod(0o755)
+    r = hm("info", env={"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    assert r.returncode == 0, r.stderr
+    assert "nvidia-smi: 1 GPU(s)\n    0, NVIDIA H200, 143771 MiB\n" in r.stdout
 
 
 def test_info_explicit_interface_and_fake_allocation():

@@ -278,18 +278,22 @@ def test_a_nested_loop_runs_the_rest_and_gives_the_outer_one_its_place_back():
 class NodeHere:
     """What breakpoint_hook needs of a process's node, for a loop run by this thread."""
     name = "here"
-    _handling_frames = in_batch = False
 
     def __init__(self, loop):
         self.loop = loop
-        self._replied: set = set()
         self.tid = threading.get_ident()
 
     def on_loop_thread(self) -> bool:
         return threading.get_ident() == self.tid
 
+    def pause_frame_handling(self) -> tuple:
+        return ()               # it reads no frames: there is nothing to pause
+
+    def resume_frame_handling(self, paused: tuple) -> None:
+        pass
+
     def take_unhandled_frames(self) -> list:
-        return []               # it reads no frames
+        return []
 
 
 def test_breakpoints_in_two_async_endpoints_nest_and_the_first_steps_on_after(monkeypatch):

@@ -132,3 +132,41 @@ def test_spawned_processes_are_stopped():
     new = [rt.procs[n] for n in set(rt.procs) - before]
     assert len(new) == 2 and all(r.pid for r in new)
     assert wait_gone([r.pid for r in new], 10) == []
+
+
+@pytest.mark.parametrize("made_by", ["other user", "us, writable by all"])
+def test_output_dir_another_user_could_change_is_refused(tmp_path, other_user, made_by):
+    """On a shared node another user makes the output folder first (or finds ours
+    world-writable) and puts a symlink at the output file's name, to a file only we (root)
+    may write: the command's output must not land there. The refusal names the folder,
+    its owner and mode."""
+    shared = f"/tmp/hpcmesh-t28-out-{os.getpid()}-{made_by[:2]}"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("root's file\n")
+    os.chmod(tmp_path, 0o755)           # (the victim's folder: the other user only passes)
+    try:
+        other_user.python("import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)"
+                          "; os.symlink(sys.argv[2], os.path.join(sys.argv[1], '0.stdout'))",
+                          shared, str(victim))
+        if made_by.startswith("us"):
+            os.lchown(shared, 0, 0)
+        owner = "root (uid 0)" if made_by.startswith("us") else \
+            f"{other_user.name} (uid {other_user.uid})"
+        with pytest.raises(ActorError) as e:
+            exec_command(this_host(), "echo overwritten", output_dir=shared).get(timeout=60)
+        msg = str(e.value)
+        print(f"\nrefused: {msg}")
+        assert victim.read_text() == "root's file\n"
+        assert f"{shared}/0.stdout" in msg and f"{shared} is a folder owned by {owner}, " \
+            f"mode 0777" in msg, msg
+        # and its run with its own folder writes there, 0600 in a 0700 folder
+        mine = tmp_path / "mine" / "out"
+        assert exec_command(this_host(), "echo fine", output_dir=str(mine)).get(timeout=60) == 0
+        assert (mine / "0.stdout").read_text() == "fine\n"
+        assert oct(os.stat(mine).st_mode & 0o777) == "0o700"
+        assert oct(os.stat(mine / "0.stdout").st_mode & 0o777) == "0o600"
+    finally:
+        if os.path.lexists(shared):
+            for name in os.listdir(shared):
+                os.unlink(os.path.join(shared, name))
+            os.rmdir(shared)

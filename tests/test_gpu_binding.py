@@ -11,7 +11,7 @@ import pytest
 
 from hpcmesh.actor import Actor, default_bootstrap_cmd, endpoint, this_host
 from hpcmesh.job.exec import exec_command
-from hpcmesh.runtime.gpu_binding import choose_binding, gpu_env
+from hpcmesh.runtime.gpu_binding import choose_binding, gpu_env, gpu_indexes
 
 VARS = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCMESH_LOCAL_SLOT",
         "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME")
@@ -115,6 +115,36 @@ def test_what_the_command_sets_stays_its_own(gpus_3_5):
     got = _spawned_env({"gpus": 2}, bootstrap_command=own, gpu_binding="process")
     assert [(e["CUDA_VISIBLE_DEVICES"], e["LOCAL_RANK"], e["HPCMESH_LOCAL_SLOT"])
             for e in got] == [("3", "9", "0"), ("5", "9", "1")]
+
+
+def test_gpu_index_lists_are_checked_before_processes_get_them():
+    assert gpu_indexes("SLURM_STEP_GPUS", " 0, 7,65533 ") == ["0", "7", "65533"]
+    for bad in ("0,1;rm -rf x", "", "0,", "GPU-1234", "+1", "\u0661", "1" * 6, "0," * 70000):
+        with pytest.raises(ValueError) as e:
+            gpu_indexes("SLURM_STEP_GPUS", bad)
+        assert str(e.value).startswith("SLURM_STEP_GPUS=") and str(e.value).endswith(
+            ": expected GPU indexes from 0 to 65533, comma-separated, like '0,1,2,3'")
+        assert len(str(e.value)) < 200
+
+
+@pytest.fixture
+def slurm_gpus(monkeypatch):
+    """A step whose GPUs are said by SLURM_STEP_GPUS only (no CUDA_VISIBLE_DEVICES)."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("HPCMESH_GPU_BINDING", raising=False)
+    monkeypatch.delenv("SLURM_JOB_GPUS", raising=False)
+    return monkeypatch
+
+
+def test_slurm_step_gpus_reach_the_processes_checked(slurm_gpus):
+    slurm_gpus.setenv("SLURM_STEP_GPUS", "2,4")
+    got = _spawned_env({"gpus": 2}, gpu_binding="process")
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in got] == ["2", "4"]
+    slurm_gpus.setenv("SLURM_STEP_GPUS", "2,4;x")
+    with pytest.raises(Exception) as e:
+        _spawned_env({"gpus": 2})
+    assert "SLURM_STEP_GPUS='2,4;x': expected GPU indexes from 0 to 65533" in str(e.value), \
+        e.value
 
 
 def test_bad_binding_fails_before_any_process_starts(gpus_3_5, monkeypatch):

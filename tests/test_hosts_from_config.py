@@ -16,6 +16,7 @@ import pytest
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.hosts_file import ConfigError
 from hpcmesh.hosts import hosts_from_config
+from hpcmesh.job.agent_mesh import AgentHostMesh
 
 PY = sys.executable
 SQUEUE = shutil.which("squeue") or "squeue"
@@ -63,6 +64,7 @@ def test_local_scheduler_with_processes_per_host(no_slurm, monkeypatch):
     monkeypatch.setenv("HPCMESH_HOSTS", cfg)
     hosts = hosts_from_config()
     assert dict(hosts.extent) == {"hosts": 1}
+    assert type(hosts) is AgentHostMesh and hosts.job is None     # not a SlurmHostMesh
     procs = hosts.spawn_procs()          # the file's default per-host count
     assert dict(procs.extent) == {"hosts": 1, "procs": 3}
     pids = [p for _, p in procs.spawn("w", Where).where.call().get(timeout=60).values()]
@@ -104,6 +106,7 @@ def test_static_workers(two_workers, no_slurm, monkeypatch):
     monkeypatch.setenv("HPCMESH_SECRET", secret)
     hosts = hosts_from_config(cfg)           # a path works in place of the variable name
     assert dict(hosts.extent) == {"hosts": 2}
+    assert type(hosts) is AgentHostMesh and hosts.job is None     # not a SlurmHostMesh
     procs = hosts.spawn_procs(per_host={"gpus": 1})
     got = procs.spawn("w", Where).where.call().get(timeout=60).values()
     assert len({p for _, p in got}) == 2
@@ -157,8 +160,11 @@ def test_slurm_job_spec_error_names_the_line(no_slurm, monkeypatch):
     """)
     monkeypatch.setenv("HPCMESH_HOSTS", cfg)
     with pytest.raises(ConfigError, match=r"slurm.yaml:4: .*gpu_per_node.*did you mean "
-                                          r"'gpus_per_node'"):
+                                          r"'gpus_per_node'") as err:
         hosts_from_config()
+    # the job spec's error keeps its pieces as the hosts file's kind (it lost them)
+    assert (err.value.source, err.value.line, err.value.key) == (cfg, 4, "job.gpu_per_node")
+    assert err.value.allowed and err.value.problem.startswith("unknown key 'gpu_per_node'")
 
 
 def test_ssh_goes_to_sshjob(no_slurm, monkeypatch):

@@ -3,8 +3,8 @@ another user of the login node, and their answers to requests that break a handl
 
 The attacker is a second local account (``other_user``): it cannot authenticate, but it can
 open connections to any port on loopback. The servers must bound what that costs the
-controller (threads, file descriptors), cut a request head that dribbles in, answer 503
-past their cap, and leave the job's own work running meanwhile.
+controller (threads, file descriptors), cut a request head that dribbles in, and keep
+answering the token's holder, and the job's own work must go on meanwhile.
 """
 
 import json
@@ -27,19 +27,18 @@ from hpcmesh.admin.server import admin_endpoint
 from hpcmesh.admin.token_http import TokenHandler, TokenServer
 from hpcmesh.job import LocalJob
 
-#: What the servers promise (with the old server's lack of them as defaults, so that this
-#: test runs, and fails, on a server without limits).
-CAP = getattr(TokenServer, "max_connections", 64)
+#: What the servers promise (with defaults for an older server, so that this test runs,
+#: and fails, on it).
+ARRIVING = getattr(TokenServer, "max_arriving", 64)
 HEAD_TIMEOUT_S = getattr(TokenServer, "head_timeout", 5.0)
 MAX_HEAD = getattr(TokenServer, "max_head", 64 * 1024)
 
-#: The attacker: ``ports``, idle connections, slow ones per port. It opens the slow ones
-#: first (so that they are admitted), sending a request head a byte at a time, then the
-#: idle ones (waiting until they are connected), and keeps that many open (redialling
-#: those the server closes, 500 a second) until its stdin closes. It prints ``ready``,
-#: then ``cut <port> <seconds>`` for each slow connection the server ends, and at the end
-#: a JSON summary.
-FLOOD = r'''
+#: The attacker: ``ports``, idle connections, slow ones (a request head sent a byte at a
+#: time) per port. It dials them all without waiting to be accepted, and keeps that many
+#: open, dialling again each one the server closes (up to 2000 a second), until its stdin
+#: closes. It prints ``ready`` once it was connected that many times, and at the end a
+#: JSON summary: the answers it got, how long its slow connections stayed open.
+FLOOD = r"""
 import json, resource, selectors, socket, sys, time
 ports = [int(p) for p in sys.argv[1].split(",")]
 idle_n, slow_n = int(sys.argv[2]), int(sys.argv[3])
@@ -47,39 +46,34 @@ soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 sel = selectors.DefaultSelector()
 sel.register(sys.stdin, selectors.EVENT_READ, "stdin")
+dialled = dial_errors = 0
 def dial(port, kind):
-    if kind == "slow":
-        s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        s.setblocking(False)
-    else:                       # not waiting for the server to accept
-        s = socket.socket()
-        s.setblocking(False)
-        s.connect_ex(("127.0.0.1", port))
-    sel.register(s, selectors.EVENT_READ, [kind, port, time.monotonic()])
-    return s
-slow = [dial(p, "slow") for p in ports for _ in range(slow_n)]
-for s in slow:
-    s.send(b"GET /api/tree HTTP/1.1\r\nX-Slow: ")
-connecting = selectors.DefaultSelector()
+    global dialled
+    s = socket.socket()
+    s.setblocking(False)
+    s.connect_ex(("127.0.0.1", port))
+    sel.register(s, selectors.EVENT_READ, [kind, port, time.monotonic(), False])
+    dialled += 1
+for port in ports:
+    for _ in range(slow_n):
+        dial(port, "slow")
 for i in range(idle_n):
-    connecting.register(dial(ports[i % len(ports)], "idle"), selectors.EVENT_WRITE)
-give_up = time.monotonic() + 30          # until the server has taken them all
-while connecting.get_map() and time.monotonic() < give_up:
-    for key, _ in connecting.select(1):
-        connecting.unregister(key.fileobj)
-print("ready", flush=True)
-answers, redial, cut, dial_errors = {}, [], [], 0
+    dial(ports[i % len(ports)], "idle")
+answers, redial, slow_open = {}, [], []
+ready = False
 last_drip = last_redial = time.monotonic()
 credit = 0.0
 running = True
 while running:
-    for key, _ in sel.select(0.1):
+    for key, _ in sel.select(0.05):
         if key.data == "stdin":
             running = False
             continue
-        kind, port, opened = key.data
+        kind, port, opened, _ = key.data
         try:
             data = key.fileobj.recv(4096)
+        except BlockingIOError:
+            continue
         except OSError:
             data = b""
         if data:
@@ -89,33 +83,37 @@ while running:
         sel.unregister(key.fileobj)
         key.fileobj.close()
         if kind == "slow":
-            cut.append(round(time.monotonic() - opened, 2))
-            print(f"cut {port} {cut[-1]}", flush=True)
-        else:
-            redial.append(port)
+            slow_open.append(time.monotonic() - opened)
+        redial.append((port, kind))
+    if not ready and dialled >= idle_n + slow_n * len(ports):
+        ready = True
+        print("ready", flush=True)
     now = time.monotonic()
-    credit, last_redial = min(credit + (now - last_redial) * 500, 500), now
+    credit, last_redial = min(credit + (now - last_redial) * 2000, 2000), now
     allowed = min(len(redial), int(credit))
     credit -= allowed
-    for port in redial[:allowed]:
+    for port, kind in redial[:allowed]:
         try:
-            dial(port, "idle")
+            dial(port, kind)
         except OSError:
             dial_errors += 1
     del redial[:allowed]
-    if time.monotonic() - last_drip > 0.2:     # the slowloris: one byte of header
-        last_drip = time.monotonic()
+    if now - last_drip > 0.2:      # the slowloris: one byte of header at a time
+        last_drip = now
         for key in list(sel.get_map().values()):
             if key.data != "stdin" and key.data[0] == "slow":
                 try:
-                    key.fileobj.send(b"x")
+                    key.fileobj.send(b"x" if key.data[3] else
+                                     b"GET /api/tree HTTP/1.1\r\nX-Slow: ")
+                    key.data[3] = True
                 except OSError:
                     pass
-open_slow = [round(time.monotonic() - k.data[2], 2) for k in sel.get_map().values()
-             if k.data != "stdin" and k.data[0] == "slow"]
-print(json.dumps({"answers": answers, "cut": cut, "slow_still_open_for": open_slow,
-                  "dial_errors": dial_errors}), flush=True)
-'''
+now = time.monotonic()
+slow_open += [now - k.data[2] for k in sel.get_map().values()
+              if k.data != "stdin" and k.data[0] == "slow"]
+print(json.dumps({"answers": answers, "dialled": dialled, "dial_errors": dial_errors,
+                  "slow_longest_open": round(max(slow_open, default=0), 2)}), flush=True)
+"""
 
 
 class Pinger(Actor):
@@ -182,6 +180,17 @@ def wait_until(cond, limit: float, what: str):
     return got
 
 
+@pytest.fixture(autouse=True)
+def services_stopped_after():
+    """The admin and telemetry services a test here starts are the process's (module
+    globals): stop them, or the next test file finds telemetry recording."""
+    yield
+    from hpcmesh.admin.server import stop_admin
+    from hpcmesh.telemetry.server import stop_telemetry
+    stop_telemetry()
+    stop_admin()
+
+
 @pytest.fixture
 def login_node_fd_limit():
     """The controller with a login node's usual limit of 1024 open files."""
@@ -193,21 +202,27 @@ def login_node_fd_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_a_flood_of_idle_and_slow_connections_from_another_user(other_user,
-                                                                login_node_fd_limit):
-    job = LocalJob(hosts=("hosts",)).enable_admin().enable_telemetry()
+def test_another_user_holding_connections_cannot_keep_the_token_holder_out(
+        other_user, login_node_fd_limit):
+    """200 idle connections and slow request heads per server, re-opened as fast as the
+    server closes them: the token's holder is still answered 200 in a couple of seconds,
+    every time, the job's own work goes on, and the controller's threads and descriptors
+    stay bounded (none left once the attacker is gone)."""
+    job = LocalJob(hosts=("hosts",)).enable_admin().enable_telemetry(include_dashboard=True)
     state = job.state(cached_path=None)
     pm = None
-    ports = [urlsplit(state.admin_url).port, urlsplit(state.telemetry_url).port]
+    urls = [admin_endpoint(state.admin_url, "/api/tree"),
+            admin_endpoint(state.telemetry_url, "/api/tables"),
+            admin_endpoint(state.dashboard_url, "/api/dashboard")]
+    ports = [urlsplit(url).port for url in urls]
     base_threads, base_fds = threads_and_fds()
-    slow_n = 3
     attacker = other_user.popen([SYSTEM_PYTHON, "-c", FLOOD, ",".join(map(str, ports)),
-                                 "1000", str(slow_n)],
+                                 str(200 * len(ports)), "20"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     out = lines_of(attacker)
     peak = Peak()
-    cut: list[float] = []
+    answered: list[tuple] = []
     try:
         assert out.get(timeout=60) == "ready\n", attacker.stderr.read()
         # the job's own work, meanwhile: new processes, an actor, calls
@@ -216,19 +231,11 @@ def test_a_flood_of_idle_and_slow_connections_from_another_user(other_user,
         pinger = pm.spawn("pinger", Pinger)
         assert sorted(pinger.ping.call().get(timeout=60).values()) == sorted(pm.pids)
         spawned_in = time.monotonic() - t0
-        # the token holder gets an answer, or a quick 503
-        for url in (admin_endpoint(state.admin_url, "/api/tree"),
-                    admin_endpoint(state.telemetry_url, "/api/tables")):
-            code, took = timed_get(url)
-            assert code in (200, 503) and took < 5, (url.split("?")[0], code, took)
-        # the slow request heads: the attacker says when each is cut
-        while len(cut) < slow_n * len(ports):
-            try:
-                line = out.get(timeout=HEAD_TIMEOUT_S + 10)
-            except queue.Empty:
-                break
-            assert line.startswith("cut "), line
-            cut.append(float(line.split()[2]))
+        # the token's holder, again and again for longer than a head may take to arrive
+        until = time.monotonic() + HEAD_TIMEOUT_S + 2
+        while time.monotonic() < until or len(answered) < 3 * len(urls):
+            for url in urls:
+                answered.append((url.split("?")[0], *timed_get(url, timeout=10)))
     finally:
         attacker.stdin.close()
         attacker.wait(timeout=60)
@@ -237,26 +244,31 @@ def test_a_flood_of_idle_and_slow_connections_from_another_user(other_user,
         while (line := out.get(timeout=10)):
             rest.append(line)
         print("attacker:", "".join(rest), attacker.stderr.read())
+        attacker.stdout.close()
+        attacker.stderr.close()
         if pm is not None:
             pm.stop().get(timeout=30)
     summary = json.loads(rest[-1])
+    slowest = max(took for _, _, took in answered)
     print(f"threads {base_threads} -> peak {peak.threads}, fds {base_fds} -> peak {peak.fds}, "
-          f"spawn and calls in {spawned_in:.1f} s, slow heads cut after {cut} s")
+          f"spawn and calls in {spawned_in:.1f} s, {len(answered)} requests of the token's "
+          f"holder, the slowest in {slowest:.2f} s")
     assert spawned_in < 60
-    # the controller's cost stayed bounded: a thread and a descriptor per admitted
-    # connection on each of the two servers, and what the spawn itself needs
-    assert peak.threads <= base_threads + 2 * CAP + 20, (peak.threads, base_threads)
-    assert peak.fds <= base_fds + 2 * CAP + 40, (peak.fds, base_fds)
-    # every slow request head was cut once its time was up
-    assert len(cut) == slow_n * len(ports) and max(cut) < HEAD_TIMEOUT_S + 3, summary
-    # past the cap the answer is a 503, at once
+    assert summary["dialled"] > 3 * (200 + 20) * len(ports), summary   # it kept at it
+    # every request with the token was answered, quickly
+    late = [a for a in answered if a[1] != 200 or a[2] >= 2]
+    assert not late, (len(answered), late)
+    # no thread per connection, a descriptor per connection still arriving (bounded)
+    assert peak.threads <= base_threads + 10, (peak.threads, base_threads)
+    assert peak.fds <= base_fds + len(ports) * ARRIVING + 40, (peak.fds, base_fds)
+    # no slow request head stayed longer than its time; the ones pushed out got a 503
+    assert summary["slow_longest_open"] < HEAD_TIMEOUT_S + 2, summary
     assert summary["answers"].get("HTTP/1.0 503 Service Unavailable", 0) > 100, summary
     # and all of it is released once the attacker is gone
-    wait_until(lambda: threads_and_fds()[0] <= base_threads + 5
-               and threads_and_fds()[1] <= base_fds + 5, 30,
+    wait_until(lambda: threads_and_fds()[0] <= base_threads + 2
+               and threads_and_fds()[1] <= base_fds + 2, 30,
                f"back to {base_threads} threads and {base_fds} fds (now {threads_and_fds()})")
-    code, _ = timed_get(admin_endpoint(state.admin_url, "/api/tree"))
-    assert code == 200
+    assert timed_get(urls[0])[0] == 200
 
 
 # -- what a handler that breaks answers -----------------------------------------------------
@@ -347,5 +359,29 @@ def test_a_request_head_over_its_size_limit_is_cut():
         assert answer == b"", (sent, answer)        # hung up on, not answered
         # and the next one is served
         assert request(admin_endpoint(srv.url, "/fine")) == (200, {"ok": True})
+    finally:
+        srv.close()
+
+
+def test_the_gate_answers_a_head_without_the_token_and_admits_one_that_arrives_in_pieces():
+    """The gate reads heads itself: without the token a bare 401 (no handler ran); with it,
+    however the head was split, the handler sees the whole request and its body."""
+    srv = TokenServer(Breaking, None)
+    try:
+        port = srv.server_address[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"GET /fine?token=wrong HTTP/1.0\r\n\r\n")
+            assert s.makefile("rb").read().startswith(b"HTTP/1.0 401 ")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            sent = 0
+            for piece in (b"GET /fi", b"ne HTTP/1.0\r\nAuthorization: Bea",
+                          b"rer " + srv.token.encode() + b"\r"):
+                s.sendall(piece)
+                sent += len(piece)
+                wait_until(lambda: [len(c.head) for c in srv._arriving.values()] == [sent],
+                           10, f"the gate reading {sent} bytes")
+            s.sendall(b"\n\r\n")
+            answer = s.makefile("rb").read()
+        assert answer.startswith(b"HTTP/1.0 200 ") and answer.endswith(b'{"ok": true}'), answer
     finally:
         srv.close()

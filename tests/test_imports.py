@@ -18,6 +18,8 @@ def test_actor_api_does_not_import_torch_or_slurm_glue():
 
 def test_worker_process_entry_does_not_import_torch():
     assert "torch" not in _modules_after("import hpcmesh.runtime.proc")
+    # the one maker of torch stores loads torch only when it makes one
+    assert "torch" not in _modules_after("import hpcmesh.runtime.torch_store")
 
 
 def test_jobs_and_cli_do_not_import_torch():

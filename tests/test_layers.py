@@ -24,7 +24,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmesh"
 #: Bottom to top. A module belongs to the first entry that is it or a package above it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("hpcmesh.errors", "hpcmesh.settings", "hpcmesh.shapes", "hpcmesh.yaml_lines",
-              "hpcmesh.file_tree", "hpcmesh.private_files")),
+              "hpcmesh.file_tree", "hpcmesh.private_files", "hpcmesh.log_tail")),
     ("transport", ("hpcmesh.transport",)),
     ("runtime", ("hpcmesh.runtime",)),
     ("actor", ("hpcmesh.actor",)),
@@ -55,7 +55,8 @@ def _is_package(name: str) -> bool:
     return MODULES[name].name == "__init__.py"
 
 
-def _absolute(importer: str, level: int, module: str | None) -> str:
+def absolute(importer: str, level: int, module: str | None) -> str:
+    """The absolute name of ``from <level dots><module> import ...`` in module ``importer``."""
     if not level:
         return module or ""
     base = importer.split(".")
@@ -75,7 +76,7 @@ def imports_of(name: str) -> list[tuple[str, int]]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = _absolute(name, node.level, node.module)
+            base = absolute(name, node.level, node.module)
             subs = [f"{base}.{alias.name}" for alias in node.names]
             modules = [s for s in subs if s in MODULES]
             # `from pkg import submodule` imports the submodule; `from pkg import name`
@@ -99,7 +100,8 @@ def layer_of(name: str) -> int:
                          f"and to the table in docs/ARCHITECTURE.md")
 
 
-def _where(name: str) -> str:
+def where(name: str) -> str:
+    """Module ``name``'s file, as messages show it."""
     path = MODULES[name]
     return str(path.relative_to(PACKAGE.parent)) if path.is_relative_to(PACKAGE.parent) \
         else str(path)
@@ -121,7 +123,7 @@ def test_no_module_imports_a_layer_above_its_own_or_a_face():
         for target, line in imports_of(name):
             theirs = layer_of(target)
             if theirs > mine or (theirs == FACE_LAYER and mine != FACE_LAYER):
-                wrong.append(f"{_where(name)}:{line}: {name} "
+                wrong.append(f"{where(name)}:{line}: {name} "
                              f"({_layer_name(mine)}) imports {target} ({_layer_name(theirs)})")
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
@@ -213,10 +215,10 @@ def test_no_private_name_is_imported_from_another_module():
         tree = ast.parse(MODULES[name].read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                target = _absolute(name, node.level, node.module)
+                target = absolute(name, node.level, node.module)
                 if target.split(".")[0] != "hpcmesh":
                     continue
-                found += [f"{_where(name)}:{node.lineno}: {alias.name} from {target}"
+                found += [f"{where(name)}:{node.lineno}: {alias.name} from {target}"
                           for alias in node.names
                           if alias.name.startswith("_") and not alias.name.startswith("__")]
     assert not found, "private names imported across modules:\n" + "\n".join(found)

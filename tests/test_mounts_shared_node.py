@@ -5,8 +5,9 @@ run by root, as a privileged service user would, and checks it no longer works.
 - item 3: a mount point that another user made (a symlink in /tmp, a folder of theirs on the
   way to it) or re-pointed between two ``state()`` calls is refused, naming the path and
   what was found, and their "python" never runs;
-- item 6: a folder gathered from a host never follows a symlink another user swapped in, so
-  a root-only file does not show through the client's mount.
+- item 6: a folder gathered from a host never follows a symlink another user swapped in, and
+  serves no link target that leads out of the folder, so a root-only file does not show
+  through the client's mount.
 """
 
 from __future__ import annotations
@@ -231,15 +232,30 @@ def test_a_mount_point_that_no_longer_holds_our_mount_is_refused(tmp_path, share
 
 def _readlink_when_cached_expired(path: str, timeout: float = 10.0) -> str:
     """readlink of a name the kernel may still hold as the folder it was (EINVAL until its
-    cached attributes expire, ATTR_TIMEOUT)."""
+    cached attributes expire, ATTR_TIMEOUT); what it raises then, as 'errno N'."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             return os.readlink(path)
         except OSError as e:
             if e.errno != errno.EINVAL or time.monotonic() > deadline:
-                raise
+                return f"errno {e.errno}"
             time.sleep(0.05)
+
+
+def _gathered_with_a_folder_of_theirs(shared_tmp: str, other_user) -> tuple[str, str]:
+    """``shared_tmp``/secret (root's, 0700, holding key.txt) and the folder ``shared`` of the
+    other user's inside ``shared_tmp``/out/0, the host's folder a gather_mount of
+    ``shared_tmp``/out/$SUBDIR shows: (the secret folder, their folder)."""
+    os.mkdir(shared_tmp, 0o755)
+    secret = os.path.join(shared_tmp, "secret")
+    os.mkdir(secret, 0o700)
+    with open(os.path.join(secret, "key.txt"), "w") as f:
+        f.write("root's secret\n")
+    theirs = os.path.join(shared_tmp, "out", "0", "shared")   # this_host(): no dimensions
+    os.makedirs(theirs)
+    other_user.own(theirs)
+    return secret, theirs
 
 
 def test_gather_mount_does_not_follow_a_symlink_another_user_swapped_in(other_user,
@@ -249,16 +265,9 @@ def test_gather_mount_does_not_follow_a_symlink_another_user_swapped_in(other_us
     host for a symlink to a folder only root may read. A name opened in the held folder must
     not be served from root's folder by the host (it was, before: the host followed the
     link). The other user cannot enter the client's mount at all (no allow_other)."""
-    os.mkdir(shared_tmp, 0o755)
-    secret = os.path.join(shared_tmp, "secret")
-    os.mkdir(secret, 0o700)
-    with open(os.path.join(secret, "key.txt"), "w") as f:
-        f.write("root's secret\n")
-    root = os.path.join(shared_tmp, "out", "0")           # this_host(): no dimensions
-    theirs = os.path.join(root, "shared")
-    os.makedirs(os.path.join(theirs, "sub"))
-    for p in (theirs, os.path.join(theirs, "sub")):
-        other_user.own(p)
+    secret, theirs = _gathered_with_a_folder_of_theirs(shared_tmp, other_user)
+    os.mkdir(os.path.join(theirs, "sub"))
+    other_user.own(os.path.join(theirs, "sub"))
     local = os.path.join(shared_tmp, "gathered")
     job = LocalJob().gather_mount(os.path.join(shared_tmp, "out", "$SUBDIR"), local)
     job.state(cached_path=None)
@@ -291,12 +300,78 @@ def test_gather_mount_does_not_follow_a_symlink_another_user_swapped_in(other_us
         assert "root's secret" not in got, got
         assert got.startswith("REFUSED"), got
         # what the client's mount shows of the link, once the kernel's cached folder
-        # expires: a link, which the client follows with its own rights, not root's folder
+        # expires: a link whose target (absolute: a path of the client's) is not given
         assert _readlink_when_cached_expired(os.path.join(local, "0", "shared", "sub")) \
-            == secret
+            == f"errno {errno.EACCES}"
     finally:
         job.kill()
     assert mount_fstype(local) is None
+
+
+def test_gather_mount_serves_no_link_out_of_the_gathered_folder(other_user, shared_tmp):
+    """The other user plants links in a folder of theirs under the gathered one, to a file
+    only root may read on the client: absolute, climbing out with '..', and climbing out
+    through a link of theirs that leads to the folder's top (``a/top -> ../..``, then
+    ``../a/top/../../secret``, which reads as a name under the folder). The client, root,
+    reads each link through its mount and copies the folder following links
+    (``shutil.copytree``): root's file must not come through, links that stay inside work."""
+    secret, theirs = _gathered_with_a_folder_of_theirs(shared_tmp, other_user)
+    local = os.path.join(shared_tmp, "gathered")          # so local/.. is shared_tmp
+    other_user.python(textwrap.dedent("""
+        import os, sys
+        theirs, secret = sys.argv[1:]
+        os.mkdir(os.path.join(theirs, "a"))
+        os.symlink("../..", os.path.join(theirs, "a", "top"))    # the gathered folder
+        b = os.path.join(theirs, "b")
+        os.mkdir(b)
+        with open(os.path.join(b, "data.txt"), "w") as f:
+            f.write("theirs\\n")
+        for name, target in (("absolute", secret + "/key.txt"),
+                             ("climbs", "../../../../secret/key.txt"),
+                             ("through", "../a/top/../../secret/key.txt"),
+                             ("fine", "data.txt"), ("fine_up", "../b/data.txt")):
+            os.symlink(target, os.path.join(b, name))
+    """), theirs, secret)
+    job = LocalJob().gather_mount(os.path.join(shared_tmp, "out", "$SUBDIR"), local)
+    job.state(cached_path=None)
+    try:
+        mine = os.path.join(local, "0", "shared", "b")
+        seen = {}
+        for name in ("absolute", "climbs", "through", "fine", "fine_up"):
+            try:
+                with open(os.path.join(mine, name)) as f:
+                    seen[name] = f.read()
+            except OSError as e:
+                seen[name] = f"errno {e.errno}"
+        copy = os.path.join(shared_tmp, "copy")
+        with pytest.raises(shutil.Error) as err:
+            shutil.copytree(mine, copy)
+        copied = {}
+        for name in os.listdir(copy):
+            with open(os.path.join(copy, name)) as f:
+                copied[name] = f.read()
+    finally:
+        job.kill()
+    print(f"\nread through the mount: {seen}\ncopied: {copied}\ncopytree: {err.value}")
+    assert "root's secret\n" not in list(seen.values()) + list(copied.values())
+    refused = f"errno {errno.EACCES}"
+    assert seen == {"absolute": refused, "climbs": refused, "through": refused,
+                    "fine": "theirs\n", "fine_up": "theirs\n"}, seen
+    assert copied == {"data.txt": "theirs\n", "fine": "theirs\n", "fine_up": "theirs\n"}, \
+        copied
+    assert sorted(os.path.basename(src) for src, _, _ in err.value.args[0]) == [
+        "absolute", "climbs", "through"], err.value
+    assert mount_fstype(local) is None
+
+
+def test_which_link_targets_stay_inside():
+    from hpcmesh.mounts.fuse_gather import link_stays_inside
+    inside = [("f", "l"), ("d/f", "l"), ("./f", "l"), (".", "l"), ("..", "a/l"),
+              ("../b/f", "a/l"), ("../../x", "a/b/l"), ("a//b/", "l")]
+    out = [("/etc/passwd", "l"), ("..", "l"), ("../x", "l"), ("../../x", "a/l"),
+           ("a/../../x", "l"), ("a/..", "l"), ("x/../f", "d/l"), ("", "l")]
+    assert [link_stays_inside(t, p) for t, p in inside] == [True] * len(inside)
+    assert [link_stays_inside(t, p) for t, p in out] == [False] * len(out)
 
 
 def test_the_walks_refuse_what_another_user_could_redirect(tmp_path, other_user):

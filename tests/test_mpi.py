@@ -229,6 +229,26 @@ def test_mpi_proc_mesh_outside_the_launcher_is_a_clear_error(tmp_path):
         attach_to_mpi(tmp_path / "missing.json", timeout=0.2)
 
 
+def test_the_controller_installs_its_client_runtime_with_the_jobs_secret():
+    # the controller of an MPI launch joins a job started elsewhere: its runtime speaks
+    # with that job's secret (a fresh process, so that no runtime exists yet)
+    code = textwrap.dedent("""
+        from hpcmesh.runtime.client import (client_runtime, existing_client_runtime,
+                                            install_client_runtime)
+        from hpcmesh.transport.addresses import new_secret
+        secret = new_secret()
+        assert existing_client_runtime() is None
+        rt = install_client_runtime(secret)
+        assert rt.secret == rt.node.secret == secret and client_runtime() is rt
+        assert install_client_runtime(new_secret()) is rt     # one exists: it is kept
+        rt.shutdown()
+        print("installed")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "installed", done.stderr
+
+
 # ---------------------------------------------------------------------------------------
 # mode B: an outside client attaches (mpiexec on this host)
 # ---------------------------------------------------------------------------------------

@@ -231,14 +231,76 @@ def test_runtime_dir_is_a_private_subfolder_of_xdg_runtime_dir(tmp_path, monkeyp
     assert "set XDG_RUNTIME_DIR to a folder of this user's" in str(e.value)
 
 
+def runtime_dir_in(tmp: Path) -> subprocess.CompletedProcess:
+    """``runtime_dir()`` in a subprocess with ``TMPDIR=tmp`` (tempfile keeps the first one
+    it saw), no session folder, and what a process it starts finds."""
+    code = ("import subprocess, sys; from hpcmesh.private_files import runtime_dir;"
+            "print(runtime_dir()); sys.stdout.flush();"
+            "subprocess.run([sys.executable, '-c', 'from hpcmesh.private_files import "
+            "runtime_dir; print(runtime_dir())'], check=True)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_RUNTIME_DIR", "HPCMESH_RUNTIME_DIR")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}, check=True)
+
+
 def test_runtime_dir_in_tmpdir(tmp_path):
-    # a fresh TMPDIR in a subprocess: tempfile keeps the first one it saw
-    code = "from hpcmesh.private_files import runtime_dir; print(runtime_dir())"
-    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**env, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)},
-                         check=True).stdout.strip()
-    assert out == str(tmp_path / f"hpcmesh-{os.geteuid()}") and mode(out) == 0o700
+    r = runtime_dir_in(tmp_path)
+    out = str(tmp_path / f"hpcmesh-{os.geteuid()}")
+    assert r.stdout.split() == [out, out] and mode(out) == 0o700 and r.stderr == ""
+
+
+def test_a_runtime_dir_name_somebody_took_gives_way_to_a_fresh_folder(tmp_path):
+    # the attack by another user is in test_shared_node_files; here, a file of ours there
+    taken = tmp_path / f"hpcmesh-{os.geteuid()}"
+    taken.write_text("")
+    r = runtime_dir_in(tmp_path)
+    fresh, child = r.stdout.split()
+    assert fresh == child and os.path.dirname(fresh) == str(tmp_path) and mode(fresh) == 0o700
+    assert os.path.basename(fresh).startswith(f"hpcmesh-{os.geteuid()}-")
+    assert f"{taken} is a file owned by root (uid 0), mode 0644, not a folder" in r.stderr
+    assert r.stderr.count(f"using {fresh} instead") == 1 and "Errno" not in r.stderr
+
+
+def test_hpcmesh_runtime_dir_comes_first_and_must_be_ours_and_private(tmp_path, monkeypatch):
+    xdg = tmp_path / "run"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    chosen = tmp_path / "chosen"
+    monkeypatch.setenv("HPCMESH_RUNTIME_DIR", str(chosen))
+    assert runtime_dir() == str(chosen) and mode(chosen) == 0o700      # made when missing
+    os.chmod(chosen, 0o770)
+    with pytest.raises(UntrustedPathError, match=rf"\$HPCMESH_RUNTIME_DIR\) {chosen}: it is a "
+                                                 rf"folder owned by root \(uid 0\), mode 0770;"
+                                                 rf".*`chmod -R go-rwx {chosen}`.*unset "
+                                                 rf"HPCMESH_RUNTIME_DIR"):
+        runtime_dir()
+    os.chmod(chosen, 0o700)
+    os.chown(chosen, NOBODY, NOBODY)
+    with pytest.raises(UntrustedPathError, match=rf"owned by nobody .*`rm -r {chosen}`, as its "
+                                                 r"owner or root, removes it"):
+        runtime_dir()
+    monkeypatch.setenv("HPCMESH_RUNTIME_DIR", "relative/run")
+    with pytest.raises(ValueError, match=r"HPCMESH_RUNTIME_DIR='relative/run' is not an "
+                                         r"absolute path"):
+        runtime_dir()
+
+
+def test_refusals_say_how_to_make_ours_trusted_or_remove_theirs(tmp_path):
+    top = tmp_path / ".hpcmesh"
+    write_file(str(top / "default" / "state.pkl"), b"x", top=str(top))
+    os.chmod(top / "default", 0o777)            # a checkout made with umask 0: all below
+    with pytest.raises(UntrustedPathError, match=rf"`chmod -R go-w {top}/default` makes it "
+                                                 r"trusted"):
+        read_file(str(top / "default" / "state.pkl"), top=str(top))
+    os.chmod(top / "default", 0o700)
+    os.chown(top / "default" / "state.pkl", NOBODY, NOBODY)
+    with pytest.raises(UntrustedPathError, match=rf"`rm {top}/default/state.pkl`, as its owner "
+                                                 r"or root, removes it"):
+        read_file(str(top / "default" / "state.pkl"), top=str(top))
+    os.chown(top, NOBODY, NOBODY)
+    with pytest.raises(UntrustedPathError, match=rf"`rm -r {top}`, as its owner or root"):
+        read_file(str(top / "default" / "state.pkl"), top=str(top))
 
 
 def test_a_socket_path_over_the_limit_names_it(tmp_path, monkeypatch):
@@ -282,3 +344,87 @@ def test_the_one_walk_passes_through_root_s_and_sticky_folders_and_trusts_only_o
                                                      rf"0\), to {sticky}/mine; .*name the folder"):
             walk("link", what="t", named=str(tmp_path / "link"), start=top, way=TRUST,
                  last=TRUST)
+
+
+def test_folder_modules_come_after_everything_else_and_only_when_trusted(tmp_path):
+    """``private_files.modules``: a module, a package and a namespace package of the folder
+    are found as ``python -m`` finds them, but after the standard library (a ``colorsys.py``
+    there shadows nothing), with no bytecode written, and only when nobody else can write
+    them (another user's is an ImportError, so an optional import falls back)."""
+    import importlib
+    from hpcmesh.private_files.modules import import_from_folder
+    names = ("t28_mod", "t28_pkg", "t28_pkg.sub", "t28_ns", "t28_ns.m", "t28_theirs")
+    (tmp_path / "t28_mod.py").write_text("X = 'mod'\n")
+    (tmp_path / "t28_pkg").mkdir()
+    (tmp_path / "t28_pkg" / "__init__.py").write_text("")
+    (tmp_path / "t28_pkg" / "sub.py").write_text("X = 'sub'\n")
+    (tmp_path / "t28_ns").mkdir()
+    (tmp_path / "t28_ns" / "m.py").write_text("X = 'ns'\n")
+    (tmp_path / "colorsys.py").write_text("raise SystemExit('shadowed the standard library')\n")
+    (tmp_path / "t28_theirs.py").write_text("X = 'theirs'\n")
+    os.chown(tmp_path / "t28_theirs.py", NOBODY, NOBODY)
+    finder = import_from_folder(str(tmp_path))
+    try:
+        assert import_from_folder(str(tmp_path)) is finder          # once per folder
+        assert importlib.import_module("t28_mod").X == "mod"
+        assert importlib.import_module("t28_pkg.sub").X == "sub"
+        assert importlib.import_module("t28_ns.m").X == "ns"
+        assert "colorsys" not in sys.modules        # (else this would prove nothing)
+        assert importlib.import_module("colorsys").__file__ != str(tmp_path / "colorsys.py")
+        with pytest.raises(ImportError, match=rf"refusing to import {tmp_path}/t28_theirs.py: "
+                                              r"it is a file owned by nobody"):
+            importlib.import_module("t28_theirs")
+        assert not (tmp_path / "__pycache__").exists()
+    finally:
+        sys.meta_path.remove(finder)
+        for name in names:
+            sys.modules.pop(name, None)
+
+
+def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
+    """``-P`` on each command hpcmesh builds for a Python of its own (issue 28): started
+    with ``-m`` or ``-c`` in /tmp, it imported another user's ``sysconfig.py`` there first.
+    The commands are built in one place: no other module of hpcmesh spells ``-m``."""
+    import ast
+    from hpcmesh.job.exec import _python_argv, _python_argv_remote
+    from hpcmesh.job.slurm import agent_command, slurm_bootstrap
+    from hpcmesh.job.ssh import SSHJob
+    from hpcmesh.private_files.modules import RUN_MODULE, python_module
+    from hpcmesh.runtime.bootstrap import default_bootstrap_cmd, runs_entry_point
+    assert python_module("m", "/py") == ["/py", "-P", "-m", "m"]
+    assert agent_command("/py")[:3] == ["/py", "-P", "-c"]
+    for cmd in (default_bootstrap_cmd(), slurm_bootstrap(python="/py")(None)):
+        assert cmd.args[-3:] == ["-P", "-m", "hpcmesh.runtime.proc"] and runs_entry_point(cmd)
+    assert " /py -P -m hpcmesh worker " in SSHJob(hosts="n1", python_exe="/py").remote_command(
+        ["tcp://10.0.0.1:5"], "tok")
+    assert _python_argv("json.tool", ["x"], None) == [sys.executable, "-P", "-c", RUN_MODULE,
+                                                      "json.tool", "x"]
+    assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_MODULE}\' json.tool x;' in \
+        _python_argv_remote("json.tool", ["x"])[2]
+    package = Path(__file__).resolve().parent.parent / "hpcmesh"
+    spelled = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                     if any(isinstance(node, ast.Constant) and node.value == "-m"
+                            for node in ast.walk(ast.parse(path.read_text()))))
+    # (bootstrap recognises its entry point at the end of a user's command; spmd reads "-m"
+    # in the argv a user gives it, to run that module in the actor)
+    assert spelled == ["private_files/modules.py", "runtime/bootstrap.py", "spmd/spmd_actor.py"]
+
+
+def test_run_module_is_python_m_with_the_folders_modules_last(tmp_path):
+    """``python -P -c RUN_MODULE mod args`` (``exec_python``'s modules): ``__main__``,
+    ``sys.argv`` and the exit of ``python -m``; the folder's module found (checked), a
+    ``colorsys.py`` there shadows nothing, a missing module is named without a traceback."""
+    from hpcmesh.private_files.modules import run_module_argv
+    (tmp_path / "t28_main.py").write_text(
+        "import sys, colorsys\n"
+        "print(__name__, sys.argv, colorsys.__file__ != 'colorsys.py')\n"
+        "sys.exit(3)\n")
+    (tmp_path / "colorsys.py").write_text("raise SystemExit('shadowed the standard library')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    r = subprocess.run(run_module_argv("t28_main", ["a", "b c"]), cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        3, f"__main__ {[str(tmp_path / 't28_main.py'), 'a', 'b c']} True\n", "")
+    r = subprocess.run(run_module_argv("t28_nothing"), cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (1, f"{sys.executable}: No module named t28_nothing\n")

@@ -10,6 +10,7 @@ from hpcmesh.actor import (Actor, BootstrapCommand, current_rank, default_bootst
                            endpoint, this_host)
 from hpcmesh.runtime.bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR,
                                        build_environment)
+from hpcmesh.runtime.errors import SupervisionError
 
 OWN_VARS = {BOOTSTRAP_MODE_VAR, PROCESS_NAME_VAR, LOG_CHANNEL_VAR}
 
@@ -77,8 +78,9 @@ def test_build_environment_four_steps():
 
 
 def test_default_bootstrap_cmd_runs_this_interpreter():
+    # -P: not the current folder first on sys.path (a shared /tmp's sysconfig.py; issue 28)
     c = default_bootstrap_cmd()
-    assert c.program == sys.executable and c.args == ["-m", "hpcmesh.runtime.proc"]
+    assert c.program == sys.executable and c.args == ["-P", "-m", "hpcmesh.runtime.proc"]
     assert c.inherit_env and c.env == {}
 
 
@@ -154,6 +156,17 @@ def test_callable_bootstrap_command_gets_each_point_and_affects_that_call_only()
 def test_callable_returning_garbage_is_a_clear_error():
     with pytest.raises(TypeError, match="BootstrapCommand or a callable returning one.*gpus=0"):
         this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=lambda p: "python")
+
+
+def test_a_process_that_exits_before_connecting_shows_its_last_stderr_lines():
+    # trailing blank lines must not take the place of the line that says what broke
+    cmd = BootstrapCommand("/bin/sh", ["-c", "echo 'it broke here' >&2; "
+                                       "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo >&2; done; "
+                                       "exit 3"])
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=cmd)
+    with pytest.raises(SupervisionError, match=r"(?s)exited before it connected back "
+                                               r"\(exit code 3\); last stderr lines:\nit broke here$"):
+        pm.spawn("p", EnvProbe).rank.call().get(timeout=60)
 
 
 def test_shell_wrapper_recipe():

@@ -89,10 +89,13 @@ def test_attach_to_refused_port_fails_fast_and_names_the_address():
 
 
 def test_attach_to_bad_addresses():
-    with pytest.raises(ValueError, match="scheme must be tcp://, unix:// or ipc://"):
+    # the rule is transport.addresses.parse_worker_address, a hosts file's too
+    with pytest.raises(ValueError, match="unknown scheme 'http'; allowed: tcp, unix, ipc"):
         attach_to_workers(["http://localhost:80"], timeout=5)
-    with pytest.raises(ValueError, match="tcp://host:port"):
+    with pytest.raises(ValueError, match="has no port; expected tcp://host:port"):
         attach_to_workers(["tcp://localhost"], timeout=5)
+    with pytest.raises(ValueError, match="port 0 out of range 1-65535"):
+        attach_to_workers(["tcp://localhost:0"], timeout=5)
     t0 = time.monotonic()
     with pytest.raises(ConnectionError, match="unix:///nonexistent/agent.sock"):
         attach_to_workers(["unix:///nonexistent/agent.sock"], timeout=5)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcmesh.shapes import MESH_ATTRIBUTE_NAMES, Extent, MeshTrait, Point, Shape
+from hpcmesh.shapes import MESH_ATTRIBUTE_NAMES, Extent, MeshTrait, Point, Shape, point_label
 
 HS = settings(max_examples=200, deadline=None)
 
@@ -152,6 +152,12 @@ class TestPoint:
         assert "gpus" in p and "cpus" not in p
         assert p.size("gpus") == 4
         assert repr(p) == str(p) == "{'hosts': 1/2, 'gpus': 2/4}"   # Monarch's format
+
+    def test_label(self) -> None:
+        # the one way a member is named in process names, logs, admin and the debugger
+        assert point_label(Point(6, self.ext)) == "hosts=1,gpus=2"
+        assert point_label({"gpus": 3}) == "gpus=3"        # coords as they come over JSON
+        assert point_label(Point(0, Extent({}))) == "0"   # a mesh with no dimensions
 
     def test_extent_as_plain_mapping(self) -> None:
         assert Point(6, {"hosts": 2, "gpus": 4}) == Point(6, self.ext)

@@ -11,11 +11,14 @@ in subprocesses with their own cwd, ``TMPDIR`` and ``XDG_RUNTIME_DIR``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import marshal
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import textwrap
 import types
@@ -43,7 +46,8 @@ def hpcmesh_env(**extra: str) -> dict[str, str]:
     """The environment of an hpcmesh subprocess: this checkout, no inherited state folder,
     context or runtime folder."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("HPCMESH_CONTEXT", "HPCMESH_STATE_DIR", "XDG_RUNTIME_DIR", "TMPDIR")}
+           if k not in ("HPCMESH_CONTEXT", "HPCMESH_STATE_DIR", "XDG_RUNTIME_DIR", "TMPDIR",
+                        "HPCMESH_RUNTIME_DIR")}
     env["PYTHONPATH"] = str(REPO)
     env.update(extra)
     return env
@@ -102,14 +106,19 @@ def plant_cache(user, project: Path, how: str, marker: Path) -> None:
 
 
 def assert_refused(text: str, project: Path, user, how: str) -> None:
-    """The refusal names the path, its owner and its mode."""
+    """The refusal names the path, its owner and its mode, and the way out: make ours
+    trusted again, or remove theirs."""
+    hp = project / ".hpcmesh"
     assert "refusing the job cache" in text, text
-    assert str(project / ".hpcmesh") in text, text
+    assert str(hp) in text, text
     if how == "into-ours":
         assert "owned by root (uid 0), mode 0777" in text, text
+        assert f"`chmod -R go-w {hp}` makes it trusted" in text, text
     else:
         assert f"owned by {user.name} (uid {user.uid})" in text, text
         assert ("a symlink" if how == "link" else "a folder") in text, text
+        assert f"`rm {'' if how == 'link' else '-r '}{hp}`, as its owner or root, removes it" \
+            in text, text
 
 
 SHARED_MODES = {"folder": 0o777, "link": 0o1777, "into-ours": 0o755}
@@ -190,45 +199,266 @@ def test_dump_through_a_planted_symlink_leaves_its_target_alone(other_user, shar
         assert str(hp) in str(e), e
 
 
-# -- the runtime folder (issue 28 item 4) ------------------------------------------------------
-START_RUNTIME = textwrap.dedent("""
-    from hpcmesh.actor import this_host
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
-    print("started", procs)
+# -- the modules of the current folder (`hpcmesh apply mod.attr`; issue 28 review) -------------
+#: the user's own job spec module, in the folder they run `hpcmesh` from
+OUR_JOBS = textwrap.dedent("""
+    import sys, sysconfig
+    import helper                    # our own module beside it: found as python -m finds it
+    print("sysconfig from", sysconfig.__file__, file=sys.stderr)
+    from hpcmesh.job import LocalJob
+    local = LocalJob()
+""")
+#: run by the attacker: write sys.argv[2] (Python that touches the marker) to sys.argv[1]
+PLANT_FILE = "import os, sys; open(sys.argv[1], 'w').write(sys.argv[2])"
+#: the two ways to run the command: the installed `hpcmesh` (no folder of its own on
+#: sys.path: what -P gives) and `python -m hpcmesh` (Python puts the current folder first)
+RUN = {"hpcmesh": [sys.executable, "-P", "-m", "hpcmesh"],
+       "python -m": [sys.executable, "-m", "hpcmesh"]}
+
+
+def touch(marker: Path) -> str:
+    return f"open({str(marker)!r}, 'w').write('ran')\n"
+
+
+def stamped_pyc(source: Path, code: str) -> bytes:
+    """Bytecode of ``code`` stamped with ``source``'s mtime and size: what Python's own
+    loader takes from ``__pycache__`` for ``source`` without reading the source."""
+    st = source.stat()
+    return (importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little")
+            + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little")
+            + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+            + marshal.dumps(compile(code, str(source), "exec")))
+
+
+@pytest.mark.parametrize("run", list(RUN))
+def test_modules_planted_in_the_current_folder_shadow_nothing(other_user, shared_dir, tmp_path,
+                                                              run):
+    # `hpcmesh apply`/`exec` put the current folder first on sys.path: another user's
+    # sysconfig.py in /tmp (or in a shared project folder) ran as root when root ran them
+    # there, and so did bytecode they put in __pycache__ for our own module
+    project = shared_dir(0o1777)
+    (project / "myjobs.py").write_text(OUR_JOBS)
+    (project / "helper.py").write_text("")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "sysconfig.py"), touch(marker))
+    pyc = importlib.util.cache_from_source(str(project / "myjobs.py"))
+    other_user.python("import os, sys; os.mkdir(os.path.dirname(sys.argv[1]));"
+                      "open(sys.argv[1], 'wb').write(bytes.fromhex(sys.argv[2]))",
+                      pyc, stamped_pyc(project / "myjobs.py", touch(marker) + OUR_JOBS).hex())
+
+    def hm_(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*RUN[run], *args], cwd=project, env=hpcmesh_env(),
+                              capture_output=True, text=True, timeout=120)
+    try:
+        r = hm_("apply", "myjobs.local")
+        assert not marker.exists(), f"apply ({run}) ran the other user's code"
+        assert r.returncode == 0, r.stderr
+        assert f"sysconfig from {sysconfig.__file__}" in r.stderr
+        r = hm_("exec", "--", "true")
+        assert not marker.exists(), f"exec ({run}) ran the other user's code"
+        assert r.returncode == 0, r.stderr
+    finally:
+        hm_("kill")
+
+
+def test_a_job_spec_module_another_user_planted_is_refused(other_user, shared_dir, tmp_path):
+    # in /tmp, `hpcmesh apply myjobs.local` imported whatever myjobs.py was there
+    project = shared_dir(0o1777)
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "myjobs.py"), touch(marker) + OUR_JOBS)
+    r = subprocess.run([*RUN["hpcmesh"], "apply", "myjobs.local"], cwd=project,
+                       env=hpcmesh_env(), capture_output=True, text=True, timeout=60)
+    assert not marker.exists(), "`hpcmesh apply` ran the other user's module"
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    theirs = project / "myjobs.py"
+    assert (f"refusing to import {theirs}: it is a file owned by {other_user.name} "
+            f"(uid {other_user.uid}), mode 0644") in r.stderr, r.stderr
+    assert f"`rm {theirs}`, as its owner or root, removes it" in r.stderr
+
+
+def test_a_job_spec_module_in_a_folder_others_can_write_is_refused(shared_dir, tmp_path):
+    # our own module, but in a folder everybody may write (not sticky): anybody could have
+    # replaced it, or could replace it between a check and the import
+    project = shared_dir(0o777)
+    marker = tmp_path / "ran"
+    (project / "myjobs.py").write_text(touch(marker) + OUR_JOBS)
+    (project / "helper.py").write_text("")
+    r = subprocess.run([*RUN["hpcmesh"], "apply", "myjobs.local"], cwd=project,
+                       env=hpcmesh_env(), capture_output=True, text=True, timeout=60)
+    assert not marker.exists() and r.returncode == 2, (r.stdout, r.stderr)
+    assert (f"refusing to import 'myjobs' from {project / 'myjobs.py'}: {project} is a folder "
+            f"owned by root (uid 0), mode 0777") in r.stderr, r.stderr
+    assert f"`chmod -R go-w {project}` makes it trusted" in r.stderr
+
+
+#: the user's program, run (as root) with the shared folder as its current folder: actors
+#: on processes started every way hpcmesh starts them import the standard library's
+#: ``sysconfig`` and the user's own ``helper`` beside the program's current folder
+WORKERS_IMPORT = textwrap.dedent("""
+    import os, sys
+    from hpcmesh.actor import Actor, default_bootstrap_cmd, endpoint, this_host
+    from hpcmesh.job import ProcessJob
+
+    class Probe(Actor):
+        @endpoint
+        def imports(self):
+            import sysconfig
+            import helper            # the user's own module in the current folder
+            return sysconfig.__file__, helper.WHO, os.getcwd()
+
+    job = ProcessJob({"hosts": 1})   # a host agent of its own: `python -m hpcmesh worker`
+    ways = {"forked": this_host().spawn_procs(per_host={"gpus": 1}),
+            # a PYTHON* variable the fork server was not started with: a plain exec
+            "execd": this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=
+                default_bootstrap_cmd().with_env({"PYTHONHASHSEED": "7"})),
+            "agent": job.state(cached_path=None).hosts.spawn_procs(per_host={"gpus": 1})}
+    try:
+        for way, procs in ways.items():
+            for found in procs.spawn("probe", Probe).imports.call().get(timeout=60).values():
+                print(way, *found, flush=True)
+    finally:
+        for procs in ways.values():
+            procs.stop().get(timeout=30)
+        job.kill()
 """)
 
 
-def test_runtime_folder_another_user_made_first_is_refused(other_user, shared_dir):
-    # /tmp/hpcmesh-<uid> made 0777 by another user was used silently: they could delete the
-    # job's sockets, or plant files in it
+def test_workers_started_in_a_shared_folder_run_nothing_planted_there(other_user, shared_dir,
+                                                                      tmp_path):
+    # every Python hpcmesh starts with `-m` (actor processes, the fork server, host agents)
+    # had its current folder first on sys.path: another user's sysconfig.py in /tmp ran as
+    # root in the workers of a program started there, and so did their bytecode in
+    # __pycache__ for the user's own module, and their hpcmesh/ in `python -m hpcmesh worker`
+    project = shared_dir(0o1777)
+    (project / "helper.py").write_text("WHO = 'our source'\n")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "sysconfig.py"), touch(marker))
+    other_user.python("import os, sys; os.mkdir(os.path.dirname(sys.argv[1]))\n" + PLANT_FILE,
+                      str(project / "hpcmesh" / "__init__.py"), touch(marker))
+    pyc = importlib.util.cache_from_source(str(project / "helper.py"))
+    other_user.python("import os, sys; os.mkdir(os.path.dirname(sys.argv[1]));"
+                      "open(sys.argv[1], 'wb').write(bytes.fromhex(sys.argv[2]))", pyc,
+                      stamped_pyc(project / "helper.py",
+                                  touch(marker) + "WHO = 'their bytecode'\n").hex())
+    program = tmp_path / "program.py"          # the program itself lives in a folder of ours
+    program.write_text(WORKERS_IMPORT)
+    r = subprocess.run([sys.executable, str(program)], cwd=project, env=hpcmesh_env(),
+                       capture_output=True, text=True, timeout=180)
+    assert not marker.exists(), "a worker ran the other user's code"
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = sorted(tuple(line.split()) for line in r.stdout.splitlines())
+    stdlib = sysconfig.__file__
+    assert found == [(way, stdlib, "our", "source", str(project))
+                     for way in ("agent", "execd", "forked")], (found, r.stderr[-3000:])
+
+
+#: the user's module that `exec_python(hosts, "ourmod", ...)` runs in a shared folder
+EXEC_MODULE = textwrap.dedent("""
+    import sys, sysconfig
+    import helper                    # our own module beside it
+    print(__name__, sys.argv[0], *sys.argv[1:], sysconfig.__file__, helper.WHO)
+""")
+
+
+def test_exec_python_runs_our_module_of_a_shared_folder_and_nothing_planted_there(
+        other_user, shared_dir, tmp_path):
+    # exec_python ran `python -m ourmod` in the working directory: the other user's
+    # sysconfig.py there, their bytecode for our module in __pycache__, or a module of theirs
+    # ran as root. Both ways it runs: streamed (on_output) and into files (output_dir).
+    from hpcmesh.actor import this_host
+    from hpcmesh.job.exec import exec_python
+    project = shared_dir(0o1777)
+    (project / "ourmod.py").write_text(EXEC_MODULE)
+    (project / "helper.py").write_text("WHO = 'ours'\n")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "sysconfig.py"), touch(marker))
+    other_user.python(PLANT_FILE, str(project / "theirmod.py"), touch(marker))
+    pyc = importlib.util.cache_from_source(str(project / "ourmod.py"))
+    other_user.python("import os, sys; os.mkdir(os.path.dirname(sys.argv[1]));"
+                      "open(sys.argv[1], 'wb').write(bytes.fromhex(sys.argv[2]))", pyc,
+                      stamped_pyc(project / "ourmod.py", touch(marker) + EXEC_MODULE).hex())
+    lines: list[tuple[str, str]] = []
+
+    def collect(_label: str, stream: str, line: str) -> None:
+        lines.append((stream, line))
+    streamed = exec_python(this_host(), "ourmod", ["x", "y"], workdir=str(project),
+                           on_output=collect).get(timeout=60)
+    out = tmp_path / "out"
+    to_files = exec_python(this_host(), "ourmod", ["x", "y"], workdir=str(project),
+                           output_dir=str(out)).get(timeout=60)
+    assert not marker.exists(), "exec_python ran the other user's code"
+    ran = f"__main__ {project / 'ourmod.py'} x y {sysconfig.__file__} ours"
+    assert (streamed, lines) == (0, [("stdout", ran)])
+    assert to_files == 0 and [p.read_text() for p in out.glob("*.stdout")] == [ran + "\n"]
+    lines.clear()
+    assert exec_python(this_host(), "theirmod", workdir=str(project),
+                       on_output=collect).get(timeout=60) == 1
+    assert not marker.exists(), "exec_python ran the other user's module"
+    theirs = project / "theirmod.py"
+    assert any(f"refusing to import {theirs}: it is a file owned by {other_user.name}" in line
+               for _stream, line in lines), lines
+
+
+# -- the runtime folder (issue 28 item 4) ------------------------------------------------------
+START_RUNTIME = textwrap.dedent("""
+    import os
+    from hpcmesh.actor import Actor, endpoint, this_host
+    from hpcmesh.private_files import runtime_dir
+
+    class Where(Actor):
+        @endpoint
+        def where(self):
+            return runtime_dir()
+
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    print("started", runtime_dir(), oct(os.stat(runtime_dir()).st_mode & 0o7777))
+    print("workers", *sorted(set(procs.spawn("w", Where).where.call().get(timeout=60).values())))
+""")
+
+
+def test_runtime_folder_another_user_made_first_is_left_for_a_fresh_one(other_user,
+                                                                       shared_dir):
+    # /tmp/hpcmesh-<uid> made 0777 by another user was used silently (they could delete the
+    # job's sockets, or plant files in it); then it was refused, and the job could not start
+    # as long as their folder was there. Now hpcmesh makes a fresh folder of its own beside
+    # it, says so once, and the processes it starts use that one too.
     tmp = shared_dir(0o1777)              # what /tmp is; TMPDIR points the process at it
     rt = tmp / f"hpcmesh-{os.geteuid()}"
     other_user.python("import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)",
                       str(rt))
     r = subprocess.run([sys.executable, "-c", START_RUNTIME], env=hpcmesh_env(TMPDIR=str(tmp)),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "started" not in r.stdout, r.stdout
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
     assert os.listdir(rt) == [], "the job put its sockets in the other user's folder"
-    assert (f"refusing the runtime folder {rt}: it is a folder owned by {other_user.name} "
-            f"(uid {other_user.uid}), mode 0777") in r.stderr, r.stderr
-    assert "set TMPDIR to a folder of this user's" in r.stderr
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    fresh, mode = lines["started"].split()
+    assert os.path.dirname(fresh) == str(tmp) and fresh != str(rt), fresh
+    assert os.path.basename(fresh).startswith(f"hpcmesh-{os.geteuid()}-") and mode == "0o700"
+    assert lines["workers"] == fresh, "the processes it started chose a folder of their own"
+    warning = (f"refusing the runtime folder {rt}: it is a folder owned by {other_user.name} "
+               f"(uid {other_user.uid}), mode 0777")
+    assert r.stderr.count(warning) == 1, r.stderr
+    assert f"`rm -r {rt}`, as its owner or root, removes it" in r.stderr
+    assert f"using {fresh} instead" in r.stderr
 
 
 PLANTED_STACKS = textwrap.dedent("""
     import os, sys
-    from hpcmesh.runtime.introspect import STACK_SIGNAL, install_stack_dump_handler
+    from hpcmesh.runtime.introspect import STACK_SIGNAL, install_stack_dump_handler, stack_file
     print(os.getpid(), flush=True)
     sys.stdin.readline()                   # the other user plants the link now
     if install_stack_dump_handler():
-        print("installed", flush=True)
         os.kill(os.getpid(), STACK_SIGNAL)     # what the admin view asks: a dump, now
+        path = stack_file(os.getpid())         # (to ourselves: written before kill returns)
+        print("installed", os.path.dirname(path), os.path.getsize(path) > 0, flush=True)
     else:                                      # (unhandled, the signal would end us)
         print("refused", flush=True)
 """)
 
 
 def test_planted_stack_file_link_gets_no_stack_dump(other_user, shared_dir, tmp_path):
-    # a planted stacks-<pid>.txt symlink made a stack dump append to a root-only file
+    # a planted stacks-<pid>.txt symlink made a stack dump append to a root-only file; then
+    # their folder was refused, and with it the stack dumps
     precious = tmp_path / "root-only.log"
     precious.write_text("precious\n")
     tmp = shared_dir(0o1777)
@@ -247,7 +477,10 @@ def test_planted_stack_file_link_gets_no_stack_dump(other_user, shared_dir, tmp_
         p.kill()
         p.wait()
     assert precious.read_bytes() == b"precious\n", "the stack dump went into their link"
-    assert p.returncode == 0 and out.split() == ["refused"], (out, err)
+    # their folder is left alone: the dump goes into a fresh one of ours
+    assert p.returncode == 0 and out.split()[0] == "installed", (out, err)
+    folder, written = out.split()[1:]
+    assert os.path.dirname(folder) == str(tmp) and folder != str(rt) and written == "True"
 
 
 # -- the job secret, the logs, the exit actions, the services file (issue 28, rest) -------------

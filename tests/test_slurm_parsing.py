@@ -11,7 +11,9 @@ import pytest
 from hpcmesh.slurm import parsing
 from hpcmesh.slurm.parsing import (
     SACCT_FORMAT,
+    SLURM_STATES,
     SLURM_STATES_ACTIVE,
+    SLURM_STATES_LIVE,
     SLURM_STATES_TERMINAL,
     SQUEUE_FORMAT,
     Allocation,
@@ -68,6 +70,13 @@ def env_fixture(name: str) -> dict[str, str]:
 ])
 def test_expand_hostlist(text, expected):
     assert expand_hostlist(text) == expected
+
+
+def test_expand_hostlist_unique_refuses_a_repeat():
+    assert expand_hostlist("a,b,a") == ["a", "b"]          # a nodelist: counts once
+    for text in ("a,b,a", "n[1,1]", "n[1-3],n2"):
+        with pytest.raises(SlurmParseError, match=r"names 'n?[a12]' twice"):
+            expand_hostlist(text, unique=True)
 
 
 @pytest.mark.parametrize("text", ["node[1-", "node[3-1]", "x[a-b]", "node1 node2", "n]1["])
@@ -170,12 +179,38 @@ def test_normalize_state_empty():
         normalize_state("  ")
 
 
+# JOB STATE CODES of squeue(1), the same 24 in Slurm 22.05 and 24.11
+DOCUMENTED_STATES = {
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "CONFIGURING", "COMPLETING", "DEADLINE", "FAILED",
+    "NODE_FAIL", "OUT_OF_MEMORY", "PENDING", "PREEMPTED", "RUNNING", "RESV_DEL_HOLD",
+    "REQUEUE_FED", "REQUEUE_HOLD", "REQUEUED", "RESIZING", "REVOKED", "SIGNALING",
+    "SPECIAL_EXIT", "STAGE_OUT", "STOPPED", "SUSPENDED", "TIMEOUT",
+}
+
+
 def test_state_sets():
+    assert SLURM_STATES == DOCUMENTED_STATES
+    # every documented state is either over or not, never both
+    assert SLURM_STATES_TERMINAL | SLURM_STATES_ACTIVE == SLURM_STATES
     assert not SLURM_STATES_TERMINAL & SLURM_STATES_ACTIVE
     assert {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
-            "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"} <= SLURM_STATES_TERMINAL
-    assert {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED",
-            "REQUEUED"} <= SLURM_STATES_ACTIVE
+            "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"} == SLURM_STATES_TERMINAL
+    # live: pending counts (a waiter keeps waiting), and so does every requeued state
+    assert SLURM_STATES_LIVE < SLURM_STATES_ACTIVE
+    assert {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "SIGNALING",
+            "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"} == SLURM_STATES_LIVE
+    # winding up, stopped or held for a person: still there, but nothing to wait for
+    assert SLURM_STATES_ACTIVE - SLURM_STATES_LIVE == {
+        "COMPLETING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
+
+
+@pytest.mark.parametrize("code,active,live", [
+    ("PD", True, True), ("RH", True, True), ("RF", True, True), ("CG", True, False),
+    ("ST", True, False), ("SE", True, False), ("CD", False, False), ("XX", False, False),
+])
+def test_job_record_alive(code, active, live):
+    [rec] = parse_squeue(f"7|{code}|None||j|1|0:01|1:00|debug\n")
+    assert (rec.is_active, rec.is_live, rec.is_terminal) == (active, live, code == "CD")
 
 
 def test_parse_sbatch_parsable():
@@ -437,6 +472,18 @@ def test_hostlists_are_bounded_before_anything_is_expanded(text, why):
 def test_malformed_slurm_values_are_refused_naming_variable_value_and_range(var, value, allowed):
     msg = _alloc_error(**{var: value})
     assert msg.startswith(var) and repr(value) in msg and allowed in msg, msg
+
+
+@pytest.mark.parametrize("var", ["SLURM_STEP_GPUS", "SLURM_JOB_GPUS"])
+@pytest.mark.parametrize("value", ["0,1;x", "0,,1", "-1", "0,65534", "1e3", "0," * 70000])
+def test_gpu_index_lists_are_checked_even_when_a_gpu_count_is_set(var, value):
+    """The processes are given these lists (CUDA_VISIBLE_DEVICES): checked whenever set,
+    not only when no count (SLURM_GPUS_ON_NODE) makes them unneeded for counting."""
+    msg = _alloc_error(**{var: value, "SLURM_GPUS_ON_NODE": "2"})
+    assert msg.startswith(f"{var}=") and "expected GPU indexes from 0 to 65533, " \
+        "comma-separated, like '0,1,2,3'" in msg and len(msg) < 300, msg
+    a = Allocation.from_env({**_ALLOC, var: " 0, 3 ", "SLURM_GPUS_ON_NODE": "2"})
+    assert a.gpus_per_node == 2
 
 
 def test_tasks_per_node_repeats_are_bounded_not_expanded():

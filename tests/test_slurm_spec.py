@@ -166,7 +166,7 @@ def test_from_dict_with_outer_file_lines():
     with pytest.raises(SpecError) as err:
         JobSpec.from_dict({"nodes": "two", "time": "1:00:00"}, "hosts.yaml", lines=lines,
                           prefix="job")
-    assert str(err.value) == "hosts.yaml:4: nodes must be a positive integer, got 'two'"
+    assert str(err.value) == "hosts.yaml:4: nodes must be a positive integer, got string 'two'"
     with pytest.raises(SpecError) as err:
         JobSpec.from_dict({"nodes": 1, "gpu_per_node": 1}, "hosts.yaml", lines=lines,
                           prefix="job")
@@ -177,7 +177,7 @@ def test_from_dict_with_outer_file_lines():
 def test_from_dict_without_lines():
     with pytest.raises(SpecError) as err:
         JobSpec.from_dict({"meshes": {"a": {"nodes": 0}}})
-    assert str(err.value) == "<dict>: nodes must be a positive integer, got 0"
+    assert str(err.value) == "<dict>: nodes must be a positive integer, got integer 0"
     assert err.value.key == "meshes.a.nodes"
 
 
@@ -216,18 +216,18 @@ def test_unknown_top_level_and_defaults_keys():
 
 
 @pytest.mark.parametrize("body, line, message", [
-    ("    nodes: two", 3, "nodes must be a positive integer, got 'two'"),
-    ("    nodes: 0", 3, "nodes must be a positive integer, got 0"),
-    ("    nodes: 1.5", 3, "nodes must be a positive integer, got 1.5"),
+    ("    nodes: two", 3, "nodes must be a positive integer, got string 'two'"),
+    ("    nodes: 0", 3, "nodes must be a positive integer, got integer 0"),
+    ("    nodes: 1.5", 3, "nodes must be a positive integer, got number 1.5"),
     ("    nodes: 1\n    gpus_per_node: -1", 4,
-     "gpus_per_node must be a non-negative integer or null, got -1"),
+     "gpus_per_node must be a non-negative integer or null, got integer -1"),
     ("    nodes: 1\n    ntasks_per_node: true", 4,
-     "ntasks_per_node must be a positive integer, got true"),
-    ("    nodes: 1\n    exclusive: 'yes'", 4, "exclusive must be true or false, got 'yes'"),
+     "ntasks_per_node must be a positive integer, got boolean true"),
+    ("    nodes: 1\n    exclusive: 'yes'", 4, "exclusive must be true or false, got string 'yes'"),
     ("    nodes: 1\n    time: soon", 4, "time must be minutes or 'HH:MM:SS'"),
     ("    nodes: 1\n    mem: 64GB", 4, "mem must be a size like '64G'"),
     ("    nodes: 1\n    partition: gpu a", 4,
-     "partition must be one word like 'gpu' (no spaces), got 'gpu a'"),
+     "partition must be one word like 'gpu' (no spaces), got string 'gpu a'"),
     ("    nodes: 1\n    signal: USR1@soon", 4, "signal must look like 'USR1@90'"),
     ("    nodes: 1\n    signal: USER1@90", 4, "signal must look like 'USR1@90'"),
     ("    nodes: 1\n    python: [a]", 4, "python must be the Python executable"),
@@ -254,24 +254,24 @@ def test_value_errors_name_line_and_value(body, line, message):
 @pytest.mark.parametrize("body, message", [
     ("    nodes: 1180591620717411303424",
      "nodes must be at most 100000 (the most one Slurm hostlist names), "
-     "got 1180591620717411303424"),
+     "got integer 1180591620717411303424"),
     ("    nodes: 1\n    gpus_per_node: 99999999999",
-     "gpus_per_node must be at most 65533 (Slurm's limit per node), got 99999999999"),
+     "gpus_per_node must be at most 65533 (Slurm's limit per node), got integer 99999999999"),
     ("    nodes: 1\n    ntasks_per_node: 100000000",
-     "ntasks_per_node must be at most 65533 (Slurm's limit per node), got 100000000"),
+     "ntasks_per_node must be at most 65533 (Slurm's limit per node), got integer 100000000"),
     ("    nodes: 1\n    cpus_per_task: 65534",
-     "cpus_per_task must be at most 65533 (Slurm's limit per node), got 65534"),
+     "cpus_per_task must be at most 65533 (Slurm's limit per node), got integer 65534"),
     ("    nodes: 1\n    mem: 1048577T",
-     "units K, M, G, T, default M; at most 1048576T), got '1048577T'"),
-    ("    nodes: 1\n    mem: " + "9" * 30 + "G", "at most 1048576T), got '" + "9" * 30 + "G'"),
+     "units K, M, G, T, default M; at most 1048576T), got string '1048577T'"),
+    ("    nodes: 1\n    mem: " + "9" * 30 + "G", "at most 1048576T), got string '" + "9" * 30 + "G'"),
     ("    nodes: 1\n    time: '1491309-00'",
-     "at most 2147483647 minutes, or UNLIMITED, got '1491309-00'"),
+     "at most 2147483647 minutes, or UNLIMITED, got string '1491309-00'"),
     ("    nodes: 1\n    time: 2147483648",
-     "at most 2147483647 minutes, or UNLIMITED, got '2147483648'"),
+     "at most 2147483647 minutes, or UNLIMITED, got string '2147483648'"),
     ("    nodes: 1\n    signal: USR1@65536",
-     "signal's warning time must be at most 65535 seconds (sbatch's limit), got 'USR1@65536'"),
-    ("    nodes: 1\n    signal: '65@90'", "a number from 1 to 64) or null, got '65@90'"),
-    ("    nodes: '\u00b2'", "nodes must be a positive integer, got '\u00b2'"),
+     "signal's warning time must be at most 65535 seconds (sbatch's limit), got string 'USR1@65536'"),
+    ("    nodes: 1\n    signal: '65@90'", "a number from 1 to 64) or null, got string '65@90'"),
+    ("    nodes: '\u00b2'", "nodes must be a positive integer, got string '\u00b2'"),
     ("    nodes: 1\n    time: '\u0663\u0660'", "time must be minutes or 'HH:MM:SS'"),
     ("    nodes: 1\n    mem: '\u0663G'", "mem must be a size like '64G'"),
 ])
@@ -289,7 +289,7 @@ def test_numbers_at_their_bounds_are_accepted():
         100000, 65533, "1048576T", "1491308-02:07", "B:USR1@65535")
     assert JobSpec.from_dict({"nodes": 1, "time": 2147483647}).meshes["hosts"].time == \
         "2147483647"
-    with pytest.raises(SpecError, match=r"^<dict>: mem must be .* got 1099511627777$"):
+    with pytest.raises(SpecError, match=r"^<dict>: mem must be .* got integer 1099511627777$"):
         JobSpec.from_dict({"nodes": 1, "mem": 2**40 + 1})
 
 
@@ -304,15 +304,15 @@ def test_the_meshes_of_one_allocation_are_bounded_together():
 
 def test_a_number_too_long_to_read_is_a_spec_error():
     err = spec_error("meshes:\n  a:\n    nodes: 1\n    mem: " + "9" * 5000 + "\n")
-    assert str(err) == ("spec.yaml:4: meshes.a.mem: a number of more than 4300 digits; no job "
-                        "spec value needs one")
+    assert str(err) == ("spec.yaml:4: meshes.a.mem: a number of more than 4300 digits; no "
+                        "value here needs one")
     with pytest.raises(SpecError) as e:
         JobSpec.from_dict({"nodes": 10**5000})
     assert str(e.value) == ("<dict>: nodes must be at most 100000 (the most one Slurm hostlist "
                             "names), got an integer of about 5000 digits")
     with pytest.raises(SpecError) as e:
         JobSpec.from_dict({"nodes": "x" * 10_000})
-    assert str(e.value) == (f"<dict>: nodes must be a positive integer, got {'x' * 60!r}... "
+    assert str(e.value) == (f"<dict>: nodes must be a positive integer, got string {'x' * 60!r}... "
                             "(10000 characters)")
 
 
@@ -324,13 +324,13 @@ def test_value_errors_from_defaults_point_at_defaults():
 @pytest.mark.parametrize("text, line, message", [
     ("meshes:\n  my-mesh: 1\n", 2, "mesh name 'my-mesh' must be a Python identifier"),
     ("meshes:\n  _x: 1\n", 2, "mesh name '_x' must be a Python identifier"),
-    ("meshes:\n  a: many\n", 2, "mesh 'a' must be a node count or a mapping of mesh keys, got 'many'"),
+    ("meshes:\n  a: many\n", 2, "mesh 'a' must be a node count or a mapping of mesh keys, got string 'many'"),
     ("meshes: []\n", 1, "meshes must be a non-empty mapping"),
     ("meshes:\n  a: 1\njob_name: my job\n", 3, "job_name must be one word"),
     ("meshes:\n  a: 1\nlog_dir: my logs\n", 3, "log_dir must be a directory path without spaces"),
     ("meshes:\n  a: 1\nsame_allocation: maybe\n", 3, "same_allocation must be true or false"),
     ("defaults: {nodes: 1}\nnodes: 2\n", 1, "defaults applies to meshes"),
-    ("- a\n- b\n", None, "the job spec must be a mapping, got a list"),
+    ("- a\n- b\n", 1, "the job spec must be a mapping, got a list"),      # the document's line
     ("", None, "empty job spec"),
     ("meshes:\n  a:\n    nodes: 1\n    nodes: 2\n", 4,
      "duplicate key 'meshes.a.nodes' (first given on line 3)"),
@@ -373,7 +373,7 @@ def test_load_job_spec_file_errors(tmp_path):
 
 
 def test_direct_construction_is_validated():
-    with pytest.raises(SpecError, match="mesh 'x': nodes must be a positive integer, got 0"):
+    with pytest.raises(SpecError, match="mesh 'x': nodes must be a positive integer, got integer 0"):
         MeshSpec("x", nodes=0)
     with pytest.raises(SpecError, match="Python identifier"):
         MeshSpec("a-b")

@@ -14,7 +14,6 @@ from proc_helpers import wait_gone
 
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import LoginJob, SSHJob
-from hpcmesh.job.ssh import _expand_hosts
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv", "bin",
@@ -86,10 +85,15 @@ class Where(Actor):
 
 
 def test_hostlists_and_arguments():
-    assert _expand_hosts("node[1-3],gpu7") == ["node1", "node2", "node3", "gpu7"]
-    assert _expand_hosts(["a", "b"]) == ["a", "b"]
-    with pytest.raises(ValueError):
-        _expand_hosts([])
+    # the hosts file's rule (hosts_file.expand_hosts, tested there), bounded, named per mesh
+    assert SSHJob(hosts="node[1-3],gpu7").meshes == {"hosts": ["node1", "node2", "node3", "gpu7"]}
+    hostile = ",".join(f"n{i}-[1-90000]" for i in range(20))     # 1.8 million names
+    with pytest.raises(ValueError, match=r"^mesh 'w': hosts: .*more than 100000 hosts"):
+        SSHJob(meshes={"w": hostile})
+    with pytest.raises(ValueError, match=r"^mesh 'hosts': hosts\[1\]: host 'a' is listed twice"):
+        SSHJob(hosts=["a", "a"])
+    with pytest.raises(ValueError, match="at least one host"):
+        SSHJob(hosts=[])
     with pytest.raises(ValueError, match="transport"):
         SSHJob(hosts="a", transport="ib")
     job = LoginJob(hosts="n[1-2]", python_exe="/opt/py")
@@ -98,7 +102,7 @@ def test_hostlists_and_arguments():
     assert job.describe_meshes()["eval"] == "1 host(s) over ssh: e1"
     cmd = job.remote_command(["tcp://10.0.0.1:5"], "tok")
     assert cmd.startswith("exec env HPCMESH_JOB_TOKEN=tok")
-    assert "/opt/py -m hpcmesh worker --secret-stdin --attach tcp://10.0.0.1:5" in cmd
+    assert "/opt/py -P -m hpcmesh worker --secret-stdin --attach tcp://10.0.0.1:5" in cmd
     assert "SECRET=" not in cmd
     with pytest.raises(ValueError, match="no hosts"):
         SSHJob().apply()

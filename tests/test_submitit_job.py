@@ -57,6 +57,21 @@ def test_bad_arguments():
         SubmititJob(meshes={"my mesh": 1})
 
 
+@pytest.mark.parametrize("state,live", [("PENDING", True), ("REQUEUE_HOLD", True),
+                                        ("REQUEUE_FED", True), ("COMPLETING", False)])
+def test_slurm_job_alive_follows_the_one_rule(state, live, monkeypatch):
+    """A requeued Slurm job is still the cached job (it comes back); one that is winding up
+    is not. The rule is slurm.parsing's JobRecord.is_live (no squeue run here)."""
+    from hpcmesh.job import submitit_job
+    from hpcmesh.slurm.parsing import parse_squeue
+
+    job = SubmititJob(meshes={"w": 1}, cluster="slurm")
+    job.resolved_cluster, job.job_ids = "slurm", {"w": "7"}
+    recs = {r.job_id: r for r in parse_squeue(f"7|{state}|None||j|1|0:01|1:00|debug\n")}
+    monkeypatch.setattr(submitit_job, "squeue_jobs", lambda ids, timeout: recs)
+    assert job._is_active() is live
+
+
 def test_bad_executor_parameter_is_reported(tmp_path):
     job = SubmititJob(meshes={"workers": 1}, folder=str(tmp_path), cluster="local",
                       slurm_partitionn="debug")

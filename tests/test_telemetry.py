@@ -24,7 +24,7 @@ import pytest
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import JobTrait, LocalJob
 from hpcmesh.runtime import telemetry_recorder
-from hpcmesh.runtime.telemetry_recorder import Recorder, parse_nvidia_smi
+from hpcmesh.runtime.telemetry_recorder import Recorder
 from hpcmesh.telemetry import TelemetryConfig
 from hpcmesh.telemetry.engine import QueryEngine, TelemetryQueryError
 from hpcmesh.telemetry.schema import TABLES, reference_markdown
@@ -551,17 +551,6 @@ def test_a_store_saved_with_plain_string_columns_still_loads(tmp_path):
     store = TelemetryStore(retention_secs=1e12)
     assert store.load(str(tmp_path)) == 1
     assert store.table("messages").to_pylist() == [row]
-
-
-def test_nvidia_smi_output_is_parsed_and_unreadable_fields_are_none():
-    text = ("0, GPU-1f2e, NVIDIA H200, 37, 1024, 143771\n"
-            "1, GPU-aa00, NVIDIA H200, [N/A], 0, 143771\n"
-            "garbage line\n")
-    gpus = parse_nvidia_smi(text)
-    assert gpus[0] == {"gpu": 0, "uuid": "GPU-1f2e", "name": "NVIDIA H200",
-                       "utilization_percent": 37.0, "memory_used_bytes": 1024 * 2**20,
-                       "memory_total_bytes": 143771 * 2**20}
-    assert gpus[1]["utilization_percent"] is None and len(gpus) == 2
 
 
 def test_store_keeps_its_row_cap_and_retention_and_counts_the_drops(tmp_path):

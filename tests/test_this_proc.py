@@ -9,6 +9,7 @@ import time
 import pytest
 
 from hpcmesh.actor import Actor, SupervisionError, endpoint, this_host, this_proc
+from hpcmesh.runtime.client import client_runtime
 
 _SHARED: list = []      # module state: an actor in this process sees the same list
 
@@ -46,7 +47,13 @@ def test_actors_spawned_on_this_proc_run_in_this_process():
     _SHARED.clear()
     pid, seen = local.where.call_one().get(timeout=10)
     assert pid == os.getpid() and seen == 1 and _SHARED == ["seen"]   # same memory
-    assert pm.stop().get(timeout=10) == {pm._state.records[0].name: 0}
+    # the runtime tracks it (supervision, the admin view) through track_actor_mesh
+    tracked = [st for st in client_runtime().actor_meshes() if st.name == "local"]
+    assert [(st.class_name, st.proc_names) for st in tracked] == [("Local",
+                                                                  [pm.records[0].name])]
+    assert not pm.stopped
+    assert pm.stop().get(timeout=10) == {pm.records[0].name: 0}
+    assert pm.stopped
     with pytest.raises(SupervisionError, match="'local' was stopped: the this_proc\\(\\) mesh"):
         local.incr.call_one().get(timeout=10)
     with pytest.raises(RuntimeError, match="has been stopped"):

@@ -13,7 +13,7 @@ import pytest
 
 from hpcmesh.actor import Actor, attach_to_workers, endpoint
 from hpcmesh.transport.addresses import (Address, parse_address, parse_bind_address,
-                                         split_alias)
+                                         parse_worker_address, split_alias)
 
 
 class Pid(Actor):
@@ -37,6 +37,46 @@ def test_forms_parse_to_what_is_dialled_and_what_is_bound():
         parse_address("tcp://a:1tcp://b:2")
     with pytest.raises(ValueError, match=r"scheme must be tcp://, unix:// or ipc://"):
         parse_address("zmq://a:1")
+
+
+def test_a_worker_address_takes_every_form_that_can_be_dialled():
+    assert parse_worker_address("tcp://[::1]:5") == Address("tcp", host="::1", port=5)
+    assert parse_worker_address("unix:///tmp/x") == Address("unix", path="/tmp/x")
+    assert parse_worker_address("ipc:///tmp/x") == Address("unix", path="/tmp/x")
+    # DIAL@BIND dials DIAL; BIND may be what only a listener means (0, *, fdN)
+    for alias in ("tcp://node7:4444@tcp://0.0.0.0:0", "tcp://n:1@tcp://*:1",
+                  "service<x>@tcp://n:1@tcp://127.0.0.1:fd3"):
+        assert parse_worker_address(alias).scheme == "tcp"
+    assert parse_worker_address("service@tcp://w:4444") == Address("tcp", host="w", port=4444)
+
+
+@pytest.mark.parametrize("addr, fragment", [
+    ("10.0.0.5:26600", "is not a URL; expected tcp://host:port (port 1-65535), unix:///absolute"
+                       "/path or ipc:///absolute/path; Monarch's DIAL@BIND and service@ prefix "
+                       "are taken too (did you mean 'tcp://10.0.0.5:26600'?)"),
+    ("http://10.0.0.5:80", ": unknown scheme 'http'; allowed: tcp, unix, ipc (did you mean 'tcp'?)"),
+    ("tcp://10.0.0.5", " has no port"),
+    ("tcp://10.0.0.5:0", ": port 0 out of range 1-65535"),
+    ("tcp://10.0.0.5:70000", ": bad port '70000'; port must be 1-65535"),
+    ("tcp://10.0.0.5:http", ": bad port 'http'"),
+    ("tcp://10.0.0.5:fd3", ": bad port 'fd3'"),
+    ("tcp://*:26600", ": bad host name '*'"),
+    ("tcp://:26600", " has no host"),
+    ("tcp://a_b c:1", ": bad host name 'a_b c'"),
+    ("tcp://10.0.0.5:1/x", ": unexpected path '/x'"),
+    ("tcp://10.0.0.5:1?x", ": unexpected '?' or '#' part"),
+    ("tcp://u@h:1", ": user names are not allowed"),
+    ("unix://relative.sock", ": unix addresses need an absolute path (three slashes"),
+    ("ipc://tmp/w.sock", ": ipc addresses need an absolute path (three slashes: ipc:///path)"),
+    ("tcp://[fd00::zz]:1", ": bad IPv6 address"),
+    ("tcp://a:0@tcp://0.0.0.0:0", " (the address to dial, 'tcp://a:0'): port 0 out of range"),
+    ("tcp://a:1@zmq://b:1", "the scheme must be tcp://, unix:// or ipc://"),
+])
+def test_a_worker_address_that_cannot_be_dialled_says_why(addr, fragment):
+    with pytest.raises(ValueError) as err:
+        parse_worker_address(addr)
+    assert str(err.value).startswith("bad address" if "zmq" in addr else f"worker {addr!r}")
+    assert fragment in str(err.value), str(err.value)
 
 
 def _worker(tmp_path, listen: str, secret: bytes, **popen) -> tuple[subprocess.Popen, str]:

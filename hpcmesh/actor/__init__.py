@@ -19,7 +19,9 @@ from .returns_future import returns_future
 from .value_mesh import ValueMesh
 from . import concurrent
 from ..runtime.worker import run_worker_loop_forever, run_worker_loop_until_shutdown
-# a module attribute a program replaces (hpcmesh.actor.unhandled_fault_hook = f), as in Monarch
+# a module attribute a program replaces (hpcmesh.actor.unhandled_fault_hook = f), as in Monarch:
+# the runtime reads it from here, at each failure, through the reader registered below
+from ..runtime import supervision as _supervision
 from ..runtime.supervision import unhandled_fault_hook
 
 __all__ = [
@@ -31,6 +33,13 @@ __all__ = [
     "Endpoint", "concurrent_endpoint", "concurrent", "send", "get_or_spawn_controller",
     "shutdown_context", "returns_future", "run_worker_loop_until_shutdown", "as_endpoint",
 ]
+
+
+def _installed_fault_hook():
+    return unhandled_fault_hook
+
+
+_supervision.set_fault_hook_reader(_installed_fault_hook)
 
 
 def __getattr__(name: str):

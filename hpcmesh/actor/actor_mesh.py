@@ -267,6 +267,17 @@ class NotAnEndpoint:
         return f"NotAnEndpoint({self._mesh._state.class_name}.{self._name})"
 
 
+def endpoint_of_plain_method(plain: NotAnEndpoint, prefix: str) -> "Endpoint":
+    """What ``as_endpoint(mesh.method)`` returns: the Endpoint calling ``plain``'s method
+    under ``prefix`` (``actor_host.AS_ENDPOINT`` or ``AS_ENDPOINT_PORT``), one per mesh view
+    and prefix, as ``mesh.endpoint`` is one per view."""
+    mesh, name = plain._mesh, prefix + plain._name
+    ep = mesh.__dict__.get(name)
+    if ep is None:
+        ep = mesh.__dict__[name] = Endpoint(mesh, name)
+    return ep
+
+
 class Endpoint(Generic[P, R]):
     """``mesh.method``: the ways to call one endpoint on a mesh. ``Endpoint[P, R]`` for a
     method ``(self, *P) -> R`` (or ``-> Awaitable[R]``), what ``@endpoint`` makes of it."""

@@ -12,7 +12,7 @@ from ..runtime import actor_host
 from ..runtime.actor_host import AS_ENDPOINT, AS_ENDPOINT_PORT, ENDPOINT_ATTR, EndpointInfo
 from ..runtime.messages import ANSWERED_THROUGH_PORT
 from ..shapes import MESH_ATTRIBUTE_NAMES, MeshTrait
-from .actor_mesh import Endpoint, NotAnEndpoint
+from .actor_mesh import Endpoint, NotAnEndpoint, endpoint_of_plain_method
 from .channel import Port
 
 P = ParamSpec("P")
@@ -160,12 +160,8 @@ def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None,
             f"(as_endpoint(mesh.method)), got {type(not_an_endpoint).__name__}"
             + ("; it is an endpoint already: call it directly"
                if isinstance(not_an_endpoint, Endpoint) else ""))
-    mesh = not_an_endpoint._mesh
-    name = (AS_ENDPOINT_PORT if explicit_response_port else AS_ENDPOINT) + not_an_endpoint._name
-    ep = mesh.__dict__.get(name)     # one per mesh view and kind, as mesh.endpoint is
-    if ep is None:
-        ep = mesh.__dict__[name] = Endpoint(mesh, name)
-    return ep
+    return endpoint_of_plain_method(
+        not_an_endpoint, AS_ENDPOINT_PORT if explicit_response_port else AS_ENDPOINT)
 
 
 def check_endpoint_names(cls: type) -> None:

@@ -14,8 +14,8 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Self
 
 from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime import telemetry_recorder as _tel
@@ -26,9 +26,9 @@ from ..runtime.introspect import ADMIN_URL_VARS
 from ..runtime.node import NodeRef
 from ..runtime.spans import start_span
 from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
-from ..shapes import Extent, MeshTrait, Point, Shape
+from ..shapes import Extent, MeshTrait, Point, Shape, point_label
 from ..transport import tls
-from ..transport.addresses import parse_address
+from ..transport.addresses import parse_worker_address
 from ..transport.handshake import HandshakeBusy, HandshakeError
 from .controllers import offer_controllers
 from .mesh_view import chain, spawning_actor
@@ -59,6 +59,20 @@ class HostMesh(MeshTrait):
         self._shape = shape
         self.name = name
         self._python: str | None = None     # see with_python_executable
+
+    @classmethod
+    def from_hosts(cls, hosts: Sequence[HostRef], name: str = "hosts", **kw: Any) -> Self:
+        """The 1-D mesh ``{"hosts": len(hosts)}`` over ``hosts`` in their order (Monarch's
+        one dimension, whatever the mesh is called): how every job kind, attach and mount
+        makes one. A subclass gets its own keywords through ``kw``."""
+        hosts = list(hosts)
+        if not hosts:
+            raise ValueError(f"host mesh {name!r} needs at least one host; got none")
+        bad = [h for h in hosts if not isinstance(h, HostRef)]
+        if bad:
+            raise TypeError(f"host mesh {name!r} is made of HostRefs (a mesh's .refs); got "
+                            f"{type(bad[0]).__name__} {bad[0]!r}")
+        return cls(hosts, Shape.from_extent(Extent({"hosts": len(hosts)})), name, **kw)
 
     def _new_with_shape(self, shape: Shape) -> "HostMesh":
         mesh = HostMesh(self._hosts, shape, self.name)
@@ -149,14 +163,14 @@ class HostMesh(MeshTrait):
                 cmd = default_bootstrap_cmd(self.__dict__.get("_python"))
             if not isinstance(cmd, BootstrapCommand):
                 raise TypeError(f"bootstrap_command must be a BootstrapCommand or a callable "
-                                f"returning one; for {_label(point)} got {type(cmd).__name__}")
+                                f"returning one; for {point_label(point)} got {type(cmd).__name__}")
             host = self._hosts[host_ranks[i // per]]
             rec = ProcRecord(f"{mesh_name}-{uid}-{i}", mesh_name, point, host.agent,
-                             _label(point), forward_logs=forward_logs, owner=owner)
+                             point_label(point), forward_logs=forward_logs, owner=owner)
             rec.host = host.hostname
             records.append(rec)
             rt.procs[rec.name] = rec
-            by_host.setdefault(i // per, []).append((rec.name, cmd, _label(point), i))
+            by_host.setdefault(i // per, []).append((rec.name, cmd, point_label(point), i))
         first_agent = self._hosts[host_ranks[0]].agent
 
         launched = Future()
@@ -173,8 +187,8 @@ class HostMesh(MeshTrait):
                 host = self._hosts[host_ranks[hi]]
                 recs = [r for r in records if r.agent == host.agent]
                 try:
-                    reqs = [(n, c, lbl, _mesh_env(member_places[i], master, binding))
-                            for n, c, lbl, i in reqs]
+                    reqs = [(n, c, lbl, _mesh_env(member_places[i], master, binding),
+                             forward_logs) for n, c, lbl, i in reqs]
                     f = node.rpc(host.agent, "spawn_procs", reqs, node.ref, rt.events,
                                  rt.secret.hex(), rt.lease_grace, f"{mesh_name}-{uid}")
                 except BaseException as e:  # noqa: BLE001 - fail these procs, never hang them
@@ -292,10 +306,6 @@ def _mesh_env(place: MemberPlace, master: tuple[str, int] | None,
             BINDING_VAR: binding, **admin}    # admin URL, telemetry: for other hosts too
 
 
-def _label(point: Point) -> str:
-    return ",".join(f"{k}={v}" for k, v in point.items()) or "0"
-
-
 def this_host() -> HostMesh:
     """The local host as a HostMesh with no dimensions."""
     rt = client_runtime()
@@ -331,14 +341,14 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
     hosts = []
 
     for addr in workers:
-        parse_address(addr)        # a malformed URL: ValueError naming it and the forms
+        parse_worker_address(addr)   # ValueError naming the URL, the fault and the forms
 
     async def connect_all():
         async def dial(addr: str):
             # An agent at its cap of connections in their handshake (a flood, many
-            # clients at once) turns new ones away (HandshakeBusy; a reset when it closed
-            # them unread): that is "busy", so try again until the timeout; every other
-            # error is final.
+            # clients at once) turns new ones away: dial() tries again on its BUSY; a reset
+            # (it closed us unread) is "busy" too, so try again until the timeout; every
+            # other error is final.
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             pause = 0.05
@@ -346,7 +356,7 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
                 left = deadline - loop.time()
                 try:
                     return await node.connect(addr, timeout=max(0.1, left), secret=secret)
-                except (ConnectionResetError, HandshakeBusy):
+                except ConnectionResetError:
                     if loop.time() + pause >= deadline:
                         raise
                 await asyncio.sleep(pause)
@@ -356,8 +366,7 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
             try:
                 conn = await dial(addr)
             except HandshakeBusy as e:
-                raise ConnectionError(f"cannot attach to host agent at {addr}: {e}; still "
-                                      f"busy after {timeout} s") from None
+                raise ConnectionError(f"cannot attach to host agent at {addr}: {e}") from None
             except HandshakeError as e:
                 raise ConnectionError(f"cannot attach to host agent at {addr}: {e} (was it "
                                       f"started with this job's secret?)") from None
@@ -374,6 +383,4 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
                 raise ConnectionError(f"{addr} is a {info.get('role')!r} node, not a host agent")
             return HostRef(NodeRef(conn.info["peer_id"], (addr,)), info.get("host", addr), secret)
         return await asyncio.gather(*(one(a) for a in workers))
-    hosts = node.run_sync(connect_all(), timeout + 5)
-    # as Monarch's: one "hosts" dimension, whatever the mesh is called
-    return HostMesh(list(hosts), Shape.from_extent(Extent({"hosts": len(hosts)})), name)
+    return HostMesh.from_hosts(node.run_sync(connect_all(), timeout + 5), name)

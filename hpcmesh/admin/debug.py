@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, TextIO
 
 from ..runtime.client import ClientRuntime, client_runtime
+from ..shapes import point_label
 from .token_http import request_json
 
 #: A paused endpoint's session, as listed: process, host, pid, mesh, rank, point, session.
@@ -45,7 +46,7 @@ def send_to(rt: ClientRuntime, process: str, session: int, line: str | None,
 
 
 def describe(s: Session) -> str:
-    point = ",".join(f"{k}={v}" for k, v in (s.get("point") or {}).items()) or s.get("rank")
+    point = point_label(s["point"]) if s.get("point") is not None else s.get("rank")
     return (f"{s.get('mesh')}[{point}] ({s.get('actor_class')}) on {s.get('host')} pid "
             f"{s.get('pid')}, session {s['session']}")
 

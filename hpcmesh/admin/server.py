@@ -59,7 +59,7 @@ def collect_tree(rt: ClientRuntime, timeout: float = LOOP_TIMEOUT_S) -> dict:
             reported[name] = None
     meshes = [{"actor_id": st.actor_id, "name": st.name, "class": st.class_name,
                "proc_names": list(st.proc_names)}
-              for st in list(getattr(rt, "actor_meshes", {}).values())]
+              for st in rt.actor_meshes()]
     return build_tree(procs, reported, meshes)
 
 

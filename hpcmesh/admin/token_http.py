@@ -8,25 +8,33 @@ The token is in the URL the job hands out (``state().admin_url`` and the like), 
 a log: request lines are not logged, and where a log names a URL it shows
 :func:`redacted`.
 
-Anyone on the host can connect, though, token or not. So what a connection may cost the
-controller is bounded before its token is checked: at most ``max_connections`` are served
-at once, each by its own thread; past that a connection is answered 503 at once and
-closed by the accepting thread (no thread, no wait). A request head must arrive, whole,
-within ``head_timeout`` seconds of the connection and ``max_head`` bytes (a client that
-sends it a byte at a time is cut then); once the token checks out, the body and the answer
-get ``body_timeout``. One request per connection (HTTP/1.0): none stays open idle after
-its answer. The job's own work does not go through these servers, and they take from it
-at most a bounded number of threads and file descriptors.
+Anyone on the host can connect, though, token or not, and must not be able to keep the
+token's holder out. So no connection gets a thread before its token is checked: one thread,
+the gate, accepts every connection and reads its request head (non-blocking, all of them
+at once). A head must arrive, whole, within ``head_timeout`` seconds of the connection
+and ``max_head`` bytes (one sent a byte at a time is cut then). At most ``max_arriving``
+connections are read at once, each holding a descriptor and no thread; at that many, a new
+one pushes out the oldest (answered 503): another user holding connections open, idle or
+slow, only ever keeps connections of their own waiting, while a client that sends its head
+as it connects (any HTTP client does) is read at once. A head without the token is answered
+401 by the gate and closed. One with it is served on a thread of its own, at most
+``max_connections`` at once (503 past that: only token holders get there); its body and
+answer get ``body_timeout``. One request per connection (HTTP/1.0): none stays open idle
+after its answer. The job's own work does not go through these servers, and they take
+from it at most a bounded number of threads and file descriptors.
 """
 
 from __future__ import annotations
 
 import errno
 import hmac
+import http.client
 import io
 import json
 import logging
+import re
 import secrets
+import selectors
 import socket
 import sys
 import threading
@@ -88,11 +96,13 @@ def request_json(url: str, path: str, doc: Any = None, *, timeout: float = 60.0,
 
 
 class _TimedReader(io.RawIOBase):
-    """The raw stream under a handler's ``rfile``: every read ends by the connection's
-    current deadline and within its byte budget, however the client paces its bytes."""
+    """The raw stream under a handler's ``rfile``: first what the gate read already, then
+    the socket, every read ending by the connection's current deadline and within its byte
+    budget, however the client paces its bytes."""
 
-    def __init__(self, sock: socket.socket, seconds: float, budget: int, what: str):
-        self.sock = sock
+    def __init__(self, sock: socket.socket, read: bytes, seconds: float, budget: int,
+                 what: str):
+        self.sock, self.read_ahead = sock, memoryview(read)
         self.limit(seconds, budget, what)
 
     def limit(self, seconds: float, budget: int, what: str) -> None:
@@ -103,6 +113,11 @@ class _TimedReader(io.RawIOBase):
         return True
 
     def readinto(self, buf) -> int:
+        if self.read_ahead:
+            n = min(len(buf), len(self.read_ahead))
+            buf[:n] = self.read_ahead[:n]
+            self.read_ahead = self.read_ahead[n:]
+            return n
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"{self.what} not in within {self.seconds:g} s")
@@ -112,6 +127,16 @@ class _TimedReader(io.RawIOBase):
         n = self.sock.recv_into(buf, min(len(buf), self.budget))
         self.budget -= n
         return n
+
+
+def carries_token(query: dict, headers: Any, token: str) -> bool:
+    """Whether a request carries ``token``: ``Authorization: Bearer <token>`` in
+    ``headers`` or ``token=<token>`` in its parsed ``query``."""
+    want = token.encode()
+    got = headers.get("Authorization", "")
+    if got.startswith("Bearer ") and hmac.compare_digest(got[7:].strip().encode(), want):
+        return True
+    return any(hmac.compare_digest(value.encode(), want) for value in query.get("token", []))
 
 
 class TokenHandler(BaseHTTPRequestHandler):
@@ -124,8 +149,9 @@ class TokenHandler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.rfile.close()      # read through the deadline instead
-        self._reader = _TimedReader(self.connection, self.server.head_timeout,
-                                    self.server.max_head, "the request head")
+        self._reader = _TimedReader(self.connection, self.server.read_ahead(self.connection),
+                                    self.server.head_timeout, self.server.max_head,
+                                    "the request head")
         self.rfile = io.BufferedReader(self._reader)
 
     def parse_request(self) -> bool:
@@ -149,12 +175,7 @@ class TokenHandler(BaseHTTPRequestHandler):
             return None
 
     def _authorized(self, query: dict) -> bool:
-        token = self.server.token.encode()
-        got = self.headers.get("Authorization", "")
-        if got.startswith("Bearer ") and hmac.compare_digest(got[7:].strip().encode(), token):
-            return True
-        return any(hmac.compare_digest(value.encode(), token)
-                   for value in query.get("token", []))
+        return carries_token(query, self.headers, self.server.token)
 
     def send_bytes(self, code: int, body: bytes, content_type: str | None) -> None:
         self.connection.settimeout(self.server.body_timeout)
@@ -228,26 +249,51 @@ class TokenHandler(BaseHTTPRequestHandler):
     do_PUT = do_DELETE = do_PATCH = do_HEAD = _not_allowed  # noqa: N815
 
 
-#: What a connection past the cap gets, from the accepting thread, before it is closed.
+#: What a connection past a cap gets before it is closed.
 _BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nServer: hpcmesh\r\nRetry-After: 1\r\n"
          b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+#: The blank line that ends a request head (a bare LF ends lines too, as http.server reads).
+_HEAD_END = re.compile(rb"\n\r?\n")
+
+
+def _bare(code: int, reason: str) -> bytes:
+    """A bodiless answer the gate sends itself (401 without the token, 400 unparseable)."""
+    return (f"HTTP/1.0 {code} {reason}\r\nServer: hpcmesh\r\nContent-Length: 0\r\n"
+            f"Cache-Control: no-store\r\nConnection: close\r\n\r\n").encode()
+
+
+class _Arriving:
+    """A connection whose request head is still coming in (no thread: the gate reads it)."""
+    __slots__ = ("sock", "peer", "head", "deadline")
+
+    def __init__(self, sock: socket.socket, peer: Any, deadline: float):
+        self.sock, self.peer, self.head, self.deadline = sock, peer, bytearray(), deadline
 
 
 class TokenServer(HTTPServer):
     """``addr`` (``host:port``; None: loopback, any free port), served from a daemon
     thread; ``token``: a new one unless given (servers of one job may share one)."""
-    #: Connections served at once (a thread each); past it: 503. A job's own clients (a
-    #: browser, ``hpcmesh top``, a few scripts) need a handful.
+    #: Requests with the token served at once (a thread each); past it: 503. A job's own
+    #: clients (a browser, ``hpcmesh top``, a few scripts) need a handful.
     max_connections = 32
+    #: Connections whose head is still coming in; at this many, a new one pushes out the
+    #: oldest (answered 503). Each holds a descriptor, no thread.
+    max_arriving = 128
     #: Seconds for a connection's whole request head, bytes it may take.
     head_timeout = 5.0
     max_head = 64 * 1024
     #: Seconds for the body and for the answer once the token checked out; the body's size.
     body_timeout = 30.0
     max_body = 1 << 20
-    #: The listen backlog: connections the kernel holds until they are accepted (and,
-    #: past the cap, answered 503) instead of dropping them.
-    request_queue_size = 128
+    #: The listen backlog: connections the kernel holds until the gate accepts them (it
+    #: takes at most net.core.somaxconn, 4096 by default). Large, because a connection
+    #: the kernel cannot queue is dropped and its client tries again only 1 s, then 3 s,
+    #: later: another user's connections beyond what the gate holds wait here, in the
+    #: kernel's memory, rather than crowd out the token holder's. Their own count of
+    #: descriptors bounds them.
+    request_queue_size = 4096
+    #: Connections accepted in one turn of the gate before it reads what came in.
+    _accept_batch = 256
 
     def __init__(self, handler: type[TokenHandler], addr: str | None, *,
                  token: str | None = None, name: str = "hpcmesh-http"):
@@ -258,30 +304,146 @@ class TokenServer(HTTPServer):
         super().__init__((host, port), handler)
         self.addr = addr
         self.token = token or secrets.token_urlsafe(32)
-        self._thread = threading.Thread(target=self.serve_forever, name=name, daemon=True)
+        self.socket.setblocking(False)
+        self._arriving: dict[socket.socket, _Arriving] = {}   # oldest first
+        self._read_ahead: dict[socket.socket, bytes] = {}      # head (+ body) the gate read
+        self._closing = False
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self.socket, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._thread = threading.Thread(target=self._gate, name=name, daemon=True)
         self._thread.start()
 
-    def get_request(self) -> tuple[socket.socket, Any]:
+    # -- the gate: one thread reads every request head, and admits those with the token ---
+    def _gate(self) -> None:
         try:
-            return super().get_request()
-        except OSError as e:
-            # out of descriptors (the rest of the process, or the system): the pending
-            # connection stays readable, and retrying at once would spin a core
-            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                time.sleep(0.1)
-            raise
+            while not self._closing:
+                timeout = None
+                if self._arriving:
+                    oldest = next(iter(self._arriving.values()))
+                    timeout = max(0.0, oldest.deadline - time.monotonic())
+                for key, _ in self._selector.select(timeout):
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._wake_r.recv(64)
+                    elif key.fileobj in self._arriving:     # (not dropped in this turn)
+                        try:
+                            self._read(key.data)
+                        except Exception as e:  # noqa: BLE001 - that connection's end only
+                            log.debug("%s: a request head failed: %r", self.name, e)
+                            if key.fileobj in self._arriving:
+                                self._drop(key.data, None)
+                now = time.monotonic()
+                while self._arriving:
+                    oldest = next(iter(self._arriving.values()))
+                    if oldest.deadline > now:
+                        break
+                    log.debug("%s: a request head not in within %g s: cut", self.name,
+                              self.head_timeout)
+                    self._drop(oldest, None)
+        finally:
+            for conn in list(self._arriving.values()):
+                self._drop(conn, None)
 
-    def process_request(self, request: socket.socket, client_address: Any) -> None:
-        """Serve the connection from its own thread if a slot is free, else refuse it."""
-        if not self._slots.acquire(blocking=False):
-            self._refuse(request)
-            return
+    def _accept(self) -> None:
+        for _ in range(self._accept_batch):
+            try:
+                sock, peer = self.socket.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # out of descriptors: give up the oldest arriving connection's, or,
+                    # with none (the rest of the process holds them), wait rather than
+                    # spin on a connection that stays pending
+                    if self._arriving:
+                        self._drop(next(iter(self._arriving.values())), _BUSY)
+                        continue
+                    time.sleep(0.1)
+                return
+            sock.setblocking(False)
+            if len(self._arriving) >= self.max_arriving:
+                self._drop(next(iter(self._arriving.values())), _BUSY)
+            conn = _Arriving(sock, peer, time.monotonic() + self.head_timeout)
+            self._arriving[sock] = conn
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._read(conn)    # a client's head is usually in already: no turn to wait
+
+    def _read(self, conn: _Arriving) -> None:
+        seen = len(conn.head)
         try:
-            threading.Thread(target=self._serve, args=(request, client_address),
+            data = conn.sock.recv(self.max_head + 4096 - seen)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn, None)
+            return
+        conn.head += data
+        end = _HEAD_END.search(conn.head, max(0, seen - 2))
+        if end is None or end.end() > self.max_head:
+            if end is not None or len(conn.head) >= self.max_head:
+                log.debug("%s: a request head over %d bytes: cut", self.name, self.max_head)
+                self._drop(conn, None)
+            return
+        self._release(conn)
+        self._admit(conn.sock, conn.peer, bytes(conn.head[:end.end()]), bytes(conn.head))
+
+    def _admit(self, sock: socket.socket, peer: Any, head: bytes, read: bytes) -> None:
+        """A whole head is in: a thread to serve it if it carries the token (and one is
+        free), else the gate's own short answer."""
+        answer = None
+        try:
+            line, _, rest = head.partition(b"\n")
+            words = line.decode("iso-8859-1").split()
+            headers = http.client.parse_headers(io.BytesIO(rest))
+            query = parse_qs(urlsplit(words[1] if len(words) > 1 else "").query)
+            if not carries_token(query, headers, self.token):
+                answer = _bare(401, "Unauthorized")
+        except (ValueError, http.client.HTTPException):
+            answer = _bare(400, "Bad Request")
+        if answer is None and not self._slots.acquire(blocking=False):
+            answer = _BUSY
+        if answer is not None:
+            self._send_and_close(sock, answer)
+            return
+        sock.settimeout(self.body_timeout)     # (the handler's reads set their own)
+        self._read_ahead[sock] = read
+        try:
+            threading.Thread(target=self._serve, args=(sock, peer),
                              name=f"{self.name}-request", daemon=True).start()
         except RuntimeError:        # no thread to be had
+            self._read_ahead.pop(sock, None)
             self._slots.release()
-            self._refuse(request)
+            sock.setblocking(False)
+            self._send_and_close(sock, _BUSY)
+
+    def _release(self, conn: _Arriving) -> None:
+        del self._arriving[conn.sock]
+        self._selector.unregister(conn.sock)
+
+    def _drop(self, conn: _Arriving, answer: bytes | None) -> None:
+        self._release(conn)
+        if answer is None:
+            self.shutdown_request(conn.sock)
+        else:
+            self._send_and_close(conn.sock, answer)
+
+    def _send_and_close(self, sock: socket.socket, answer: bytes) -> None:
+        try:
+            sock.send(answer)       # a socket's empty buffer takes it, or it is lost
+        except OSError:
+            pass
+        self.shutdown_request(sock)
+
+    def read_ahead(self, sock: socket.socket) -> bytes:
+        """What the gate read of ``sock`` (its head, perhaps part of its body): the
+        handler's stream starts with it."""
+        return self._read_ahead.pop(sock, b"")
 
     def _serve(self, request: socket.socket, client_address: Any) -> None:
         try:
@@ -291,14 +453,6 @@ class TokenServer(HTTPServer):
         finally:
             self.shutdown_request(request)
             self._slots.release()
-
-    def _refuse(self, request: socket.socket) -> None:
-        try:
-            request.setblocking(False)      # a new socket's buffer takes it, or it is lost
-            request.send(_BUSY)
-        except OSError:
-            pass
-        self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("%s: a connection ended: %s", self.name, sys.exc_info()[1])
@@ -312,5 +466,16 @@ class TokenServer(HTTPServer):
         return f"http://{shown}:{port}/?token={self.token}"
 
     def close(self) -> None:
-        self.shutdown()
+        """Stop the gate (the connections still arriving are closed), then the socket;
+        requests already admitted finish on their threads."""
+        self._closing = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
         self.server_close()

@@ -13,6 +13,7 @@ import time
 import urllib.error
 from typing import Any
 
+from ..shapes import point_label
 from .token_http import request_json
 
 RATE_WINDOW_S = 5
@@ -41,7 +42,7 @@ def process_rows(tree: dict, rates: dict[str, float] | None = None) -> list[dict
 
 def _point_label(point: Any) -> str:
     if isinstance(point, dict):
-        return ",".join(f"{k}={v}" for k, v in point.items()) or "0"
+        return point_label(point)
     return "?" if point is None else str(point)
 
 

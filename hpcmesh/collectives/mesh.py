@@ -21,6 +21,8 @@ from typing import Any, Union
 
 import torch
 import torch.distributed as dist
+
+from ..runtime.torch_store import tcp_store
 from ..settings import (COLLECTIVE_TIMEOUT_VAR, DEFAULT_COLLECTIVE_TIMEOUT_S,
                         MAX_COLLECTIVE_TIMEOUT_S, collective_timeout, env_flag)
 from . import world as world_mod
@@ -158,14 +160,8 @@ class MeshCollectives:
                 )
             master = self.rank == 0
             try:
-                self._store = dist.TCPStore(
-                    str(rdv.addr),
-                    int(rdv.port),
-                    self.world_size,
-                    is_master=master,
-                    timeout=self.timeout,
-                    wait_for_workers=False,
-                )
+                self._store = tcp_store(rdv.addr, rdv.port, master=master,
+                                        world_size=self.world_size, timeout=self.timeout)
             except Exception as e:  # RuntimeError / DistNetworkError / DistStoreError
                 what = "serve" if master else "connect to"
                 raise CollectiveError(

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from ..runtime.torch_store import tcp_store
 from ..runtime.torchrun_env import WORLD_ID_VAR
 from .errors import CollectiveError
 
@@ -111,8 +112,8 @@ def elastic_world(rank: int, size: int, timeout: timedelta):
         # members that form the world either way meet; a world formed again after a
         # destroy must not read the earlier one's keys
         prefix = "default_pg" if generation == 1 else f"hpcmesh.world/{generation}"
-        return dist.PrefixStore(prefix, dist.TCPStore(addr, port, size, is_master=False,
-                                                      timeout=timeout))
+        return dist.PrefixStore(prefix, tcp_store(addr, port, master=False, world_size=size,
+                                                  timeout=timeout))
     return f"elastic:{env[WORLD_ID_VAR]}", store
 
 

@@ -27,6 +27,7 @@ import time
 import weakref
 from typing import Any, Sequence
 
+from ..log_tail import log_tail
 from ..private_files import private_dir
 from ..settings import env_number
 from ..slurm.parsing import (Allocation, SlurmParseError, clean_env_for_nested_srun,
@@ -36,7 +37,7 @@ from .progress import Progress
 from .start_limits import check_seconds
 from . import slurmctl
 from .slurm import (SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, agent_command, agent_token,
-                    client_attach_addresses, make_host_mesh)
+                    client_attach_addresses)
 from .slurmctl import SlurmError
 
 log = logging.getLogger("hpcmesh.job.allocation")
@@ -168,7 +169,7 @@ class SlurmAllocation(JobTrait):
                 raise SlurmJobFailed(
                     f"the srun step starting host agents in allocation {alloc.job_id} exited "
                     f"with status {code} after {waiter.attached} of {n} agents attached; "
-                    f"srun log: {self.srun_log}\n{slurmctl.tail(self.srun_log)}")
+                    f"srun log: {self.srun_log}\n{log_tail(self.srun_log, 15)}")
             progress.show((waiter.attached,), f"allocation {alloc.job_id}: {waiter.attached}/{n}"
                           f" hosts attached {time.monotonic() - mono0:.1f}s")
         try:
@@ -178,7 +179,7 @@ class SlurmAllocation(JobTrait):
             raise SlurmStartTimeout(
                 f"only {waiter.attached} of {n} host agents in allocation {alloc.job_id} "
                 f"attached within {self.timeout:.0f} s; the step was stopped; srun log: "
-                f"{self.srun_log}\n{slurmctl.tail(self.srun_log)}") from None
+                f"{self.srun_log}\n{log_tail(self.srun_log, 15)}") from None
         except BaseException:
             self._stop_step()
             raise
@@ -193,7 +194,7 @@ class SlurmAllocation(JobTrait):
         hosts = getattr(self, "_live_hosts", None)
         if not hosts:
             raise SlurmError("this SlurmAllocation has no running host agents; call apply()")
-        return {self.mesh_name: make_host_mesh(hosts, self.mesh_name, job=self)}
+        return {self.mesh_name: SlurmHostMesh.from_hosts(hosts, self.mesh_name, job=self)}
 
     def _is_active(self) -> bool:
         proc = getattr(self, "_live_srun", None)

@@ -12,10 +12,9 @@ import threading
 import time
 from typing import Callable
 
-from ..actor.host_mesh import HostMesh, HostRef
+from ..actor.host_mesh import HostRef
 from ..runtime.client import client_runtime
 from ..runtime.node import NodeRef
-from ..shapes import Extent, Shape
 from ..errors import HpcmeshError
 
 
@@ -41,6 +40,14 @@ class AttachWaiter:
             self.hosts[ref.node_id] = (info.get("host", "?"), ref, info)
             self._cond.notify_all()
 
+    def stop(self) -> None:
+        """Stop collecting hellos (``wait`` does when it returns or raises; a launch that
+        fails before it waits must, or the node would keep calling this waiter)."""
+        try:
+            self.node.on_peer_hello.remove(self._on_hello)
+        except ValueError:
+            pass
+
     @property
     def attached(self) -> int:
         return len(self.hosts)
@@ -65,14 +72,7 @@ class AttachWaiter:
                 if poll is not None:
                     poll()
         finally:
-            try:
-                self.node.on_peer_hello.remove(self._on_hello)
-            except ValueError:
-                pass
+            self.stop()
         entries = sorted(self.hosts.values(),
                          key=lambda e: (int(e[2].get("slurm_nodeid") or 0), e[0]))
         return [HostRef(ref, host) for host, ref, info in entries]
-
-
-def host_mesh(hosts: list[HostRef], dim: str = "hosts", name: str = "hosts") -> HostMesh:
-    return HostMesh(hosts, Shape.from_extent(Extent({dim: len(hosts)})), name)

@@ -80,6 +80,9 @@ class JobTrait(ABC):
     #: Does ``kill()`` end the host agents (and so every process on them)? Not for a job
     #: whose hosts outlive it (LocalJob: this host).
     kill_ends_processes = True
+    #: The host agents of the meshes ``state()`` last connected to, to tell the runtime at
+    #: ``kill()`` that their processes end on purpose (a ``_live`` name: never pickled).
+    _live_agent_ids: set[str]
 
     def __init__(self):
         self.apply_id: str | None = None
@@ -277,6 +280,11 @@ class JobTrait(ABC):
         declared made or refreshed, and the services ``enable_*`` asked for started."""
         meshes, mounted = self._apply_mounts(meshes)
         return JobState(meshes, **mounted, **self._start_services(meshes, cached_path))
+
+    def running_state(self) -> JobState:
+        """The JobState of this job as it runs now: its HostMeshes connected to, with no
+        apply and no mounts or services set up (``hpcmesh exec`` into the current job)."""
+        return JobState(self._state())
 
     def kill(self) -> None:
         """End the job. What this client started on its hosts ends with it, on purpose: no

@@ -20,7 +20,9 @@ Each run sees, besides the host's environment:
 
 With ``output_dir`` the output goes to files on the worker host: ``stdout`` and
 ``stderr`` inside ``output_dir`` when it contains ``$SUBDIR`` (one directory per
-member), else ``<subdir>.stdout`` / ``<subdir>.stderr`` in ``output_dir``.
+member), else ``<subdir>.stdout`` / ``<subdir>.stderr`` in ``output_dir``. The folder
+must be ours and not writable by others (made 0700 when missing), the files are made anew
+(0600) and no symlink there is followed: see ``BashActor._open_outputs``.
 Without it, output reaches the controller: through the usual log forwarding
 (lines prefixed ``[hosts=0]``), or line by line to ``on_output`` when given.
 
@@ -40,11 +42,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.channel import Port
 from ..actor.endpoint import Actor, endpoint
+from ..private_files import create_file
+from ..private_files.modules import run_module_argv
 from ..runtime.client import client_runtime
 from ..runtime.context import context
 from ..runtime.future import Future
 from ..runtime.gpu_binding import BINDING_VAR, choose_binding, gpu_env
-from ..shapes import Extent, Point, subdir_for
+from ..shapes import Extent, Point, point_label, subdir_for
 
 __all__ = ["BashActor", "exec_command", "exec_python", "subdir_for", "point_label"]
 
@@ -55,11 +59,6 @@ _PRIVATE_VARS = ("HPCMESH_SECRET", "HPCMESH_SECRET_FILE", "HPCMESH_BOOTSTRAP_MOD
 
 #: How many lines ``run_streaming`` batches into one message at most.
 _BATCH_LINES = 256
-
-
-def point_label(coords: Mapping[str, int]) -> str:
-    """``{"hosts": 0, "gpus": 1}`` -> ``hosts=0,gpus=1``; ``0`` for no dimensions."""
-    return ",".join(f"{d}={c}" for d, c in coords.items()) or "0"
 
 
 def _exit_code(returncode: int) -> int:
@@ -138,11 +137,30 @@ class BashActor(Actor):
         path = os.path.expanduser(path)
         if workdir and not os.path.isabs(path):
             path = os.path.join(workdir, path)
-        os.makedirs(path, exist_ok=True)
         if templated:
             return os.path.join(path, "stdout"), os.path.join(path, "stderr")
         return (os.path.join(path, f"{self.subdir}.stdout"),
                 os.path.join(path, f"{self.subdir}.stderr"))
+
+    @staticmethod
+    def _open_outputs(files: tuple[str, str] | None) -> list:
+        """The output files, new (0600, replacing a file of an earlier run), in their folder
+        (made 0700 when missing), which must be ours and not writable by others, and with
+        no symlink followed: on a shared node another user could have put a link there, to
+        a file of ours they want overwritten, or made the folder to read what we write
+        (``private_files.create_file``; its error names the path, the owner and mode)."""
+        if files is None:
+            return [None, None]
+        sinks: list = []
+        try:
+            for f in files:
+                sinks.append(os.fdopen(create_file(f, what="hpcmesh exec's output file",
+                                                   replace=True), "wb"))
+        except BaseException:
+            for sink in sinks:
+                sink.close()
+            raise
+        return sinks
 
     def _check_workdir(self, workdir: str | None) -> str | None:
         if workdir is None:
@@ -186,7 +204,8 @@ class BashActor(Actor):
                       file=sys.stderr, flush=True)
                 return proc
             return self._wait(proc)
-        with open(files[0], "wb") as out, open(files[1], "wb") as err:
+        out, err = self._open_outputs(files)
+        with out, err:
             proc = self._spawn(argv, self._env(env), wd, out, err)
             if isinstance(proc, int):
                 err.write(f"hpcmesh exec: {argv[0]}: command not found or not executable\n"
@@ -199,7 +218,8 @@ class BashActor(Actor):
                    env: Mapping[str, str | None] | None = None, workdir: str | None = None,
                    output_dir: str | None = None) -> int:
         """Run a Python script (a path ending in ``.py`` or an existing file) or module
-        (``-m``) with this process's interpreter."""
+        (as ``-m`` would, with the working directory's modules found last and checked:
+        ``private_files.modules``) with this process's interpreter."""
         return self.run(_python_argv(script_or_module, args, workdir), env, workdir, output_dir)
 
     @endpoint
@@ -211,14 +231,13 @@ class BashActor(Actor):
         sent before the exit code is returned."""
         wd = self._check_workdir(workdir)
         argv = self._argv(cmd)
-        files = self._output_files(output_dir, wd)
-        proc = self._spawn(argv, self._env(env), wd, subprocess.PIPE, subprocess.PIPE)
-        if isinstance(proc, int):
-            port.send((self.label, "stderr",
-                       [f"hpcmesh exec: {argv[0]}: command not found or not executable"]))
-            return proc
-        sinks = [open(f, "wb") for f in files] if files else [None, None]
+        sinks = self._open_outputs(self._output_files(output_dir, wd))
         try:
+            proc = self._spawn(argv, self._env(env), wd, subprocess.PIPE, subprocess.PIPE)
+            if isinstance(proc, int):
+                port.send((self.label, "stderr",
+                           [f"hpcmesh exec: {argv[0]}: command not found or not executable"]))
+                return proc
             pumps = [threading.Thread(target=_pump, args=(pipe, name, sink, port, self.label),
                                       daemon=True)
                      for pipe, name, sink in ((proc.stdout, "stdout", sinks[0]),
@@ -300,7 +319,7 @@ def _python_argv(script_or_module: str, args: Sequence[str], workdir: str | None
         path = os.path.join(workdir, path)
     if script_or_module.endswith(".py") or os.path.isfile(os.path.expanduser(path)):
         return [sys.executable, script_or_module, *map(str, args)]
-    return [sys.executable, "-m", script_or_module, *map(str, args)]
+    return run_module_argv(script_or_module, args)
 
 
 # ---------------------------------------------------------------------------------------
@@ -386,7 +405,7 @@ def exec_command(host_mesh, cmd: str | Sequence[str], env: Mapping[str, str | No
 
     def finished(f: Future) -> None:
         exc = f.exception()
-        value = None if exc is not None else max(f._value.values(), default=0)
+        value = None if exc is not None else max(f.value().values(), default=0)
 
         def stopped(_s: Future) -> None:
             if port_ref is not None:
@@ -408,9 +427,10 @@ def _python_argv_remote(script_or_module: str, args: Sequence[str]) -> list[str]
     if dashed is not None:
         return ["bash", "-c", f'exec "$HPCMESH_PYTHON" {_shell_quote(dashed)} {quoted}']
     target = _shell_quote(script_or_module)
+    module = " ".join(_shell_quote(a) for a in run_module_argv(script_or_module, args)[1:])
     return ["bash", "-c",
             f'if [[ {target} == *.py || -f {target} ]]; then exec "$HPCMESH_PYTHON" {target} '
-            f'{quoted}; else exec "$HPCMESH_PYTHON" -m {target} {quoted}; fi']
+            f'{quoted}; else exec "$HPCMESH_PYTHON" {module}; fi']
 
 
 def _shell_quote(s: str) -> str:
@@ -423,5 +443,8 @@ def exec_python(host_mesh, script_or_module: str, args: Sequence[str] = (),
     """``exec_command`` for a Python script or module, run with the workers' interpreter.
 
     A name starting with '-' is always a script, run as ``./name``: no module name starts
-    with '-', and bare, Python would take it for one of its options (``-c...``)."""
+    with '-', and bare, Python would take it for one of its options (``-c...``). A module
+    runs as ``python -m`` runs it, except that the working directory's own modules are found
+    after the installed ones, and only when nobody else could have planted or changed them
+    (``private_files.modules``): a shared folder's ``sysconfig.py`` shadows nothing."""
     return exec_command(host_mesh, script_or_module, python=True, args=args, **kwargs)

@@ -49,16 +49,17 @@ import time
 import uuid
 from typing import Any, Callable, Mapping, Sequence
 
-from ..actor.host_mesh import HostMesh, HostRef, attach_to_workers
+from ..actor.host_mesh import HostRef, attach_to_workers
+from ..log_tail import log_tail
 from ..private_files import make_dirs, write_file
+from ..private_files.modules import PYTHON_FLAGS, python_module
 from ..runtime.agent_main import NOTICE_VAR, run_agent
-from ..runtime.bootstrap import PROC_MODULE, BootstrapCommand
 from ..settings import env_number
-from ..shapes import Extent, Shape
 from ..slurm.parsing import (JobRecord, SlurmParseError, parse_sbatch_parsable, slurm_job_id,
                              slurm_restart_count, slurm_task_rank)
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
+from .agent_mesh import AGENT_PYTHON_VAR, AgentHostMesh, agent_bootstrap
 from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, cache_top, try_load
 from .local import in_batch_job
 from .progress import Progress
@@ -78,10 +79,6 @@ AGENT_CODE = "from hpcmesh.job.slurm import agent_main; agent_main()"
 #: How long a job that ended before its agents attached may stay COMPLETING before the
 #: error names that state instead of the final one.
 COMPLETING_WAIT = 5.0
-#: Job states in which the job holds, or will get, its nodes.
-ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED",
-                           "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING"})
-AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
 
 
 class SlurmSubmitError(SlurmError):
@@ -154,7 +151,7 @@ def agent_command(python: str, *, attach: Sequence[str] = (), grace: float | Non
                   initial_wait: float | None = None, job_dir: str | None = None,
                   mesh: str | None = None) -> list[str]:
     """argv that starts one host agent (what the rendered srun lines run)."""
-    argv = [python, "-c", AGENT_CODE]
+    argv = [python, *PYTHON_FLAGS, "-c", AGENT_CODE]
     if attach:
         argv += ["--attach", ",".join(attach)]
     if grace is not None:
@@ -191,66 +188,13 @@ def _read_notices(path: str | None, restart: int | None = None) -> list[dict] | 
 # ---------------------------------------------------------------------------------------
 # processes on Slurm hosts: the node's python (the agent binds the step's GPUs)
 # ---------------------------------------------------------------------------------------
-_PROC_SCRIPT = r"""
-py="${HPCMESH_AGENT_PYTHON:-$1}"
-shift
-exec "$py" "$@"
-"""
+class SlurmHostMesh(AgentHostMesh):
+    """A Slurm job's hosts (SlurmJob, SlurmAllocation): processes run the agents' python by
+    default; ``mesh.job`` is the job."""
 
 
-def slurm_bootstrap(*, python: str | None = None,
-                    env: Mapping[str, str | None] | None = None) -> Callable:
-    """A ``bootstrap_command`` callable for ``spawn_procs`` on Slurm hosts.
-
-    Each process runs the host agent's own python (``$HPCMESH_AGENT_PYTHON``, else
-    ``python``, else the controller's interpreter), chosen on the host by a ``/bin/sh``
-    wrapper. The command still ends in ``-m hpcmesh.runtime.proc``, so the agent binds
-    the step's GPUs (its ``CUDA_VISIBLE_DEVICES``) as ``spawn_procs``' ``gpu_binding``
-    says, unless ``env`` sets CUDA_VISIBLE_DEVICES.
-    """
-    cmd = BootstrapCommand("/bin/sh", ["-c", _PROC_SCRIPT, "hpcmesh-proc",
-                                       python or sys.executable, "-m", PROC_MODULE], env or {})
-
-    def make(point) -> BootstrapCommand:
-        return cmd
-    return make
-
-
-class SlurmHostMesh(HostMesh):
-    """A HostMesh whose ``spawn_procs`` defaults to :func:`slurm_bootstrap` (the node's
-    python). Otherwise a plain HostMesh."""
-
-    def __init__(self, hosts: list[HostRef], shape: Shape, name: str = "hosts", *,
-                 default_per_host: dict | None = None, job: Any = None):
-        super().__init__(hosts, shape, name)
-        self.default_per_host = dict(default_per_host) if default_per_host else None
-        self._job = job
-
-    def _new_with_shape(self, shape: Shape) -> "SlurmHostMesh":
-        return SlurmHostMesh(self._hosts, shape, self.name,
-                             default_per_host=self.default_per_host, job=self._job)
-
-    @property
-    def job(self):
-        """The job these hosts belong to (None when unknown)."""
-        return self._job
-
-    def spawn_procs(self, per_host=None, bootstrap_command=None, name=None, *,
-                    forward_logs: bool = True, gpu_binding: str | None = None):
-        if per_host is None and self.default_per_host:
-            per_host = dict(self.default_per_host)
-        if bootstrap_command is None:
-            bootstrap_command = slurm_bootstrap()
-        return super().spawn_procs(per_host, bootstrap_command, name, forward_logs=forward_logs,
-                                   gpu_binding=gpu_binding)
-
-    def __getstate__(self):
-        d = dict(self.__dict__)
-        d["_job"] = None
-        return d
-
-    def __repr__(self) -> str:
-        return f"SlurmHostMesh({dict(self.extent)}, hosts={self.hostnames})"
+#: The name ``hpcmesh.job`` has always exported for :func:`~.agent_mesh.agent_bootstrap`.
+slurm_bootstrap = agent_bootstrap
 
 
 _exit_hup: set = set()
@@ -272,10 +216,6 @@ def _stop_agents_at_exit(job_ids: Sequence[str]) -> None:
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
     atexit.register(stop)
-
-
-def make_host_mesh(hosts: list[HostRef], name: str, dim: str = "hosts", **kw) -> SlurmHostMesh:
-    return SlurmHostMesh(hosts, Shape.from_extent(Extent({dim: len(hosts)})), name, **kw)
 
 
 def attach_hosts(addresses: Sequence[Sequence[str]], secret: bytes | None,
@@ -529,10 +469,7 @@ class SlurmJob(JobTrait):
                 except SlurmError as e:
                     log.warning("could not cancel job(s) %s: %s", self.job_ids, e)
             for w in waiters.values():
-                try:
-                    w.node.on_peer_hello.remove(w._on_hello)
-                except ValueError:
-                    pass
+                w.stop()
             self._applied = False
             raise
         finally:
@@ -581,7 +518,7 @@ class SlurmJob(JobTrait):
                 state["next"] = time.monotonic() + state["interval"]
                 for jid in ids:
                     r = recs.get(jid)
-                    if r is None or r.state not in ACTIVE_STATES:
+                    if r is None or not r.is_live:
                         if attached() >= total:
                             return
                         self._fail_ended(jid, r)
@@ -668,10 +605,10 @@ class SlurmJob(JobTrait):
         reason = rec.reason if rec is not None and rec.reason not in ("", "None") else "-"
         paths = self.log_paths()
         err = paths[idx][:-4] + ".err" if idx < len(paths) else ""
-        tail = slurmctl.tail(err) if err else ""
+        tail = log_tail(err, 15)
         if not tail and idx < len(paths):
             time.sleep(0.3)        # the log may still be landing on a shared filesystem
-            tail = slurmctl.tail(err) or slurmctl.tail(paths[idx])
+            tail = log_tail(err, 15) or log_tail(paths[idx], 15)
         raise SlurmJobFailed(
             f"Slurm job {job_id} ended ({state}, reason {reason}) before its host agents "
             f"attached; job log: {self._log_hint(idx)}" +
@@ -756,7 +693,7 @@ class SlurmJob(JobTrait):
         return self._meshes(hosts)
 
     def _meshes(self, hosts: dict[str, list[HostRef]]) -> dict[str, SlurmHostMesh]:
-        return {m: make_host_mesh(hosts[m], m, job=self) for m in self.mesh_names}
+        return {m: SlurmHostMesh.from_hosts(hosts[m], m, job=self) for m in self.mesh_names}
 
     def _current_restart(self) -> int:
         if in_batch_job() and os.environ.get("SLURM_RESTART_COUNT", "").strip():
@@ -805,7 +742,7 @@ class SlurmJob(JobTrait):
                         r = recs.get(jid)
                         # COMPLETING: a requeued run is wound up before the job is queued
                         # again (a job that really ends shows COMPLETED at the next look)
-                        if r is None or r.state not in ACTIVE_STATES | {"COMPLETING"}:
+                        if r is None or not (r.is_live or r.state == "COMPLETING"):
                             self._fail_ended(jid, r)
                     if all(recs[j].state == "RUNNING" for j in ids):
                         limits.mark_running(time.monotonic())
@@ -852,7 +789,7 @@ class SlurmJob(JobTrait):
         if not ids:
             return False
         recs = squeue_jobs(ids)
-        return any(r.state in ACTIVE_STATES for r in recs.values())
+        return any(r.is_live for r in recs.values())
 
     def __getstate__(self):
         d = super().__getstate__()

@@ -24,7 +24,7 @@ from ..errors import HpcmeshError
 from ..private_files import append_file
 
 __all__ = ["SlurmError", "need", "run", "start_srun", "squeue_jobs", "squeue_expected_starts",
-           "squeue_steps", "scancel", "scancel_once", "restart_count", "tail"]
+           "squeue_steps", "scancel", "scancel_once", "restart_count"]
 
 
 class SlurmError(HpcmeshError, RuntimeError):
@@ -144,16 +144,3 @@ def restart_count(job_id: str) -> int | None:
     except SlurmError:
         return None
     return parse_scontrol_restarts(proc.stdout)
-
-
-def tail(path: str, n: int = 15) -> str:
-    """The last ``n`` lines of a job log Slurm wrote ("" if unreadable): what an error about
-    a job that ended shows, so the user need not go and find the log."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 8192))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-n:])

@@ -6,7 +6,7 @@
 
 For each host it runs, without a terminal::
 
-    ssh -o BatchMode=yes [ssh_args] HOST env HPCMESH_JOB_TOKEN=... <python_exe> -m hpcmesh \\
+    ssh -o BatchMode=yes [ssh_args] HOST env HPCMESH_JOB_TOKEN=... <python_exe> -P -m hpcmesh \\
         worker --attach <this client's addresses> --secret-stdin --grace G ...
 
 and writes the job secret (hex) to ssh's stdin, so it is never on a command line
@@ -29,27 +29,17 @@ import subprocess
 import time
 from typing import Any, Mapping, Sequence
 
+from ..actor.host_mesh import HostMesh
+from ..hosts_file import expand_hosts
+from ..log_tail import log_tail
+from ..private_files.modules import python_module
 from ..runtime.client import client_runtime
 from ..transport import tls
 from .attach import AttachTimeout, AttachWaiter
 from .base import JobTrait, open_log
-from .submitit_job import describe_agents, host_mesh_of, reconnect_mesh, stop_client_procs
+from .submitit_job import describe_agents, reconnect_mesh, stop_client_procs
 
 __all__ = ["SSHJob", "LoginJob"]
-
-
-def _expand_hosts(hosts) -> list[str]:
-    if isinstance(hosts, str):
-        import hostlist
-        try:
-            out = hostlist.expand_hostlist(hosts)
-        except hostlist.BadHostlist as e:
-            raise ValueError(f"bad hostlist {hosts!r}: {e}") from None
-    else:
-        out = [str(h) for h in hosts]
-    if not out or any(not h.strip() for h in out):
-        raise ValueError(f"a mesh needs at least one host name; got {hosts!r}")
-    return out
 
 
 def _pid_alive(pid: int, must_contain: str) -> bool:
@@ -70,7 +60,8 @@ def _pid_alive(pid: int, must_contain: str) -> bool:
 class SSHJob(JobTrait):
     """Host meshes on explicit hosts reached with ssh.
 
-    ``hosts``: a list of names or a hostlist string (``"node[1-4]"``) for one mesh
+    ``hosts``: a hostlist string (``"node[1-4]"``) or a list of names and hostlists,
+    read as a hosts file's ``hosts:`` (``hosts_file.expand_hosts``), for one mesh
     named ``mesh_name`` (default ``hosts``); or ``meshes={name: hosts}``; or
     ``add_mesh(name, hosts)``. ``python_exe`` must have hpcmesh installed on the
     hosts. ``env``: extra variables for the agents; ``workdir``: where they run
@@ -124,7 +115,7 @@ class SSHJob(JobTrait):
                              f"state.{name})")
         if self._applied:
             raise RuntimeError("add meshes before apply()")
-        self.meshes[name] = _expand_hosts(hosts)
+        self.meshes[name] = expand_hosts(hosts, f"mesh {name!r}: hosts")
         return self
 
     # -- commands -------------------------------------------------------------------------
@@ -137,7 +128,7 @@ class SSHJob(JobTrait):
     def remote_command(self, attach: list[str], token: str) -> str:
         """The command line run on each host (shell-quoted; holds no secret)."""
         env = {**self.env, "HPCMESH_JOB_TOKEN": token, "HPCMESH_LEASE_GRACE": str(self.grace)}
-        worker = [self.python_exe, "-m", "hpcmesh", "worker", "--secret-stdin",
+        worker = [*python_module("hpcmesh", self.python_exe), "worker", "--secret-stdin",
                   "--attach", ",".join(attach), "--grace", str(self.grace),
                   "--initial-wait", str(self.grace),
                   "--listen", f"tcp://0.0.0.0:{self.port or 0}"]
@@ -200,7 +191,7 @@ class SSHJob(JobTrait):
                             f"not attach within {left:.0f} s ({e}); last output: "
                             f"{self._tail(name, i, host)} (logs in {self.log_dir})") from None
                 self.agents[name] = describe_agents(refs)
-                meshes[name] = host_mesh_of(name, refs)
+                meshes[name] = HostMesh.from_hosts(refs, name)
         except BaseException:
             self._terminate_ssh()
             raise
@@ -208,7 +199,7 @@ class SSHJob(JobTrait):
         self.attach_seconds = time.monotonic() - t0
 
     def _start_one(self, name: str, i: int, host: str, cmd: str) -> subprocess.Popen:
-        log_path = os.path.join(self.log_dir, f"{name}-{i}-{host}.log")
+        log_path = self._log_path(name, i, host)
         with open_log(log_path) as log:
             try:
                 p = subprocess.Popen(self._ssh_base(host) + [cmd], stdin=subprocess.PIPE,
@@ -234,13 +225,10 @@ class SSHJob(JobTrait):
                                f"{self._tail(name, i, host)}")
 
     def _tail(self, name: str, i: int, host: str) -> str:
-        try:
-            with open(os.path.join(self.log_dir, f"{name}-{i}-{host}.log"), "rb") as f:
-                lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines()
-                         if ln.strip()]
-            return " | ".join(lines[-3:]) or "(no output)"
-        except OSError:
-            return "(no log)"
+        return log_tail(self._log_path(name, i, host), 3, sep=" | ") or "(no output)"
+
+    def _log_path(self, name: str, i: int, host: str) -> str:
+        return os.path.join(self.log_dir, f"{name}-{i}-{host}.log")
 
     def _state(self) -> dict[str, Any]:
         live = self.__dict__.get("_live_meshes")

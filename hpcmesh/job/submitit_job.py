@@ -27,7 +27,7 @@ Clusters:
 * ``"debug"`` — submitit runs the task function in this process. An agent
   cannot live in the controller's process (the runtime keeps one current node
   per process, and signal handling needs the main thread), so here the task
-  function starts the n agents as child processes (``python -m hpcmesh worker``)
+  function starts the n agents as child processes (``python -P -m hpcmesh worker``)
   and returns; this still exercises the submission path in-process.
 * ``None`` — what ``submitit.AutoExecutor`` detects (slurm if ``srun`` exists).
 
@@ -46,6 +46,8 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from ..actor.host_mesh import HostMesh
+from ..private_files.modules import python_module
 from ..runtime.agent_main import configure_logging, exit_status, run_agent
 from ..runtime.client import client_runtime
 from .attach import AttachTimeout, AttachWaiter
@@ -106,7 +108,7 @@ def debug_start_agents(n: int, attach: list[str], secret_file: str, token: str, 
         env.pop("HPCMESH_SECRET", None)
         for i in range(n):
             with open_log(os.path.join(log_dir, f"agent-{token}-{i}.log")) as log:
-                p = subprocess.Popen([sys.executable, "-m", "hpcmesh",
+                p = subprocess.Popen([*python_module("hpcmesh"),
                                       *_worker_argv(attach, grace, initial_wait, None, None)],
                                      env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                      start_new_session=True)
@@ -141,6 +143,13 @@ def _pid_alive(pid: int, must_contain: str | None = None) -> bool:
         return True
     except (OSError, IndexError):
         return False
+
+
+def _controller_process(job) -> subprocess.Popen | None:
+    """The process that runs a job of submitit's local cluster (None: no such job): its
+    Job has no public handle on it, and this is the one place hpcmesh reads the private
+    one."""
+    return getattr(job, "_process", None)
 
 
 def _wait_gone(check, timeout: float) -> bool:
@@ -396,7 +405,7 @@ class SubmititJob(JobTrait):
     def _host_mesh(self, name: str, refs: list):
         """HostMesh over attached agents; records where a later client can reach them."""
         self.agents[name] = describe_agents(refs)
-        return host_mesh_of(name, refs)
+        return HostMesh.from_hosts(refs, name)
 
     def _state(self) -> dict[str, Any]:
         live = self.__dict__.get("_live_meshes")
@@ -415,7 +424,7 @@ class SubmititJob(JobTrait):
         cluster = self.resolved_cluster
         if cluster == "slurm":
             recs = self._squeue()
-            return all(recs.get(j) is not None and recs[j].state in _LIVE_SLURM
+            return all(recs.get(j) is not None and recs[j].is_live
                        for j in self.job_ids.values())
         if cluster == "local":
             return all(self._local_alive(n) for n in self.job_ids)
@@ -454,8 +463,7 @@ class SubmititJob(JobTrait):
             return {}
 
     def _local_alive(self, name: str) -> bool:
-        job = getattr(self, "_live_jobs", {}).get(name)
-        proc = getattr(job, "_process", None)
+        proc = _controller_process(getattr(self, "_live_jobs", {}).get(name))
         if proc is not None:
             return proc.poll() is None
         jid = self.job_ids.get(name)
@@ -470,8 +478,7 @@ class SubmititJob(JobTrait):
         if not ids:
             return
         if cluster == "slurm":
-            live = lambda: any(r.state in _LIVE_SLURM or r.state == "COMPLETING"  # noqa: E731
-                               for r in self._squeue().values())
+            live = lambda: any(r.is_active for r in self._squeue().values())  # noqa: E731
             if wait:
                 # First SIGTERM the steps only: the agents stop their processes and exit, the
                 # submitit tasks return and the job completes at once (a plain scancel also
@@ -485,7 +492,7 @@ class SubmititJob(JobTrait):
         elif cluster == "local":
             for name, jid in self.job_ids.items():
                 job = getattr(self, "_live_jobs", {}).get(name)
-                if job is not None and getattr(job, "_process", None) is not None:
+                if _controller_process(job) is not None:
                     job.cancel()          # SIGINT to submitit's controller
                 elif _pid_alive(int(jid), "submitit"):
                     os.kill(int(jid), signal.SIGINT)
@@ -519,9 +526,6 @@ class SubmititJob(JobTrait):
                 f"folder={self.folder!r})")
 
 
-#: Slurm states in which the job's agents can be serving (COMPLETING is on its way out).
-_LIVE_SLURM = frozenset({"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED",
-                         "RESIZING", "SIGNALING"})
 
 
 def _dialable(addresses, host: str) -> list[str]:
@@ -539,13 +543,6 @@ def _dialable(addresses, host: str) -> list[str]:
 # ---------------------------------------------------------------------------------------
 # shared with SSHJob: recording attached agents, reconnecting, stopping our processes
 # ---------------------------------------------------------------------------------------
-def host_mesh_of(name: str, refs: list):
-    """A HostMesh ``{"hosts": len(refs)}`` named ``name``."""
-    from ..actor.host_mesh import HostMesh
-    from ..shapes import Extent, Shape
-    return HostMesh(list(refs), Shape.from_extent(Extent({"hosts": len(refs)})), name)
-
-
 def describe_agents(refs: list, pids: Mapping[str, int] | None = None) -> list[dict]:
     """What a later client needs to reach each agent: host, node id, dialable addresses
     (``0.0.0.0`` replaced by the agent's advertise host), pid."""
@@ -585,7 +582,7 @@ def reconnect_mesh(name: str, agents: list[dict], secret_hex: str | None, kind: 
                                   f"{info['host']} (it exits once no client has been "
                                   f"connected for its grace period): "
                                   f"{'; '.join(errors) or 'no address recorded'}")
-    return host_mesh_of(name, refs)
+    return HostMesh.from_hosts(refs, name)
 
 
 def stop_client_procs(agent_ids: set) -> None:

@@ -9,6 +9,15 @@ the client. The kernel caches what it learns for ``ATTR_TIMEOUT`` seconds.
 
 Requests and answers are pickles behind a 4-byte length: ``(op, key, path, args)`` ->
 ``("ok", value)`` or ``("err", errno)``.
+
+A symlink shows as a symlink, but its target is given (by the host, and checked again
+here) only when it leads to a name under that host's folder however it is followed
+(:func:`link_stays_inside`); reading any other link is refused with EACCES, and following
+it fails so. The kernel follows a target on the client, with the reader's rights: an
+absolute one (``/root/secret``) or one that climbs out of the host's folder would open the
+client's own files, which are not the host's and which the client (often a privileged
+service user) may read where the folder's owner may not. A refusal says so, where a
+target rewritten to dangle would hide it.
 """
 
 from __future__ import annotations
@@ -51,6 +60,20 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
             return None
         buf += chunk
     return bytes(buf)
+
+
+def link_stays_inside(target: str, path: str) -> bool:
+    """Whether the symlink at ``path`` (under a gathered folder, '/'-separated) with
+    ``target`` leads to a name under that folder wherever it is followed: a relative
+    target whose '..' all come first, no more of them than there are folders above the
+    link. (A '..' after a name climbs from wherever that name leads, which a link there
+    may make the folder's top: ``x -> ..`` then ``x/../..`` climbs out.)"""
+    if not target or target.startswith("/"):
+        return False
+    parts = [p for p in target.split("/") if p not in ("", ".")]
+    ups = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
+    above = len([p for p in path.split("/") if p]) - 1
+    return ups <= above and ".." not in parts[ups:]
 
 
 def make_operations(keys: list[str], sock: socket.socket):
@@ -96,7 +119,11 @@ def make_operations(keys: list[str], sock: socket.socket):
             return [".", "..", *ask("listdir", *split(path))]
 
         def readlink(self, path):
-            return ask("readlink", *split(path))
+            key, rest = split(path)
+            target = ask("readlink", key, rest)
+            if not link_stays_inside(target, rest):    # (the host refuses these already)
+                raise mfusepy.FuseOSError(errno.EACCES)
+            return target
 
         def open(self, path, flags):
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):

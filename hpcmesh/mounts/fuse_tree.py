@@ -21,7 +21,7 @@ import stat
 import sys
 
 from ..file_tree import DIR, FILE, LINK, FileTree
-from .fuse_process import ATTR_TIMEOUT, CACHED_TIMEOUT, invalidator, run
+from .fuse_process import ATTR_TIMEOUT, CACHED_TIMEOUT, invalidator, libfuse, run
 
 SUBTYPE = "hpcmesh"          # /proc/mounts shows "fuse.hpcmesh": how a stale one is known
 
@@ -39,8 +39,7 @@ def load_tree(path: str) -> FileTree:
 
 
 def has_invalidate() -> bool:
-    import mfusepy
-    return hasattr(mfusepy._libfuse, "fuse_invalidate_path")
+    return hasattr(libfuse(), "fuse_invalidate_path")
 
 
 def make_operations(store_root: str, tree: FileTree):

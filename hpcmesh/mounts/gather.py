@@ -24,7 +24,7 @@ from ..actor.endpoint import Actor, endpoint
 from ..actor.host_mesh import HostMesh
 from ..private_files import Opened, UntrustedPathError, walk
 from ..shapes import Point, subdir_for
-from .fuse_gather import SUBTYPE, recv_frame, send_frame
+from .fuse_gather import SUBTYPE, link_stays_inside, recv_frame, send_frame
 from .fuse_process import FuseProcess, MountError, fuse_problem, ready_mount_point
 from .remote_mount import START_TIMEOUT, chosen_meshes, hosts_of, mesh_names
 
@@ -63,11 +63,13 @@ class GatherActor(Actor):
     under it without following any symlink (:func:`beneath`): another user who may
     write a folder in there can swap it for a symlink at any moment, and following it here
     would show the client what this user, not they, may read. A symlink is answered as a
-    symlink; the client's kernel follows it on the client, with the reader's rights."""
+    symlink, its target only if it stays under the root (``fuse_gather.link_stays_inside``:
+    the client's kernel follows it on the client); reading any other is refused."""
 
     def __init__(self, roots: dict[str, str]):
         self.roots = roots
         self._refused: set[str] = set()     # roots whose refusal was logged
+        self._links_refused: set[str] = set()   # roots with a link out, logged
 
     @endpoint
     def fs(self, op: str, key: str, path: str, args: tuple) -> tuple[str, Any]:
@@ -79,7 +81,15 @@ class GatherActor(Actor):
         try:
             with walk(root, what=what, last=None) as top:
                 with beneath(top, path, what) as (dir_fd, name):
-                    return "ok", _OPS[op](dir_fd, name, args)
+                    value = _OPS[op](dir_fd, name, args)
+            if op == "readlink" and not link_stays_inside(value, path):
+                if key not in self._links_refused:
+                    self._links_refused.add(key)
+                    log.warning("%s: the symlink %s leads to %r, out of the folder: not "
+                                "served to the client (others there are not logged)", what,
+                                path, value[:200])
+                return "err", errno.EACCES
+            return "ok", value
         except UntrustedPathError as e:
             if key not in self._refused:
                 self._refused.add(key)
@@ -194,9 +204,9 @@ class GatherMount:
             threading.Thread(target=self._serve, args=(mine, members), daemon=True,
                              name="hpcmesh-gather-mount").start()
             try:
-                self.fs = FuseProcess(["-m", "hpcmesh.mounts.fuse_gather", "--fd",
-                                       str(theirs.fileno()), "--keys",
-                                       ",".join(self.hosts_by_key)], local, "this client",
+                self.fs = FuseProcess("hpcmesh.mounts.fuse_gather", ["--fd",
+                                      str(theirs.fileno()), "--keys",
+                                      ",".join(self.hosts_by_key)], local, "this client",
                                       "gather_mount", pass_fds=(theirs.fileno(),))
             finally:
                 theirs.close()

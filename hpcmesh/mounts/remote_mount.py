@@ -21,7 +21,6 @@ from typing import Any
 from ..actor.blob_transfer import PushStats, push_tree
 from ..actor.host_mesh import HostMesh
 from ..file_tree import FileTree, scan_tree
-from ..shapes import Extent, Shape
 from .mount_actor import MountActor
 
 log = logging.getLogger("hpcmesh.mounts")
@@ -172,8 +171,7 @@ def hosts_of(refs: list[Any]) -> HostMesh:
     seen: dict[str, Any] = {}
     for ref in refs:
         seen.setdefault(ref.agent.node_id, ref)
-    unique = list(seen.values())
-    return HostMesh(unique, Shape.from_extent(Extent({"hosts": len(unique)})), "mount-hosts")
+    return HostMesh.from_hosts(seen.values(), "mount-hosts")
 
 
 #: live mounts of this client: (job's apply_id, spec) -> RemoteMount

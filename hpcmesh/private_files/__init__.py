@@ -8,15 +8,19 @@
 - :mod:`.files`: what hpcmesh keeps for itself, under ``TRUST`` from a top folder down:
   0700 folders, ``O_EXCL|O_NOFOLLOW`` files, atomic writes, logs, secrets, and the
   per-user runtime folder.
+- :mod:`.modules`: the modules of the current folder, found after every other (``hpcmesh
+  apply mod.attr``, actor processes), and only when nobody else could have planted or
+  changed them; the ``-P`` command line of every Python hpcmesh starts.
 
 Base layer: imports nothing of hpcmesh but its errors, so every layer may use it.
 """
 
-from .files import (append_file, create_file, make_dirs, open_file, private_dir, read_file,
-                    remove_file, runtime_dir, write_file, write_link)
+from .files import (RUNTIME_VAR, append_file, create_file, make_dirs, open_file, private_dir,
+                    read_file, remove_file, runtime_dir, write_file, write_link)
 from .walk import (PASS, TRUST, Opened, UntrustedPathError, describe, explain, user_name,
                    walk)
 
-__all__ = ["PASS", "TRUST", "Opened", "UntrustedPathError", "append_file", "create_file",
-           "describe", "explain", "make_dirs", "open_file", "private_dir", "read_file",
-           "remove_file", "runtime_dir", "user_name", "walk", "write_file", "write_link"]
+__all__ = ["PASS", "RUNTIME_VAR", "TRUST", "Opened", "UntrustedPathError", "append_file",
+           "create_file", "describe", "explain", "make_dirs", "open_file", "private_dir",
+           "read_file", "remove_file", "runtime_dir", "user_name", "walk", "write_file",
+           "write_link"]

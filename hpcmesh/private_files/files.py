@@ -20,13 +20,15 @@ key) is written only into a 0700 folder and read only from a file nobody else ca
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import tempfile
+import threading
 import uuid
 
-from .walk import (MAX_LINKS, TRUST, Opened, UntrustedPathError, check, refusal, requirement,
-                   user_name, walk)
+from .walk import (MAX_LINKS, TRUST, Opened, UntrustedPathError, check, refusal, remove_hint,
+                   requirement, user_name, walk)
 
 
 def _chain(top: str, folders: list[str], what: str, path: str, *, create: bool,
@@ -86,7 +88,7 @@ def _locate(path: str, top: str | None, what: str, *, create: bool, follow: bool
             if st.st_uid != os.geteuid():
                 raise refusal(f"refusing {what} {shown}", shown, path, st, "symlinks of this "
                               f"user, {user_name(os.geteuid())}, into folders of this user",
-                              via=via, target=target)
+                              via=via, target=target, why=remove_hint(path))
         finally:
             os.close(dfd)
         via = f", reached by the link {path} -> {target}"
@@ -218,7 +220,10 @@ def append_file(path: str, *, top: str | None = None, what: str = "file",
                 raise
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             raise refusal(f"refusing {what} {path}", path, real, st, requirement("file"),
-                          target=os.readlink(name, dir_fd=dfd)) from None
+                          target=os.readlink(name, dir_fd=dfd),
+                          why=remove_hint(real) if st.st_uid != os.geteuid() else
+                          f"hpcmesh writes no log through a symlink; `rm {real}` if it should "
+                          f"not be there") from None
     finally:
         os.close(dfd)
     f = open(fd, "ab", buffering=0)
@@ -272,20 +277,65 @@ def write_link(path: str, target: str, *, top: str | None = None,
 
 
 # -- the per-user runtime folder ------------------------------------------------------------
+#: the runtime folder this process chose, for the processes it starts (agents, workers)
+RUNTIME_VAR = "HPCMESH_RUNTIME_DIR"
+_fresh_lock = threading.Lock()
+_log = logging.getLogger("hpcmesh.private_files")
+
+
 def runtime_dir() -> str:
-    """This user's folder of Unix sockets and stack dumps: ``$XDG_RUNTIME_DIR/hpcmesh``
-    when the session has one (that folder must be this user's too), else ``hpcmesh-<uid>``
-    in the temporary folder (``$TMPDIR``, /tmp). Made 0700; one that another user owns or
-    can write (made before us in a shared /tmp) is refused: it could delete the sockets or
-    point a stack dump somewhere else. Keep it short: a socket path has 107 bytes."""
+    """This user's folder of Unix sockets and stack dumps, made 0700; one that another user
+    owns or can write is never used: they could delete the sockets or point a stack dump
+    somewhere else. In order:
+
+    - ``$HPCMESH_RUNTIME_DIR``: what a parent process chose (or the user); it must be a
+      folder of this user's, 0700 (made if missing), else it is refused;
+    - ``$XDG_RUNTIME_DIR/hpcmesh`` when the session has one (that folder must be ours too);
+    - ``hpcmesh-<uid>`` in the temporary folder (``$TMPDIR``, /tmp). Anybody can make that
+      name first; then a fresh folder ``hpcmesh-<uid>-XXXXXXXX`` beside it is used instead
+      (one warning names the one taken), and exported as ``$HPCMESH_RUNTIME_DIR`` so the
+      processes this one starts use it too.
+
+    Keep it short: a socket path has 107 bytes."""
+    chosen = os.environ.get(RUNTIME_VAR)
+    if chosen:
+        return _chosen_runtime_dir(chosen)
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    try:
-        if xdg:
+    if xdg:
+        try:
             return private_dir(os.path.join(xdg, "hpcmesh"), top=xdg,
                                what="the runtime folder")
-        return private_dir(os.path.join(tempfile.gettempdir(), f"hpcmesh-{os.geteuid()}"),
-                           what="the runtime folder")
-    except UntrustedPathError as e:
-        var = "XDG_RUNTIME_DIR" if xdg else "TMPDIR"
-        raise UntrustedPathError(f"{e}. Remove it, or set {var} to a folder of this "
-                                 f"user's") from None
+        except UntrustedPathError as e:
+            raise UntrustedPathError(f"{e}. Or set XDG_RUNTIME_DIR to a folder of this "
+                                     f"user's") from None
+    fixed = os.path.join(tempfile.gettempdir(), f"hpcmesh-{os.geteuid()}")
+    try:
+        return private_dir(fixed, what="the runtime folder")
+    except (UntrustedPathError, NotADirectoryError) as e:
+        return _fresh_runtime_dir(e)
+
+
+def _chosen_runtime_dir(path: str) -> str:
+    if not os.path.isabs(path):
+        raise ValueError(f"{RUNTIME_VAR}={path!r} is not an absolute path; it names the "
+                         f"runtime folder: an absolute path to a 0700 folder of this user's")
+    try:
+        return private_dir(path, what=f"the runtime folder (${RUNTIME_VAR})")
+    except (UntrustedPathError, NotADirectoryError) as e:
+        raise type(e)(f"{e.strerror or e}. Or unset {RUNTIME_VAR}, or point it at a 0700 "
+                      f"folder of this user's") from None
+
+
+def _fresh_runtime_dir(taken: OSError) -> str:
+    """A new 0700 folder of ours in the temporary folder, for this process and its
+    children, when the fixed name is somebody else's (``taken`` says whose)."""
+    with _fresh_lock:
+        chosen = os.environ.get(RUNTIME_VAR)      # another thread made one meanwhile
+        if chosen:
+            return _chosen_runtime_dir(chosen)
+        path = tempfile.mkdtemp(prefix=f"hpcmesh-{os.geteuid()}-")     # 0700, O_EXCL
+        private_dir(path, what="the runtime folder")
+        os.environ[RUNTIME_VAR] = path
+    _log.warning("%s; using %s instead (exported as %s to the processes this one starts)",
+                 (taken.strerror or str(taken)).rstrip("."), path, RUNTIME_VAR)
+    return path

@@ -118,7 +118,9 @@ def check(st: os.stat_result, rule: str, *, what: str, named: str, where: str,
         return refusal(what, named, where, st, required, via=via, **kw)
 
     if st.st_uid not in ((me,) if trust else (0, me)):
-        raise refuse()
+        # hpcmesh's own (trust) or the thing named (last): nothing of ours, so remove it;
+        # a folder on the way is somebody's place to pass through, not ours to remove
+        raise refuse(why=remove_hint(where, is_dir) if trust or last else "")
     if kind == "folder" and not is_dir:
         raise NotADirectoryError(errno.ENOTDIR, f"{what}: {where} is {describe(st)}, not a "
                                                 f"folder", where)
@@ -133,20 +135,35 @@ def check(st: os.stat_result, rule: str, *, what: str, named: str, where: str,
             raise refuse(why="a folder every user may add to; keep hpcmesh's files in a "
                              "folder of this user's")
         if st.st_uid != me:
-            raise refuse(why="others could have changed it")
-        raise refuse(fix=f"chmod {('700' if is_dir else '600') if private else 'go-w'} "
-                         f"{where}")
+            raise refuse(why=f"others could have changed it; its owner can `chmod "
+                             f"{'-R ' if is_dir else ''}go-w {where}`")
+        raise refuse(fix=_chmod(where, is_dir, private))
     if private and mode & OTHERS_ANY:
         if not is_dir:
             raise refuse(why="others could have read it; `chmod 600` it and start the job "
                              "again for a new one")
         if fd is None:
-            raise refuse(why=f"others may read it; `chmod 700 {where}` makes it private")
+            raise refuse(why=f"others may read it; `{_chmod(where, True, True)}` makes it "
+                             f"private")
         rfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
         try:
             os.fchmod(rfd, mode & ~OTHERS_ANY)
         finally:
             os.close(rfd)
+
+
+def _chmod(where: str, is_dir: bool, private: bool) -> str:
+    """The command that makes ``where`` of ours trusted: what is inside a folder too (a
+    checkout made with umask 0 has every folder below group-writable)."""
+    if is_dir:
+        return f"chmod -R {'go-rwx' if private else 'go-w'} {where}"
+    return f"chmod {'600' if private else 'go-w'} {where}"
+
+
+def remove_hint(where: str, is_dir: bool = False) -> str:
+    """Why another user's thing is refused, and the way out."""
+    return (f"another user could have put it there; `rm {'-r ' if is_dir else ''}{where}`, "
+            f"as its owner or root, removes it")
 
 
 class Opened(NamedTuple):
@@ -234,7 +251,7 @@ def walk(path: str, *, what: str, named: str | None = None, start: Opened | None
                             raise refusal(what, named, here, st,
                                           requirement("folder", private and is_last),
                                           via=via, target=target,
-                                          why="" if st.st_uid != me else
+                                          why=remove_hint(here) if st.st_uid != me else
                                           "hpcmesh follows no symlink there; name the "
                                           "folder it leads to")
                         top = os.open(target, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
@@ -244,7 +261,8 @@ def walk(path: str, *, what: str, named: str | None = None, start: Opened | None
                     else:
                         if not inside and st.st_uid not in (0, me):
                             raise refusal(what, named, here, st, _passable(None), via=via,
-                                          target=target)
+                                          target=target,
+                                          why=remove_hint(here) if is_last else "")
                         links += 1
                         if links > MAX_LINKS:
                             raise OSError(errno.ELOOP, f"{what}: more than {MAX_LINKS} "

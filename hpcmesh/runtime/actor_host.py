@@ -18,14 +18,12 @@ import threading
 from collections import deque
 from concurrent.futures import Executor
 from concurrent.futures import Future as ConcurrentFuture
-try:    # asyncio's own bookkeeping of the running task: lets a call run inline as the
-    # mailbox task (3.11-3.13 have these; without them every call goes through the task)
-    from asyncio.tasks import _enter_task, _leave_task
-except ImportError:  # pragma: no cover - a future Python
-    _enter_task = _leave_task = None
 from time import time_ns as _time_ns
 from typing import Any
 
+# asyncio's own bookkeeping of the running task: lets a call run inline as the mailbox
+# task (None on a Python without it: every call then goes through the task)
+from .asyncio_internals import enter_task, leave_task
 from .context import ActorInstance, Context, current_context_var
 from .errors import (ActorError, MeshFailure, MeshStoppedError, SupervisionError, actor_failed,
                      call_failed, describe_actor)
@@ -190,6 +188,7 @@ class ActorHost:
         #: a debugger holds the actor (an async call paused at a breakpoint on the loop's
         #: thread, which keeps turning): calls queue, the mailbox stays parked
         self._held = False
+        self._busy_before_hold = False
         self._executor: ActorThread | None = None
         self._tasks: set = set()
         self._methods: dict[str, tuple] = {}
@@ -273,7 +272,7 @@ class ActorHost:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        if not self._busy and info.is_async and not self.node.in_batch and _enter_task:
+        if not self._busy and info.is_async and not self.node.in_batch and enter_task:
             self._run_inline(msg, origin, buffers, fn)
             return
         self._queue.append((msg, origin, buffers, m))
@@ -302,6 +301,30 @@ class ActorHost:
         elif not waker.done():
             waker.set_result(None)
 
+    # -- held by a debugger ------------------------------------------------------------
+    def hold(self) -> bool:
+        """One of this actor's async calls is paused on the loop's thread, which keeps
+        turning (``breakpoint()``: see debugger.py): until :meth:`release`, the actor
+        counts as busy, so later calls queue instead of running inline inside the pause
+        (where the paused call could lose its place), and its mailbox stays parked even if
+        woken. False if it is held already (a pause nested in another: the outer one
+        releases it)."""
+        if self._held:
+            return False
+        self._busy_before_hold = self._busy
+        self._busy = self._held = True
+        return True
+
+    def release(self) -> None:
+        """The paused call goes on: the actor as it was before :meth:`hold`, and what
+        queued meanwhile handed to its mailbox, which takes it when the loop next turns
+        outside a pause."""
+        self._held = False
+        self._busy = self._busy_before_hold
+        if self._queue:     # (woken inside a later pause, it parked again: woken again here)
+            self._busy = True
+            self._wake_mailbox()
+
     def _run_inline(self, msg: tuple, origin: str | None, buffers: list, fn) -> None:
         """The actor is idle: start the endpoint right here, inside the mailbox task's
         identity (``current_task()``, ``asyncio.timeout`` and ``TaskGroup`` see that
@@ -311,7 +334,7 @@ class ActorHost:
         loop = self.node.loop
         task = self._mailbox_task()
         try:
-            _enter_task(loop, task)
+            enter_task(loop, task)
         except RuntimeError:        # called from inside another task: queue it instead
             self._queue.append((msg, origin, buffers, (fn, self._methods[msg[2]][1])))
             self._busy = True
@@ -320,7 +343,7 @@ class ActorHost:
         try:
             contextvars.copy_context().run(self._start, msg, origin, buffers, fn)
         finally:
-            _leave_task(loop, task)
+            leave_task(loop, task)
 
     def _start(self, msg: tuple, origin: str | None, buffers: list, fn) -> None:
         _, _, endpoint, payload, reply, rank, extent_items = msg

@@ -1,10 +1,11 @@
 """The controller's runtime: its node (on a background thread), the local host
 agent, and the bookkeeping that turns agent events into supervision errors and
-prefixed log lines.
+prefixed log lines (the alike lines hosts folded are folded again across hosts here).
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import inspect
 import logging
@@ -13,9 +14,11 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
+from ..log_tail import log_tail
 from ..settings import check_process_settings, env_number
+from ..shapes import Point
 from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
@@ -24,7 +27,8 @@ from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, desc
 from . import placement
 from .future import Future, set_wait_hook
 from .host_agent import HostAgent
-from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG
+from .log_fold import Fold, TimedFolders, describe_ranks, fold_prefix
+from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED
 from .node import Node, NodeRef, current_node, describe_peer, set_current_node
 from .supervision import run_unhandled_fault_hook
 from .tuning import tune_malloc
@@ -77,6 +81,16 @@ def _listen_addresses(node_id_unix: str) -> list[str]:
     return addrs
 
 
+class TrackedActorMesh(Protocol):
+    """What the runtime reads of an actor mesh it tracks (``track_actor_mesh``): the
+    actor layer's mesh state, which sits a layer above and is not imported here."""
+    actor_id: str
+    name: str
+    class_name: str
+    proc_names: list[str]           # the processes its actors run in, one per actor
+    nodes: list[NodeRef] | None     # the actors' nodes, once they are up
+
+
 class ClientRuntime:
     """One per process that owns meshes; created on first use.
 
@@ -102,10 +116,11 @@ class ClientRuntime:
             node.on_stop.append(self.shutdown)    # the process stops: what it owns goes too
         self.procs: dict[str, ProcRecord] = {}
         # actor mesh id -> the ActorInstance that spawned it (absent: this process's code)
-        self.owners: dict[str, Any] = {}
-        # actor mesh id -> its ActorMeshState while someone holds it (the admin view's
-        # record of the actors of a process that cannot be asked)
-        self.actor_meshes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._owners: dict[str, Any] = {}
+        # actor mesh id -> its state while someone holds it (the admin view's record of the
+        # actors of a process that cannot be asked): see track_actor_mesh
+        self._actor_meshes: weakref.WeakValueDictionary[str, TrackedActorMesh] = \
+            weakref.WeakValueDictionary()
         self._hook_thread: ActorThread | None = None
         self._closing = False
         actor_host.on_actor_failed.append(self.end_descendants)
@@ -118,6 +133,8 @@ class ClientRuntime:
         self._agent_checks: set = set()      # the tasks asking agents whether they live
         self.lease_grace = env_number("HPCMESH_LEASE_GRACE", 10, finite=True)
         self._print_lock = threading.Lock()
+        # (mesh name, window) -> what hosts folded, folded across hosts
+        self._log_folds = TimedFolders(self.node.loop, self._print_folds)
         set_current_node(self.node)
         atexit.register(self.shutdown)
 
@@ -153,10 +170,12 @@ class ClientRuntime:
         kind = event[0]
         if kind == EVENT_LOG:
             self._print_log(*event[1:])
+        elif kind == EVENT_LOG_FOLDED:
+            self._fold_log(*event[1:])
         elif kind == EVENT_EXIT:
             self._on_exit(*event[1:])
         elif kind == EVENT_ACTOR_FAULT:
-            self.report_failure(self.owners.get(event[1]), event[2])
+            self.report_failure(self._owners.get(event[1]), event[2])
         elif kind == EVENT_AGENT_EXIT:
             self._on_agent_exit(*event[1:])
 
@@ -169,11 +188,57 @@ class ClientRuntime:
             source = rec.name if rec is not None else name
             for ln in lines:
                 tel.event(stream, source, ln)
+        self._write(stream, "".join(f"{prefix}{ln}\n" for ln in lines))
+
+    def _write(self, stream: str, text: str) -> None:
         out = sys.stdout if stream == "stdout" else sys.stderr
-        text = "".join(f"{prefix}{ln}\n" for ln in lines)
         with self._print_lock:
             out.write(text)
             out.flush()
+
+    # -- alike lines folded (logging_option's aggregate_window_sec) -------------------
+    def _fold_log(self, window: float, folds: list) -> None:
+        """Alike lines a host folded for one window: folded again with the other hosts'
+        over ``window`` here (the host already left out the ranks the console filters)."""
+        for stream, text, count, names in folds:
+            rec = self.procs.get(names[0]) if names else None
+            key = (rec.mesh_name if rec is not None else "", window)
+            self._log_folds.add(key, window, stream, text, names, count)
+
+    def _print_folds(self, _key: tuple[str, float], folds: list[Fold]) -> None:
+        """A window closed (or its mesh stopped or lost a process, or this client ends):
+        one line per fold, its count and ranks in front."""
+        tel = telemetry_recorder.RECORDER
+        out: dict[str, list[str]] = {}
+        for f in folds:
+            line = f"{fold_prefix(f.count, self._who(f))}{f.text}"
+            out.setdefault(f.stream, []).append(line + "\n")
+            if tel is not None:
+                tel.event(f.stream, next(iter(f.ranks)), line if f.count > 1 else f.text)
+        for stream, lines in out.items():
+            self._write(stream, "".join(lines))
+
+    def _who(self, f: Fold) -> str:
+        """The ranks that printed ``f``'s lines, as a prefix shows them."""
+        recs = [self.procs.get(n) for n in f.ranks]
+        if len(recs) == 1:
+            return recs[0].label if recs[0] is not None else next(iter(f.ranks))
+        if all(r is not None and isinstance(r.point, Point) for r in recs):
+            return describe_ranks([r.point for r in recs])
+        return " ".join(r.label if r is not None else n for r, n in zip(recs, f.ranks))
+
+    def flush_logs(self, mesh_name: str | None = None) -> None:
+        """Print the folded lines still in a window, of one mesh or all (on the loop)."""
+        for key in self._log_folds.keys():
+            if mesh_name is None or key[0] == mesh_name:
+                self._log_folds.flush(key)
+
+    async def _flush_all_logs(self) -> None:
+        """What the local agent and this client still fold goes out (this client ends)."""
+        if self._local_agent is not None:
+            self._local_agent.flush_logs()
+        await asyncio.sleep(0)       # its folds are delivered here on the loop, in order
+        self.flush_logs()
 
     def _on_exit(self, name: str, pid: int, returncode: int | None, host: str) -> None:
         rec = self.procs.get(name)
@@ -187,7 +252,7 @@ class ClientRuntime:
             return
         where = f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} (pid {pid})"
         if rec.node is None:
-            tail = _tail(rec.log_paths.get("stderr"))
+            tail = log_tail(rec.log_paths.get("stderr"), 10)
             exc = SupervisionError(
                 f"{where} exited before it connected back ({status})" +
                 (f"; last stderr lines:\n{tail}" if tail else ""),
@@ -195,6 +260,7 @@ class ClientRuntime:
         else:
             exc = SupervisionError(f"{where} died: {status}", rec.mesh_name, rec.point, host,
                                    pid, status)
+        self.flush_logs(rec.mesh_name)      # what it printed last comes before its failure
         self._fail(rec, exc)
         if rec.owner is not None or rec.node is not None:
             # one that never connected fails the spawn: whoever waits for it is told
@@ -306,10 +372,25 @@ class ClientRuntime:
         why = (f"process {rec.label} of mesh {rec.mesh_name} on host {host} (pid {pid}) "
                f"{'was stopped' if rec.stopping else 'died'}: {status}")
         tel.process_status(rec.name, rec.mesh_name, rec.label, host, pid, ended, why)
-        for actor_id, st in list(self.actor_meshes.items()):
-            names = getattr(st, "proc_names", ())
+        for actor_id, st in list(self._actor_meshes.items()):
+            names = st.proc_names
             if rec.name in names:
                 tel.status(f"{actor_id}.{names.index(rec.name)}", ended, why)
+
+    # -- the actor meshes this process spawned ------------------------------------
+    def track_actor_mesh(self, mesh: TrackedActorMesh, owner: Any = None) -> None:
+        """``mesh`` was spawned from this process by ``owner`` (the ActorInstance of the
+        spawning actor; None: this process's own code). A failure of one of its actors is
+        offered to that owner (``report_failure``), the owner's failure stops it
+        (``end_descendants``), its actors' ends are recorded with their processes', and
+        the admin view lists it, while somebody holds it (it is kept weakly)."""
+        if owner is not None:
+            self._owners[mesh.actor_id] = owner
+        self._actor_meshes[mesh.actor_id] = mesh
+
+    def actor_meshes(self) -> list[TrackedActorMesh]:
+        """The actor meshes tracked here that somebody still holds."""
+        return list(self._actor_meshes.values())
 
     # -- supervision by owning actors ---------------------------------------------
     def report_failure(self, owner, failure: MeshFailure) -> None:
@@ -359,11 +440,11 @@ class ClientRuntime:
         its descendants have failed"): its actor meshes are stopped and its processes
         stopped at once, quietly (their ends are no further failure). Fire and forget: on
         the event loop, which must not wait."""
-        for actor_id, who in list(self.owners.items()):
+        for actor_id, who in list(self._owners.items()):
             if who is not owner:
                 continue
-            state = self.actor_meshes.get(actor_id)
-            for n in dict.fromkeys(getattr(state, "nodes", None) or ()):
+            state = self._actor_meshes.get(actor_id)
+            for n in dict.fromkeys((state.nodes if state is not None else None) or ()):
                 self.node.rpc(n, "stop_actors", [actor_id])
         by_agent: dict[str, tuple] = {}
         for rec in list(self.procs.values()):
@@ -378,6 +459,14 @@ class ClientRuntime:
         """Kill what the local agent started, close the node. Runs at interpreter exit."""
         global _runtime
         self._closing = True
+        if self._log_folds or (self._local_agent is not None and self._local_agent.folding):
+            if self.node.on_loop_thread():
+                self.flush_logs()
+            elif self.node.loop.is_running():
+                try:
+                    self.node.run_sync(self._flush_all_logs(), timeout=2.0)
+                except Exception:  # noqa: BLE001 - the loop ended meanwhile: the files keep them
+                    pass
         if self.end_descendants in actor_host.on_actor_failed:
             actor_host.on_actor_failed.remove(self.end_descendants)
         if self._local_agent is not None:
@@ -391,19 +480,6 @@ class ClientRuntime:
         if _runtime is self:
             _runtime = None
             set_current_node(None)
-
-
-def _tail(path: str | None, n: int = 10) -> str:
-    if not path:
-        return ""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 4096))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-        return "\n".join(lines[-n:])
-    except OSError:
-        return ""
 
 
 _runtime: ClientRuntime | None = None
@@ -420,6 +496,17 @@ def client_runtime() -> ClientRuntime:
                 _runtime = ClientRuntime(node=node) if node is not None and \
                     node.role == "proc" else ClientRuntime()
     return _runtime
+
+
+def install_client_runtime(secret: bytes) -> ClientRuntime:
+    """This process's client runtime, created with ``secret`` if it has none yet: a process
+    that joins a job started elsewhere (the controller of an MPI launch) speaks with that
+    job's secret, not a new one. One that exists already is returned as it is."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = ClientRuntime(secret)
+        return _runtime
 
 
 def existing_client_runtime() -> ClientRuntime | None:

@@ -25,7 +25,6 @@ debugger attached from afar must never kill the call it stopped.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import io
 import itertools
 import logging
@@ -37,12 +36,8 @@ import sys
 import threading
 from typing import Any
 
+from . import asyncio_internals as aio
 from .context import current_context_var
-
-try:    # asyncio's record of the running task, shared with its C Task (3.11-3.13)
-    from asyncio.tasks import _enter_task, _leave_task
-except ImportError:  # pragma: no cover - a future Python: async breakpoints are skipped
-    _enter_task = _leave_task = None
 
 log = logging.getLogger("hpcmesh.debug")
 
@@ -70,11 +65,12 @@ def _run_loop_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str
 
     asyncio is not re-entrant, so: the endpoint's task (if any) is left while the loop
     turns, or every other task's step would find it still running. The callback's own
-    ``_run_once`` is in its loop over the ``len(_ready)`` handles it found ready, which the
-    turns here run and pop: every handle it may still pop is among the ``pending`` ones
-    ready now, so as many cancelled handles go in front of ``_ready`` afterwards, which it
-    pops (and skips) instead; the next turns skip what it leaves. And see
-    :func:`_copy_entered_contexts` and :func:`_flush_held_replies`.
+    ``_run_once`` is in its loop over the handles it found ready, which the turns here run
+    and pop: every handle it may still pop is among the ``pending`` ones ready now, so as
+    many cancelled handles go in front of the ready queue afterwards, which it pops (and
+    skips) instead; the next turns skip what it leaves. The actor is held
+    (``ActorHost.hold``), the node's frame handling paused (:func:`_pause_frame_handling`),
+    and see ``asyncio_internals.copy_entered_reader_contexts``.
 
     pdb asks for the line from its trace function, where Python traces nothing: the loop
     turns under ``sys.call_tracing`` and with no trace function, so that a breakpoint in
@@ -82,11 +78,11 @@ def _run_loop_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str
     and its frames untraced when it continues: this one's traces are put back after."""
     task = asyncio.current_task(loop)
     if task is not None:
-        _leave_task(loop, task)
+        aio.leave_task(loop, task)
     held_actor = _hold_actor()
-    _copy_entered_contexts(loop)
-    held = _flush_held_replies()
-    pending = len(loop._ready)
+    aio.copy_entered_reader_contexts(loop)
+    paused = _pause_frame_handling()
+    pending = aio.ready_count(loop)
     trace, frame = sys.gettrace(), sys._getframe()
     frame_traces = []
     while frame is not None:
@@ -97,18 +93,16 @@ def _run_loop_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str
         return sys.call_tracing(_turn_until_line, (loop, lines))
     finally:
         _depth[0] -= 1
-        skipped = asyncio.Handle(_nothing, (), loop)
-        skipped.cancel()
-        loop._ready.extendleft(itertools.repeat(skipped, pending))
+        aio.skip_ready(loop, pending)
         sys.settrace(trace)
         for frame, frame_trace in frame_traces:
             frame.f_trace = frame_trace
-        if held is not None:
-            _node._handling_frames, _node.in_batch = held
+        if paused is not None:
+            _node.resume_frame_handling(paused)
         if task is not None:
-            _enter_task(loop, task)
+            aio.enter_task(loop, task)
         if held_actor is not None:
-            _release(held_actor)
+            held_actor.release()
 
 
 def _turn_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str | None:
@@ -118,65 +112,33 @@ def _turn_until_line(loop: asyncio.BaseEventLoop, lines: queue.Queue) -> str | N
             return lines.get_nowait()
         except queue.Empty:
             pass
-        if loop._stopping or loop.is_closed():
+        if not aio.turn_once(loop):
             return None
-        loop._run_once()
 
 
-def _hold_actor() -> tuple | None:
+def _hold_actor() -> Any:
     """An idle actor runs an async call inline (``ActorHost._run_inline``), not marked
     busy: paused there, every later call to it would run inline too, inside this pause,
     and the paused one could lose its place (review: it was never answered). While the
-    loop turns here the actor is held (busy, its mailbox parked even if woken), so they
-    queue. (The host, whether it was busy), to give to ``_release``; None if no actor."""
+    loop turns here the actor is held (``ActorHost.hold``), so they queue. The host to
+    release afterwards; None if there is no actor or a pause around this one holds it."""
     ctx = current_context_var.get()
     inst = getattr(ctx, "actor_instance", None)
     host = getattr(_node, "actors", {}).get(getattr(inst, "actor_id", None))
-    if host is None or host._held:
-        return None
-    was_busy, host._busy, host._held = host._busy, True, True
-    return host, was_busy
+    return host if host is not None and host.hold() else None
 
 
-def _release(held: tuple) -> None:
-    """pdb lets the call run on (to its next stop, or its end): the actor as it was, and
-    what queued meanwhile handed to its mailbox, which takes it when the loop next turns
-    outside a pause (after the call returns to the loop, or hands itself over)."""
-    host, was_busy = held
-    host._held = False
-    host._busy = was_busy
-    if host._queue:     # (woken inside a later pause, it parks again: woken again here)
-        host._busy = True
-        host._wake_mailbox()
-
-
-def _copy_entered_contexts(loop: asyncio.BaseEventLoop) -> None:
-    """A socket's callback is one handle, run in one context each time: the one reading
-    the call that paused has its context entered, and entering it again (when that
-    socket has more to read) would fail, so it gets a copy."""
-    for key in list(loop._selector.get_map().values()):
-        for handle in key.data:
-            try:
-                if handle is not None:
-                    handle._context.run(_nothing)
-            except RuntimeError:        # entered: it is the one running now
-                handle._context = handle._context.copy()
-
-
-def _flush_held_replies() -> tuple | None:
+def _pause_frame_handling() -> tuple | None:
     """A node handling frames (the endpoint was called from there) holds back replies
-    until it is done, which it is not while the loop turns here: it stops holding them,
-    and the frames of the same read not handled yet are handed to the loop; what it was,
-    to put back afterwards."""
+    until it is done, which it is not while the loop turns here: it stops holding them
+    (``Node.pause_frame_handling``), and the frames of the same read not handled yet are
+    handed to the loop; what to resume afterwards."""
     node = _node
     if node is None:
         return None
-    held = node._handling_frames, node.in_batch
-    node._handling_frames = node.in_batch = False
-    while node._replied:
-        node._replied.pop().flush_now()
+    paused = node.pause_frame_handling()
     _hand_over_unhandled_frames(node)
-    return held
+    return paused
 
 
 def _hand_over_unhandled_frames(node) -> None:
@@ -187,16 +149,8 @@ def _hand_over_unhandled_frames(node) -> None:
     connection's reader context (not the paused endpoint's)."""
     loop = node.loop
     for conn, frames in reversed(node.take_unhandled_frames()):
-        loop._ready.appendleft(asyncio.Handle(node._on_frames, (conn, frames), loop,
-                                              _reader_context(loop, conn)))
-
-
-def _reader_context(loop: asyncio.BaseEventLoop, conn) -> contextvars.Context:
-    try:
-        reader = loop._selector.get_key(conn.sock.fileno()).data[0]
-        return reader._context.copy()
-    except (KeyError, ValueError, OSError, AttributeError):     # closed meanwhile
-        return contextvars.Context()
+        aio.call_first(loop, node.handle_frames, (conn, frames),
+                       aio.reader_context(loop, conn.sock))
 
 
 class _Input(io.TextIOBase):
@@ -331,9 +285,7 @@ def breakpoint_hook(*args: Any, **kwargs: Any) -> None:
     loop = None
     if node is not None and node.on_loop_thread():
         loop = node.loop
-        if not (isinstance(loop, asyncio.BaseEventLoop) and loop.is_running()
-                and hasattr(loop, "_run_once") and hasattr(loop, "_selector")
-                and _enter_task is not None):
+        if not aio.can_turn_inside(loop):
             print(f"hpcmesh: breakpoint() skipped: it was called on the event loop's thread "
                   f"(an async def endpoint), and this process's loop ({type(loop).__name__}) "
                   f"cannot keep running while it is paused there, which the debugger needs. "

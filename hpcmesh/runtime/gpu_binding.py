@@ -10,9 +10,10 @@ there and the slot is in ``HPCMESH_LOCAL_SLOT`` (set in both bindings).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
-from ..settings import env_choice
+from ..settings import env_choice, excerpt
 
 #: The bindings, the default first.
 BINDINGS = ("host", "process")
@@ -20,6 +21,23 @@ BINDINGS = ("host", "process")
 BINDING_VAR = "HPCMESH_GPU_BINDING"
 #: A process's slot among its host's processes, whatever LOCAL_RANK says.
 SLOT_VAR = "HPCMESH_LOCAL_SLOT"
+#: The largest GPU index, and count, of a node: Slurm keeps per-node counts in 16 bits
+#: (65534 and 65535 mean "not set" and "unlimited"; ``slurm.parsing.MAX_PER_NODE``).
+MAX_GPU_INDEX = 65533
+_INDEX = re.compile(r"[0-9]{1,5}")
+
+
+def gpu_indexes(name: str, raw: str) -> list[str]:
+    """The GPUs an index list names (``0,1,2,3``: SLURM_STEP_GPUS / SLURM_JOB_GPUS, what
+    Slurm gave the step or job on this node), as CUDA_VISIBLE_DEVICES entries. Anything
+    else is a ValueError ``NAME=value: expected ...``: the entries go to every process's
+    environment."""
+    items = [i.strip() for i in raw.strip().split(",", MAX_GPU_INDEX + 1)]
+    if len(items) > MAX_GPU_INDEX + 1 or not all(
+            _INDEX.fullmatch(i) and int(i) <= MAX_GPU_INDEX for i in items):
+        raise ValueError(f"{name}={excerpt(raw)}: expected GPU indexes from 0 to "
+                         f"{MAX_GPU_INDEX}, comma-separated, like '0,1,2,3'")
+    return items
 
 
 def choose_binding(gpu_binding: str | None = None,

@@ -85,6 +85,11 @@ class Links:
         self.closed = False
 
     # -- listening ---------------------------------------------------------------------
+    @property
+    def listeners(self) -> tuple:
+        """The listeners bound so far (``listen``), in order."""
+        return tuple(self._listeners)
+
     def listen(self, addresses: list[str], advertise_host: str | None = None) -> tuple[str, ...]:
         """Bind listeners; ``tcp://host:0`` picks an ephemeral port. Advertised in order.
 
@@ -110,8 +115,8 @@ class Links:
         path = os.path.join(runtime_dir(), self.node_id[:16] + ".sock")
         if len(os.fsencode(path)) > UNIX_PATH_MAX:
             raise ValueError(f"the Unix socket path {path} is over {UNIX_PATH_MAX} bytes, the "
-                             f"limit of a socket's name: set XDG_RUNTIME_DIR or TMPDIR to a "
-                             f"folder with a shorter path")
+                             f"limit of a socket's name: set HPCMESH_RUNTIME_DIR, "
+                             f"XDG_RUNTIME_DIR or TMPDIR to a folder with a shorter path")
         return f"unix://{path}"
 
     # -- TLS (tcp:// only; see hpcmesh.transport.tls) ---------------------------------

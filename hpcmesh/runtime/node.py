@@ -33,6 +33,7 @@ from .links import Links, describe_conn, describe_peer  # noqa: F401  (describe_
 from .loop import running_loop, start_loop_thread
 from .peers import Peer, PeerTable
 from .ports import PortTable
+from .services import Services
 # the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
 from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
                        MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
@@ -84,7 +85,7 @@ class Node:
         #: True while the messages of a batch frame are dispatched: a pipelining sender,
         #: whose calls an actor runs faster from its mailbox task than one by one inline.
         self.in_batch = False
-        self.services: dict[str, Callable] = {}
+        self.services = Services()      # what peers may call by name (Node.rpc)
         self.actors: dict[str, Any] = {}          # actor_id -> ActorInstance (worker side)
         self.actor_services: Any = None           # set by ActorServices.attach
         # run when the process this node serves is told to stop (an actor process's
@@ -437,30 +438,9 @@ class Node:
 
     def _handle_rpc(self, msg: tuple) -> None:
         _, service, args, reply = msg
-        fn = self.services.get(service)
-        if fn is None:
-            self._reply_error(reply, LookupError(
-                f"node {self.name or self.role} has no service {service!r}; "
-                f"known: {', '.join(sorted(self.services))}"))
-            return
-        try:
-            result = fn(*args)
-        except Exception as e:  # noqa: BLE001
-            self._reply_error(reply, e)
-            return
-        if asyncio.iscoroutine(result):
-            task = self.loop.create_task(result)
-
-            def done(t: asyncio.Task) -> None:
-                if t.cancelled():
-                    self._reply_error(reply, RuntimeError(f"service {service} was cancelled"))
-                elif t.exception() is not None:
-                    self._reply_error(reply, t.exception())
-                else:
-                    self.reply(reply, t.result())
-            task.add_done_callback(done)
-        else:
-            self.reply(reply, result)
+        self.services.run(service, args, self.loop, here=self.name or self.role,
+                          answer=lambda value: self.reply(reply, value),
+                          fail=lambda exc: self._reply_error(reply, exc))
 
     def reply_to(self, origin: str | None, port_id: int | None, value: Any) -> None:
         """Answer a call: deliver ``value`` (or a failure) to port ``port_id`` of the
@@ -563,6 +543,25 @@ class Node:
 
     def peer_connected(self, peer_id: str) -> bool:
         return self.peers.connected(peer_id)
+
+    # -- a call that pauses inside frame handling (runtime/debugger.py) -----------------
+    def pause_frame_handling(self) -> tuple[bool, bool]:
+        """A call handled from a read pauses, the loop turning inside it (a breakpoint):
+        replies are no longer held for the read's end, and those held leave now. Returns
+        what ``resume_frame_handling`` puts back (the rest: ``take_unhandled_frames``)."""
+        paused = self._handling_frames, self.in_batch
+        self._handling_frames = self.in_batch = False
+        held = self._replied
+        while held:
+            held.pop().flush_now()
+        return paused
+
+    def resume_frame_handling(self, paused: tuple[bool, bool]) -> None:
+        self._handling_frames, self.in_batch = paused
+
+    def handle_frames(self, conn: Connection, frames: list) -> None:
+        """Handle ``frames`` read from ``conn`` as its reader does (``take_unhandled_frames``'s)."""
+        self._on_frames(conn, frames)
 
     # -- shutdown --------------------------------------------------------------------
     def close(self) -> None:

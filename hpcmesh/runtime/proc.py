@@ -1,4 +1,4 @@
-"""Entry point of an actor process (``python -m hpcmesh.runtime.proc``).
+"""Entry point of an actor process (``python -P -m hpcmesh.runtime.proc``).
 
 Started by a host agent with the bootstrap variables; it listens (Unix socket
 plus TCP on the host's chosen address), dials the controller, hosts actors,
@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 
+from ..private_files.modules import current_folder_last
 from ..settings import env_number, log_level
 from ..transport.addresses import secret_from_env
 from .actor_services import ActorServices
@@ -27,6 +28,12 @@ from .loop import new_event_loop
 from .node import Node, NodeRef, set_current_node
 
 log = logging.getLogger("hpcmesh.proc")
+
+#: Seconds a process tries to reach its controller, which waits for it, before it gives up.
+#: One that is gone refuses at once; a busy one (hundreds of processes dialing back at once
+#: on a loaded machine) turns dialers away for a while (BUSY, retried) or answers slowly: a
+#: spawn of 64 x 8 processes on this 2-core VM with two CPU hogs took 24 s.
+CONNECT_TIMEOUT = 60.0
 
 
 class ProcRuntime:
@@ -132,7 +139,8 @@ async def _amain() -> int:
     # A SIGTERM while still connecting (a mesh stopped as it starts) ends the process now:
     # there are no actors to clean up yet.
     connecting = asyncio.ensure_future(
-        node.connect_first(controller_addrs, expect=controller.node_id or None))
+        node.connect_first(controller_addrs, expect=controller.node_id or None,
+                           timeout=CONNECT_TIMEOUT))
     stopped = asyncio.ensure_future(rt.done.wait())
     await asyncio.wait((connecting, stopped), return_when=asyncio.FIRST_COMPLETED)
     if not connecting.done():
@@ -152,6 +160,9 @@ async def _amain() -> int:
 def main() -> None:
     code = 1
     try:
+        # started with -P (forked by the zygote: it was): the user's modules of the current
+        # folder, which actors defined there import, are found last and checked instead
+        current_folder_last()
         if os.environ.get("HPCMESH_LOG_CHANNEL"):
             sys.stdout.reconfigure(line_buffering=True)
             sys.stderr.reconfigure(line_buffering=True)

@@ -19,9 +19,6 @@ from .context import ActorInstance
 
 log = logging.getLogger("hpcmesh.proc")
 
-#: Seconds the store's own operations wait until a user of it sets its timeout.
-STORE_TIMEOUT_S = 60.0
-
 
 def needs_store(instance: ActorInstance) -> bool:
     return instance.rendezvous is not None and instance.rank.rank == 0 and \
@@ -30,15 +27,12 @@ def needs_store(instance: ActorInstance) -> bool:
 
 def serve_store(instance: ActorInstance) -> None:
     """Start member 0's TCPStore; a failure is logged, and collectives report it when used."""
-    from datetime import timedelta       # here: every actor process imports this module
-
-    import torch.distributed as dist     # loaded already: needs_store checked
+    from .torch_store import tcp_store   # here: every actor process imports this module
 
     rdv = instance.rendezvous
     try:
-        instance.rendezvous_store = dist.TCPStore(
-            str(rdv.addr), int(rdv.port), instance.rank.extent.nelem, is_master=True,
-            timeout=timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False)
+        instance.rendezvous_store = tcp_store(rdv.addr, rdv.port, master=True,
+                                              world_size=instance.rank.extent.nelem)
     except Exception as e:  # noqa: BLE001 - the spawn goes on; collectives fail clearly later
         log.warning("could not serve the collective store of %s at %s:%s: %s",
                     instance.mesh_name, rdv.addr, rdv.port, e)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from typing import Callable
 
 from .errors import MeshFailure
 
@@ -19,10 +20,25 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
     sys.exit(1)
 
 
+def _this_default() -> Callable[[MeshFailure], None]:
+    return unhandled_fault_hook
+
+
+_hook_reader: Callable[[], Callable[[MeshFailure], None]] = _this_default
+
+
+def set_fault_hook_reader(reader: Callable[[], Callable[[MeshFailure], None]]) -> None:
+    """Where :func:`run_unhandled_fault_hook` finds the hook the program installed: the
+    public face (``hpcmesh.actor``, a layer above this one, whose attribute a program
+    replaces) registers a reader of that attribute when it is imported, as it is read at
+    each failure (it may be replaced at any time)."""
+    global _hook_reader
+    _hook_reader = reader
+
+
 def run_unhandled_fault_hook(failure: MeshFailure) -> None:
     """The hook the program installed (looked up now: it may have been replaced), run."""
-    face = sys.modules.get("hpcmesh.actor")     # not imported: the face sits above us
-    hook = getattr(face, "unhandled_fault_hook", unhandled_fault_hook)
+    hook = _hook_reader()
     try:
         hook(failure)
     except BaseException as e:  # noqa: BLE001 - SystemExit included: the fault is fatal

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import socket
-import subprocess
 import struct
 import threading
 import time
@@ -39,6 +37,7 @@ from typing import Any, Callable
 from ..settings import env_flag, env_number
 from ..transport import connection
 from ..transport.serialization import out_of_band
+from . import nvidia_smi
 
 #: Set to 1 in the environment of processes started while telemetry is on.
 TELEMETRY_VAR = "HPCMESH_TELEMETRY"
@@ -623,47 +622,13 @@ def _thread_count() -> int:
 
 
 # -- GPUs -------------------------------------------------------------------------------
-NVIDIA_SMI_QUERY = "index,uuid,name,utilization.gpu,memory.used,memory.total"
-
-
-def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
-    """Rows of ``nvidia-smi --query-gpu=<NVIDIA_SMI_QUERY> --format=csv,noheader,nounits``;
-    a field nvidia-smi could not read ("[N/A]", "[Not Supported]") becomes None."""
-    def num(s: str) -> float | None:
-        try:
-            return float(s)
-        except ValueError:
-            return None
-    out = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 6 or not parts[0].isdigit():
-            continue
-        used, total = num(parts[4]), num(parts[5])
-        out.append({"gpu": int(parts[0]), "uuid": parts[1], "name": parts[2],
-                    "utilization_percent": num(parts[3]),
-                    "memory_used_bytes": None if used is None else int(used * 2**20),
-                    "memory_total_bytes": None if total is None else int(total * 2**20)})
-    return out
-
-
-_smi: str | None | bool = False     # False: not looked for yet
-
-
 def sample_gpus(timeout: float = 2.0) -> list[dict[str, Any]]:
-    """This host's GPUs now (``nvidia-smi``), [] where there is none or it fails."""
-    global _smi
-    if _smi is False:
-        _smi = shutil.which("nvidia-smi")
-    if not _smi:
-        return []
+    """This host's GPUs now, [] where there is no nvidia-smi or it fails (a sample is
+    skipped, not an error)."""
     try:
-        res = subprocess.run([_smi, f"--query-gpu={NVIDIA_SMI_QUERY}",
-                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                             timeout=timeout, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        return nvidia_smi.query_gpus(timeout) or []
+    except nvidia_smi.NvidiaSmiError:
         return []
-    return parse_nvidia_smi(res.stdout) if res.returncode == 0 else []
 
 
 # -- switching on -------------------------------------------------------------------------

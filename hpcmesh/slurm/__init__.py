@@ -6,7 +6,9 @@ commands is the job layer's business (``hpcmesh.job``).
 
 from .parsing import (
     SACCT_FORMAT,
+    SLURM_STATES,
     SLURM_STATES_ACTIVE,
+    SLURM_STATES_LIVE,
     SLURM_STATES_TERMINAL,
     SQUEUE_FORMAT,
     Allocation,
@@ -37,7 +39,9 @@ from .spec import JobSpec, MeshSpec, SpecError, load_job_spec, parse_job_spec, p
 
 __all__ = [
     "SACCT_FORMAT",
+    "SLURM_STATES",
     "SLURM_STATES_ACTIVE",
+    "SLURM_STATES_LIVE",
     "SLURM_STATES_TERMINAL",
     "SQUEUE_FORMAT",
     "Allocation",

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 import hostlist  # python-hostlist
-from ..errors import HpcmeshError
+from ..errors import HpcmeshError, excerpt
+from ..runtime.gpu_binding import gpu_indexes
 
 __all__ = [
     "SlurmParseError",
@@ -27,8 +28,10 @@ __all__ = [
     "parse_slurm_duration",
     "parse_exit_code",
     "normalize_state",
+    "SLURM_STATES",
     "SLURM_STATES_TERMINAL",
     "SLURM_STATES_ACTIVE",
+    "SLURM_STATES_LIVE",
     "Allocation",
     "clean_env_for_nested_srun",
     "SQUEUE_FORMAT",
@@ -92,14 +95,6 @@ def whole_number(text: str) -> int | None:
     return int(text) if _DIGITS.fullmatch(text) else None
 
 
-def excerpt(value: str, limit: int = 60) -> str:
-    """``repr(value)``, cut after ``limit`` characters with the length said, so an
-    error about a 100 KB value stays one readable line."""
-    if len(value) <= limit:
-        return repr(value)
-    return f"{value[:limit]!r}... ({len(value)} characters)"
-
-
 class _BadHostlist(Exception):
     """Why a hostlist cannot be expanded (the caller names the hostlist)."""
 
@@ -161,12 +156,14 @@ def _expand_part(part: str, room: int, limit: int) -> list[str]:
         raise _BadHostlist(str(exc)) from None
 
 
-def expand_hostlist(s: str, *, max_hosts: int = MAX_HOSTS) -> list[str]:
+def expand_hostlist(s: str, *, max_hosts: int = MAX_HOSTS, unique: bool = False) -> list[str]:
     """``node[01-04,07],gpu-a[1-2]`` -> ``['node01', ..., 'gpu-a2']``, in Slurm's order.
 
-    Order is kept (not sorted) because rank assignment follows the nodelist; a name
-    given twice counts once. Bounded: at most ``max_hosts`` names (checked before any
-    list is built, so ``n[1-999999999999]`` costs nothing) and ``MAX_VALUE_CHARS`` of text.
+    The one hostlist expander of hpcmesh (Slurm's nodelists, ssh host lists). Order is
+    kept (not sorted) because rank assignment follows the nodelist; a name given twice
+    counts once, or with ``unique`` is an error (a list a person wrote). Bounded: at most
+    ``max_hosts`` names (checked before any list is built, so ``n[1-999999999999]`` costs
+    nothing) and ``MAX_VALUE_CHARS`` of text. Host names are not checked here.
     """
     if not isinstance(s, str):
         raise SlurmParseError(f"hostlist must be a string, got {type(s).__name__} {s!r}")
@@ -181,6 +178,8 @@ def expand_hostlist(s: str, *, max_hosts: int = MAX_HOSTS) -> list[str]:
         names: dict[str, None] = {}
         for part in _hostlist_parts(text):
             for name in _expand_part(part, max_hosts - len(names), max_hosts):
+                if unique and name in names:
+                    raise SlurmParseError(f"hostlist {excerpt(s)} names {excerpt(name)} twice")
                 names[name] = None
     except _BadHostlist as exc:
         raise SlurmParseError(f"cannot expand hostlist {excerpt(s)} ({exc}); expected a "
@@ -335,16 +334,24 @@ _SHORT_STATES = {
     "SO": "STAGE_OUT", "S": "SUSPENDED", "ST": "STOPPED", "TO": "TIMEOUT",
 }
 
-#: The job will not run again (this run is over and nothing will requeue it by itself).
+#: Every job state squeue and sacct document (the JOB STATE CODES of Slurm 22.05 and 24.11:
+#: the same 24), by long name.
+SLURM_STATES = frozenset(_SHORT_STATES.values())
+#: Over: this run ended and nothing will requeue it by itself.
 SLURM_STATES_TERMINAL = frozenset({
     "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
     "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "TIMEOUT",
 })
-#: The job holds or may still get nodes (held and requeued jobs included: they can run again).
-SLURM_STATES_ACTIVE = frozenset({
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
-    "RESIZING", "SIGNALING", "STAGE_OUT", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-    "RESV_DEL_HOLD", "SPECIAL_EXIT",
+#: Not over: Slurm still has the job (winding up, stopped, held and requeued jobs included).
+#: The question "is it gone yet?" (a cancel waits until none of its jobs is in here).
+SLURM_STATES_ACTIVE = SLURM_STATES - SLURM_STATES_TERMINAL
+#: Alive for someone waiting on the job's programs: they run, or will run once Slurm gets to
+#: them (pending, suspended, on its way back into the queue). Not the states of a run being
+#: wound up (COMPLETING, STAGE_OUT), stopped by SIGSTOP until someone resumes it (STOPPED),
+#: or held until a person acts (RESV_DEL_HOLD, SPECIAL_EXIT).
+SLURM_STATES_LIVE = frozenset({
+    "PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "SIGNALING",
+    "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
 })
 
 
@@ -448,16 +455,15 @@ def _env_hosts(env: Mapping[str, str], name: str, max_hosts: int = MAX_HOSTS) ->
 
 
 def _env_gpu_indexes(env: Mapping[str, str], name: str) -> int | None:
-    """How many GPUs an index list (``0,1,2,3``: SLURM_STEP_GPUS / SLURM_JOB_GPUS) names."""
+    """How many GPUs an index list (``0,1,2,3``: SLURM_STEP_GPUS / SLURM_JOB_GPUS) names;
+    the host agent reads the same list with the same check (``gpu_binding.gpu_indexes``)."""
     raw = _env_raw(env, name)
     if raw is None:
         return None
-    items = [whole_number(i) for i in raw.strip().split(",")]
-    if len(raw) > MAX_VALUE_CHARS or len(items) > MAX_PER_NODE or not all(
-            i is not None and i <= MAX_PER_NODE for i in items):
-        raise SlurmParseError(f"{name}={excerpt(raw)}: expected GPU indexes from 0 to "
-                              f"{MAX_PER_NODE}, comma-separated, like '0,1,2,3'")
-    return len(items)
+    try:
+        return len(gpu_indexes(name, raw))
+    except ValueError as exc:
+        raise SlurmParseError(str(exc)) from None
 
 
 def slurm_job_id(env: Mapping[str, str]) -> str | None:
@@ -580,10 +586,11 @@ class Allocation:
                     gpus = parse_gpu_count(raw)
                 except SlurmParseError as exc:
                     raise SlurmParseError(f"SLURM_GPUS_PER_NODE: {exc}") from None
-        for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
-            # Index lists ("0,1,2,3") of the GPUs on this node; counted as a last resort.
-            if gpus is None:
-                gpus = _env_gpu_indexes(env, name)
+        # Index lists ("0,1,2,3") of the GPUs on this node: checked whenever set (processes
+        # are given them), counted as a last resort.
+        listed = [_env_gpu_indexes(env, name) for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")]
+        if gpus is None:
+            gpus = next((n for n in listed if n is not None), None)
 
         step_raw = _env_int(env, "SLURM_STEP_ID", "a step id", 0, MAX_ID)
         if step_raw is None:
@@ -778,7 +785,14 @@ class JobRecord:
 
     @property
     def is_active(self) -> bool:
+        """Not over yet (see ``SLURM_STATES_ACTIVE``): what a cancel waits out."""
         return self.state in SLURM_STATES_ACTIVE
+
+    @property
+    def is_live(self) -> bool:
+        """Its programs run or will run (see ``SLURM_STATES_LIVE``): what a wait for them,
+        or the reuse of a cached job, needs."""
+        return self.state in SLURM_STATES_LIVE
 
     @property
     def time_used_seconds(self) -> int | None:

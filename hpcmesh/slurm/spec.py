@@ -31,13 +31,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-import yaml
-
-from ..yaml_lines import (DuplicateKey, allowed_suffix, describe_yaml_error, index_lines,
-                          nearest_line)
-from .parsing import (MAX_HOSTS, MAX_MEM_MB, MAX_PER_NODE, SlurmParseError, excerpt,
+from ..yaml_lines import (Invalid, SchemaError, Where, allowed_suffix, check_keys, count,
+                          describe, load_yaml)
+from .parsing import (MAX_HOSTS, MAX_MEM_MB, MAX_PER_NODE, SlurmParseError,
                       parse_slurm_duration, whole_number)
-from ..errors import HpcmeshError
 
 __all__ = [
     "SpecError",
@@ -76,27 +73,10 @@ SHARED_ALLOCATION_KEYS = (
 )
 
 
-class SpecError(HpcmeshError, ValueError):
-    """A bad job spec. The message names file:line, the key or value, and what is allowed.
-
-    ``source``, ``line`` (1-based or None), ``key`` (dotted path) and ``allowed`` are
-    kept as attributes for tools such as ``hpcmesh render``.
-    """
-
-    def __init__(self, message: str, *, source: str | None = None, line: int | None = None,
-                 key: str | None = None, allowed: Sequence[str] = (),
-                 suggest: str | None = None) -> None:
-        self.source, self.line, self.key = source, line, key
-        self.allowed = tuple(allowed)
-        self.problem = message
-        text = message + allowed_suffix(self.allowed, suggest)
-        if source is not None:
-            text = f"{source}:{line}: {text}" if line is not None else f"{source}: {text}"
-        super().__init__(text)
-
-
-class _Invalid(Exception):
-    """A field validator's complaint; the caller adds where it happened."""
+class SpecError(SchemaError):
+    """A bad job spec. The message names file:line, the key or value, and what is allowed;
+    ``source``, ``line``, ``key`` and ``allowed`` stay attributes for tools such as
+    ``hpcmesh render`` (the yaml_lines family: ``SchemaError``)."""
 
 
 # Bounds of the numbers in a spec: Slurm's own limits, so that a typo (or 2**70 nodes) is
@@ -118,114 +98,31 @@ MAX_SIGNAL_NUMBER = 64
 
 def parse_yaml_with_lines(text: str, source: str = "<string>") -> tuple[Any, dict[str, int], dict[str, str]]:
     """Load YAML keeping, for each dotted path (``meshes.trainers.nodes``, ``setup[1]``),
-    its 1-based line and the raw text of plain scalars.
+    its 1-based line and the raw text of plain scalars (yaml_lines.load_yaml; errors are
+    SpecError).
 
     Raw text matters because YAML 1.1 reads ``time: 01:30:00`` as the number 5400 and
     ``account: 0123`` as octal; string-typed keys use the text as written.
     """
-    try:
-        loader = yaml.SafeLoader(text)           # refuses a NUL byte here already
-    except yaml.YAMLError as exc:
-        message, line = describe_yaml_error(exc, text)
-        raise SpecError(message, source=source, line=line) from None
-    try:
-        try:
-            root = loader.get_single_node()
-        except yaml.YAMLError as exc:
-            message, line = describe_yaml_error(exc, text)
-            raise SpecError(message, source=source, line=line) from None
-        if root is None:
-            return None, {}, {}
-        lines: dict[str, int] = {}
-        raw: dict[str, str] = {}
-        try:
-            index_lines(loader, root, lines, raw)
-        except DuplicateKey as e:
-            raise SpecError(str(e), source=source, line=e.line, key=e.path) from None
-        try:
-            data = loader.construct_document(root)
-        except ValueError:  # int() refuses a number of more than 4300 digits
-            path = next((p for p, t in raw.items() if len(t) > 4300), None)
-            raise SpecError(f"{path or 'a value'}: a number of more than 4300 digits; no job "
-                            "spec value needs one", source=source,
-                            line=lines.get(path) if path else None, key=path) from None
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            raise SpecError(f"invalid YAML value: {exc.problem}", source=source,
-                            line=mark.line + 1 if mark else None) from None
-        return data, lines, raw
-    finally:
-        loader.dispose()
+    return load_yaml(text, source, SpecError)
 
 
-class _Ctx:
-    """Where values came from: source name, dotted-path lines, raw scalar text."""
-
-    def __init__(self, source: str, lines: Mapping[str, int] | None, raw: Mapping[str, str] | None,
-                 prefix: str = "") -> None:
-        self.source = source
-        self.lines = lines or {}
-        self.raw = raw or {}
-        self.prefix = prefix
-
-    def path(self, *parts: str | int) -> str:
-        out = self.prefix
-        for p in parts:
-            if isinstance(p, int):
-                out += f"[{p}]"
-            else:
-                out = f"{out}.{p}" if out else p
-        return out
-
-    def line(self, path: str) -> int | None:
-        return nearest_line(self.lines, path)
-
-    def error(self, path: str, message: str, **kw: Any) -> SpecError:
-        return SpecError(message, source=self.source, line=self.line(path), key=path, **kw)
-
-    def text(self, path: str, value: Any) -> Any:
-        """The scalar as written, for keys whose values are strings."""
-        if isinstance(value, str) or value is None or isinstance(value, (list, dict)):
-            return value
-        return self.raw.get(path, value)
+def _where(source: str, lines: Mapping[str, int] | None, raw: Mapping[str, str] | None,
+           prefix: str = "") -> Where:
+    return Where(source, lines, raw, prefix, kind=SpecError)
 
 
 # --------------------------------------------------------------------------
-# field validators (value -> normalized value, or _Invalid)
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, str):
-        return excerpt(value)
-    if isinstance(value, int) and abs(value) >= 10**60:  # str() of 5000 digits raises
-        return f"an integer of about {round(value.bit_length() * 0.30103)} digits"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return type(value).__name__
+# field validators (value -> normalized value, or Invalid)
 
 
 def _pos_int(name: str, maximum: int, why: str, *, minimum: int = 1,
              optional: bool = False) -> Callable[[Any], Any]:
-    what = "a positive integer" if minimum == 1 else "a non-negative integer"
-
     def conv(value: Any) -> Any:
-        if value is None and optional:
-            return None
         if isinstance(value, str) and whole_number(value) is not None:
             value = whole_number(value)     # a count written as text ("4")
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise _Invalid(f"{name} must be {what}{' or null' if optional else ''}, got {_show(value)}")
-        if value > maximum:
-            raise _Invalid(f"{name} must be at most {maximum} ({why}), got {_show(value)}")
-        return value
+        return count(name, value, maximum=maximum, why=why, minimum=minimum,
+                     optional=optional)
     return conv
 
 
@@ -242,7 +139,7 @@ def _gpus(value: Any) -> int | None:
 def _bool(name: str) -> Callable[[Any], bool]:
     def conv(value: Any) -> bool:
         if not isinstance(value, bool):
-            raise _Invalid(f"{name} must be true or false, got {_show(value)}")
+            raise Invalid(f"{name} must be true or false, got {describe(value)}")
         return value
     return conv
 
@@ -257,7 +154,7 @@ def _word(name: str, example: str) -> Callable[[Any], str | None]:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)
         if not isinstance(value, str) or not _WORD.match(value):
-            raise _Invalid(f"{name} must be one word like {example!r} (no spaces), got {_show(value)}")
+            raise Invalid(f"{name} must be one word like {example!r} (no spaces), got {describe(value)}")
         return value
     return conv
 
@@ -279,9 +176,9 @@ def _mem(value: Any) -> str | None:
         mb = int(digits) * _MB_PER_UNIT[m.group(2).upper()] if 0 < len(digits) <= 20 \
             else MAX_MEM_MB + 1
     if mb > MAX_MEM_MB:
-        raise _Invalid(f"mem must be a size like '64G', '500M' or '0' (all of the node's memory; "
+        raise Invalid(f"mem must be a size like '64G', '500M' or '0' (all of the node's memory; "
                        f"units K, M, G, T, default M; at most {MAX_MEM_MB // 1024**2}T), "
-                       f"got {_show(value)}")
+                       f"got {describe(value)}")
     return str(value) if m is None else m.group(1) + m.group(2).upper()
 
 
@@ -300,9 +197,9 @@ def _time(value: Any) -> str | None:
         except SlurmParseError:
             pass
     if seconds is None or seconds > MAX_TIME_MINUTES * 60:
-        raise _Invalid("time must be minutes or 'HH:MM:SS', 'MM:SS', 'D-HH', 'D-HH:MM', "
+        raise Invalid("time must be minutes or 'HH:MM:SS', 'MM:SS', 'D-HH', 'D-HH:MM', "
                        f"'D-HH:MM:SS' (quote it in YAML), at most {MAX_TIME_MINUTES} minutes, "
-                       f"or UNLIMITED, got {_show(value)}")
+                       f"or UNLIMITED, got {describe(value)}")
     return str(value) if is_int else value.strip()
 
 
@@ -323,18 +220,18 @@ def _signal(value: Any) -> str | None:
     if m and not (sig in _SIGNAL_NAMES or sig.isdigit() and 1 <= int(sig) <= MAX_SIGNAL_NUMBER):
         m = None
     if not m:
-        raise _Invalid("signal must look like 'USR1@90' (signal, then seconds before the time "
+        raise Invalid("signal must look like 'USR1@90' (signal, then seconds before the time "
                        f"limit; optional 'B:' prefix; a number from 1 to {MAX_SIGNAL_NUMBER}) "
-                       f"or null, got {_show(value)}")
+                       f"or null, got {describe(value)}")
     if int(m.group("secs") or 0) > MAX_SIGNAL_SECONDS:
-        raise _Invalid(f"signal's warning time must be at most {MAX_SIGNAL_SECONDS} seconds "
-                       f"(sbatch's limit), got {_show(value)}")
+        raise Invalid(f"signal's warning time must be at most {MAX_SIGNAL_SECONDS} seconds "
+                       f"(sbatch's limit), got {describe(value)}")
     return value.strip().upper()
 
 
 def _python(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or "\n" in value:
-        raise _Invalid(f"python must be the Python executable (a string like 'python3'), got {_show(value)}")
+        raise Invalid(f"python must be the Python executable (a string like 'python3'), got {describe(value)}")
     return value.strip()
 
 
@@ -345,13 +242,13 @@ def _lines(name: str) -> Callable[[Any], list[str]]:
         if isinstance(value, str):
             return [ln for ln in value.splitlines() if ln.strip()]
         if not isinstance(value, (list, tuple)):
-            raise _Invalid(f"{name} must be a list of shell lines, got {_show(value)}")
+            raise Invalid(f"{name} must be a list of shell lines, got {describe(value)}")
         out = []
         for i, item in enumerate(value):
             if isinstance(item, (int, float)) and not isinstance(item, bool):
                 item = str(item)
             if not isinstance(item, str):
-                raise _Invalid(f"{name}[{i}] must be a string (a shell line), got {_show(item)}")
+                raise Invalid(f"{name}[{i}] must be a string (a shell line), got {describe(item)}")
             out.append(item)
         return out
     return conv
@@ -365,17 +262,17 @@ def _extra(value: Any) -> list[str]:
         try:
             value = shlex.split(value)
         except ValueError as exc:
-            raise _Invalid(f"sbatch_extra: cannot split {value!r}: {exc}") from None
+            raise Invalid(f"sbatch_extra: cannot split {value!r}: {exc}") from None
     if not isinstance(value, (list, tuple)):
-        raise _Invalid(f"sbatch_extra must be a list of sbatch options like '--reservation=foo', "
-                       f"got {_show(value)}")
+        raise Invalid(f"sbatch_extra must be a list of sbatch options like '--reservation=foo', "
+                       f"got {describe(value)}")
     out: list[str] = []
     for i, item in enumerate(value):
         if isinstance(item, (int, float)) and not isinstance(item, bool):
             item = str(item)
         if not isinstance(item, str) or "\n" in item or not item.strip():
-            raise _Invalid(f"sbatch_extra[{i}] must be an sbatch option (a one-line string), "
-                           f"got {_show(item)}")
+            raise Invalid(f"sbatch_extra[{i}] must be an sbatch option (a one-line string), "
+                           f"got {describe(item)}")
         item = item.strip()
         if item.startswith("#SBATCH"):
             item = item[len("#SBATCH"):].strip()
@@ -386,7 +283,7 @@ def _extra(value: Any) -> list[str]:
             sep = "=" if out[-1].startswith("--") else " "
             out[-1] = f"{out[-1]}{sep}{item}"
         else:
-            raise _Invalid(f"sbatch_extra[{i}] must be an sbatch option starting with '-' "
+            raise Invalid(f"sbatch_extra[{i}] must be an sbatch option starting with '-' "
                            f"(like '--reservation=foo'), got {item!r}")
     return out
 
@@ -398,16 +295,17 @@ def _env(value: Any) -> dict[str, str | None]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise _Invalid(f"env must be a mapping of variable names to strings, got {_show(value)}")
+        raise Invalid(f"env must be a mapping of variable names to strings, got {describe(value)}")
     out: dict[str, str | None] = {}
     for k, v in value.items():
         if not isinstance(k, str) or not _ENV_NAME.match(k):
-            raise _Invalid(f"env: {_show(k)} is not a valid environment variable name")
+            raise Invalid(f"env: {describe(k, kind=False)} is not a valid environment variable "
+                          "name")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             v = str(v)
         if v is not None and not isinstance(v, str):
-            raise _Invalid(f"env value of {k} must be a string (quote it in YAML) or null to "
-                           f"unset it, got {_show(v)}")
+            raise Invalid(f"env value of {k} must be a string (quote it in YAML) or null to "
+                           f"unset it, got {describe(v)}")
         out[k] = v
     return out
 
@@ -509,7 +407,7 @@ class MeshSpec:
         for key in MESH_KEYS:
             try:
                 setattr(self, key, _CONVERTERS[key](getattr(self, key)))
-            except _Invalid as exc:
+            except Invalid as exc:
                 raise SpecError(f"mesh {self.name!r}: {exc}", key=key) from None
         # Direct construction cannot tell "left at default" from "set to the default";
         # the loaders pass what was written instead (_build_mesh).
@@ -557,17 +455,17 @@ def _lift_extras(values: dict[str, Any], explicit: set[str]) -> None:
         else:
             try:
                 new = _CONVERTERS[key](val)
-            except _Invalid:
+            except Invalid:
                 new = None
             if new is None:  # not in our form (typed GPUs "a100:4"...): keep verbatim
                 if values[key] is not None and values[key] != _field_default(key):
                     raise _Located(i, f"sbatch_extra {entry!r} contradicts {key}: "
-                                      f"{_show(values[key])}; set only {key}")
+                                      f"{describe(values[key], kind=False)}; set only {key}")
                 kept.append(entry)
                 continue
         if key in explicit and values[key] != new:
-            raise _Located(i, f"sbatch_extra {entry!r} contradicts {key}: {_show(values[key])}; "
-                              f"set only {key}")
+            raise _Located(i, f"sbatch_extra {entry!r} contradicts {key}: "
+                              f"{describe(values[key], kind=False)}; set only {key}")
         values[key] = new
     values["sbatch_extra"] = kept
 
@@ -580,7 +478,7 @@ def _field_default(key: str) -> Any:
 def _check_mesh_name(name: Any, fail: Callable[[str], SpecError]) -> None:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) \
             or name.startswith("_"):
-        raise fail(f"mesh name {_show(name)} must be a Python identifier not starting with '_' "
+        raise fail(f"mesh name {describe(name, kind=False)} must be a Python identifier not starting with '_' "
                    "(it becomes an attribute of the job state, e.g. state.trainers)")
 
 
@@ -588,15 +486,15 @@ def _check_job_name(value: Any) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not re.match(r"^[A-Za-z0-9_.+-]+$", value):
-        raise _Invalid(f"job_name must be one word of letters, digits and _.+- (it names the "
-                       f"log files), got {_show(value)}")
+        raise Invalid(f"job_name must be one word of letters, digits and _.+- (it names the "
+                       f"log files), got {describe(value)}")
     return value
 
 
 def _check_log_dir(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value) \
             or "%" in value:
-        raise _Invalid(f"log_dir must be a directory path without spaces or '%', got {_show(value)}")
+        raise Invalid(f"log_dir must be a directory path without spaces or '%', got {describe(value)}")
     return value.rstrip("/") or "/"
 
 
@@ -612,7 +510,8 @@ def _shared_mismatch(meshes: Mapping[str, MeshSpec]) -> tuple[str, str, str] | N
 
 def _mismatch_message(meshes: Mapping[str, MeshSpec], key: str, a: str, b: str) -> str:
     return (f"meshes {a!r} and {b!r} share one allocation (same_allocation: true) but differ in "
-            f"{key} ({_show(getattr(meshes[a], key))} vs {_show(getattr(meshes[b], key))}); "
+            f"{key} ({describe(getattr(meshes[a], key), kind=False)} vs "
+            f"{describe(getattr(meshes[b], key), kind=False)}); "
             "make them equal (e.g. under defaults) or set same_allocation: false")
 
 
@@ -637,7 +536,7 @@ class JobSpec:
             self.job_name = _check_job_name(self.job_name)
             self.log_dir = _check_log_dir(self.log_dir)
             self.same_allocation = _bool("same_allocation")(self.same_allocation)
-        except _Invalid as exc:
+        except Invalid as exc:
             raise SpecError(str(exc)) from None
         if not self.meshes:
             raise SpecError("a job spec needs at least one mesh (meshes: {name: nodes})")
@@ -706,7 +605,7 @@ class JobSpec:
         them, so errors read ``source:line: ...``. ``raw`` holds the scalars' text.
         A mapping without ``meshes`` is one flat mesh named ``mesh_name``.
         """
-        return _from_dict(d, _Ctx(source, lines, raw, prefix), mesh_name)
+        return _from_dict(d, _where(source, lines, raw, prefix), mesh_name)
 
     @classmethod
     def from_monarch_kwargs(
@@ -754,12 +653,12 @@ class JobSpec:
             if value is not None:
                 defaults[key] = value
         if not isinstance(meshes, Mapping):
-            raise SpecError(f"meshes must be a mapping of mesh name to node count, got {_show(meshes)}",
+            raise SpecError(f"meshes must be a mapping of mesh name to node count, got {describe(meshes)}",
                             source="SlurmJob(...)", key="meshes")
         data: dict[str, Any] = {"job_name": job_name, "meshes": dict(meshes), "defaults": defaults}
         if log_dir is not None:
             data["log_dir"] = log_dir
-        return _from_dict(data, _Ctx("SlurmJob(...)", None, None), DEFAULT_MESH_NAME)
+        return _from_dict(data, _where("SlurmJob(...)", None, None), DEFAULT_MESH_NAME)
 
 
 _MONARCH_KWARGS = ("meshes", "python_exe", "slurm_args", "job_name", "ntasks_per_node",
@@ -771,17 +670,7 @@ _MONARCH_KWARGS = ("meshes", "python_exe", "slurm_args", "job_name", "ntasks_per
 # dict -> JobSpec with located errors
 
 
-def _check_keys(ctx: _Ctx, d: Mapping[str, Any], allowed: Sequence[str], where: str,
-                base: tuple[str | int, ...]) -> None:
-    for key in d:
-        if not isinstance(key, str):
-            raise ctx.error(ctx.path(*base), f"keys of {where} must be strings, got {_show(key)}")
-        if key not in allowed:
-            raise ctx.error(ctx.path(*base, key), f"unknown key {key!r} in {where}",
-                            allowed=allowed, suggest=key)
-
-
-def _convert(ctx: _Ctx, key: str, value: Any, path: str) -> Any:
+def _convert(ctx: Where, key: str, value: Any, path: str) -> Any:
     if key == "signal" and value is False:
         value = None  # `signal: false` turns the warning off; its text is not a signal name
     elif key in _TEXT_KEYS:
@@ -792,26 +681,26 @@ def _convert(ctx: _Ctx, key: str, value: Any, path: str) -> Any:
         value = [ctx.text(f"{path}[{i}]", v) for i, v in enumerate(value)]
     try:
         return _CONVERTERS[key](value)
-    except _Invalid as exc:
+    except Invalid as exc:
         message = str(exc)
         m = re.match(r"^\w+\[(\d+)\]", message)
         at = f"{path}[{m.group(1)}]" if m and key in ("setup", "sbatch_extra") else path
         raise ctx.error(at, message) from None
 
 
-def _from_dict(d: Any, ctx: _Ctx, mesh_name: str) -> JobSpec:
+def _from_dict(d: Any, ctx: Where, mesh_name: str) -> JobSpec:
     top = ctx.path() or "the job spec"
     if d is None:
         raise ctx.error(ctx.path(), f"empty job spec; expected a mapping with keys "
                         f"{', '.join(JOB_KEYS)} (or one mesh's keys)")
     if not isinstance(d, Mapping):
-        raise ctx.error(ctx.path(), f"{top} must be a mapping, got {_show(d)}")
+        raise ctx.error(ctx.path(), f"{top} must be a mapping, got {describe(d)}")
     flat = "meshes" not in d
     where = f"{ctx.prefix}" if ctx.prefix else "the job spec"
     if flat and "defaults" in d:
         raise ctx.error(ctx.path("defaults"), "defaults applies to meshes, but there is no "
                         "'meshes:'; add meshes or put the keys at the top level")
-    _check_keys(ctx, d, _FLAT_KEYS if flat else JOB_KEYS, where, ())
+    check_keys(ctx, d, _FLAT_KEYS if flat else JOB_KEYS, where, ())
 
     job: dict[str, Any] = {}
     for key, conv in (("job_name", _check_job_name), ("log_dir", _check_log_dir),
@@ -820,7 +709,7 @@ def _from_dict(d: Any, ctx: _Ctx, mesh_name: str) -> JobSpec:
             value = ctx.text(ctx.path(key), d[key]) if key != "same_allocation" else d[key]
             try:
                 job[key] = conv(value)
-            except _Invalid as exc:
+            except Invalid as exc:
                 raise ctx.error(ctx.path(key), str(exc)) from None
 
     if flat:
@@ -831,12 +720,12 @@ def _from_dict(d: Any, ctx: _Ctx, mesh_name: str) -> JobSpec:
         defaults_src = d.get("defaults") or {}
         if not isinstance(defaults_src, Mapping):
             raise ctx.error(ctx.path("defaults"), f"defaults must be a mapping of mesh keys, "
-                            f"got {_show(defaults_src)}", allowed=MESH_KEYS)
-        _check_keys(ctx, defaults_src, MESH_KEYS, "defaults", ("defaults",))
+                            f"got {describe(defaults_src)}", allowed=MESH_KEYS)
+        check_keys(ctx, defaults_src, MESH_KEYS, "defaults", ("defaults",))
         meshes_src = d["meshes"]
         if not isinstance(meshes_src, Mapping) or not meshes_src:
             raise ctx.error(ctx.path("meshes"), "meshes must be a non-empty mapping of mesh name "
-                            f"to node count or mesh keys, got {_show(meshes_src)}")
+                            f"to node count or mesh keys, got {describe(meshes_src)}")
         mesh_items = [(name, value, ("meshes", name)) for name, value in meshes_src.items()]
 
     meshes: dict[str, MeshSpec] = {}
@@ -858,9 +747,9 @@ def _from_dict(d: Any, ctx: _Ctx, mesh_name: str) -> JobSpec:
             value = {}
         if not isinstance(value, Mapping):
             raise ctx.error(mpath, f"mesh {name!r} must be a node count or a mapping of mesh keys, "
-                            f"got {_show(value)}", allowed=MESH_KEYS)
+                            f"got {describe(value)}", allowed=MESH_KEYS)
         if base:
-            _check_keys(ctx, value, MESH_KEYS, f"mesh {name!r}", base)
+            check_keys(ctx, value, MESH_KEYS, f"mesh {name!r}", base)
         meshes[name], origins[name] = _build_mesh(ctx, name, value, base, defaults_src)
 
     spec_kwargs = dict(job, meshes=meshes, defaults=dict(defaults_src))
@@ -876,7 +765,7 @@ def _from_dict(d: Any, ctx: _Ctx, mesh_name: str) -> JobSpec:
         raise ctx.error(ctx.path(exc.key) if exc.key else ctx.path(), exc.problem) from None
 
 
-def _build_mesh(ctx: _Ctx, name: str, src: Mapping[str, Any], base: tuple[str, ...],
+def _build_mesh(ctx: Where, name: str, src: Mapping[str, Any], base: tuple[str, ...],
                 defaults: Mapping[str, Any]) -> tuple[MeshSpec, dict[str, str]]:
     values: dict[str, Any] = {}
     origin: dict[str, str] = {}
@@ -934,7 +823,7 @@ def _build_mesh(ctx: _Ctx, name: str, src: Mapping[str, Any], base: tuple[str, .
 def parse_job_spec(text: str, source: str = "<string>", *, mesh_name: str = DEFAULT_MESH_NAME) -> JobSpec:
     """A JobSpec from YAML text; errors name ``source`` and the line."""
     data, lines, raw = parse_yaml_with_lines(text, source)
-    return _from_dict(data, _Ctx(source, lines, raw), mesh_name)
+    return _from_dict(data, _where(source, lines, raw), mesh_name)
 
 
 def load_job_spec(path: str | os.PathLike, *, mesh_name: str = DEFAULT_MESH_NAME) -> JobSpec:

@@ -29,6 +29,7 @@ from ..actor.endpoint import Actor, endpoint
 from ..actor.proc_mesh import ProcMesh
 from ..runtime.context import current_rank
 from ..runtime.future import Future
+from ..runtime.torch_store import tcp_store
 from ..runtime.torchrun_env import (TORCHRUN_VARS, WORLD_EXTENT_VAR, WORLD_ID_VAR, places,
                                     torchrun_env)
 
@@ -40,7 +41,6 @@ DEVICE_LOCAL_RANK_VAR = "HPCMESH_DEVICE_LOCAL_RANK"
 #: ``addr:port`` of the store setup_torch_elastic_env made for the world (MASTER_* of its
 #: first run).
 FIRST_STORE_VAR = "HPCMESH_TORCH_WORLD_STORE"
-STORE_TIMEOUT_S = 300.0
 #: What ``enter`` sets beyond torchrun's own variables.
 ELASTIC_VARS = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
                 "TORCHELASTIC_MAX_RESTARTS", WORLD_ID_VAR, FIRST_STORE_VAR, WORLD_EXTENT_VAR)
@@ -93,21 +93,15 @@ def fresh_rendezvous() -> None:
     world over the first store would meet the first one's stale addresses). Every member
     calls it the same number of times; rank 0 serves the new store and posts its port in the
     world's first store, which member 0 serves for as long as the world lasts."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     world_id = os.environ[WORLD_ID_VAR]
     addr, port = os.environ[FIRST_STORE_VAR].rsplit(":", 1)
     _runs[world_id] = run = _runs.get(world_id, 0) + 1
     if run == 1:
         return                                  # the first run uses the store set up for it
-    timeout = timedelta(seconds=STORE_TIMEOUT_S)
-    first = dist.TCPStore(addr, int(port), None, is_master=False, timeout=timeout)
+    first = tcp_store(addr, port, master=False)
     key = f"hpcmesh.spmd/run{run}/master_port"
     if os.environ.get("RANK") == "0":
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], 0, None, is_master=True,
-                              wait_for_workers=False, timeout=timeout)
+        store = tcp_store(os.environ["MASTER_ADDR"], 0, master=True)
         _served[f"{world_id}/run{run}"] = store
         first.set(key, str(store.port))
     os.environ["MASTER_PORT"] = first.get(key).decode()
@@ -118,13 +112,8 @@ class ElasticEnvActor(Actor):
 
     @endpoint
     def serve_store(self, world_id: str, use_ipaddr: Any) -> tuple[str, int]:
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
         addr = reachable_address(use_ipaddr)
-        store = dist.TCPStore(addr, 0, None, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=STORE_TIMEOUT_S))
+        store = tcp_store(addr, 0, master=True)
         _served[world_id] = store
         return addr, store.port
 

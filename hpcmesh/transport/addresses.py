@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from ..errors import allowed_suffix
 from ..private_files import create_file, open_file
 from .handshake import SECRET_BYTES
 
@@ -94,6 +97,76 @@ def _parse_one(url: str) -> Address:
         return Address("memory", path=parts.netloc)
     raise ValueError(f"bad address {url!r}: the scheme must be tcp://, unix:// or ipc://; "
                      f"forms: {FORMS}")
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+WORKER_SCHEMES = ("tcp", "unix", "ipc")
+WORKER_FORMS = ("tcp://host:port (port 1-65535), unix:///absolute/path or ipc:///absolute/path; "
+                "Monarch's DIAL@BIND and service@ prefix are taken too")
+
+
+def is_host_name(text: str) -> bool:
+    """A DNS name or IPv4 address as written in a URL or an ssh host list: letters, digits,
+    '.', '-' and '_', not starting or ending with '.' or '-'."""
+    return bool(_HOST_NAME.fullmatch(text))
+
+
+def parse_worker_address(url: str) -> Address:
+    """The address to dial a running host agent at (``attach_to_workers``, a hosts file's
+    ``workers:``): every form ``parse_address`` reads, held to what can be dialled. Its DIAL
+    part (all of it, for a plain URL) must be ``tcp://host:port`` with a real port (not 0,
+    ``fdN`` or a ``*`` host, which only a listener means) or a unix/ipc socket by absolute
+    path (``unix://tmp/s`` is the relative path ``tmp/s``: a slash short); no user names,
+    paths, '?' or '#'. The BIND part of ``DIAL@BIND`` is the agent's business, only parsed.
+    Raises ValueError naming the URL, the fault and the forms."""
+    if not isinstance(url, str):
+        raise ValueError(f"worker address must be a string like 'tcp://host:port', got "
+                         f"{type(url).__name__} {url!r}")
+    if "://" not in url:
+        hint = f" (did you mean 'tcp://{url}'?)" if re.fullmatch(r"[\w.-]+:\d+", url) else ""
+        raise ValueError(f"worker {url!r} is not a URL; expected {WORKER_FORMS}{hint}")
+    dial, bind = split_alias(url)
+    who = f"worker {url!r}" + (f" (the address to dial, {dial!r})" if dial != url else "")
+    try:
+        parts = urlsplit(dial)
+    except ValueError as exc:  # a bracketed host that is not IPv6
+        raise ValueError(f"{who}: bad IPv6 address ({exc})") from None
+    if parts.scheme not in WORKER_SCHEMES:
+        raise ValueError(f"{who}: unknown scheme {parts.scheme!r}"
+                         f"{allowed_suffix(WORKER_SCHEMES, parts.scheme, cutoff=0.5)}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{who}: unexpected '?' or '#' part; expected {WORKER_FORMS}")
+    if parts.scheme in ("unix", "ipc"):
+        if parts.netloc or not parts.path.startswith("/"):
+            raise ValueError(f"{who}: {parts.scheme} addresses need an absolute path "
+                             f"(three slashes: {parts.scheme}:///path)")
+    else:
+        if parts.path not in ("", "/"):
+            raise ValueError(f"{who}: unexpected path {parts.path!r}; expected {WORKER_FORMS}")
+        if "@" in parts.netloc:
+            raise ValueError(f"{who}: user names are not allowed; expected {WORKER_FORMS}")
+        host = parts.hostname
+        if not host:
+            raise ValueError(f"{who} has no host; expected {WORKER_FORMS}")
+        if ":" in host:
+            try:
+                ipaddress.IPv6Address(host)
+            except ValueError:
+                raise ValueError(f"{who}: bad IPv6 address {host!r}") from None
+        elif not is_host_name(host):
+            raise ValueError(f"{who}: bad host name {host!r}")
+        try:
+            port = parts.port
+        except ValueError:
+            port_text = parts.netloc.rpartition(":")[2]
+            raise ValueError(f"{who}: bad port {port_text!r}; port must be 1-65535") from None
+        if port is None:
+            raise ValueError(f"{who} has no port; expected {WORKER_FORMS}")
+        if not 1 <= port <= 65535:
+            raise ValueError(f"{who}: port {port} out of range 1-65535")
+    if bind != dial:
+        parse_bind_address(url)
+    return parse_address(url)
 
 
 def new_secret() -> bytes:

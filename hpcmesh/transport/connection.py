@@ -18,6 +18,7 @@ import asyncio
 import errno
 import logging
 import os
+import random
 import socket
 import struct
 import threading
@@ -55,6 +56,13 @@ ACCEPT_PAUSE = 0.25
 ACCEPT_LOG_INTERVAL = 10.0
 #: Failed handshakes logged one by one per ACCEPT_LOG_INTERVAL; past that, only counted.
 DROP_LOG_BURST = 5
+#: A dialer turned away with BUSY tries again after about this long, then twice as long
+#: each time, up to BUSY_RETRY_MAX, until its timeout is spent. Hundreds of processes
+#: retrying cost the machine (and the busy listener in it) in proportion to 1 / the cap.
+BUSY_RETRY_FIRST = 0.02
+BUSY_RETRY_MAX = 5.0
+_BUSY_MESSAGE = ("the listener is busy: too many connections are in their handshake there "
+                 "(a flood?)")
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: The first byte of a TLS record carrying a handshake (a ClientHello); the hpcmesh
 #: handshake starts with its magic instead, so a listener tells them apart.
@@ -574,8 +582,7 @@ async def _run_handshake(loop, sock: socket.socket, hs: Handshake, timeout: floa
         while not hs.done:
             data = await recv()
             if hs.dialer and data.startswith(BUSY):
-                raise HandshakeBusy("the listener is busy: too many connections are in their "
-                                    "handshake there (a flood?); try again in a moment")
+                raise HandshakeBusy(_BUSY_MESSAGE)
             if not data:
                 raise HandshakeClosed(
                     "peer closed the connection during the handshake" + (
@@ -595,10 +602,36 @@ async def dial(loop, address: str | Address, secret: bytes, timeout: float = HAN
                tls_ctx: ssl.SSLContext | None = None
                ) -> tuple[socket.socket, bytes, TLSSession | None]:
     """Connect and authenticate (over TLS for tcp:// when ``tls_ctx`` is given); returns
-    the socket, any plaintext read past the handshake, and the TLS session."""
+    the socket, any plaintext read past the handshake, and the TLS session.
+
+    A listener at its cap of connections in their handshake answers BUSY (its flood
+    defence; also what hundreds of processes dialing back at once meet): try again after a
+    jittered, growing pause until ``timeout`` is spent, then raise HandshakeBusy. Every
+    other failure is final at once."""
     addr = parse_address(address) if isinstance(address, str) else address
     if addr.scheme == "tcp" and addr.port == 0:
         raise ValueError(f"cannot dial {addr}: port 0 is only meaningful when listening")
+    deadline = loop.time() + timeout
+    pause, tries = BUSY_RETRY_FIRST, 0
+    while True:
+        tries += 1
+        try:
+            return await _dial_once(loop, addr, secret, max(0.0, deadline - loop.time()),
+                                    tls_ctx)
+        except HandshakeBusy as e:
+            # half to all of the pause: dialers turned away together come back apart
+            wait = pause * (0.5 + random.random() / 2)
+            if loop.time() + wait >= deadline:
+                raise HandshakeBusy(f"{e}; still busy after {tries} tries in "
+                                    f"{timeout:g} s") from None
+            log.debug("%s is busy (try %d); trying again in %.2f s", addr, tries, wait)
+            await asyncio.sleep(wait)
+            pause = min(2 * pause, BUSY_RETRY_MAX)
+
+
+async def _dial_once(loop, addr: Address, secret: bytes, timeout: float,
+                     tls_ctx: ssl.SSLContext | None
+                     ) -> tuple[socket.socket, bytes, TLSSession | None]:
     if addr.scheme == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         target: object = addr.path
@@ -612,12 +645,27 @@ async def dial(loop, address: str | Address, secret: bytes, timeout: float = HAN
     _tune(sock)
     try:
         await asyncio.wait_for(loop.sock_connect(sock, target), timeout)
-        leftover, session = await _run_handshake(loop, sock, Handshake(secret, dialer=True),
-                                                 timeout, tls_ctx)
+        try:
+            leftover, session = await _run_handshake(loop, sock, Handshake(secret, dialer=True),
+                                                     timeout, tls_ctx)
+        except (BrokenPipeError, ConnectionResetError):
+            # the listener closed us at its cap before reading our hello: its BUSY may wait
+            # unread behind the error our send or receive met
+            if tls_ctx is None and _unread(sock).startswith(BUSY):
+                raise HandshakeBusy(_BUSY_MESSAGE) from None
+            raise
     except BaseException:
         sock.close()
         raise
     return sock, leftover, session
+
+
+def _unread(sock: socket.socket) -> bytes:
+    """What the peer sent that is still queued on ``sock`` (b"": nothing, or an error)."""
+    try:
+        return sock.recv(len(BUSY), socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return b""
 
 
 def inherited_listener(fd: int, address: str) -> socket.socket:
@@ -683,6 +731,8 @@ class Listener:
         self._in_handshake: dict[asyncio.Task, socket.socket] = {}
         self._started: set[asyncio.Task] = set()    # of those, the ones whose task ran
         self._spoke: set[asyncio.Task] = set()      # and of these, the ones that sent a byte
+        #: Spoken connections evicted at the cap but let finish, oldest first (_evict_one).
+        self._outside_cap: dict[asyncio.Task, socket.socket] = {}
         self._refused = 0                   # turned away since the last log line
         self._last_log = -1e9
         self._drop_window = -1e9            # when the current logging interval began
@@ -720,12 +770,23 @@ class Listener:
         oldest of all. Refusing the newcomer instead would let anyone who keeps
         MAX_UNAUTHENTICATED idle connections open keep every real dialer out; this way a
         flood only shortens each connection's time to finish its handshake
-        (MAX_UNAUTHENTICATED connections' worth of arrivals)."""
+        (MAX_UNAUTHENTICATED connections' worth of arrivals).
+
+        The oldest of all has spoken and has our answer: its dialer may be done with its
+        side and cannot tell that it was closed for room (hundreds of processes dialing
+        back at once meet this), so it may finish outside the cap, among at most
+        MAX_UNAUTHENTICATED such; past that, the oldest of those is closed."""
         pending = self._in_handshake
         victim = next((t for t in pending if t in self._started and t not in self._spoke),
                       None) or next((t for t in pending if t not in self._started), None) \
             or next(iter(pending))
         sock = pending.pop(victim)
+        if victim in self._spoke:
+            self._outside_cap[victim] = sock
+            if len(self._outside_cap) <= MAX_UNAUTHENTICATED:
+                return
+            victim = next(iter(self._outside_cap))
+            sock = self._outside_cap.pop(victim)
         # One that has not spoken may be a dialer whose hello we have not read: BUSY tells it
         # to try again (not inside TLS, where it would be garbage). One that has spoken has
         # our answer, and its side of the handshake may be over: BUSY would reach it as a
@@ -801,7 +862,20 @@ class Listener:
         deadline = self.loop.time() + HANDSHAKE_TIMEOUT     # one budget for sniff + handshake
         try:
             tls_ctx = self._tls_ctx() if self.address.scheme == "tcp" else None
-            first = await asyncio.wait_for(self.loop.sock_recv(sock, 4096), HANDSHAKE_TIMEOUT)
+            try:
+                # A dialer speaks at once: what it sent is read now, not a few loop passes
+                # later (wait_for's task), in which a slow loop took it for silent and
+                # evicted it first; a crowd of dialers met nothing else.
+                first = sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                first = await asyncio.wait_for(self.loop.sock_recv(sock, 4096),
+                                               HANDSHAKE_TIMEOUT)
+                if me not in self._in_handshake:
+                    # evicted as its first bytes came in (wait_for then returns them rather
+                    # than the cancellation): it was told BUSY and dials again; going on
+                    # would answer it outside the cap and log its reset as a failed handshake
+                    sock.close()
+                    return
             self._spoke.add(me)
             if first and (first[0] == TLS_HANDSHAKE_BYTE) != (tls_ctx is not None):
                 raise HandshakeError(
@@ -829,6 +903,7 @@ class Listener:
             raise
         finally:
             self._in_handshake.pop(me, None)
+            self._outside_cap.pop(me, None)
             self._started.discard(me)
             self._spoke.discard(me)
         self._on_accept(sock, name, leftover, session)

@@ -81,7 +81,7 @@ def test_processes_killed_to_clean_up_a_failed_spawn_are_no_failure(monkeypatch,
     procs = this_host().spawn_procs(per_host={"gpus": 3}, name="fdlast")
     with pytest.raises(Exception, match="Too many open files"):
         procs.initialized.get(timeout=60)
-    connected = [r for r in procs._state.records if r.node is not None]
+    connected = [r for r in procs.records if r.node is not None]
     assert len(connected) == 2, "the test needs processes that connected before the failure"
     deadline = time.monotonic() + 10
     while _procs_named("fdlast") and time.monotonic() < deadline:
@@ -92,7 +92,7 @@ def test_processes_killed_to_clean_up_a_failed_spawn_are_no_failure(monkeypatch,
     node = rt.node
 
     def exit_reported(r) -> bool:
-        lost = getattr(node._peers.get(r.node.node_id), "lost", None)
+        lost = getattr(node.peers.get(r.node.node_id), "lost", None)
         return lost is not None and bool(getattr(lost, "exit_status", ""))
     deadline = time.monotonic() + 10
     while not all(exit_reported(r) for r in connected) and time.monotonic() < deadline:

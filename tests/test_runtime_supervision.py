@@ -164,7 +164,7 @@ def test_stop_right_after_spawn_waits_for_the_start_and_leaves_no_process():
     for grace in (5.0, 5.0, 0.0):     # a grace of 0 must not skip the wait for the start
         pm = this_host().spawn_procs(per_host={"gpus": 2})
         codes = pm.stop(grace=grace).get(timeout=30)
-        pids = [r.pid for r in pm._state.records]
+        pids = [r.pid for r in pm.records]
         assert all(isinstance(pid, int) for pid in pids), pids
         assert wait_gone(pids, 2) == []
         assert len(codes) == 2

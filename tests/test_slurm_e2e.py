@@ -213,7 +213,7 @@ def test_tls_across_nodes(cluster):
         procs = job.state().hosts.spawn_procs(per_host={"gpus": 2})
         got = procs.spawn("w", W).where.call().get(timeout=60).values()
         from hpcmesh.runtime.client import client_runtime
-        conns = [c for p in client_runtime().node._peers.values() for c in [p.conn, *p.extras]
+        conns = [c for p in client_runtime().node.peers.values() for c in [p.conn, *p.extras]
                  if c is not None and not c.closed]
         import socket
         tcp = [c for c in conns if c.sock.family != socket.AF_UNIX]

@@ -99,8 +99,7 @@ def test_processes_killed_to_clean_up_a_failed_spawn_are_no_failure(monkeypatch,
         time.sleep(0.05)
     assert all(exit_reported(r) for r in connected)
     node.run_sync(asyncio.sleep(0))             # past the loop turn that handled them
-    if rt._hook_thread is not None:
-        rt._hook_thread.submit(lambda: None).result(timeout=10)
+    rt.wait_for_fault_hook(timeout=10)
     monkeypatch.undo()
     reports = [f for f in unhandled_faults[before:] if f.mesh_name == "fdlast"]
     assert reports == [], reports

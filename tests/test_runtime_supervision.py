@@ -278,6 +278,31 @@ def test_supervision_error_is_picklable_and_descriptive():
     assert pickle.loads(pickle.dumps(a)).endpoint == "f"
 
 
+def test_wait_for_fault_hook_returns_once_the_hook_ran_for_what_was_offered(monkeypatch):
+    """The hook runs on a thread of its own: a test that checks what reached it (or that
+    nothing did) waits for that thread with ``ClientRuntime.wait_for_fault_hook``."""
+    import threading
+
+    import hpcmesh.actor
+    from hpcmesh.runtime.client import client_runtime
+    from hpcmesh.runtime.errors import MeshFailure
+    release, ran = threading.Event(), []
+
+    def slow_hook(failure):
+        release.wait(10)
+        ran.append(failure)
+    monkeypatch.setattr(hpcmesh.actor, "unhandled_fault_hook", slow_hook)
+    rt = client_runtime()
+    rt.wait_for_fault_hook(timeout=10)          # nothing pending: returns
+    failure = MeshFailure("m", SupervisionError("proc gpus=0 died", "m"))
+    rt.report_failure(None, failure)
+    with pytest.raises(TimeoutError):
+        rt.wait_for_fault_hook(timeout=0.2)     # the hook is still running
+    release.set()
+    rt.wait_for_fault_hook(timeout=10)
+    assert ran == [failure]
+
+
 def test_agent_stops_on_sigterm_even_with_a_controller_attached(tmp_path):
     """scancel/the batch script send SIGTERM: the agent must end at once, not after KillWait."""
     import subprocess

@@ -116,6 +116,7 @@ def test_closing_a_connection_while_other_threads_write_to_it(tmp_path):
                     and time.monotonic() < deadline:
                 time.sleep(0.01)
             conn = a.peers.get(b.node_id).conn
+            assert not conn.encrypted                   # a unix socket: no TLS
             meta = pickle.dumps((MSG_DELIVER, port.port_id, None))
             big = bytearray(200_000)
             stop = threading.Event()

@@ -218,7 +218,7 @@ def test_tls_across_nodes(cluster):
         import socket
         tcp = [c for c in conns if c.sock.family != socket.AF_UNIX]
         print("RESULT " + json.dumps({"got": got, "tcp": len(tcp),
-                                      "tls": sum(c._tls is not None for c in tcp)}), flush=True)
+                                      "tls": sum(c.encrypted for c in tcp)}), flush=True)
         job.kill()
     """))
     res = _run_in_salloc(script, "tls", HPCMESH_TLS_CA="trust_all_connections")

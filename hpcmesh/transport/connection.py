@@ -141,6 +141,11 @@ class Connection:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def encrypted(self) -> bool:
+        """Whether its frames go through TLS (TCP with TLS on)."""
+        return self._tls is not None
+
     # -- reading ---------------------------------------------------------------
     def _on_readable(self) -> None:
         frames: list = []
@@ -447,7 +452,9 @@ KEEPALIVE_S = env_number("HPCMESH_KEEPALIVE", 4, maximum=254, note="0 turns it o
 UNIX_SOCKET_BUFFER = 4 * 1024 * 1024
 
 
-def _tune(sock: socket.socket) -> None:
+def tune_socket(sock: socket.socket) -> None:
+    """What every connection's socket gets: non-blocking; big buffers for a unix socket;
+    no Nagle delay and keepalive probes (``KEEPALIVE_S``) for TCP."""
     sock.setblocking(False)
     if sock.family == socket.AF_UNIX:
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -579,7 +586,7 @@ async def dial(loop, address: str | Address, secret: bytes, timeout: float = HAN
             raise OSError(f"cannot resolve {addr.host}")
         family, _, _, _, target = infos[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
-    _tune(sock)
+    tune_socket(sock)
     try:
         await asyncio.wait_for(loop.sock_connect(sock, target), timeout)
         leftover, session = await _run_handshake(loop, sock, Handshake(secret, dialer=True),
@@ -679,7 +686,7 @@ class Listener:
                 return
             if len(self._in_handshake) >= MAX_UNAUTHENTICATED:
                 self._evict_one()
-            _tune(conn)
+            tune_socket(conn)
             task = self.loop.create_task(self._authenticate(conn, peer))
             self._in_handshake[task] = conn
 

@@ -19,6 +19,7 @@ from hpcmesh.runtime.node import Node
 
 def _counting_yields(monkeypatch) -> list:
     turns: list = []
+    # private: counts the poller's turns (its CPU), no public hook
     monkeypatch.setattr(node_mod, "_yield_core", lambda: turns.append(1))
     return turns
 
@@ -51,10 +52,10 @@ def test_polls_while_the_fanin_is_pending_and_stops_when_it_settles(monkeypatch)
         fanin = _waited_on()
         node.poll_for_rest(fanin, window=10.0)
         await asyncio.sleep(0.02)          # a timer; the loop keeps turning meanwhile
-        assert node._polling and len(turns) > 20
+        assert node._polling and len(turns) > 20   # private: Node has no public view of it
         fanin.set_result("all in")
         await asyncio.sleep(0.005)
-        assert not node._polling
+        assert not node._polling   # private: Node has no public view of it
         seen = len(turns)
         await asyncio.sleep(0.02)
         assert len(turns) == seen          # no polling without a pending fan-in
@@ -68,7 +69,7 @@ def test_polling_ends_with_its_window_even_if_the_fanin_never_settles(monkeypatc
         never = _waited_on()
         t0 = time.perf_counter()
         node.poll_for_rest(never, window=0.005)
-        while node._polling:
+        while node._polling:   # private: Node has no public view of it
             await asyncio.sleep(0)
             assert time.perf_counter() - t0 < 1.0
         assert time.perf_counter() - t0 >= 0.005
@@ -91,7 +92,7 @@ def test_no_polling_off_the_loop_thread_unwaited_settled_or_with_a_zero_window(m
         node.poll_for_rest(done, window=10.0)
         node.poll_for_rest(_waited_on(), window=0.0)
         await asyncio.sleep(0.01)
-        assert not node._polling and turns == []
+        assert not node._polling and turns == []   # private: Node has no public view of it
     _run_on_own_loop(body)
 
 

@@ -274,7 +274,8 @@ def cmd_render(args) -> int:
         except ImportError:
             worker = None
     if worker is None:
-        worker = ["{python}", "-m", "hpcmesh", "worker"]
+        from .private_files.modules import python_module
+        worker = python_module("hpcmesh", "{python}") + ["worker"]
         if attach:
             worker += ["--attach", ",".join(attach)]
     env = _parse_kv(args.env, "--env") or None

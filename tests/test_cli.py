@@ -69,7 +69,7 @@ def test_render_example_spec():
 def test_render_cli_worker_and_attach():
     r = hm("render", "--cli-worker", "--attach", "tcp://10.0.0.1:1234", str(EXAMPLE_SPEC))
     assert r.returncode == 0
-    assert "-m hpcmesh worker --attach tcp://10.0.0.1:1234" in r.stdout
+    assert " -P -m hpcmesh worker --attach tcp://10.0.0.1:1234" in r.stdout
 
 
 def test_render_bad_spec_names_file_line_and_key(tmp_path):

@@ -379,3 +379,52 @@ def test_folder_modules_come_after_everything_else_and_only_when_trusted(tmp_pat
         sys.meta_path.remove(finder)
         for name in names:
             sys.modules.pop(name, None)
+
+
+def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
+    """``-P`` on each command hpcmesh builds for a Python of its own (issue 28): started
+    with ``-m`` or ``-c`` in /tmp, it imported another user's ``sysconfig.py`` there first.
+    The commands are built in one place: no other module of hpcmesh spells ``-m``."""
+    import ast
+    from hpcmesh.job.exec import _python_argv, _python_argv_remote
+    from hpcmesh.job.slurm import agent_command, slurm_bootstrap
+    from hpcmesh.job.ssh import SSHJob
+    from hpcmesh.private_files.modules import RUN_MODULE, python_module
+    from hpcmesh.runtime.bootstrap import default_bootstrap_cmd, runs_entry_point
+    assert python_module("m", "/py") == ["/py", "-P", "-m", "m"]
+    assert agent_command("/py")[:3] == ["/py", "-P", "-c"]
+    for cmd in (default_bootstrap_cmd(), slurm_bootstrap(python="/py")(None)):
+        assert cmd.args[-3:] == ["-P", "-m", "hpcmesh.runtime.proc"] and runs_entry_point(cmd)
+    assert " /py -P -m hpcmesh worker " in SSHJob(hosts="n1", python_exe="/py").remote_command(
+        ["tcp://10.0.0.1:5"], "tok")
+    assert _python_argv("json.tool", ["x"], None) == [sys.executable, "-P", "-c", RUN_MODULE,
+                                                      "json.tool", "x"]
+    assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_MODULE}\' json.tool x;' in \
+        _python_argv_remote("json.tool", ["x"])[2]
+    package = Path(__file__).resolve().parent.parent / "hpcmesh"
+    spelled = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
+                     if any(isinstance(node, ast.Constant) and node.value == "-m"
+                            for node in ast.walk(ast.parse(path.read_text()))))
+    # (bootstrap recognises its entry point at the end of a user's command; spmd reads "-m"
+    # in the argv a user gives it, to run that module in the actor)
+    assert spelled == ["private_files/modules.py", "runtime/bootstrap.py", "spmd/spmd_actor.py"]
+
+
+def test_run_module_is_python_m_with_the_folders_modules_last(tmp_path):
+    """``python -P -c RUN_MODULE mod args`` (``exec_python``'s modules): ``__main__``,
+    ``sys.argv`` and the exit of ``python -m``; the folder's module found (checked), a
+    ``colorsys.py`` there shadows nothing, a missing module is named without a traceback."""
+    from hpcmesh.private_files.modules import run_module_argv
+    (tmp_path / "t28_main.py").write_text(
+        "import sys, colorsys\n"
+        "print(__name__, sys.argv, colorsys.__file__ != 'colorsys.py')\n"
+        "sys.exit(3)\n")
+    (tmp_path / "colorsys.py").write_text("raise SystemExit('shadowed the standard library')\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    r = subprocess.run(run_module_argv("t28_main", ["a", "b c"]), cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (
+        3, f"__main__ {[str(tmp_path / 't28_main.py'), 'a', 'b c']} True\n", "")
+    r = subprocess.run(run_module_argv("t28_nothing"), cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (1, f"{sys.executable}: No module named t28_nothing\n")

@@ -77,8 +77,9 @@ def test_build_environment_four_steps():
 
 
 def test_default_bootstrap_cmd_runs_this_interpreter():
+    # -P: not the current folder first on sys.path (a shared /tmp's sysconfig.py; issue 28)
     c = default_bootstrap_cmd()
-    assert c.program == sys.executable and c.args == ["-m", "hpcmesh.runtime.proc"]
+    assert c.program == sys.executable and c.args == ["-P", "-m", "hpcmesh.runtime.proc"]
     assert c.inherit_env and c.env == {}
 
 

@@ -291,6 +291,114 @@ def test_a_job_spec_module_in_a_folder_others_can_write_is_refused(shared_dir, t
     assert f"`chmod -R go-w {project}` makes it trusted" in r.stderr
 
 
+#: the user's program, run (as root) with the shared folder as its current folder: actors
+#: on processes started every way hpcmesh starts them import the standard library's
+#: ``sysconfig`` and the user's own ``helper`` beside the program's current folder
+WORKERS_IMPORT = textwrap.dedent("""
+    import os, sys
+    from hpcmesh.actor import Actor, default_bootstrap_cmd, endpoint, this_host
+    from hpcmesh.job import ProcessJob
+
+    class Probe(Actor):
+        @endpoint
+        def imports(self):
+            import sysconfig
+            import helper            # the user's own module in the current folder
+            return sysconfig.__file__, helper.WHO, os.getcwd()
+
+    job = ProcessJob({"hosts": 1})   # a host agent of its own: `python -m hpcmesh worker`
+    ways = {"forked": this_host().spawn_procs(per_host={"gpus": 1}),
+            # a PYTHON* variable the fork server was not started with: a plain exec
+            "execd": this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=
+                default_bootstrap_cmd().with_env({"PYTHONHASHSEED": "7"})),
+            "agent": job.state(cached_path=None).hosts.spawn_procs(per_host={"gpus": 1})}
+    try:
+        for way, procs in ways.items():
+            for found in procs.spawn("probe", Probe).imports.call().get(timeout=60).values():
+                print(way, *found, flush=True)
+    finally:
+        for procs in ways.values():
+            procs.stop().get(timeout=30)
+        job.kill()
+""")
+
+
+def test_workers_started_in_a_shared_folder_run_nothing_planted_there(other_user, shared_dir,
+                                                                      tmp_path):
+    # every Python hpcmesh starts with `-m` (actor processes, the fork server, host agents)
+    # had its current folder first on sys.path: another user's sysconfig.py in /tmp ran as
+    # root in the workers of a program started there, and so did their bytecode in
+    # __pycache__ for the user's own module, and their hpcmesh/ in `python -m hpcmesh worker`
+    project = shared_dir(0o1777)
+    (project / "helper.py").write_text("WHO = 'our source'\n")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "sysconfig.py"), touch(marker))
+    other_user.python("import os, sys; os.mkdir(os.path.dirname(sys.argv[1]))\n" + PLANT_FILE,
+                      str(project / "hpcmesh" / "__init__.py"), touch(marker))
+    pyc = importlib.util.cache_from_source(str(project / "helper.py"))
+    other_user.python("import os, sys; os.mkdir(os.path.dirname(sys.argv[1]));"
+                      "open(sys.argv[1], 'wb').write(bytes.fromhex(sys.argv[2]))", pyc,
+                      stamped_pyc(project / "helper.py",
+                                  touch(marker) + "WHO = 'their bytecode'\n").hex())
+    program = tmp_path / "program.py"          # the program itself lives in a folder of ours
+    program.write_text(WORKERS_IMPORT)
+    r = subprocess.run([sys.executable, str(program)], cwd=project, env=hpcmesh_env(),
+                       capture_output=True, text=True, timeout=180)
+    assert not marker.exists(), "a worker ran the other user's code"
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = sorted(tuple(line.split()) for line in r.stdout.splitlines())
+    stdlib = sysconfig.__file__
+    assert found == [(way, stdlib, "our", "source", str(project))
+                     for way in ("agent", "execd", "forked")], (found, r.stderr[-3000:])
+
+
+#: the user's module that `exec_python(hosts, "ourmod", ...)` runs in a shared folder
+EXEC_MODULE = textwrap.dedent("""
+    import sys, sysconfig
+    import helper                    # our own module beside it
+    print(__name__, sys.argv[0], *sys.argv[1:], sysconfig.__file__, helper.WHO)
+""")
+
+
+def test_exec_python_runs_our_module_of_a_shared_folder_and_nothing_planted_there(
+        other_user, shared_dir, tmp_path):
+    # exec_python ran `python -m ourmod` in the working directory: the other user's
+    # sysconfig.py there, their bytecode for our module in __pycache__, or a module of theirs
+    # ran as root. Both ways it runs: streamed (on_output) and into files (output_dir).
+    from hpcmesh.actor import this_host
+    from hpcmesh.job.exec import exec_python
+    project = shared_dir(0o1777)
+    (project / "ourmod.py").write_text(EXEC_MODULE)
+    (project / "helper.py").write_text("WHO = 'ours'\n")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "sysconfig.py"), touch(marker))
+    other_user.python(PLANT_FILE, str(project / "theirmod.py"), touch(marker))
+    pyc = importlib.util.cache_from_source(str(project / "ourmod.py"))
+    other_user.python("import os, sys; os.mkdir(os.path.dirname(sys.argv[1]));"
+                      "open(sys.argv[1], 'wb').write(bytes.fromhex(sys.argv[2]))", pyc,
+                      stamped_pyc(project / "ourmod.py", touch(marker) + EXEC_MODULE).hex())
+    lines: list[tuple[str, str]] = []
+
+    def collect(_label: str, stream: str, line: str) -> None:
+        lines.append((stream, line))
+    streamed = exec_python(this_host(), "ourmod", ["x", "y"], workdir=str(project),
+                           on_output=collect).get(timeout=60)
+    out = tmp_path / "out"
+    to_files = exec_python(this_host(), "ourmod", ["x", "y"], workdir=str(project),
+                           output_dir=str(out)).get(timeout=60)
+    assert not marker.exists(), "exec_python ran the other user's code"
+    ran = f"__main__ {project / 'ourmod.py'} x y {sysconfig.__file__} ours"
+    assert (streamed, lines) == (0, [("stdout", ran)])
+    assert to_files == 0 and [p.read_text() for p in out.glob("*.stdout")] == [ran + "\n"]
+    lines.clear()
+    assert exec_python(this_host(), "theirmod", workdir=str(project),
+                       on_output=collect).get(timeout=60) == 1
+    assert not marker.exists(), "exec_python ran the other user's module"
+    theirs = project / "theirmod.py"
+    assert any(f"refusing to import {theirs}: it is a file owned by {other_user.name}" in line
+               for _stream, line in lines), lines
+
+
 # -- the runtime folder (issue 28 item 4) ------------------------------------------------------
 START_RUNTIME = textwrap.dedent("""
     import os

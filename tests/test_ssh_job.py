@@ -102,7 +102,7 @@ def test_hostlists_and_arguments():
     assert job.describe_meshes()["eval"] == "1 host(s) over ssh: e1"
     cmd = job.remote_command(["tcp://10.0.0.1:5"], "tok")
     assert cmd.startswith("exec env HPCMESH_JOB_TOKEN=tok")
-    assert "/opt/py -m hpcmesh worker --secret-stdin --attach tcp://10.0.0.1:5" in cmd
+    assert "/opt/py -P -m hpcmesh worker --secret-stdin --attach tcp://10.0.0.1:5" in cmd
     assert "SECRET=" not in cmd
     with pytest.raises(ValueError, match="no hosts"):
         SSHJob().apply()

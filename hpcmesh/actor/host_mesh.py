@@ -173,8 +173,8 @@ class HostMesh(MeshTrait):
                 host = self._hosts[host_ranks[hi]]
                 recs = [r for r in records if r.agent == host.agent]
                 try:
-                    reqs = [(n, c, lbl, _mesh_env(member_places[i], master, binding))
-                            for n, c, lbl, i in reqs]
+                    reqs = [(n, c, lbl, _mesh_env(member_places[i], master, binding),
+                             forward_logs) for n, c, lbl, i in reqs]
                     f = node.rpc(host.agent, "spawn_procs", reqs, node.ref, rt.events,
                                  rt.secret.hex(), rt.lease_grace, f"{mesh_name}-{uid}")
                 except BaseException as e:  # noqa: BLE001 - fail these procs, never hang them

@@ -11,6 +11,7 @@ import os
 import pickle
 import socket
 import uuid
+from collections.abc import Iterable, Mapping
 from typing import TypeVar, cast
 
 from ..runtime.actor_services import ActorServices
@@ -253,18 +254,35 @@ class ProcMesh(MeshView):
                     codes.update(res)
                 else:
                     log.warning("stopping processes of %r: %s", st.name, res)
+            rt = existing_client_runtime()
+            if rt is not None and rt.node is node:
+                rt.flush_logs(st.name)      # their folded last lines, before stop() returns
             return codes
         return _run_on_loop(node, stop_all())
 
     async def logging_option(self, stream_to_client: bool = False,
                              aggregate_window_sec: int | None = None,
-                             level: int = logging.INFO) -> None:
-        """Monarch's log settings for these processes. ``stream_to_client``: print their
-        stdout/stderr here, each line prefixed with its process (hpcmesh's default is on;
-        Monarch's default for this call is off, as here). ``level``: the level of each
-        process's root logger. ``aggregate_window_sec`` is checked as Monarch checks it
-        (needs ``stream_to_client``) and otherwise has no effect: hpcmesh prints each line
-        as it comes, prefixed, rather than folding alike lines of a window into one."""
+                             level: int = logging.INFO, *, ranks=None) -> None:
+        """Monarch's log settings for these processes (this view's members).
+
+        ``stream_to_client``: print their stdout/stderr here, each line prefixed with its
+        process (``[hosts=0,gpus=3] ...``); hpcmesh's default at spawn is on, this call's
+        default is off (as Monarch's was). Their per-process log files keep every line
+        whatever is chosen here. ``level``: the level of each process's root logger.
+
+        ``aggregate_window_sec``: fold alike lines (equal once every number in them is a
+        placeholder: ``step 10 loss 0.31`` and ``step 10 loss 0.29``) printed within that
+        many seconds into one line with their count and ranks, the first line's text shown:
+        ``[256 similar log lines, hosts=0..31,gpus=0..7] step 10 loss 0.31``. Each host folds
+        its processes' lines before they travel, and this client folds the hosts' again, so a
+        line reaches the console at most two windows after it was printed; a process's end,
+        ``stop()`` and the client's exit print what is still folded. 0 folds only what
+        arrives together; None (the default) prints each line as it comes.
+
+        ``ranks`` (keyword only, hpcmesh's; torchrun's ``--local-ranks-filter``): which of
+        these members reach the console, the others' lines staying in their log files only:
+        a rank or ranks of this view (``ranks=0``, ``ranks=[0, 8]``), or coordinates as for
+        ``slice`` (``ranks={"gpus": 0}``: each host's first process). None: all."""
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 255:
             raise ValueError(f"logging_option(level={level!r}): a logging level, an int "
                              f"0-255 such as logging.INFO")
@@ -273,19 +291,54 @@ class ProcMesh(MeshView):
                 raise ValueError("logging_option(aggregate_window_sec=...) needs "
                                  "stream_to_client=True: only streamed logs are aggregated")
             if isinstance(aggregate_window_sec, bool) or not isinstance(
-                    aggregate_window_sec, (int, float)) or aggregate_window_sec < 0:
+                    aggregate_window_sec, (int, float)) or not 0 <= aggregate_window_sec < \
+                    float("inf"):
                 raise ValueError(f"logging_option(aggregate_window_sec="
                                  f"{aggregate_window_sec!r}): seconds >= 0, or None")
+        shown = self._console_members(ranks)
+        if shown is not None and not stream_to_client:
+            raise ValueError("logging_option(ranks=...) needs stream_to_client=True: it "
+                             "chooses which ranks' lines are streamed")
         await self.initialized
         st = self._state
-        recs = [st.records[g] for g in self._shape.ranks()]
-        for r in recs:
-            r.forward_logs = bool(stream_to_client)
+        await st.launched         # the agents said which processes they read the output of
+        members = self._shape.ranks()
+        recs = [st.records[g] for g in members]
+        per_agent: dict = {}
+        for g, r in zip(members, recs):
+            r.forward_logs = bool(stream_to_client) and (shown is None or g in shown)
+            if r.log_paths:       # an hpcmesh host agent reads its output (not MPI's)
+                per_agent.setdefault(r.agent, []).append((r.name, r.forward_logs))
         if st.in_this_process:
             logging.getLogger().setLevel(level)
             return
         node = current_or_client_node()
-        await gather([node.rpc(r.node, "set_log_level", level) for r in recs])
+        window = None if aggregate_window_sec is None else float(aggregate_window_sec)
+        await gather([node.rpc(r.node, "set_log_level", level) for r in recs] +
+                     [node.rpc(agent, "log_options", procs, window, st.name)
+                      for agent, procs in per_agent.items()])
+
+    def _console_members(self, ranks) -> set[int] | None:
+        """logging_option's ``ranks`` as the members (indices into the whole mesh) whose
+        lines reach the console; None: all."""
+        if ranks is None:
+            return None
+        if isinstance(ranks, Mapping):
+            return set(self._shape.slice(**ranks).ranks())
+        members = self._shape.ranks()
+        if isinstance(ranks, int) and not isinstance(ranks, bool):
+            ranks = [ranks]
+        if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
+            raise TypeError(f"logging_option(ranks={ranks!r}): a rank, a list of ranks of "
+                            f"this mesh (0..{len(members) - 1}), a dict of coordinates as "
+                            f"for slice (ranks={{'gpus': 0}}), or None for all")
+        out = set()
+        for r in ranks:
+            if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < len(members):
+                raise ValueError(f"logging_option(ranks=...): {r!r} is not a rank of this "
+                                 f"mesh of {len(members)} (0..{len(members) - 1})")
+            out.add(members[r])
+        return out
 
     def __reduce__(self):
         """What travels to another actor: where each process is, not the controller's

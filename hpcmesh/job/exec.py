@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.channel import Port
 from ..actor.endpoint import Actor, endpoint
+from ..private_files.modules import run_module_argv
 from ..runtime.client import client_runtime
 from ..runtime.context import context
 from ..runtime.future import Future
@@ -199,7 +200,8 @@ class BashActor(Actor):
                    env: Mapping[str, str | None] | None = None, workdir: str | None = None,
                    output_dir: str | None = None) -> int:
         """Run a Python script (a path ending in ``.py`` or an existing file) or module
-        (``-m``) with this process's interpreter."""
+        (as ``-m`` would, with the working directory's modules found last and checked:
+        ``private_files.modules``) with this process's interpreter."""
         return self.run(_python_argv(script_or_module, args, workdir), env, workdir, output_dir)
 
     @endpoint
@@ -300,7 +302,7 @@ def _python_argv(script_or_module: str, args: Sequence[str], workdir: str | None
         path = os.path.join(workdir, path)
     if script_or_module.endswith(".py") or os.path.isfile(os.path.expanduser(path)):
         return [sys.executable, script_or_module, *map(str, args)]
-    return [sys.executable, "-m", script_or_module, *map(str, args)]
+    return run_module_argv(script_or_module, args)
 
 
 # ---------------------------------------------------------------------------------------
@@ -408,9 +410,10 @@ def _python_argv_remote(script_or_module: str, args: Sequence[str]) -> list[str]
     if dashed is not None:
         return ["bash", "-c", f'exec "$HPCMESH_PYTHON" {_shell_quote(dashed)} {quoted}']
     target = _shell_quote(script_or_module)
+    module = " ".join(_shell_quote(a) for a in run_module_argv(script_or_module, args)[1:])
     return ["bash", "-c",
             f'if [[ {target} == *.py || -f {target} ]]; then exec "$HPCMESH_PYTHON" {target} '
-            f'{quoted}; else exec "$HPCMESH_PYTHON" -m {target} {quoted}; fi']
+            f'{quoted}; else exec "$HPCMESH_PYTHON" {module}; fi']
 
 
 def _shell_quote(s: str) -> str:
@@ -423,5 +426,8 @@ def exec_python(host_mesh, script_or_module: str, args: Sequence[str] = (),
     """``exec_command`` for a Python script or module, run with the workers' interpreter.
 
     A name starting with '-' is always a script, run as ``./name``: no module name starts
-    with '-', and bare, Python would take it for one of its options (``-c...``)."""
+    with '-', and bare, Python would take it for one of its options (``-c...``). A module
+    runs as ``python -m`` runs it, except that the working directory's own modules are found
+    after the installed ones, and only when nobody else could have planted or changed them
+    (``private_files.modules``): a shared folder's ``sysconfig.py`` shadows nothing."""
     return exec_command(host_mesh, script_or_module, python=True, args=args, **kwargs)

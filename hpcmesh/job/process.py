@@ -13,12 +13,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from typing import Any, Mapping
 
 from ..actor.host_mesh import attach_to_workers
+from ..private_files.modules import python_module
 from ..runtime.client import client_runtime
 from .base import JobTrait
 
@@ -103,7 +103,7 @@ class ProcessJob(JobTrait):
 
     def _start(self, host: str) -> subprocess.Popen:
         sock = os.path.join(self.workdir, f"{host}.sock")
-        cmd = [sys.executable, "-m", "hpcmesh", "worker", "--listen", f"unix://{sock}",
+        cmd = [*python_module("hpcmesh"), "worker", "--listen", f"unix://{sock}",
                "--secret-stdin", "--grace", str(self.grace),
                "--ready-file", os.path.join(self.workdir, f"{host}.ready")]
         env = {**os.environ, **self.env}

@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.host_mesh import HostMesh, HostRef, attach_to_workers
 from ..private_files import make_dirs, write_file
+from ..private_files.modules import PYTHON_FLAGS, python_module
 from ..runtime.agent_main import NOTICE_VAR, run_agent
 from ..runtime.bootstrap import PROC_MODULE, BootstrapCommand
 from ..settings import env_number
@@ -151,7 +152,7 @@ def agent_command(python: str, *, attach: Sequence[str] = (), grace: float | Non
                   initial_wait: float | None = None, job_dir: str | None = None,
                   mesh: str | None = None) -> list[str]:
     """argv that starts one host agent (what the rendered srun lines run)."""
-    argv = [python, "-c", AGENT_CODE]
+    argv = [python, *PYTHON_FLAGS, "-c", AGENT_CODE]
     if attach:
         argv += ["--attach", ",".join(attach)]
     if grace is not None:
@@ -206,7 +207,7 @@ def slurm_bootstrap(*, python: str | None = None,
     says, unless ``env`` sets CUDA_VISIBLE_DEVICES.
     """
     cmd = BootstrapCommand("/bin/sh", ["-c", _PROC_SCRIPT, "hpcmesh-proc",
-                                       python or sys.executable, "-m", PROC_MODULE], env or {})
+                                       *python_module(PROC_MODULE, python)], env or {})
 
     def make(point) -> BootstrapCommand:
         return cmd

@@ -6,7 +6,7 @@
 
 For each host it runs, without a terminal::
 
-    ssh -o BatchMode=yes [ssh_args] HOST env HPCMESH_JOB_TOKEN=... <python_exe> -m hpcmesh \\
+    ssh -o BatchMode=yes [ssh_args] HOST env HPCMESH_JOB_TOKEN=... <python_exe> -P -m hpcmesh \\
         worker --attach <this client's addresses> --secret-stdin --grace G ...
 
 and writes the job secret (hex) to ssh's stdin, so it is never on a command line
@@ -30,6 +30,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from ..hosts_file import expand_hosts
+from ..private_files.modules import python_module
 from ..runtime.client import client_runtime
 from ..transport import tls
 from .attach import AttachTimeout, AttachWaiter
@@ -125,7 +126,7 @@ class SSHJob(JobTrait):
     def remote_command(self, attach: list[str], token: str) -> str:
         """The command line run on each host (shell-quoted; holds no secret)."""
         env = {**self.env, "HPCMESH_JOB_TOKEN": token, "HPCMESH_LEASE_GRACE": str(self.grace)}
-        worker = [self.python_exe, "-m", "hpcmesh", "worker", "--secret-stdin",
+        worker = [*python_module("hpcmesh", self.python_exe), "worker", "--secret-stdin",
                   "--attach", ",".join(attach), "--grace", str(self.grace),
                   "--initial-wait", str(self.grace),
                   "--listen", f"tcp://0.0.0.0:{self.port or 0}"]

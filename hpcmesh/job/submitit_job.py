@@ -27,7 +27,7 @@ Clusters:
 * ``"debug"`` — submitit runs the task function in this process. An agent
   cannot live in the controller's process (the runtime keeps one current node
   per process, and signal handling needs the main thread), so here the task
-  function starts the n agents as child processes (``python -m hpcmesh worker``)
+  function starts the n agents as child processes (``python -P -m hpcmesh worker``)
   and returns; this still exercises the submission path in-process.
 * ``None`` — what ``submitit.AutoExecutor`` detects (slurm if ``srun`` exists).
 
@@ -46,6 +46,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from ..private_files.modules import python_module
 from ..runtime.agent_main import configure_logging, exit_status, run_agent
 from ..runtime.client import client_runtime
 from .attach import AttachTimeout, AttachWaiter
@@ -106,7 +107,7 @@ def debug_start_agents(n: int, attach: list[str], secret_file: str, token: str, 
         env.pop("HPCMESH_SECRET", None)
         for i in range(n):
             with open_log(os.path.join(log_dir, f"agent-{token}-{i}.log")) as log:
-                p = subprocess.Popen([sys.executable, "-m", "hpcmesh",
+                p = subprocess.Popen([*python_module("hpcmesh"),
                                       *_worker_argv(attach, grace, initial_wait, None, None)],
                                      env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                      start_new_session=True)

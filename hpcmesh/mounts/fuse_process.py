@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 
 from ..errors import HpcmeshError
 from ..private_files import TRUST, Opened, explain, walk
+from ..private_files.modules import python_module
 from ..runtime.exit_actions import mounts_at, register_unmount, unmount, unmount_if_ours
 
 #: seconds the kernel may cache that a path does not exist (and, where a filesystem cannot
@@ -176,7 +177,8 @@ class FuseProcess:
     root (device, inode) is noted once it is up: ``opened_root`` checks that the mount
     point still leads there, whatever became of the path since."""
 
-    def __init__(self, argv: list[str], mountpoint: str, where: str, what: str, pass_fds=()):
+    def __init__(self, module: str, args: list[str], mountpoint: str, where: str, what: str,
+                 pass_fds=()):
         self.mountpoint = mountpoint
         self.where = where
         self.what = what
@@ -184,7 +186,7 @@ class FuseProcess:
         # stderr to a file, not a pipe: a long-lived filesystem that logs would otherwise
         # block once the pipe is full, and the mount with it
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, *argv, "--fsname", self.fsname,
+        self.proc = subprocess.Popen([*python_module(module), *args, "--fsname", self.fsname,
                                       mountpoint], pass_fds=pass_fds,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr)

@@ -194,9 +194,9 @@ class GatherMount:
             threading.Thread(target=self._serve, args=(mine, members), daemon=True,
                              name="hpcmesh-gather-mount").start()
             try:
-                self.fs = FuseProcess(["-m", "hpcmesh.mounts.fuse_gather", "--fd",
-                                       str(theirs.fileno()), "--keys",
-                                       ",".join(self.hosts_by_key)], local, "this client",
+                self.fs = FuseProcess("hpcmesh.mounts.fuse_gather", ["--fd",
+                                      str(theirs.fileno()), "--keys",
+                                      ",".join(self.hosts_by_key)], local, "this client",
                                       "gather_mount", pass_fds=(theirs.fileno(),))
             finally:
                 theirs.close()

@@ -63,8 +63,8 @@ class MountActor(BlobReceiver):
     def mount(self, tree: FileTree, mountpoint: str) -> None:
         if self.fs is not None:
             raise MountError(f"host {self.host} already mounts {self.fs.mountpoint}")
-        self.fs = FuseProcess(["-m", "hpcmesh.mounts.fuse_tree", "--store", self.store.root,
-                               "--tree", self._write_tree(tree)], mountpoint,
+        self.fs = FuseProcess("hpcmesh.mounts.fuse_tree", ["--store", self.store.root,
+                              "--tree", self._write_tree(tree)], mountpoint,
                               f"host {self.host}", "remote_mount")
 
     @endpoint

@@ -9,7 +9,8 @@
   0700 folders, ``O_EXCL|O_NOFOLLOW`` files, atomic writes, logs, secrets, and the
   per-user runtime folder.
 - :mod:`.modules`: the modules of the current folder, found after every other (``hpcmesh
-  apply mod.attr``), and only when nobody else could have planted or changed them.
+  apply mod.attr``, actor processes), and only when nobody else could have planted or
+  changed them; the ``-P`` command line of every Python hpcmesh starts.
 
 Base layer: imports nothing of hpcmesh but its errors, so every layer may use it.
 """

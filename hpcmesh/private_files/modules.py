@@ -15,6 +15,11 @@ that tries an optional module falls back, the job spec's own import says why it 
 Bytecode is neither read nor written for what this finder loads: a ``__pycache__`` in a
 shared folder is another user's to plant. The submodules of a package come from its own
 folder (which nobody else can write) through the usual machinery.
+
+The Pythons hpcmesh starts (actor processes, the fork server, host agents, filesystems,
+``exec_python``'s modules) get the same rule: :func:`python_module` starts them with ``-P``,
+which keeps their current folder off ``sys.path``, and those that run the user's code
+(:func:`current_folder_last`, :data:`RUN_MODULE`) put this finder in its place.
 """
 
 from __future__ import annotations
@@ -118,3 +123,51 @@ def import_from_folder(folder: str) -> FolderModules:
     finder = FolderModules(folder)
     sys.meta_path.append(finder)
     return finder
+
+
+#: The options of every Python hpcmesh starts. ``-P`` (Python 3.11) leaves the current
+#: folder, or a ``-c`` program's, off ``sys.path``: started by root in /tmp or in a group's
+#: project folder, the child would otherwise import another user's ``sysconfig.py`` there
+#: before the standard library's, or their ``hpcmesh/`` before ours.
+PYTHON_FLAGS = ("-P",)
+
+
+def python_module(module: str, python: str | None = None) -> list[str]:
+    """argv that runs ``module`` as hpcmesh runs its own: ``python -P -m module`` (with
+    ``python``, default this interpreter)."""
+    return [python or sys.executable, *PYTHON_FLAGS, "-m", module]
+
+
+def current_folder_last() -> FolderModules | None:
+    """In a Python hpcmesh started to run the user's code (an actor process): the current
+    folder's modules, found after everything else and checked, where ``python -m`` would
+    have put them first. Also takes that folder off ``sys.path`` when a command of the
+    user's own started us without ``-P``. None when there is no current folder (removed)."""
+    try:
+        here = os.getcwd()
+    except OSError:
+        here = None
+    if not sys.flags.safe_path and sys.path and sys.path[0] in ("", here):
+        del sys.path[0]
+    return import_from_folder(here) if here is not None else None
+
+
+#: ``python -P -c RUN_MODULE module arg...`` is ``python -m module arg...`` with the current
+#: folder's modules found last and checked (:func:`run_module`); it binds no name in
+#: ``__main__``, which becomes the module's namespace.
+RUN_MODULE = '__import__("hpcmesh.private_files.modules", fromlist=[""]).run_module()'
+
+
+def run_module() -> None:
+    """The body of :data:`RUN_MODULE`: ``sys.argv`` is ``['-c', module, arg...]``."""
+    import runpy
+    del sys.argv[0]
+    current_folder_last()
+    # what Python's own -m calls: the module runs in the real __main__, argv[0] becomes
+    # its file, and a module that is not there exits 1 naming it (no traceback)
+    runpy._run_module_as_main(sys.argv[0])
+
+
+def run_module_argv(module: str, args=(), python: str | None = None) -> list[str]:
+    """argv that runs the user's ``module`` as ``python -m`` would (see :data:`RUN_MODULE`)."""
+    return [python or sys.executable, *PYTHON_FLAGS, "-c", RUN_MODULE, module, *map(str, args)]

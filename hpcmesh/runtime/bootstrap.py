@@ -13,9 +13,10 @@ environment unless ``inherit_env=False``; a remote agent passes on its own.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Sequence
+
+from ..private_files.modules import python_module
 
 #: Variables hpcmesh always sets on the process it starts.
 BOOTSTRAP_MODE_VAR = "HPCMESH_BOOTSTRAP_MODE"
@@ -89,8 +90,10 @@ def _checked_env(mapping: Mapping) -> dict[str, str | None]:
 
 
 def default_bootstrap_cmd(python: str | None = None) -> BootstrapCommand:
-    """Start the hpcmesh process entry point with ``python`` (default: this interpreter)."""
-    return BootstrapCommand(python or sys.executable, ["-m", PROC_MODULE], {})
+    """Start the hpcmesh process entry point with ``python`` (default: this interpreter),
+    with ``-P``: the current folder is not put first on its ``sys.path``."""
+    program, *args = python_module(PROC_MODULE, python)
+    return BootstrapCommand(program, args, {})
 
 
 def runs_entry_point(cmd: BootstrapCommand) -> bool:

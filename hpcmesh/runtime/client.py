@@ -1,10 +1,11 @@
 """The controller's runtime: its node (on a background thread), the local host
 agent, and the bookkeeping that turns agent events into supervision errors and
-prefixed log lines.
+prefixed log lines (the alike lines hosts folded are folded again across hosts here).
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import inspect
 import logging
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from ..settings import check_process_settings, env_number
+from ..shapes import Point
 from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
@@ -24,7 +26,8 @@ from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, desc
 from . import placement
 from .future import Future, set_wait_hook
 from .host_agent import HostAgent
-from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG
+from .log_fold import Fold, TimedFolders, describe_ranks, fold_prefix
+from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED
 from .node import Node, NodeRef, current_node, describe_peer, set_current_node
 from .supervision import run_unhandled_fault_hook
 from .tuning import tune_malloc
@@ -129,6 +132,8 @@ class ClientRuntime:
         self._agent_checks: set = set()      # the tasks asking agents whether they live
         self.lease_grace = env_number("HPCMESH_LEASE_GRACE", 10, finite=True)
         self._print_lock = threading.Lock()
+        # (mesh name, window) -> what hosts folded, folded across hosts
+        self._log_folds = TimedFolders(self.node.loop, self._print_folds)
         set_current_node(self.node)
         atexit.register(self.shutdown)
 
@@ -169,6 +174,8 @@ class ClientRuntime:
         kind = event[0]
         if kind == EVENT_LOG:
             self._print_log(*event[1:])
+        elif kind == EVENT_LOG_FOLDED:
+            self._fold_log(*event[1:])
         elif kind == EVENT_EXIT:
             self._on_exit(*event[1:])
         elif kind == EVENT_ACTOR_FAULT:
@@ -185,11 +192,57 @@ class ClientRuntime:
             source = rec.name if rec is not None else name
             for ln in lines:
                 tel.event(stream, source, ln)
+        self._write(stream, "".join(f"{prefix}{ln}\n" for ln in lines))
+
+    def _write(self, stream: str, text: str) -> None:
         out = sys.stdout if stream == "stdout" else sys.stderr
-        text = "".join(f"{prefix}{ln}\n" for ln in lines)
         with self._print_lock:
             out.write(text)
             out.flush()
+
+    # -- alike lines folded (logging_option's aggregate_window_sec) -------------------
+    def _fold_log(self, window: float, folds: list) -> None:
+        """Alike lines a host folded for one window: folded again with the other hosts'
+        over ``window`` here (the host already left out the ranks the console filters)."""
+        for stream, text, count, names in folds:
+            rec = self.procs.get(names[0]) if names else None
+            key = (rec.mesh_name if rec is not None else "", window)
+            self._log_folds.add(key, window, stream, text, names, count)
+
+    def _print_folds(self, _key: tuple[str, float], folds: list[Fold]) -> None:
+        """A window closed (or its mesh stopped or lost a process, or this client ends):
+        one line per fold, its count and ranks in front."""
+        tel = telemetry_recorder.RECORDER
+        out: dict[str, list[str]] = {}
+        for f in folds:
+            line = f"{fold_prefix(f.count, self._who(f))}{f.text}"
+            out.setdefault(f.stream, []).append(line + "\n")
+            if tel is not None:
+                tel.event(f.stream, next(iter(f.ranks)), line if f.count > 1 else f.text)
+        for stream, lines in out.items():
+            self._write(stream, "".join(lines))
+
+    def _who(self, f: Fold) -> str:
+        """The ranks that printed ``f``'s lines, as a prefix shows them."""
+        recs = [self.procs.get(n) for n in f.ranks]
+        if len(recs) == 1:
+            return recs[0].label if recs[0] is not None else next(iter(f.ranks))
+        if all(r is not None and isinstance(r.point, Point) for r in recs):
+            return describe_ranks([r.point for r in recs])
+        return " ".join(r.label if r is not None else n for r, n in zip(recs, f.ranks))
+
+    def flush_logs(self, mesh_name: str | None = None) -> None:
+        """Print the folded lines still in a window, of one mesh or all (on the loop)."""
+        for key in self._log_folds.keys():
+            if mesh_name is None or key[0] == mesh_name:
+                self._log_folds.flush(key)
+
+    async def _flush_all_logs(self) -> None:
+        """What the local agent and this client still fold goes out (this client ends)."""
+        if self._local_agent is not None:
+            self._local_agent.flush_logs()
+        await asyncio.sleep(0)       # its folds are delivered here on the loop, in order
+        self.flush_logs()
 
     def _on_exit(self, name: str, pid: int, returncode: int | None, host: str) -> None:
         rec = self.procs.get(name)
@@ -211,6 +264,7 @@ class ClientRuntime:
         else:
             exc = SupervisionError(f"{where} died: {status}", rec.mesh_name, rec.point, host,
                                    pid, status)
+        self.flush_logs(rec.mesh_name)      # what it printed last comes before its failure
         self._fail(rec, exc)
         if rec.owner is not None or rec.node is not None:
             # one that never connected fails the spawn: whoever waits for it is told
@@ -416,6 +470,14 @@ class ClientRuntime:
         """Kill what the local agent started, close the node. Runs at interpreter exit."""
         global _runtime
         self._closing = True
+        if self._log_folds or (self._local_agent is not None and self._local_agent.folding):
+            if self.node.on_loop_thread():
+                self.flush_logs()
+            elif self.node.loop.is_running():
+                try:
+                    self.node.run_sync(self._flush_all_logs(), timeout=2.0)
+                except Exception:  # noqa: BLE001 - the loop ended meanwhile: the files keep them
+                    pass
         if self.end_descendants in actor_host.on_actor_failed:
             actor_host.on_actor_failed.remove(self.end_descendants)
         if self._local_agent is not None:

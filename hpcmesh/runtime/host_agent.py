@@ -2,8 +2,11 @@
 
 Runs inside the controller for ``this_host()`` and as ``hpcmesh worker`` on
 remote hosts. Exits are observed through pidfds on the event loop (no reaper
-threads); output is read from pipes, written to per-process log files and
-forwarded to whoever asked for the process, one batch of lines per read.
+threads); output is read from pipes, written to per-process log files (every line) and
+forwarded to whoever asked for the process: one batch of lines per read, or, for processes
+whose ``ProcMesh.logging_option`` set ``aggregate_window_sec``, alike lines of this host's
+processes folded into one per window (``log_fold``); processes it filtered out of the
+console send nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from . import placement
 from .errors import describe_exit
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env
 from .introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
-from .messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, deliver_msg
+from .log_fold import TimedFolders
+from .messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
 from .node import Node, NodeRef, PortRef
 from .zygote import ZygoteClient, ZygoteProcess
 
@@ -50,6 +54,8 @@ class _Proc:
     returncode: int | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     exit_actions: str = ""      # the file of what to undo once it is gone (exit_actions)
+    forward: bool = True        # its lines go to ``events`` (else only to its log files)
+    fold: tuple | None = None   # (events, group, window): its lines are folded there
 
 
 def process_cap_message(label: str, host: str, why: str) -> str:
@@ -87,7 +93,10 @@ class HostAgent:
             "stop_procs": self.stop_procs,
             "host_info": self.host_info,
             "dump_stacks": self.dump_stacks,
+            "log_options": self.log_options,
         })
+        # (events port, group, window) -> the open window of alike lines
+        self._folds = TimedFolders(node.loop, self._send_folds)
         # the telemetry's process and GPU samples of this host (hpcmesh.telemetry)
         telemetry_recorder.install_service(node, sample_gpus=True)
 
@@ -157,8 +166,9 @@ class HostAgent:
 
     async def spawn_procs(self, requests: list, controller: NodeRef, events: PortRef | None,
                     secret_hex: str, lease_grace: float, log_subdir: str) -> list:
-        """Start processes. Each request is (name, BootstrapCommand, label[, mesh_env]) where
-        mesh_env are defaults under the user's env (RANK, WORLD_SIZE, ...); returns
+        """Start processes. Each request is (name, BootstrapCommand, label[, mesh_env[,
+        forward]]) where mesh_env are defaults under the user's env (RANK, WORLD_SIZE, ...)
+        and ``forward`` False keeps its output in its log files only; returns
         [(name, pid, log_paths)]. A bad program fails the whole call with a clear error."""
         out = []
         started: list[_Proc] = []
@@ -170,6 +180,7 @@ class HostAgent:
         try:
             for name, cmd, label, *rest in requests:
                 mesh_env = rest[0] if rest else {}
+                forward = bool(rest[1]) if len(rest) > 1 else True
                 if not isinstance(cmd, BootstrapCommand):
                     raise TypeError(f"bootstrap command for {label} must be a BootstrapCommand, "
                                     f"got {type(cmd).__name__}")
@@ -197,7 +208,8 @@ class HostAgent:
                         log.warning("fork server failed (%s); starting %s with exec", e, label)
                 if popen is None:
                     popen = self._exec(cmd, env, label)
-                p = _Proc(name, popen, events, exit_actions=bootstrap_vars[EXIT_ACTIONS_VAR])
+                p = _Proc(name, popen, events, exit_actions=bootstrap_vars[EXIT_ACTIONS_VAR],
+                          forward=forward)
                 started.append(p)      # first: a failure while watching it still kills it
                 self._watch(p, log_dir)
                 out.append((name, popen.pid, {s: f.name for s, f in p.logs.items()}))
@@ -314,13 +326,60 @@ class HostAgent:
             self._forward(p, stream, lines)
 
     def _forward(self, p: _Proc, stream: str, lines: list[bytes]) -> None:
-        if p.events is None:
+        if p.events is None or not p.forward:
             return
         text = [ln.decode("utf-8", "replace") for ln in lines]
+        if p.fold is not None:
+            for t in text:
+                self._folds.add(p.fold, p.fold[2], stream, t, (p.name,))
+            return
         try:
             self.node.send(p.events.node, deliver_msg(p.events.port_id,
                                                       (EVENT_LOG, p.name, stream, text)))
         except Exception:  # noqa: BLE001 - the controller is gone; the file still has it
+            pass
+
+    # -- folding alike lines (logging_option's aggregate_window_sec) -----------------
+    def log_options(self, procs: list, window: float | None, group: str) -> int:
+        """Set how these processes' output reaches their controller: ``procs`` is
+        [(name, shown)], ``shown`` False keeps a process's lines in its files only (the
+        console's rank filter); ``window`` seconds folds the alike lines of ``group`` (its
+        mesh) on this host, None sends each batch as it is read. What was folded under the
+        old settings goes out first. Returns how many of them run here."""
+        if window is not None and (isinstance(window, bool) or not isinstance(
+                window, (int, float)) or not 0 <= window < float("inf")):
+            raise ValueError(f"log_options: window {window!r} must be seconds >= 0, or None")
+        n = 0
+        for name, shown in procs:
+            p = self.procs.get(name)
+            if p is None:
+                continue
+            if p.fold is not None:
+                self._folds.flush(p.fold)
+            p.forward = bool(shown)
+            p.fold = None if window is None or p.events is None else (
+                p.events, str(group), float(window))
+            n += 1
+        return n
+
+    @property
+    def folding(self) -> bool:
+        """Whether a window of folded lines is open (lines not sent yet)."""
+        return bool(self._folds)
+
+    def flush_logs(self) -> None:
+        """Send every open window now (this agent, or the client it lives in, ends)."""
+        self._folds.flush_all()
+
+    def _send_folds(self, key: tuple, folds: list) -> None:
+        """What a window of ``key`` folded, to the controller (at its end, or a process of
+        it ended, or its settings change, or this agent ends)."""
+        events, _group, window = key
+        try:
+            self.node.send(events.node, deliver_msg(events.port_id, (
+                EVENT_LOG_FOLDED, window,
+                [(f.stream, f.text, f.count, list(f.ranks)) for f in folds])))
+        except Exception:  # noqa: BLE001 - the controller is gone; the files still have it
             pass
 
     def _on_exit(self, p: _Proc) -> None:
@@ -365,6 +424,8 @@ class HostAgent:
             return
         p.exited.set()
         log.info("process %s (pid %d) ended: %s", p.name, p.popen.pid, describe_exit(p.returncode))
+        if p.fold is not None:
+            self._folds.flush(p.fold)    # its last lines come before its exit
         if p.events is not None:
             try:
                 self.node.send(p.events.node, deliver_msg(p.events.port_id, (
@@ -435,6 +496,7 @@ class HostAgent:
         """Tell each controller with processes here that this agent is ending (a stop
         signal, its lease, its HostMesh's shutdown) and takes them along. An agent that
         just vanishes says nothing: its controllers count its host as lost."""
+        self.flush_logs()                # the folded lines come before the news
         ports = {p.events for p in self.procs.values() if p.events is not None}
         for port in ports:
             try:

@@ -64,6 +64,8 @@ class PortRef:
 # Supervision events: what processes and actors report to their owner's events port, as
 # (kind, ...) tuples delivered with MSG_DELIVER.
 EVENT_LOG = "log"                          # (LOG, proc_name, stream, [lines])
+# (LOG_FOLDED, window, [(stream, text, count, [proc_name])]): alike lines a host folded
+EVENT_LOG_FOLDED = "log_folded"
 EVENT_EXIT = "exit"                        # (EXIT, proc_name, pid, returncode, hostname)
 EVENT_ACTOR_FAULT = "actor_fault"          # (ACTOR_FAULT, actor_id, MeshFailure)
 EVENT_AGENT_EXIT = "agent_exit"            # (AGENT_EXIT, agent_node_id, hostname, reason)

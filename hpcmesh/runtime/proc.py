@@ -1,4 +1,4 @@
-"""Entry point of an actor process (``python -m hpcmesh.runtime.proc``).
+"""Entry point of an actor process (``python -P -m hpcmesh.runtime.proc``).
 
 Started by a host agent with the bootstrap variables; it listens (Unix socket
 plus TCP on the host's chosen address), dials the controller, hosts actors,
@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 
+from ..private_files.modules import current_folder_last
 from ..settings import env_number, log_level
 from ..transport.addresses import secret_from_env
 from .actor_services import ActorServices
@@ -152,6 +153,9 @@ async def _amain() -> int:
 def main() -> None:
     code = 1
     try:
+        # started with -P (forked by the zygote: it was): the user's modules of the current
+        # folder, which actors defined there import, are found last and checked instead
+        current_folder_last()
         if os.environ.get("HPCMESH_LOG_CHANNEL"):
             sys.stdout.reconfigure(line_buffering=True)
             sys.stderr.reconfigure(line_buffering=True)

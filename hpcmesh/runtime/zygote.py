@@ -24,7 +24,6 @@ import os
 import pickle
 import socket
 import struct
-import sys
 
 _LEN = struct.Struct("!I")
 ZYGOTE_FD_VAR = "HPCMESH_ZYGOTE_FD"
@@ -86,6 +85,7 @@ class ZygoteClient:
         import itertools
         import subprocess
 
+        from ..private_files.modules import python_module
         from . import placement
         self._asyncio = asyncio
         self.loop = loop
@@ -93,7 +93,7 @@ class ZygoteClient:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ, **{ZYGOTE_FD_VAR: str(theirs.fileno())})
         with placement.spawning():
-            self.popen = subprocess.Popen([sys.executable, "-m", "hpcmesh.runtime.forkserver"],
+            self.popen = subprocess.Popen(python_module("hpcmesh.runtime.forkserver"),
                                           pass_fds=[theirs.fileno()], env=env,
                                           stdin=subprocess.DEVNULL, process_group=0)
         theirs.close()

@@ -66,7 +66,7 @@ def _worker_argv(worker_command: Sequence[str] | str) -> list[str]:
         argv = [str(a) for a in worker_command]
     if not argv:
         raise ValueError("worker command is empty; expected e.g. "
-                         "['{python}', '-m', 'hpcmesh', 'worker', '--attach', 'tcp://...']")
+                         "['{python}', '-P', '-m', 'hpcmesh', 'worker', '--attach', 'tcp://...']")
     return argv
 
 

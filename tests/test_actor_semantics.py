@@ -187,6 +187,10 @@ class Counter(Actor):
     def value(self):
         return self.n
 
+    @endpoint
+    def node_id(self):
+        return current_node().node_id
+
 
 class Caller(Actor):
     """Calls another actor mesh directly from inside an endpoint."""
@@ -199,8 +203,7 @@ class Caller(Actor):
         one = counters.slice(**{d: 0 for d in counters.extent})
         futs = [one.incr.call_one() for _ in range(n)]
         vals = [await f for f in futs]
-        node_id = counters._state.nodes[0].node_id
-        return vals, current_node().peer_connected(node_id)
+        return vals, current_node().peer_connected(await one.node_id.call_one())
 
     @endpoint
     def call_sync(self, counters):
@@ -326,11 +329,12 @@ def test_order_kept_across_the_spawn_becoming_ready(procs):
     # Calls made while the actors start are queued; calls made once they are up go
     # straight out. A tight loop spans that switch and must still be answered in order.
     c = procs.spawn("order_ready", Counter, 0).slice(hosts=1, gpus=0)
+    up = c.initialized      # settles after the calls queued meanwhile went out
     futs = []
     t0 = time.monotonic()
     while len(futs) < 20_000 and (len(futs) < 500 or time.monotonic() - t0 < 0.5):
         futs.append(c.incr.call_one())
-        if c._state.live and len(futs) > 500:
+        if up.done() and len(futs) > 500:
             break
     futs += [c.incr.call_one() for _ in range(200)]
     assert [f.get(timeout=60) for f in futs] == list(range(1, len(futs) + 1))
@@ -460,7 +464,7 @@ def test_sync_get_inside_async_endpoint_is_a_clear_error(procs):
 
 def test_value_mesh_as_argument(workers):
     vm = workers.where.call().get(timeout=10)
-    ranks = ValueMesh(vm._shape, [v["actor_rank"] for v in vm.values()])
+    ranks = ValueMesh.from_indexed(vm.extent, enumerate(v["actor_rank"] for v in vm.values()))
     total, points, row = workers.slice(hosts=0, gpus=0).sum_value_mesh.call_one(ranks).get(
         timeout=10)
     assert total == 0 + 1 + 2 + 3

@@ -191,10 +191,10 @@ def test_dumps_of_one_process_asked_at_once_take_turns(target):
     # review: two admin views asking at once made all but one py-spy fail to attach, and
     # the failure read as "ptrace not permitted"; the agent runs them one at a time now,
     # and a failure while another tracer is attached names it
-    from hpcmesh.runtime.introspect import _pyspy_failure, dump_stacks_by_pyspy
+    from hpcmesh.runtime.introspect import pyspy_failure, dump_stacks_by_pyspy
 
     async def four():
         return await asyncio.gather(*(dump_stacks_by_pyspy(target) for _ in range(4)))
     assert all("Thread" in text for text in asyncio.run(four()))
-    reason, detail = _pyspy_failure(1, "Error: Failed to suspend process: EPERM", tracer=77)
+    reason, detail = pyspy_failure(1, "Error: Failed to suspend process: EPERM", tracer=77)
     assert reason == "failed" and "traced already (by pid 77)" in detail

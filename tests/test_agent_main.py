@@ -69,7 +69,7 @@ def test_worker_notes_usr1_and_stop_signals_kill_what_actors_started(tmp_path, s
         assert entry["signal"] == "SIGUSR1" and entry["pid"] == agent.pid
         assert agent.poll() is None and tree.ping.call_one().get(timeout=30) == "pong"
 
-        for r in procs._state.records:
+        for r in procs.records:
             r.stopping = True           # we are about to kill them on purpose
         t0 = time.monotonic()
         agent.send_signal(getattr(signal, stop))

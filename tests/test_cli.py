@@ -188,7 +188,7 @@ def test_worker_serves_a_client_and_dies_cleanly_on_sigterm(tmp_path):
         procs = hosts.spawn_procs({"p": 2})
         pids = procs.spawn("pid", Pid).pid.call().get(timeout=60).values()
         assert len(set(pids)) == 2
-        for r in procs._state.records:
+        for r in procs.records:
             r.stopping = True           # we are about to kill them on purpose
         t0 = time.monotonic()
         agent.send_signal(signal.SIGTERM)

@@ -518,8 +518,8 @@ def test_module_functions_use_current_actor():
         t = torch.ones(2)
         assert C.all_reduce(t, "gpus") is t
         assert C.group_members() == [0] and C.group_size("hosts") == 1 and C.group_rank() == 0
-        assert isinstance(inst._hpcmesh_collectives, C.MeshCollectives)
-        assert C.get_collectives() is inst._hpcmesh_collectives
+        mc = C.get_collectives()
+        assert isinstance(mc, C.MeshCollectives) and C.get_collectives() is mc   # one per actor
         with pytest.raises(KeyError, match="nodes"):
             C.barrier("nodes")
     finally:
@@ -553,6 +553,7 @@ def _complex_scenario(mc, rank):
 
 def _refused_scenario(mc, rank):
     with pytest.raises(ValueError, match="gloo supports only"):
+        # private: torch has no public constructor of a PREMUL_SUM op
         mc.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
     with pytest.raises(ValueError, match="bool"):
         mc.all_reduce(torch.ones(2, dtype=torch.bool), op="avg")

@@ -241,6 +241,7 @@ def test_a_nested_loop_runs_the_rest_and_gives_the_outer_one_its_place_back():
         seen.append(name)
         if then:
             tasks[then[0]] = loop.create_task(pause(*then))
+        # private: the nested loop on its own, under breakpoint_hook
         line = debugger._run_loop_until_line(loop, inp.lines)
         seen.append((name, line, asyncio.current_task() is tasks[name]))
 
@@ -298,7 +299,7 @@ class NodeHere:
 
 def test_breakpoints_in_two_async_endpoints_nest_and_the_first_steps_on_after(monkeypatch):
     loop, errors = loop_keeping_errors()
-    monkeypatch.setattr(debugger, "_node", NodeHere(loop))
+    monkeypatch.setattr(debugger, "_node", NodeHere(loop))   # private: a fake node, no install()
     before = set(debugger.SESSIONS)
 
     def one():
@@ -351,7 +352,7 @@ def test_a_loop_that_cannot_nest_skips_the_breakpoint_with_how_to_debug_it(monke
 
         def on_loop_thread(self):
             return True
-    monkeypatch.setattr(debugger, "_node", Node())
+    monkeypatch.setattr(debugger, "_node", Node())   # private: a fake node, no install()
     err = io.StringIO()
     with redirect_stderr(err):
         debugger.breakpoint_hook()

@@ -107,7 +107,6 @@ def test_run_python_script_and_module(tmp_path):
 def test_a_script_named_like_a_python_option_runs_as_that_file(tmp_path):
     """Python read a bare ``-c...`` / ``-m...`` as its option: ``-cprint('CODE')#.py`` ran
     the name as code (issue 28). No module name starts with '-': it runs as ./ that file."""
-    from hpcmesh.job.exec import _python_argv, _python_argv_remote
     name = "-cprint('CODE')#.py"
     (tmp_path / name).write_text("print('FILE')\n")
     lines, cb = _collect()
@@ -118,8 +117,11 @@ def test_a_script_named_like_a_python_option_runs_as_that_file(tmp_path):
     assert exec_python(this_host(), name, workdir=str(tmp_path),
                        output_dir=str(out)).get(timeout=60) == 0
     assert [p.read_text() for p in out.glob("*.stdout")] == ["FILE\n"]
-    assert _python_argv("-mjson.tool", ["x"], None) == [sys.executable, "./-mjson.tool", "x"]
-    assert _python_argv_remote("-m", []) == ["bash", "-c", 'exec "$HPCMESH_PYTHON" ./-m ']
+    (tmp_path / "-mjson.tool").write_text("print('FILE, not json.tool')\n")   # no .py, no args
+    lines.clear()
+    assert exec_python(this_host(), "-mjson.tool", workdir=str(tmp_path),
+                       on_output=cb).get(timeout=60) == 0
+    assert [ln for _l, _s, ln in lines] == ["FILE, not json.tool"]
     with pytest.raises(ValueError, match="exec_python needs a script path or module name"):
         exec_python(this_host(), "")
 

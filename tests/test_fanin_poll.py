@@ -19,6 +19,7 @@ from hpcmesh.runtime.node import Node
 
 def _counting_yields(monkeypatch) -> list:
     turns: list = []
+    # private: counts the poller's turns (its CPU), no public hook
     monkeypatch.setattr(fanin_mod, "_yield_core", lambda: turns.append(1))
     return turns
 

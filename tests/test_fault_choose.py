@@ -24,7 +24,7 @@ def test_choose_avoids_a_member_whose_process_died():
     try:
         mesh = procs.spawn("pid", Pid)
         pids = mesh.pid.call().get(timeout=60).values()
-        for r in procs._state.records:
+        for r in procs.records:
             r.stopping = True                  # a kill on purpose: no supervision noise
         os.kill(pids[1], signal.SIGKILL)
         assert wait_gone([pids[1]], 10) == []

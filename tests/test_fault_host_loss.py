@@ -167,10 +167,9 @@ def test_an_agent_stopped_by_a_signal_is_no_lost_host(unhandled_faults):
         assert _wait_for(lambda: not alive(agent), 10)
         # the agent's word came before its connection closed: nothing of the mesh is left
         # for a lost host to take, and what was offered to the hook has run
-        assert all(r.stopping for r in procs._state.records)
+        assert all(r.stopping for r in procs.records)
         client_runtime().node.run_sync(asyncio.sleep(0))
-        if client_runtime()._hook_thread is not None:
-            client_runtime()._hook_thread.submit(lambda: None).result(timeout=10)
+        client_runtime().wait_for_fault_hook(timeout=10)
         assert [f for f in unhandled_faults[before:] if f.mesh_name == "agentstop"] == []
         procs.stop(grace=0.5).get(timeout=30)
     finally:

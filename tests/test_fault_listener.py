@@ -209,10 +209,10 @@ async def _until(condition, what: str, timeout: float = 5) -> None:
         await asyncio.sleep(0.01)
 
 
-def _task_of(listener, client: socket.socket):
-    """The listener's handshake task for this client's connection, while it has one."""
-    return next((t for t, c in listener._in_handshake.items()
-                 if c.getpeername() == client.getsockname()), None)
+def _state_of(listener, client: socket.socket) -> str | None:
+    """How far this client's connection is in the listener's handshake (None: not in it)."""
+    return next((state for peer, state in listener.handshakes()
+                 if peer == client.getsockname()), None)
 
 
 @pytest.mark.parametrize("pushed_out", [False, True])
@@ -235,10 +235,10 @@ def test_a_dialer_evicted_after_our_answer_may_finish_and_never_gets_busy(monkey
         newcomers = [socket.create_connection(("127.0.0.1", listener.address.port))]
         if pushed_out:      # the newcomer speaks, and is evicted by the next in turn
             newcomers[0].sendall(Handshake(secret, dialer=True).initial())
-            await _until(lambda: _task_of(listener, newcomers[0]) in listener._spoke,
+            await _until(lambda: _state_of(listener, newcomers[0]) == "spoke",
                          "the newcomer spoke")
             newcomers.append(socket.create_connection(("127.0.0.1", listener.address.port)))
-        await _until(lambda: _task_of(listener, newcomers[-1]) is not None,
+        await _until(lambda: _state_of(listener, newcomers[-1]) is not None,
                      "the last newcomer came in")
         await loop.sock_sendall(s, mac)
         data = None
@@ -273,7 +273,7 @@ def test_a_dialer_whose_hello_came_in_is_not_evicted_as_silent(monkeypatch):
         a = socket.create_connection(("127.0.0.1", port))
         a.sendall(Handshake(secret, dialer=True).initial())
         a.setblocking(False)
-        while not listener._started:        # its task ran, once
+        while not any(state != "accepted" for _, state in listener.handshakes()):  # it ran
             await asyncio.sleep(0)
         b = socket.create_connection(("127.0.0.1", port))     # a newcomer at the cap
         try:
@@ -428,9 +428,9 @@ def test_a_spawn_whose_processes_dial_back_past_the_cap_starts_them_all(monkeypa
     def pause(on: bool):
         for lst in node.links.listeners:
             if on:
-                node.loop.remove_reader(lst.sock.fileno())
+                lst.stop_accepting()
             else:
-                node.loop.add_reader(lst.sock.fileno(), lst._on_readable)
+                lst.accept_again()
         paused.set()
     node.loop.call_soon_threadsafe(pause, True)
     assert paused.wait(10)

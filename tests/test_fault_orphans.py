@@ -40,7 +40,7 @@ def test_what_an_actor_started_is_gone_with_its_process(how):
         if how == "stop":
             procs.stop().get(timeout=30)
         else:
-            for r in procs._state.records:
+            for r in procs.records:
                 r.stopping = True           # a kill on purpose: no supervision noise
             os.kill(actor_pid, signal.SIGKILL)
         left = wait_gone(started, 10)

@@ -81,7 +81,7 @@ def test_processes_killed_to_clean_up_a_failed_spawn_are_no_failure(monkeypatch,
     procs = this_host().spawn_procs(per_host={"gpus": 3}, name="fdlast")
     with pytest.raises(Exception, match="Too many open files"):
         procs.initialized.get(timeout=60)
-    connected = [r for r in procs._state.records if r.node is not None]
+    connected = [r for r in procs.records if r.node is not None]
     assert len(connected) == 2, "the test needs processes that connected before the failure"
     deadline = time.monotonic() + 10
     while _procs_named("fdlast") and time.monotonic() < deadline:
@@ -92,15 +92,14 @@ def test_processes_killed_to_clean_up_a_failed_spawn_are_no_failure(monkeypatch,
     node = rt.node
 
     def exit_reported(r) -> bool:
-        lost = getattr(node._peers.get(r.node.node_id), "lost", None)
+        lost = getattr(node.peers.get(r.node.node_id), "lost", None)
         return lost is not None and bool(getattr(lost, "exit_status", ""))
     deadline = time.monotonic() + 10
     while not all(exit_reported(r) for r in connected) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(exit_reported(r) for r in connected)
     node.run_sync(asyncio.sleep(0))             # past the loop turn that handled them
-    if rt._hook_thread is not None:
-        rt._hook_thread.submit(lambda: None).result(timeout=10)
+    rt.wait_for_fault_hook(timeout=10)
     monkeypatch.undo()
     reports = [f for f in unhandled_faults[before:] if f.mesh_name == "fdlast"]
     assert reports == [], reports

@@ -79,13 +79,13 @@ def test_stop_reports_a_member_that_had_exited_before_it():
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     mesh = procs.spawn("pid", Pid)
     pids = mesh.pid.call().get(timeout=60).values()
-    for r in procs._state.records:
+    for r in procs.records:
         r.stopping = True                   # the exit below is on purpose: no supervision noise
     mesh.slice(gpus=0).leave.broadcast()
     assert wait_gone(pids[:1], 10) == []
     time.sleep(0.3)                          # its agent has seen the exit
     codes = procs.stop().get(timeout=30)
-    assert sorted(codes) == sorted(r.name for r in procs._state.records), codes
+    assert sorted(codes) == sorted(r.name for r in procs.records), codes
     assert list(codes.values()) == [0, 0]
 
 
@@ -99,7 +99,7 @@ def test_stop_ends_a_sigstopped_actor_process_within_its_bounds():
         t0 = time.monotonic()
         codes = procs.stop(grace=0.5).get(timeout=30)
         took = time.monotonic() - t0
-        with_name = dict(zip((r.name for r in procs._state.records), pids))
+        with_name = dict(zip((r.name for r in procs.records), pids))
         frozen = next(n for n, p in with_name.items() if p == pids[0])
         assert codes[frozen] == -signal.SIGKILL and list(codes.values()).count(0) == 1, codes
         assert took < 0.5 + 2 + 5 + 1, took           # grace, SIGTERM's wait, SIGKILL's

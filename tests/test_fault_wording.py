@@ -33,13 +33,13 @@ def test_a_lost_connection_names_the_process_its_host_and_pid():
         pending = mesh.wait.call_one()
         time.sleep(0.3)
         node = client_runtime().node
-        peer = node._peers[procs._state.records[0].node.node_id]
+        peer = node.peers.get(procs.records[0].node.node_id)
         node.call_soon(peer.conn.close, ConnectionResetError("cut"))   # a network cut
         with pytest.raises(SupervisionError) as ei:
             pending.get(timeout=10)
         text = str(ei.value)
         assert f"pid {pid})" in text and "lost: cut" in text, text
-        assert "unix://" not in text and procs._state.records[0].name in text
+        assert "unix://" not in text and procs.records[0].name in text
     finally:
         procs.stop().get(timeout=30)
 

@@ -378,6 +378,7 @@ def test_the_gate_answers_a_head_without_the_token_and_admits_one_that_arrives_i
                           b"rer " + srv.token.encode() + b"\r"):
                 s.sendall(piece)
                 sent += len(piece)
+                # private: the gate's head buffer, to send the next piece once it is read
                 wait_until(lambda: [len(c.head) for c in srv._arriving.values()] == [sent],
                            10, f"the gate reading {sent} bytes")
             s.sendall(b"\n\r\n")

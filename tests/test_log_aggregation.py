@@ -57,9 +57,9 @@ def test_alike_lines_fold_on_each_host_and_again_across_hosts(two_hosts, monkeyp
     procs, printer = two_hosts
     rt = existing_client_runtime()
     host_folds = []           # what the hosts sent: their folds, before the client's
-    fold_log = rt._fold_log
-    monkeypatch.setattr(rt, "_fold_log",
-                        lambda window, folds: (host_folds.extend(folds), fold_log(window, folds)))
+    # private: the client's handler of what the hosts folded, spied on (no public hook)
+    monkeypatch.setattr(rt, "_fold_log", lambda window, folds, fold_log=rt._fold_log: (
+        host_folds.extend(folds), fold_log(window, folds)))
     out = Recorder.install(monkeypatch, "stdout")
     asyncio.run(procs.logging_option(stream_to_client=True, aggregate_window_sec=2))
     printer.step.call(10, "folded").get(timeout=60)
@@ -72,7 +72,7 @@ def test_alike_lines_fold_on_each_host_and_again_across_hosts(two_hosts, monkeyp
     mine = [f for f in host_folds if "folded step" in f[1]]
     assert sum(f[2] for f in mine) == 8 and max(f[2] for f in mine) > 1, mine
     assert all(len(names) == count for _s, _t, count, names in mine), mine
-    hosts = [{procs._state.records[int(n.rsplit("-", 1)[1])].point["hosts"] for n in f[3]}
+    hosts = [{procs.records[int(n.rsplit("-", 1)[1])].point["hosts"] for n in f[3]}
              for f in mine]
     assert all(len(h) == 1 for h in hosts), hosts
 

@@ -203,9 +203,9 @@ def test_logging_option_checks_and_sets_the_level():
         asyncio.run(procs.logging_option(stream_to_client=True, aggregate_window_sec=1,
                                          level=logging.ERROR))
         assert procs.spawn("level", Level).level.call_one().get(timeout=30) == logging.ERROR
-        assert all(r.forward_logs for r in procs._state.records)
+        assert all(r.forward_logs for r in procs.records)
         asyncio.run(procs.logging_option())
-        assert not any(r.forward_logs for r in procs._state.records)
+        assert not any(r.forward_logs for r in procs.records)
     finally:
         procs.stop().get(timeout=30)
 
@@ -217,7 +217,7 @@ def test_host_mesh_stop_and_initialized():
     pids = procs.spawn("c", Counter).incr.call(1).get(timeout=30)
     assert list(pids.values()) == [1, 1]
     host.stop().get(timeout=30)
-    assert all(r.stopping for r in procs._state.records)
+    assert all(r.stopping for r in procs.records)
 
 
 def test_shutdown_context_in_a_fresh_process(tmp_path):
@@ -269,12 +269,12 @@ def test_a_starting_proc_mesh_cannot_be_pickled_on_the_loop_thread():
 
         async def on_loop():
             return pickle.dumps(procs)
-        if not procs._state.ready.done():
+        if not procs.initialized.done():
             with pytest.raises(RuntimeError, match="await procs.initialized"):
                 client_runtime().node.run_sync(on_loop(), 10)
         procs.initialized.get(timeout=30)
         copy = pickle.loads(pickle.dumps(procs))
-        assert copy.extent == procs.extent and copy._state.ready.done()
+        assert copy.extent == procs.extent and copy.initialized.done()
     finally:
         procs.stop().get(timeout=30)
 

@@ -128,7 +128,7 @@ def test_a_mount_serves_the_tree_read_only_and_refresh_reaches_running_processes
 def _venv(tmp_path) -> str:
     """A venv of its own (no pip) that reaches hpcmesh through a .pth, with a package."""
     venv = tmp_path / "venv"
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv",
+    subprocess.run([sys.executable, "-m", "venv",
                     "--without-pip", str(venv)], check=True, timeout=120)
     (site,) = (venv / "lib").glob("python3*/site-packages")
     here = [p for p in sys.path if p.endswith("site-packages")]
@@ -203,7 +203,7 @@ def test_kill_9_of_the_mount_process_unmounts(tmp_path):
     try:
         (mount,) = state.mounts
         fs_pids = _fs_pids(mnt)
-        (pid,) = mount._procs.pids
+        (pid,) = mount.pids
         os.kill(pid, signal.SIGKILL)
         took = _gone_within(mnt, 10)
         print(f"\nmount process SIGKILLed: unmounted after {took and took * 1000:.0f} ms")

@@ -308,7 +308,7 @@ def test_mode_b_rank_death_is_a_supervision_error(launch, tmp_path):
     assert ei.value.pid == pids[1]
     assert lr.wait(15) != 0            # the launcher ends the job when a rank dies
     assert wait_gone(pids) == []
-    for rec in procs._state.records:   # SIGKILLed ranks cannot remove their sockets
+    for rec in procs.records:   # SIGKILLed ranks cannot remove their sockets
         for a in rec.node.addresses:
             if a.startswith("unix://"):
                 Path(a[len("unix://"):]).unlink(missing_ok=True)

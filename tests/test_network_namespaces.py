@@ -221,7 +221,7 @@ try:
             from hpcmesh.runtime.node import current_node
             node = current_node()
             ctl = os.environ.get("HPCMESH_CONTROLLER_ID", "")
-            p = node._peers.get(ctl)
+            p = node.peers.get(ctl)
             return {"pid": os.getpid(), "addresses": list(node.addresses),
                     "advertise_host": os.environ.get("HPCMESH_ADVERTISE_HOST"),
                     "controller": os.environ.get("HPCMESH_CONTROLLER"),
@@ -230,14 +230,13 @@ try:
                     "gloo": os.environ.get("GLOO_SOCKET_IFNAME")}
 
     # the job secret comes from the environment, as for the worker (hpcmesh.mpi does the same)
-    client._runtime = client.ClientRuntime(secret=bytes.fromhex(os.environ["HPCMESH_SECRET"]))
-    rt = client.client_runtime()
+    rt = client.install_client_runtime(bytes.fromhex(os.environ["HPCMESH_SECRET"]))
     waiter = AttachWaiter(token, 1)
     emit(event="listening", addresses=list(rt.node.addresses))
     hosts = waiter.wait(timeout=attach_timeout)
     t_attach = time.monotonic()
     agent = hosts[0].agent
-    p = rt.node._peers.get(agent.node_id)
+    p = rt.node.peers.get(agent.node_id)
     emit(event="attached", t_attach=t_attach, agent_addresses=list(agent.addresses),
          hostname=hosts[0].hostname,
          conn_peer=p.conn.peer if p is not None and p.conn is not None else None)

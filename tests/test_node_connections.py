@@ -52,7 +52,7 @@ def test_simultaneous_dials_keep_each_senders_order():
             assert got["a"] == list(range(N)), f"attempt {attempt}: b -> a out of order"
             assert got["b"] == list(range(N)), f"attempt {attempt}: a -> b out of order"
             # both may have dialed; each still sends on exactly one connection
-            pa, pb = a._peers[b.node_id], b._peers[a.node_id]
+            pa, pb = a.peers.get(b.node_id), b.peers.get(a.node_id)
             assert pa.conn is not None and not pa.conn.closed
             assert pb.conn is not None and not pb.conn.closed
         finally:
@@ -72,7 +72,7 @@ def test_a_second_connection_takes_over_when_the_first_closes():
         # b dials a as well: a second connection between the two
         a_ref = a.ref
         b.run_sync(b.connect(a_ref.addresses[0], expect=a.node_id))
-        pa = a._peers[b.node_id]
+        pa = a.peers.get(b.node_id)
         first = pa.conn
         deadline = time.monotonic() + 10
         while not pa.extras and time.monotonic() < deadline:
@@ -112,10 +112,11 @@ def test_closing_a_connection_while_other_threads_write_to_it(tmp_path):
             port = b.open_port(lambda v: None)
             a.send(port.node, (MSG_DELIVER, port.port_id, 1))
             deadline = time.monotonic() + 5
-            while (a._peers.get(b.node_id) is None or a._peers[b.node_id].conn is None) \
+            while (a.peers.get(b.node_id) is None or a.peers.get(b.node_id).conn is None) \
                     and time.monotonic() < deadline:
                 time.sleep(0.01)
-            conn = a._peers[b.node_id].conn
+            conn = a.peers.get(b.node_id).conn
+            assert not conn.encrypted                   # a unix socket: no TLS
             meta = pickle.dumps((MSG_DELIVER, port.port_id, None))
             big = bytearray(200_000)
             stop = threading.Event()

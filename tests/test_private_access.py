@@ -16,12 +16,22 @@ module outside hpcmesh (hpcmesh's own: test_layers.py), and ``sys.modules["hpcme
 
 The rule reads names, not types: a module that owns a ``_state`` of its own is not caught
 reading another class's ``_state``. What it cannot see is allowed below, each with why.
+
+The tests are held to the same reading, with a budget instead of a ban: a test that reads
+another object's ``_name`` is either missing a public seam (``ProcMesh.records``,
+``Node.peers``...) or checks an internal on purpose (a white-box unit, a fake put in
+place of a private hook). At most ``MAX_TEST_PRIVATE_READS`` lines of tests/*.py do, and
+each says why in a ``# private: <why>`` comment on its line or the line above. Code in
+strings (a script a test writes and runs) is not read.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import pathlib
+import sys
+import tokenize
 
 import pytest
 
@@ -253,6 +263,118 @@ def test_every_allowance_is_still_needed():
     assert not stale, "allowed in ALLOWED but used no more (remove them):\n" + "\n".join(stale)
 
 
+# -- the tests' own private reads ----------------------------------------------------------
+
+TESTS = pathlib.Path(__file__).resolve().parent
+#: Lines of tests/*.py that may read (or write, or monkeypatch) a private attribute of an
+#: object that is not the test's own: each one a seam hpcmesh does not offer, on purpose.
+MAX_TEST_PRIVATE_READS = 20
+_WHY = "# private:"
+_PATCHES = ("setattr", "delattr")       # monkeypatch.setattr(obj, "_name", ...)
+
+
+def _test_helpers() -> set[str]:
+    """What the tests import from each other (conftest, proc_helpers, test_mounts...)."""
+    return {p.stem for p in TESTS.glob("*.py")} | {p.name for p in TESTS.iterdir() if p.is_dir()}
+
+
+def _gives_why(comment: str) -> bool:
+    return _WHY in comment and comment.split(_WHY, 1)[1].strip() != ""
+
+
+def _comments(source: str) -> dict[int, str]:
+    """Line -> its comment."""
+    out = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            out[tok.start[0]] = tok.string
+    return out
+
+
+def private_reads_of_test(path: pathlib.Path) -> list[tuple[int, str, bool]]:
+    """(line, what, whether it says why) for each private attribute of another object that
+    test file ``path`` uses: ``X._name`` (X not ``self``/``cls``/``super()``, ``_name`` not
+    an attribute of a class the file defines), ``getattr``/``setattr``/``hasattr``/
+    ``delattr``/``monkeypatch.setattr`` of ``"_name"`` (or of ``"pkg.mod._name"``), and
+    ``from x import _name`` of a module that is not one of the tests' own."""
+    source = path.read_text()
+    tree = ast.parse(source, str(path))
+    lines = source.splitlines()
+    comments = _comments(source)
+    own: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            own |= _defined_by(node)
+    helpers = _test_helpers()
+
+    def says_why(node: ast.AST) -> bool:
+        first, last = node.lineno, node.end_lineno or node.lineno
+        if any(_gives_why(comments.get(n, "")) for n in range(first, last + 1)):
+            return True
+        above = first - 1           # or in the block of comment lines right above
+        while above >= 1 and lines[above - 1].lstrip().startswith("#"):
+            if _gives_why(lines[above - 1]):
+                return True
+            above -= 1
+        return False
+
+    found = []
+
+    def check(node: ast.AST, obj: ast.expr | None, attr: str) -> None:
+        if not is_private(attr) or (obj is not None and _is_self(obj)) or attr in own:
+            return
+        whats = [f"{obj.id}.{attr}"] if isinstance(obj, ast.Name) else []
+        if _allowance("*", whats + [f"*.{attr}"]) is not None:
+            return
+        found.append((node.lineno, ast.unparse(node)[:100], says_why(node)))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            check(node, node.value, node.attr)
+        elif isinstance(node, ast.Call) and len(node.args) >= 2 and (
+                (isinstance(node.func, ast.Name) and node.func.id in _LOOKUPS) or
+                (isinstance(node.func, ast.Attribute) and node.func.attr in _PATCHES)):
+            target = node.args[1]
+            if isinstance(target, ast.Constant) and isinstance(target.value, str):
+                check(node, node.args[0], target.value)
+            elif isinstance(node.func, ast.Attribute):       # monkeypatch.setattr("a.b._c", v)
+                dotted = node.args[0]
+                if isinstance(dotted, ast.Constant) and isinstance(dotted.value, str) \
+                        and "." in dotted.value:
+                    check(node, None, dotted.value.rsplit(".", 1)[1])
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level \
+                and node.module.split(".")[0] not in helpers:
+            for alias in node.names:
+                if is_private(alias.name) and \
+                        _allowance("*", [f"{node.module}.{alias.name}"]) is None:
+                    found.append((node.lineno, f"from {node.module} import {alias.name}",
+                                  says_why(node)))
+    return sorted(found)
+
+
+def private_read_sites() -> dict[str, list[tuple[str, bool]]]:
+    """``tests/file.py:line`` -> what it reads there and whether it says why."""
+    sites: dict[str, list] = {}
+    for path in sorted(TESTS.glob("*.py")):
+        for line, what, why in private_reads_of_test(path):
+            sites.setdefault(f"tests/{path.name}:{line}", []).append((what, why))
+    return sites
+
+
+def test_tests_read_few_private_attributes_and_each_says_why():
+    sites = private_read_sites()
+    unexplained = [f"{site}: {what}" for site, reads in sites.items()
+                   for what, why in reads if not why]
+    assert not unexplained, (
+        f"a test reads a private attribute of another object without a '{_WHY} <why>' "
+        f"comment on its line (or the line above); use the public API (ProcMesh.records, "
+        f"Node.peers, ...), give hpcmesh a small named seam, or observe the behaviour "
+        f"instead; if the internal is the point of the test, say so:\n" + "\n".join(unexplained))
+    assert len(sites) <= MAX_TEST_PRIVATE_READS, (
+        f"{len(sites)} lines of tests/*.py read private attributes of other objects, at most "
+        f"{MAX_TEST_PRIVATE_READS}; each is a missing seam:\n" + "\n".join(sites))
+
+
 # -- the checker itself: a rule that cannot fail proves nothing ------------------------------
 
 
@@ -314,3 +436,38 @@ def test_an_allowance_holds_only_where_it_is_given(tmp_path, monkeypatch):
         "    return mfusepy._libfuse, loop._ready\n"))
     assert [line.split(": ", 1)[1] for line in reach_ins(name)] == ["mfusepy._libfuse",
                                                                     "loop._ready"]
+
+
+def test_the_tests_checker_sees_each_kind_of_private_read_and_each_why(tmp_path):
+    fake = tmp_path / "test_fake.py"
+    fake.write_text(
+        "import os\n"
+        "from hpcmesh.transport.connection import _take\n"
+        "from proc_helpers import _helper\n"
+        "class Mine:\n"
+        "    def __init__(self):\n"
+        "        self._mine = 1\n"
+        "def test_x(monkeypatch, procs, node, other):\n"
+        "    procs._state.records\n"
+        "    other._mine, super()._y\n"
+        "    getattr(node, '_peers')\n"
+        "    monkeypatch.setattr(node, '_polling', True)   # private: a reason\n"
+        "    # private: a reason above\n"
+        "    monkeypatch.setattr('hpcmesh.runtime.node._yield_core', print)\n"
+        "    node._x  # private:\n"
+        "    os._exit(0)\n")
+    assert private_reads_of_test(fake) == [
+        (2, "from hpcmesh.transport.connection import _take", False),
+        (8, "procs._state", False),
+        (10, "getattr(node, '_peers')", False),
+        (11, "monkeypatch.setattr(node, '_polling', True)", True),
+        (13, "monkeypatch.setattr('hpcmesh.runtime.node._yield_core', print)", True),
+        (14, "node._x", False)]        # (a comment that gives no reason is no why)
+
+
+def test_the_tests_checker_fails_past_its_budget(monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "MAX_TEST_PRIVATE_READS",
+                        len(private_read_sites()) - 1)
+    with pytest.raises(AssertionError, match=r"lines of tests/\*\.py read private attributes"):
+        test_tests_read_few_private_attributes_and_each_says_why()
+

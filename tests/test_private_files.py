@@ -386,7 +386,7 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
     with ``-m`` or ``-c`` in /tmp, it imported another user's ``sysconfig.py`` there first.
     The commands are built in one place: no other module of hpcmesh spells ``-m``."""
     import ast
-    from hpcmesh.job.exec import _python_argv, _python_argv_remote
+    from hpcmesh.job.exec import python_argv, python_argv_remote
     from hpcmesh.job.slurm import agent_command, slurm_bootstrap
     from hpcmesh.job.ssh import SSHJob
     from hpcmesh.private_files.modules import RUN_MODULE, python_module
@@ -397,10 +397,10 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
         assert cmd.args[-3:] == ["-P", "-m", "hpcmesh.runtime.proc"] and runs_entry_point(cmd)
     assert " /py -P -m hpcmesh worker " in SSHJob(hosts="n1", python_exe="/py").remote_command(
         ["tcp://10.0.0.1:5"], "tok")
-    assert _python_argv("json.tool", ["x"], None) == [sys.executable, "-P", "-c", RUN_MODULE,
-                                                      "json.tool", "x"]
+    assert python_argv("json.tool", ["x"], None) == [sys.executable, "-P", "-c", RUN_MODULE,
+                                                     "json.tool", "x"]
     assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_MODULE}\' json.tool x;' in \
-        _python_argv_remote("json.tool", ["x"])[2]
+        python_argv_remote("json.tool", ["x"])[2]
     package = Path(__file__).resolve().parent.parent / "hpcmesh"
     spelled = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
                      if any(isinstance(node, ast.Constant) and node.value == "-m"

@@ -183,7 +183,7 @@ def test_shell_wrapper_recipe():
 def test_nccl_and_gloo_interface_exported_unless_the_user_sets_them():
     from hpcmesh.runtime.client import client_runtime
     this_host()
-    agent = client_runtime()._local_agent
+    agent = client_runtime().local_host_agent
     expected = dict(agent.network_env())
     pinned = [v for v in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if v in os.environ]
     for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):

@@ -8,7 +8,7 @@ import pytest
 from output_recorder import Recorder as _Recorder
 
 from hpcmesh.actor import Actor, attach_to_workers, current_rank, endpoint, this_host
-from hpcmesh.transport.connection import _tune
+from hpcmesh.transport.connection import tune_socket
 
 
 
@@ -149,7 +149,7 @@ def test_tcp_sockets_get_keepalive():
     a = socket.create_connection(srv.getsockname())
     b, _ = srv.accept()
     try:
-        _tune(a)
+        tune_socket(a)
         assert a.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         assert a.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
         if hasattr(socket, "TCP_KEEPIDLE"):

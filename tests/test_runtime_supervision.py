@@ -164,7 +164,7 @@ def test_stop_right_after_spawn_waits_for_the_start_and_leaves_no_process():
     for grace in (5.0, 5.0, 0.0):     # a grace of 0 must not skip the wait for the start
         pm = this_host().spawn_procs(per_host={"gpus": 2})
         codes = pm.stop(grace=grace).get(timeout=30)
-        pids = [r.pid for r in pm._state.records]
+        pids = [r.pid for r in pm.records]
         assert all(isinstance(pid, int) for pid in pids), pids
         assert wait_gone(pids, 2) == []
         assert len(codes) == 2
@@ -276,6 +276,31 @@ def test_supervision_error_is_picklable_and_descriptive():
     assert (e2.mesh, e2.host, e2.pid, e2.exit_status) == ("m", "h", 12, "killed by SIGKILL")
     a = ActorError("KeyError", "x", "tb", None, "A", "f")
     assert pickle.loads(pickle.dumps(a)).endpoint == "f"
+
+
+def test_wait_for_fault_hook_returns_once_the_hook_ran_for_what_was_offered(monkeypatch):
+    """The hook runs on a thread of its own: a test that checks what reached it (or that
+    nothing did) waits for that thread with ``ClientRuntime.wait_for_fault_hook``."""
+    import threading
+
+    import hpcmesh.actor
+    from hpcmesh.runtime.client import client_runtime
+    from hpcmesh.runtime.errors import MeshFailure
+    release, ran = threading.Event(), []
+
+    def slow_hook(failure):
+        release.wait(10)
+        ran.append(failure)
+    monkeypatch.setattr(hpcmesh.actor, "unhandled_fault_hook", slow_hook)
+    rt = client_runtime()
+    rt.wait_for_fault_hook(timeout=10)          # nothing pending: returns
+    failure = MeshFailure("m", SupervisionError("proc gpus=0 died", "m"))
+    rt.report_failure(None, failure)
+    with pytest.raises(TimeoutError):
+        rt.wait_for_fault_hook(timeout=0.2)     # the hook is still running
+    release.set()
+    rt.wait_for_fault_hook(timeout=10)
+    assert ran == [failure]
 
 
 def test_agent_stops_on_sigterm_even_with_a_controller_attached(tmp_path):

@@ -213,12 +213,12 @@ def test_tls_across_nodes(cluster):
         procs = job.state().hosts.spawn_procs(per_host={"gpus": 2})
         got = procs.spawn("w", W).where.call().get(timeout=60).values()
         from hpcmesh.runtime.client import client_runtime
-        conns = [c for p in client_runtime().node._peers.values() for c in [p.conn, *p.extras]
+        conns = [c for p in client_runtime().node.peers.values() for c in [p.conn, *p.extras]
                  if c is not None and not c.closed]
         import socket
         tcp = [c for c in conns if c.sock.family != socket.AF_UNIX]
         print("RESULT " + json.dumps({"got": got, "tcp": len(tcp),
-                                      "tls": sum(c._tls is not None for c in tcp)}), flush=True)
+                                      "tls": sum(c.encrypted for c in tcp)}), flush=True)
         job.kill()
     """))
     res = _run_in_salloc(script, "tls", HPCMESH_TLS_CA="trust_all_connections")

@@ -69,6 +69,7 @@ def test_slurm_job_alive_follows_the_one_rule(state, live, monkeypatch):
     job.resolved_cluster, job.job_ids = "slurm", {"w": "7"}
     recs = {r.job_id: r for r in parse_squeue(f"7|{state}|None||j|1|0:01|1:00|debug\n")}
     monkeypatch.setattr(submitit_job, "squeue_jobs", lambda ids, timeout: recs)
+    # private: the job kind's liveness hook, without apply() (a Slurm job)
     assert job._is_active() is live
 
 

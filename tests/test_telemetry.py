@@ -389,16 +389,16 @@ def test_a_mailbox_flush_into_a_log_retired_meanwhile_keeps_its_rows(monkeypatch
     rows.run(0, 8, ("A.0", "ping", None))
     rows.ends += [10, 20]
     log = rec.messages_log
-    real_key = telemetry_recorder._Keys.key
+    real_key = telemetry_recorder.KeyedLog.key
 
     def key_then_retired(self, fields):
         k = real_key(self, fields)
         if self is log and log.cap:     # what a drain on another thread does meanwhile
             rec.messages_log = log.successor(100)
-            rec._retired.append(("messages", log))
+            rec._retired.append(("messages", log))   # private: as drain() does it
             log.retire()
         return k
-    monkeypatch.setattr(telemetry_recorder._Keys, "key", key_then_retired)
+    monkeypatch.setattr(telemetry_recorder.KeyedLog, "key", key_then_retired)
     rows.flush()
     monkeypatch.undo()
     out = rec.drain()
@@ -594,8 +594,9 @@ def test_the_schema_reference_in_the_docs_is_the_code_s():
 def test_enable_telemetry_is_configuration_only_chainable_and_checked():
     assert list(inspect.signature(JobTrait.__init__).parameters) == ["self"]
     job = LocalJob()
+    assert job.telemetry_config is None
     assert job.enable_telemetry() is job
-    assert job.enable_telemetry(retention_secs=5)._telemetry_config.retention_secs == 5
+    assert job.enable_telemetry(retention_secs=5).telemetry_config.retention_secs == 5
     assert job.enable_telemetry(TelemetryConfig(include_dashboard=True)) is job
     assert TelemetryConfig() == TelemetryConfig(3600, False, 8265, 30.0)   # Monarch's
     with pytest.raises(TypeError, match="unknown options bogus"):

@@ -335,7 +335,7 @@ def test_the_query_body_is_one_sql_string():
 def test_the_worker_s_copy_follows_the_store_through_appends_drops_and_restarts(monkeypatch):
     from hpcmesh.telemetry import query_worker
     from hpcmesh.telemetry.engine import QueryEngine, QueryLimits
-    monkeypatch.setattr(query_worker, "_CHUNK", 1)     # a frame per batch sent
+    monkeypatch.setattr(query_worker, "CHUNK_BYTES", 1)     # a frame per batch sent
     store = TelemetryStore(retention_secs=60, max_rows=10)
     engine = QueryEngine(store, limits=QueryLimits(timeout_s=2))
     now = int(time.time() * 1e6)
@@ -355,10 +355,12 @@ def test_the_worker_s_copy_follows_the_store_through_appends_drops_and_restarts(
         add(2)           # past the cap of 10 rows: batch 0 goes
         assert lines() == [f"{k}.{i}" for k in (1, 2) for i in range(4)]
         # what the worker holds is not sent again
-        assert engine._worker._changes({"events": store.batches("events")}) == ({}, [])
+        sent = engine.worker.batches_sent["events"]
+        assert lines() == [f"{k}.{i}" for k in (1, 2) for i in range(4)]
+        assert engine.worker.batches_sent["events"] == sent
         with pytest.raises(TelemetryQueryError, match="time limit of 2 s"):
             engine.query(CROSS_JOIN)
-        assert engine._worker.pid is None                 # killed; the next one starts
+        assert engine.worker.pid is None                  # killed; the next one starts
         add(3)
         assert lines() == [f"{k}.{i}" for k in (2, 3) for i in range(4)]
         store.prune(now_us=now + 61 * 10**6)
@@ -368,11 +370,12 @@ def test_the_worker_s_copy_follows_the_store_through_appends_drops_and_restarts(
         engine.close()
         add(4)
         assert lines() == [f"4.{i}" for i in range(4)]
-        pid = engine._worker._proc.pid
+        pid = engine.worker.pid
         deadline = time.monotonic() + 10
-        while engine._worker._proc is not None and time.monotonic() < deadline:
+        while (engine.worker.pid is not None or engine.worker.held_batches) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert engine._worker._proc is None and engine._worker._sent == {}
+        assert engine.worker.pid is None and engine.worker.held_batches == 0
         assert wait_gone([pid]) == []
         assert lines() == [f"4.{i}" for i in range(4)]     # a new one, sent everything
     finally:

@@ -197,7 +197,7 @@ def test_authenticated_peer_sending_bad_frames_loses_only_its_connection(echo):
     s.sendall(struct.pack("!IHH", 100, 0, 1) + b"x" * 10)
     s.close()
     # the worker process's own listener behaves the same
-    proc_url = next(iter(client_runtime().procs[pm._state.records[0].name].node.addresses))
+    proc_url = next(iter(client_runtime().procs[pm.records[0].name].node.addresses))
     s = _authenticated(proc_url, secret)
     s.sendall(struct.pack("!IHH", 2**31, 0, 1))
     assert _read_until_closed(s)
@@ -212,7 +212,7 @@ def test_authenticated_peer_sending_bad_frames_loses_only_its_connection(echo):
 
 def test_worker_process_drops_wrong_secret_and_logs_it(echo):
     pm, e = echo
-    rec = client_runtime().procs[pm._state.records[0].name]
+    rec = client_runtime().procs[pm.records[0].name]
     for url in rec.node.addresses:
         s = _connect(url)
         hs = Handshake(new_secret(), dialer=True)

@@ -272,8 +272,8 @@ def test_big_and_many_messages_over_tls_between_two_nodes():
         assert done.wait(60), len(got)
         assert got[0] == "first" and got[1:101] == list(range(100))
         assert got[101] == big and got[102:] == list(range(100, 200))
-        conn = a._peers[b.node_id].conn
-        assert conn._tls is not None           # it really went through TLS
+        conn = a.peers.get(b.node_id).conn
+        assert conn.encrypted                  # it really went through TLS
     finally:
         a.shutdown_thread()
         b.shutdown_thread()

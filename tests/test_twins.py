@@ -157,7 +157,8 @@ def test_call_one_notes_its_call_as_note_sent_does():
         calls = rec.sent_log.calls
         mesh.echo.call_one(1).get(timeout=30)
         fast = calls[-1]
-        mesh.echo._note_sent("call_one", one=True)   # the general path, same endpoint
+        # private: the general path itself, which call_one writes out (its twin)
+        mesh.echo._note_sent("call_one", one=True)
         assert calls[-1] == fast
         assert rec.sent_log.keys[fast] == rec.sent_log.keys[calls[-1]]
     finally:

@@ -135,6 +135,16 @@ class JobTrait(ABC):
         self._telemetry_config = config.check()     # a bad value fails here, not at state()
         return self
 
+    @property
+    def admin_config(self) -> Any:
+        """The ``MeshAdminConfig`` the last ``enable_admin()`` set; None if not enabled."""
+        return self.__dict__.get("_admin_config")
+
+    @property
+    def telemetry_config(self) -> Any:
+        """The ``TelemetryConfig`` the last ``enable_telemetry()`` set; None if not enabled."""
+        return self.__dict__.get("_telemetry_config")
+
     # -- code and data to and from the hosts (hpcmesh.mounts) ----------------------------
     def remote_mount(self, source: str, mntpoint: str | None = None, meshes: Any = None,
                      python_exe: str | None = ".venv/bin/python", **kwargs: Any) -> "JobTrait":

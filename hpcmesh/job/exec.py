@@ -220,7 +220,7 @@ class BashActor(Actor):
         """Run a Python script (a path ending in ``.py`` or an existing file) or module
         (as ``-m`` would, with the working directory's modules found last and checked:
         ``private_files.modules``) with this process's interpreter."""
-        return self.run(_python_argv(script_or_module, args, workdir), env, workdir, output_dir)
+        return self.run(python_argv(script_or_module, args, workdir), env, workdir, output_dir)
 
     @endpoint
     def run_streaming(self, cmd: str | Sequence[str], port: Port,
@@ -309,7 +309,8 @@ def _dash_script(script_or_module: str) -> str | None:
     return "./" + script_or_module if script_or_module.startswith("-") else None
 
 
-def _python_argv(script_or_module: str, args: Sequence[str], workdir: str | None) -> list[str]:
+def python_argv(script_or_module: str, args: Sequence[str], workdir: str | None) -> list[str]:
+    """The command ``exec_python`` runs for ``script_or_module`` on this side."""
     _check_python_target(script_or_module, args)
     dashed = _dash_script(script_or_module)
     if dashed is not None:
@@ -392,7 +393,7 @@ def exec_command(host_mesh, cmd: str | Sequence[str], env: Mapping[str, str | No
     actors = procs.spawn("bash", BashActor, full, offsets, list(per_host), binding)
     if python:
         if on_output is not None:
-            call = actors.run_streaming.call(_python_argv_remote(cmd, args), Port(port_ref), env,
+            call = actors.run_streaming.call(python_argv_remote(cmd, args), Port(port_ref), env,
                                              workdir, output_dir)
         else:
             call = actors.run_python.call(cmd, list(args), env, workdir, output_dir)
@@ -419,7 +420,8 @@ def exec_command(host_mesh, cmd: str | Sequence[str], env: Mapping[str, str | No
     return result
 
 
-def _python_argv_remote(script_or_module: str, args: Sequence[str]) -> list[str]:
+def python_argv_remote(script_or_module: str, args: Sequence[str]) -> list[str]:
+    """The command an actor process runs for ``exec_python(on_output=...)``."""
     # run_streaming execs an argv as given; a bare "python3" could be another interpreter,
     # so a tiny bash execs the actor process's own (exported as HPCMESH_PYTHON).
     quoted = " ".join(_shell_quote(a) for a in args)

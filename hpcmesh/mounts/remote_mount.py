@@ -104,6 +104,12 @@ class RemoteMount:
     def hostnames(self) -> list[str]:
         return self.hosts.hostnames
 
+    @property
+    def pids(self) -> list[int | None]:
+        """The mount process on each host (none once closed)."""
+        procs = self._procs
+        return procs.pids if procs is not None else []
+
     def start(self) -> "RemoteMount":
         tree = scan_tree(self.spec.source)
         self._procs = self.hosts.spawn_procs(name="remote-mount")

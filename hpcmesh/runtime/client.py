@@ -151,6 +151,11 @@ class ClientRuntime:
             self._local_agent = HostAgent(self.node, advertise_host=advertise)
         return self.node.ref
 
+    @property
+    def local_host_agent(self) -> HostAgent | None:
+        """The in-process host agent of this_host() (None until this_host() is used)."""
+        return self._local_agent
+
     # -- events from agents and procs -------------------------------------------------
     def _on_hello(self, node, ref: NodeRef, info: dict, conn) -> None:
         if info.get("role") == "agent":
@@ -407,6 +412,13 @@ class ClientRuntime:
             if self._hook_thread is None:
                 self._hook_thread = ActorThread("hpcmesh-unhandled-fault-hook")
             self._hook_thread.submit(run_unhandled_fault_hook, failure)
+
+    def wait_for_fault_hook(self, timeout: float) -> None:
+        """Wait until ``unhandled_fault_hook`` has run for every failure offered to it so
+        far (it runs on a thread of its own, in order)."""
+        thread = self._hook_thread
+        if thread is not None:
+            thread.submit(lambda: None).result(timeout=timeout)
 
     def supervise(self, owner, failure: MeshFailure) -> None:
         """Offer ``failure`` to the owning actor's ``__supervise__``; a true result handles

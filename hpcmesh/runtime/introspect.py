@@ -209,7 +209,7 @@ def pyspy_dump(pid: int, native: bool = False, timeout: float | None = None,
     text = r.stdout.decode("utf-8", "replace")
     if r.returncode == 0 and text.strip():
         return text
-    raise PySpyError(*_pyspy_failure(r.returncode, r.stderr.decode("utf-8", "replace"),
+    raise PySpyError(*pyspy_failure(r.returncode, r.stderr.decode("utf-8", "replace"),
                                      _tracer_of(pid)))
 
 
@@ -225,7 +225,7 @@ def _tracer_of(pid: int) -> int:
     return 0
 
 
-def _pyspy_failure(returncode: int, stderr: str, tracer: int = 0) -> tuple[str, str]:
+def pyspy_failure(returncode: int, stderr: str, tracer: int = 0) -> tuple[str, str]:
     """(reason, detail) of a py-spy run that printed no stacks, from what it wrote."""
     lines = []
     for line in stderr.splitlines():

@@ -79,6 +79,11 @@ class QueryEngine:
         self._worker = QueryWorker()
         weakref.finalize(self, self._worker.close)
 
+    @property
+    def worker(self) -> QueryWorker:
+        """The handle on the query worker process: its pid, what was shipped to it."""
+        return self._worker
+
     def tables(self) -> list[str]:
         return list(TABLES)
 

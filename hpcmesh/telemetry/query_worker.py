@@ -7,7 +7,7 @@ process, which it can kill: at the time limit, or when the worker grows past the
 limit by what DataFusion's memory pool does not track (a huge ``repeat()``).
 
 The worker keeps a copy of the store's record batches: each query sends first the batches
-the worker lacks (in frames of ``_CHUNK`` bytes), then the order of each changed table and
+the worker lacks (in frames of ``CHUNK_BYTES``), then the order of each changed table and
 the statement. The worker runs it in a fresh session under DataFusion's read-only
 ``SQLOptions`` (no DDL, no DML, no other statements: DataFusion's planner refuses them),
 with a memory pool and no spill files, and streams the answer back up to a row and byte
@@ -43,9 +43,11 @@ TARGET_PARTITIONS = 1
 #: (answers streaming through, allocations the pool does not track) before it is killed.
 RSS_FACTOR = 2
 
+#: Bytes of record batches per frame of the worker's copy (at least one batch a frame).
+CHUNK_BYTES = 16 << 20
+
 _LEN = struct.Struct("!I")
 _MAX_HEADER = 64 << 20
-_CHUNK = 16 << 20      # bytes of record batches per frame of the worker's copy
 _POLL_S = 0.05
 _BOOT = ("import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
          "from hpcmesh.telemetry.query_worker import main; main(int(sys.argv[2]))")
@@ -81,11 +83,18 @@ class QueryWorker:
         self._serial = 0
         self._rss_base = 0
         self._last_used = 0.0
+        #: table -> record batches shipped to the workers so far (what queries had to send)
+        self.batches_sent: dict[str, int] = {}
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None \
             else None
+
+    @property
+    def held_batches(self) -> int:
+        """Record batches the worker holds (kept alive here until it is stopped)."""
+        return sum(len(held) for held in self._sent.values())
 
     def run(self, sql: str, tables: dict[str, list], *, timeout_s: float,
             memory_bytes: int, max_rows: int) -> Any:
@@ -171,13 +180,13 @@ class QueryWorker:
         return order, new_batches
 
     def _send_batches(self, name: str, batches: list, deadline: float) -> None:
-        """``batches`` of table ``name`` as frames of Arrow IPC of about ``_CHUNK`` bytes:
+        """``batches`` of table ``name`` as frames of Arrow IPC of about ``CHUNK_BYTES``:
         the controller's memory holds one frame at a time, not a copy of the store."""
         import pyarrow as pa
         i = 0
         while i < len(batches):
             part, size = [], 0
-            while i < len(batches) and (not part or size < _CHUNK):
+            while i < len(batches) and (not part or size < CHUNK_BYTES):
                 part.append(batches[i])
                 size += batches[i][0].nbytes
                 i += 1
@@ -187,6 +196,7 @@ class QueryWorker:
                     w.write_batch(b)
             self._send(_frame({"table": name, "serials": [s for _, s in part]},
                               [sink.getvalue()]), deadline)
+            self.batches_sent[name] = self.batches_sent.get(name, 0) + len(part)
 
     # -- the process ---------------------------------------------------------------------
     def _start(self) -> None:

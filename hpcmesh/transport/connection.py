@@ -183,6 +183,11 @@ class Connection:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def encrypted(self) -> bool:
+        """Whether its frames go through TLS (TCP with TLS on)."""
+        return self._tls is not None
+
     # -- reading ---------------------------------------------------------------
     def _on_readable(self) -> None:
         frames: list = []
@@ -485,7 +490,9 @@ KEEPALIVE_S = env_number("HPCMESH_KEEPALIVE", 4, maximum=254, note="0 turns it o
 UNIX_SOCKET_BUFFER = 4 * 1024 * 1024
 
 
-def _tune(sock: socket.socket) -> None:
+def tune_socket(sock: socket.socket) -> None:
+    """What every connection's socket gets: non-blocking; big buffers for a unix socket;
+    no Nagle delay and keepalive probes (``KEEPALIVE_S``) for TCP."""
     sock.setblocking(False)
     if sock.family == socket.AF_UNIX:
         for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -642,7 +649,7 @@ async def _dial_once(loop, addr: Address, secret: bytes, timeout: float,
             raise OSError(f"cannot resolve {addr.host}")
         family, _, _, _, target = infos[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
-    _tune(sock)
+    tune_socket(sock)
     try:
         await asyncio.wait_for(loop.sock_connect(sock, target), timeout)
         try:
@@ -759,7 +766,7 @@ class Listener:
                 return
             if len(self._in_handshake) >= MAX_UNAUTHENTICATED:
                 self._evict_one()
-            _tune(conn)
+            tune_socket(conn)
             task = self.loop.create_task(self._authenticate(conn, peer))
             self._in_handshake[task] = conn
 
@@ -841,19 +848,39 @@ class Listener:
 
     def _pause(self, why: str) -> None:
         self._note_refused(why)
+        if self.stop_accepting():
+            self.loop.call_later(ACCEPT_PAUSE, self.accept_again)
+
+    def stop_accepting(self) -> bool:
+        """Leave new connections in the kernel's backlog until ``accept_again`` (loop
+        thread): out of fds, or a test holding dialers back. False if already stopped."""
         if self._paused:
-            return
+            return False
         self._paused = True
         try:
             self.loop.remove_reader(self.sock.fileno())
         except (ValueError, OSError):
-            return
-        self.loop.call_later(ACCEPT_PAUSE, self._resume)
+            return False
+        return True
 
-    def _resume(self) -> None:
+    def accept_again(self) -> None:
         self._paused = False
         if self.sock.fileno() >= 0:
             self.loop.add_reader(self.sock.fileno(), self._on_readable)
+
+    def handshakes(self) -> list[tuple[object, str]]:
+        """The connections in their handshake, oldest first: (the peer's address, how far:
+        ``accepted``, ``reading`` (its task ran), ``spoke`` (it sent a byte)). What the flood
+        defence chooses among when it must close one."""
+        out = []
+        for task, sock in self._in_handshake.items():
+            try:
+                peer = sock.getpeername()
+            except OSError:
+                peer = None
+            out.append((peer, "spoke" if task in self._spoke else
+                        "reading" if task in self._started else "accepted"))
+        return out
 
     async def _authenticate(self, sock: socket.socket, peer) -> None:
         name = accepted_peer_name(sock, peer)

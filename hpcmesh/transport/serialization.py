@@ -120,7 +120,7 @@ def _install_roots() -> tuple[str, ...]:
     return tuple(os.path.realpath(r) + os.sep for r in roots if r)
 
 
-def _is_installed(module_name: str) -> bool:
+def is_installed(module_name: str) -> bool:
     """Can a worker import this module the normal way: stdlib, site-packages, or an
     editable install? (A script's ``__main__`` or a test file next to it cannot.)
 
@@ -163,7 +163,7 @@ def ship_module_by_value(module_name: str) -> None:
     by value, for the actor class itself and for instances of its classes in messages."""
     if module_name in _checked_modules:
         return
-    installed = _is_installed(module_name)
+    installed = is_installed(module_name)
     _checked_modules[module_name] = installed
     if not installed and module_name in sys.modules:
         _by_value_modules.add(module_name)

@@ -212,7 +212,8 @@ def emit(**kw):
 try:
     import hpcmesh.runtime.client as client
     from hpcmesh.actor import Actor, endpoint
-    from hpcmesh.job.attach import AttachWaiter, host_mesh
+    from hpcmesh.actor.host_mesh import HostMesh
+    from hpcmesh.job.attach import AttachWaiter
 
     class Probe(Actor):
         @endpoint
@@ -241,7 +242,7 @@ try:
          hostname=hosts[0].hostname,
          conn_peer=p.conn.peer if p is not None and p.conn is not None else None)
     t0 = time.monotonic()
-    procs = host_mesh(hosts).spawn_procs()
+    procs = HostMesh.from_hosts(hosts).spawn_procs()
     got = procs.spawn("probe", Probe).where.call().get(timeout=call_timeout).values()
     emit(event="called", seconds=time.monotonic() - t0, result=list(got))
     procs.stop().get(timeout=10)

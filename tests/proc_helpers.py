@@ -1,4 +1,5 @@
-"""Is a process still there, and waiting until some are gone (tests that count pids)."""
+"""Is a process still there, waiting until some are gone (tests that count pids), and
+waiting until anything is true (``wait_until``: what a test uses instead of a fixed sleep)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,18 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
+    """``predicate()``'s first truthy value, polled until ``timeout`` seconds have passed;
+    then an AssertionError that names ``what`` never happened. A fixed sleep guesses how long
+    something takes and breaks on a loaded machine; this waits exactly as long as it takes."""
+    deadline = time.monotonic() + timeout
+    while not (got := predicate()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(interval)
+    return got
 
 
 def wait_gone(pids, timeout: float = 5.0) -> list[int]:

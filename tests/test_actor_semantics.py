@@ -42,7 +42,7 @@ class Worker(Actor):
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         self.log.append(("start", i))
-        await asyncio.sleep(delay)
+        await asyncio.sleep(delay)      # sleep: the call suspends this long
         self.log.append(("end", i))
         self.active -= 1
 
@@ -50,7 +50,7 @@ class Worker(Actor):
     async def overlap(self, delay):
         self.active += 1
         self.max_active = max(self.max_active, self.active)
-        await asyncio.sleep(delay)
+        await asyncio.sleep(delay)      # sleep: the call suspends this long
         self.active -= 1
         return self.max_active
 
@@ -61,7 +61,7 @@ class Worker(Actor):
     @endpoint
     async def async_append(self, i, sleep):
         if sleep:
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)  # sleep: suspends once
         self.log.append(i)
 
     @endpoint
@@ -95,7 +95,7 @@ class Worker(Actor):
 
     @endpoint
     def pid_slow(self, delay):
-        time.sleep(delay)
+        time.sleep(delay)       # sleep: answers this much later
         return os.getpid()
 
     @endpoint
@@ -112,13 +112,13 @@ class Worker(Actor):
 
     @endpoint
     async def delayed(self, i, delay):
-        await asyncio.sleep(delay)
+        await asyncio.sleep(delay)      # sleep: answers this much later
         return i
 
     @endpoint
     async def rank_delayed(self, base):
         r = current_rank().rank
-        await asyncio.sleep((3 - r) * base)
+        await asyncio.sleep((3 - r) * base)     # sleep: the higher ranks answer first
         return r
 
     @endpoint
@@ -142,17 +142,17 @@ class Worker(Actor):
         # Endpoints start inline when the actor is idle and are handed to the mailbox
         # task when they suspend: neither their context nor their task may change.
         task, rank = asyncio.current_task(), context().message_rank
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)      # sleep: suspends once
         same = asyncio.current_task() is task and context().message_rank == rank
         try:
             async with asyncio.timeout(0.02):     # cancels the task the endpoint runs in
-                await asyncio.sleep(5)
+                await asyncio.sleep(5)    # sleep: the timeout ends it
             timed_out = False
         except TimeoutError:
             timed_out = True
         try:
             async with asyncio.timeout(0):        # expires before the first suspension ends
-                await asyncio.sleep(5)
+                await asyncio.sleep(5)    # sleep: the timeout ends it
             expired = False
         except TimeoutError:
             expired = True

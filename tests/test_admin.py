@@ -11,6 +11,7 @@ import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
+from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.admin import server as admin_server
@@ -22,6 +23,8 @@ from hpcmesh.runtime.introspect import find_pyspy
 
 
 def wait_here_for_the_test(release: str, limit: float = 30) -> str:
+    """Until the file ``release`` exists; ``<release>.<pid>`` says this process waits now."""
+    open(f"{release}.{os.getpid()}", "w").close()
     deadline = time.monotonic() + limit
     while not os.path.exists(release) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -141,7 +144,8 @@ def test_admin_view_tree_stacks_token_and_failures(tmp_path):
         release = str(tmp_path / "release")
         held = w.slice(gpus=0).hold.call_one(release)
         blocked = w.slice(gpus=1).block_loop.call_one(release)
-        time.sleep(0.5)
+        wait_until(lambda: all(os.path.exists(f"{release}.{pid}") for pid in pids), 30,
+                   "both endpoints are waiting")
         doc = get_json(admin_endpoint(url, f"/api/stack/{procs[0]['name']}"))
         assert doc["source"] == "event loop" and doc["pid"] == pids[0]
         assert "wait_here_for_the_test" in doc["text"]

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import pytest
 from ci_gate import requires, skip_or_fail
-from proc_helpers import wait_gone
+from proc_helpers import wait_gone, wait_until
 from test_admin import get, get_json, processes
 
 from hpcmesh.actor import Actor, endpoint
@@ -42,7 +42,8 @@ class Stuck(Actor):
         return os.getpid()
 
     @endpoint
-    def stuck(self) -> bool:        # a sync endpoint: on its thread, but holding the GIL
+    def stuck(self, entered: str) -> bool:  # a sync endpoint: on its thread, holding the GIL
+        open(entered, "w").close()
         return stuck_in_the_regex()
 
 
@@ -52,7 +53,7 @@ def stack(url: str, name: str, query: str = "") -> tuple[int, dict]:
 
 
 @requires(NEEDS_PYSPY)
-def test_stacks_of_a_process_stuck_holding_the_gil(monkeypatch):
+def test_stacks_of_a_process_stuck_holding_the_gil(monkeypatch, tmp_path):
     state = LocalJob(hosts=("hosts",)).enable_admin().state(cached_path=None)
     url = state.admin_url
     pm = pid = call = None
@@ -68,8 +69,8 @@ def test_stacks_of_a_process_stuck_holding_the_gil(monkeypatch):
         pid = a.pid.call_one().get(timeout=60)
         (proc,) = processes(get_json(admin_endpoint(url, "/api/tree")), "pyspytest")
         name = proc["name"]
-        call = a.stuck.call_one()
-        time.sleep(0.5)
+        call = a.stuck.call_one(str(tmp_path / "stuck"))
+        wait_until((tmp_path / "stuck").exists, 30, "the endpoint is in the regex")
 
         # the loop does not answer (the GIL is held), py-spy does, within a few seconds
         t0 = time.monotonic()
@@ -114,6 +115,7 @@ def test_stacks_of_a_process_stuck_holding_the_gil(monkeypatch):
 @pytest.fixture
 def target():
     """A Python process to point py-spy at (ended by the test)."""
+    # sleep: a process that does nothing but live until the fixture ends it
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     yield p.pid
     p.kill()

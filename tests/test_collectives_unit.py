@@ -140,6 +140,7 @@ def _scenario_failure(mc, rank) -> dict:
     mc.all_reduce(torch.ones(1))
     mc.all_reduce(torch.ones(1), "gpus")
     if rank == 3:
+        # sleep: idles past the collective's timeout, so that the others' all_reduce times out
         time.sleep(mc.timeout.total_seconds() + 2)
         os._exit(3)
     t0 = time.monotonic()
@@ -566,7 +567,7 @@ def _refused_scenario(mc, rank):
 def _timeout_scenario(mc, rank):
     mc.barrier()
     if rank == 1:
-        time.sleep(2.5)  # never joins the collective below
+        time.sleep(2.5)  # sleep: never joins the collective below, past its 0.5 s timeout
         return None
     t0 = time.monotonic()
     with pytest.raises(C.CollectiveError, match=r"broadcast.*timeout 0.5s") as ei:

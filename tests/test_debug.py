@@ -14,10 +14,12 @@ import time
 from contextlib import redirect_stderr
 
 import pytest
+from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, debug_controller, endpoint
 from hpcmesh.job import LocalJob
 from hpcmesh.runtime import debugger
+from hpcmesh.runtime.client import client_runtime
 
 PROMPT = "(hpcmesh-pdb) "
 
@@ -37,7 +39,7 @@ class Debuggee(Actor):
     @endpoint
     async def nap(self, seconds: float) -> str:
         getattr(self, "seen", []).append("nap")
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)    # sleep: the endpoint's work is to take this long
         return "rested"
 
     @endpoint
@@ -45,7 +47,7 @@ class Debuggee(Actor):
         self.seen = ["break"]
         breakpoint()
         x = 1                           # still in the callback that paused (run inline)
-        await asyncio.sleep(0.2 * x)    # suspends: handed to the mailbox
+        await asyncio.sleep(0.2 * x)    # sleep: suspends: handed to the mailbox
         self.seen.append("napped")
         return "napped"
 
@@ -60,8 +62,13 @@ class Debuggee(Actor):
         return x + 1
 
     @endpoint
-    async def hold_loop(self, seconds: float) -> None:
-        time.sleep(seconds)   # the process's event loop reads nothing meanwhile
+    async def hold_loop(self, release: str) -> None:
+        """Blocks the process's event loop (it reads nothing meanwhile) until the file
+        ``release`` exists; ``<release>.held`` says it is blocked now."""
+        open(f"{release}.held", "w").close()
+        deadline = time.monotonic() + 30
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 @pytest.fixture
@@ -174,17 +181,20 @@ def test_a_breakpoint_in_an_async_endpoint_leaves_its_process_running(procs):
     assert d.slice(gpus=0).ping.call_one().get(timeout=10) == "pong"
 
 
-def test_frames_read_with_the_paused_call_are_handled_during_the_pause(procs):
+def test_frames_read_with_the_paused_call_are_handled_during_the_pause(procs, tmp_path):
     # CI (under load): the call that paused and a later one to another actor arrived in
     # one read; the later one waited in that read's list for the pause to end. Here the
     # process's loop is held while both are sent, so that one read takes both.
     d = procs.spawn("d", Debuggee).slice(gpus=0)
     other = procs.spawn("other", Debuggee).slice(gpus=0)
     assert other.ping.call_one().get(timeout=30) == "pong"
-    holding = other.hold_loop.call_one(0.5)
-    time.sleep(0.1)
+    release = tmp_path / "release"
+    holding = other.hold_loop.call_one(str(release))
+    wait_until((tmp_path / "release.held").exists, 30, "the process's loop is held")
     paused = d.async_break.call_one()
     napping = other.nap.call_one(0.05)
+    client_runtime().node.run_sync(asyncio.sleep(0))    # both are written out by now
+    release.touch()
     assert napping.get(timeout=10) == "rested"
     holding.get(timeout=10)
     open_session()
@@ -201,7 +211,7 @@ def test_calls_to_an_actor_paused_in_an_async_endpoint_wait_their_turn(procs):
     s = open_session()
     quick = e.ping.call_one()
     napping = e.nap.call_one(0.3)
-    time.sleep(0.5)
+    time.sleep(0.5)     # sleep: the nap's 0.3 s would end meanwhile, were it run in the pause
     assert not (paused.done() or quick.done() or napping.done())
     # steps: to the next line in the same callback, then past the await (the call
     # handed to the mailbox); at each pause the others still wait
@@ -212,7 +222,7 @@ def test_calls_to_an_actor_paused_in_an_async_endpoint_wait_their_turn(procs):
         out = debug_controller().send(s["process"], s["session"], "n")
         assert not out["ended"] and stopped_at(out) == line + 1, out
         line += 1
-        time.sleep(0.5)
+        time.sleep(0.5)     # sleep: time for the others to end, were they let run
         assert not (paused.done() or quick.done() or napping.done()), step
     out = debug_controller().send(s["process"], s["session"], "c")
     assert out["ended"], out
@@ -252,9 +262,9 @@ def test_a_nested_loop_runs_the_rest_and_gives_the_outer_one_its_place_back():
     def put_later():
         while "inner" not in seen:
             time.sleep(0.01)
-        time.sleep(0.1)
+        time.sleep(0.1)     # sleep: the loop goes idle in select, which the put must wake
         inner.put("inner line")
-        time.sleep(0.1)
+        time.sleep(0.1)     # sleep: idle in select again, now in the outer pause
         outer.put("outer line")
 
     async def main():

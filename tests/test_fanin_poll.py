@@ -51,13 +51,18 @@ def test_polls_while_the_fanin_is_pending_and_stops_when_it_settles(monkeypatch)
     async def body(node: Node) -> None:
         fanin = _waited_on()
         node.poll_for_rest(fanin, window=10.0)
-        await asyncio.sleep(0.02)          # a timer; the loop keeps turning meanwhile
-        assert node.fanin.polling and len(turns) > 20
+        deadline = time.monotonic() + 10
+        while len(turns) <= 20:            # timers: the loop keeps turning meanwhile
+            assert time.monotonic() < deadline, f"only {len(turns)} polling turns in 10 s"
+            await asyncio.sleep(0.001)
+        assert node.fanin.polling
         fanin.set_result("all in")
-        await asyncio.sleep(0.005)
-        assert not node.fanin.polling
+        deadline = time.monotonic() + 2    # well inside the 10 s window
+        while node.fanin.polling:          # its next turn sees the fan-in settled
+            assert time.monotonic() < deadline, "still polling after the fan-in settled"
+            await asyncio.sleep(0.001)
         seen = len(turns)
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)          # sleep: a polling loop would turn meanwhile
         assert len(turns) == seen          # no polling without a pending fan-in
     _run_on_own_loop(body)
 
@@ -91,7 +96,7 @@ def test_no_polling_off_the_loop_thread_unwaited_settled_or_with_a_zero_window(m
         done.set_result(1)
         node.poll_for_rest(done, window=10.0)
         node.poll_for_rest(_waited_on(), window=0.0)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)          # sleep: a polling loop would turn meanwhile
         assert not node.fanin.polling and turns == []
     _run_on_own_loop(body)
 
@@ -134,7 +139,7 @@ class Staggered(Actor):
     async def answer(self, first_s: float, rest_s: float):
         from hpcmesh.actor import current_rank
         rank = current_rank().rank
-        await asyncio.sleep(first_s if rank == 0 else rest_s)
+        await asyncio.sleep(first_s if rank == 0 else rest_s)   # sleep: a slow member
         return rank
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-import time
 
-from proc_helpers import wait_gone
+from proc_helpers import wait_gone, wait_until
 
 
 def test_choose_avoids_a_member_whose_process_died():
@@ -14,6 +13,8 @@ def test_choose_avoids_a_member_whose_process_died():
     import signal
 
     from hpcmesh.actor import Actor, endpoint, this_host
+    from hpcmesh.runtime.client import client_runtime
+    from hpcmesh.runtime.peers import LOST_LOAD
 
     class Pid(Actor):
         @endpoint
@@ -28,7 +29,9 @@ def test_choose_avoids_a_member_whose_process_died():
             r.stopping = True                  # a kill on purpose: no supervision noise
         os.kill(pids[1], signal.SIGKILL)
         assert wait_gone([pids[1]], 10) == []
-        time.sleep(1.0)                        # the client has heard of the exit
+        dead = next(r.node.node_id for r in procs.records if r.pid == pids[1])
+        wait_until(lambda: client_runtime().node.load(dead) == LOST_LOAD, 10,
+                   "the client has heard of the exit")       # what choose() weighs
         chosen = [mesh.pid.choose().get(timeout=30) for _ in range(12)]
         assert set(chosen) == {pids[0], pids[2]}, chosen
     finally:

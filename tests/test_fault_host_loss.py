@@ -13,7 +13,7 @@ import signal
 import time
 
 import pytest
-from proc_helpers import alive, wait_gone
+from proc_helpers import alive, wait_gone, wait_until
 
 from hpcmesh.actor import Actor, SupervisionError, endpoint
 from hpcmesh.job import ProcessJob
@@ -33,7 +33,7 @@ class Sleeper(Actor):
 
     @endpoint
     async def sleep(self, seconds: float) -> str:
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)    # sleep: the endpoint's work is to take this long
         return "woke"
 
 
@@ -56,16 +56,6 @@ class Owner(Actor):
     def __supervise__(self, failure) -> bool:
         self.failures.append(failure)
         return True
-
-
-def _wait_for(fn, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    return fn()
 
 
 def test_killing_an_agent_fails_its_calls_and_tells_the_unhandled_fault_hook(unhandled_faults):
@@ -95,8 +85,9 @@ def test_killing_an_agent_fails_its_calls_and_tells_the_unhandled_fault_hook(unh
 
         # one MeshFailure for the mesh, naming the host and its agent, however many
         # processes it had there
-        got = _wait_for(lambda: [f for f in unhandled_faults[before:]
-                                 if f.mesh_name == "hostloss"], BOUND_S + MARGIN_S)
+        got = wait_until(lambda: [f for f in unhandled_faults[before:]
+                                  if f.mesh_name == "hostloss"], BOUND_S + MARGIN_S,
+                         "the hook is told of the host's loss")
         took = time.monotonic() - t0
         print(f"unhandled_fault_hook told {took:.2f} s after the kill: {got}")
         assert len(got) == 1, got
@@ -130,7 +121,8 @@ def test_killing_an_agent_reaches_the_owning_actors_supervise(unhandled_faults):
         leaf_pids = owner.start.call_one(state.hosts).get(timeout=60)
         t0 = time.monotonic()
         os.kill(leaf_agent, signal.SIGKILL)
-        seen = _wait_for(lambda: owner.seen.call_one().get(timeout=10), BOUND_S + MARGIN_S)
+        seen = wait_until(lambda: owner.seen.call_one().get(timeout=10), BOUND_S + MARGIN_S,
+                          "__supervise__ is told of the host's loss")
         took = time.monotonic() - t0
         print(f"\n__supervise__ told {took:.2f} s after the agent was killed: {seen}")
         assert len(seen) == 1, seen
@@ -164,7 +156,7 @@ def test_an_agent_stopped_by_a_signal_is_no_lost_host(unhandled_faults):
         print(f"\n{err}")
         assert err.reason == AGENT_EXITED and "SIGTERM" in str(err) and err.pid == pids[1]
         assert wait_gone(pids, 10) == []
-        assert _wait_for(lambda: not alive(agent), 10)
+        wait_until(lambda: not alive(agent), 10, "the agent has exited")
         # the agent's word came before its connection closed: nothing of the mesh is left
         # for a lost host to take, and what was offered to the hook has run
         assert all(r.stopping for r in procs.records)

@@ -24,6 +24,8 @@ CONTROLLER = textwrap.dedent("""
     import os, subprocess, sys, time
     from hpcmesh.actor import Actor, endpoint, this_host
 
+    BLOCKING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blocking")
+
     class Blocker(Actor):
         @endpoint
         def start_child(self) -> list[int]:
@@ -31,16 +33,20 @@ CONTROLLER = textwrap.dedent("""
             return [os.getpid(), child.pid]
 
         @endpoint
-        async def block(self) -> None:
-            time.sleep(120)           # never yields: the loop is blocked for two minutes
+        async def block(self, blocking: str) -> None:
+            open(blocking, "w").close()
+            time.sleep(120)     # sleep: never yields: the loop is blocked for two minutes
 
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     mesh = procs.spawn("blocker", Blocker)
     pids = mesh.start_child.call_one().get(timeout=60)
-    mesh.block.broadcast()
-    time.sleep(0.5)                    # the endpoint is running
+    mesh.block.broadcast(BLOCKING)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(BLOCKING):       # the endpoint is running
+        assert time.monotonic() < deadline, "the endpoint never started"
+        time.sleep(0.05)
     print(" ".join(map(str, pids)), flush=True)
-    time.sleep(600)
+    time.sleep(600)     # sleep: lives on until the test kills it
 """)
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, attach_to_workers, endpoint
 
@@ -72,9 +73,9 @@ def test_a_flood_of_idle_connections_neither_spins_nor_floods_the_log(tmp_path, 
             if garbage:
                 s.sendall(os.urandom(256))
             flood.append(s)
-        time.sleep(0.5)
+        time.sleep(0.5)     # sleep: the agent's work on the flood's arrival is over, unmeasured
         cpu0 = _cpu_seconds(agent.pid)
-        time.sleep(4)
+        time.sleep(4)       # sleep: the window the agent's CPU is measured over
         cpu = _cpu_seconds(agent.pid) - cpu0
         lines = len(open(err.name).readlines()) - lines0
         print(f"\n{n} {'garbage' if garbage else 'idle'} connections"
@@ -137,7 +138,8 @@ def test_a_flood_kept_up_longer_than_the_attach_timeout_does_not_keep_a_client_o
     flooder = threading.Thread(target=flood)
     flooder.start()
     try:
-        time.sleep(1.0)                     # the agent is at its cap, and stays there
+        wait_until(lambda: opened[0] >= MAX_UNAUTHENTICATED + 8, 30,
+                   "the agent is at its cap")              # and the flood keeps it there
         t0 = time.monotonic()
         hosts = attach_to_workers([addr], secret=secret, timeout=5)
         procs = hosts.spawn_procs({"p": 1})
@@ -299,9 +301,11 @@ def test_evicting_connections_whose_task_has_not_run_closes_their_sockets(monkey
         old = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
         for s in old:
             s.sendall(b"HPCMESH")           # spoke (a partial hello), then stalled
-        await asyncio.sleep(0.2)
+        await _until(lambda: all(_state_of(listener, s) == "spoke" for s in old),
+                     "the first three spoke")
         burst = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-        await asyncio.sleep(0.3)
+        await _until(lambda: _state_of(listener, burst[-1]) is not None,
+                     "the burst was accepted")         # in one pass, evicting as it went
         listener.close()
         for s in old + burst:
             s.close()

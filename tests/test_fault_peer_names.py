@@ -17,9 +17,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 
 import pytest
+from proc_helpers import wait_until
 
 from hpcmesh.runtime.node import Node
 from hpcmesh.transport.addresses import new_secret
@@ -69,16 +69,6 @@ def _start_peer(node: Node, path: str, mode: str) -> subprocess.Popen:
                              mode], env=dict(os.environ))
 
 
-def _wait_for(fn, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    return fn()
-
-
 def test_an_unauthenticated_peer_is_named_by_its_uid_and_pid(listener, other_user, caplog):
     node, path = listener
     os.chmod(path, 0o666)            # reachable by the other user (a real one is 0600)
@@ -88,8 +78,9 @@ def test_an_unauthenticated_peer_is_named_by_its_uid_and_pid(listener, other_use
         "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
         "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n' * 4); s.recv(100); s.close()", path])
     try:
-        lines = _wait_for(lambda: [r.getMessage() for r in caplog.records
-                                   if "dropped unauthenticated connection" in r.getMessage()])
+        lines = wait_until(lambda: [r.getMessage() for r in caplog.records
+                                    if "dropped unauthenticated connection" in r.getMessage()],
+                           15, "the dropped connection is logged")
     finally:
         attacker.wait(10)
     print(f"\n{lines}")
@@ -107,9 +98,10 @@ def test_an_unauthenticated_peer_is_named_by_its_uid_and_pid(listener, other_use
             "import socket, sys; s = socket.create_connection((sys.argv[1], int(sys.argv[2]))); "
             "print(s.getsockname()[1]); s.sendall(b'garbage' * 10); s.recv(100)", host, port)
         theirs = f"127.0.0.1:{r.stdout.strip()}"
-        lines = _wait_for(lambda: [r.getMessage() for r in caplog.records
-                                   if "dropped unauthenticated connection" in r.getMessage()
-                                   and tcp.addresses[0] in r.getMessage()])
+        lines = wait_until(lambda: [r.getMessage() for r in caplog.records
+                                    if "dropped unauthenticated connection" in r.getMessage()
+                                    and tcp.addresses[0] in r.getMessage()],
+                           15, "the dropped TCP connection is logged")
         assert len(lines) == 1 and f" from {theirs} on " in lines[0], lines
     finally:
         tcp.shutdown_thread(5)
@@ -119,7 +111,7 @@ def test_a_lost_connection_names_the_peer_not_our_own_socket(listener):
     node, path = listener
     peer = _start_peer(node, path, "exit")
     try:
-        _wait_for(lambda: node.test_hellos)
+        wait_until(lambda: node.test_hellos, 15, "the peer says hello")
         ref = node.test_hellos[0]
         pending = node.rpc(ref, "exit")
         with pytest.raises(Exception) as ei:

@@ -44,7 +44,7 @@ class Awkward(Actor):
     @endpoint
     async def slow(self, seconds: float) -> str:
         import asyncio
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)    # sleep: the endpoint's work is to take this long
         return "slow done"
 
     @endpoint

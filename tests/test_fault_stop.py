@@ -13,9 +13,9 @@ import subprocess
 import sys
 import time
 
-from proc_helpers import alive, wait_gone
+from proc_helpers import alive, wait_gone, wait_until
 
-from hpcmesh.actor import Actor, attach_to_workers, endpoint, this_host
+from hpcmesh.actor import Actor, SupervisionError, attach_to_workers, endpoint, this_host
 from hpcmesh.actor.proc_mesh import STOP_PROCS_SLACK
 
 
@@ -83,7 +83,16 @@ def test_stop_reports_a_member_that_had_exited_before_it():
         r.stopping = True                   # the exit below is on purpose: no supervision noise
     mesh.slice(gpus=0).leave.broadcast()
     assert wait_gone(pids[:1], 10) == []
-    time.sleep(0.3)                          # its agent has seen the exit
+
+    def told_by_its_agent() -> bool:
+        # a call to it fails at once: with the lost connection, until its agent's exit
+        # report is in and says it was stopped
+        try:
+            mesh.slice(gpus=0).pid.call_one().get(timeout=10)
+        except SupervisionError as e:
+            return "was stopped" in str(e)
+        return False
+    wait_until(told_by_its_agent, 10, "its agent has reported the exit")
     codes = procs.stop().get(timeout=30)
     assert sorted(codes) == sorted(r.name for r in procs.records), codes
     assert list(codes.values()) == [0, 0]

@@ -9,6 +9,7 @@ import os
 import time
 
 import pytest
+from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, SupervisionError, endpoint, this_host
 from hpcmesh.runtime.client import client_runtime
@@ -22,7 +23,7 @@ class Waiter(Actor):
     @endpoint
     async def wait(self) -> None:
         import asyncio
-        await asyncio.sleep(60)
+        await asyncio.sleep(60)     # sleep: a call that stays pending until the test cuts it
 
 
 def test_a_lost_connection_names_the_process_its_host_and_pid():
@@ -31,9 +32,10 @@ def test_a_lost_connection_names_the_process_its_host_and_pid():
         mesh = procs.spawn("waiter", Waiter)
         pid = mesh.pid.call_one().get(timeout=30)
         pending = mesh.wait.call_one()
-        time.sleep(0.3)
         node = client_runtime().node
-        peer = node.peers.get(procs.records[0].node.node_id)
+        node_id = procs.records[0].node.node_id
+        wait_until(lambda: node.load(node_id) == 1, 10, "the call is out, awaiting its reply")
+        peer = node.peers.get(node_id)
         node.call_soon(peer.conn.close, ConnectionResetError("cut"))   # a network cut
         with pytest.raises(SupervisionError) as ei:
             pending.get(timeout=10)

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from other_user import SYSTEM_PYTHON
+from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.admin.server import admin_endpoint
@@ -170,14 +171,6 @@ def lines_of(proc: subprocess.Popen) -> "queue.Queue[str]":
         out.put("")
     threading.Thread(target=pump, daemon=True).start()
     return out
-
-
-def wait_until(cond, limit: float, what: str):
-    deadline = time.monotonic() + limit
-    while not (got := cond()):
-        assert time.monotonic() < deadline, f"{what} not within {limit} s"
-        time.sleep(0.1)
-    return got
 
 
 @pytest.fixture(autouse=True)

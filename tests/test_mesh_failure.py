@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from proc_helpers import processes_with_env, wait_gone
+from proc_helpers import processes_with_env, wait_gone, wait_until
 
 from hpcmesh.actor import Actor, MeshFailure, SupervisionError, endpoint, this_host
 
@@ -40,7 +40,7 @@ _PROGRAM = textwrap.dedent("""
     doomed.initialized.get(timeout=60)
     getattr(doomed, sys.argv[1]).broadcast()
     try:
-        time.sleep(60)
+        time.sleep(60)      # sleep: where the failure interrupts the controller's own code
     finally:
         print("finally ran", flush=True)
     print("not reached")
@@ -82,7 +82,7 @@ class Stuck(Actor):
 
     @endpoint
     async def slow_boom(self) -> None:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)    # sleep: the calls sent after it queue meanwhile
         raise ValueError("failed while calls were queued")
 
     @endpoint
@@ -160,7 +160,9 @@ def test_a_failed_actor_takes_its_descendants_with_it(procs, unhandled_faults):
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids), "what the failed actor spawned lives on"
-    time.sleep(0.5)
+    wait_until(lambda: any(f.mesh_name == "spawner" for f in unhandled_faults[before:]), 10,
+               "the owner's failure is reported")
+    time.sleep(0.5)     # sleep: a wrong report of its descendants would come in meanwhile
     reported = [f for f in unhandled_faults[before:]]
     # the owner's failure is reported; its descendants' stopping is no failure of its own
     assert [f.mesh_name for f in reported] == ["spawner"], [str(f) for f in reported]

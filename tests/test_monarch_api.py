@@ -299,7 +299,7 @@ class Plainly(Actor):
 
     async def quit_then_wait(self, reason: str) -> str:
         ha.context().actor_instance.abort(reason)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)    # sleep: suspends with the abort pending
         return "answered"
 
     @endpoint(concurrent=True)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ci_gate import skip_or_fail
-from proc_helpers import processes_with_cmdline, wait_gone
+from proc_helpers import processes_with_cmdline, wait_gone, wait_until
 
 from hpcmesh.actor import Actor, endpoint, this_proc
 from hpcmesh.job import LocalJob
@@ -257,7 +257,8 @@ def test_gather_mount_shows_each_hosts_directory_read_only(tmp_path):
         procs = state.hosts.spawn_procs()
         procs.spawn("w", Reader).write.call_one(str(tmp_path / "out" / "0" / "log.txt"),
                                                "step 1\n").get(timeout=30)
-        time.sleep(1.1)                                  # the kernel's cached listing
+        # the kernel caches the listing for a second: the file shows when that has expired
+        wait_until((local / "0" / "log.txt").exists, 10, "the file shows in the mount")
         assert (local / "0" / "log.txt").read_text() == "step 1\n"
         with pytest.raises(OSError):
             (local / "0" / "log.txt").write_text("no")

@@ -73,12 +73,15 @@ class Probe(Actor):
 
     @endpoint
     def sleep(self, t: float) -> float:
-        time.sleep(t)
+        time.sleep(t)       # sleep: the endpoint's work is to take this long
         return t
 
     @endpoint
-    async def block_loop(self, t: float) -> float:
-        time.sleep(t)         # blocks the rank's event loop: only the watchdog sees a lease
+    async def block_loop(self, t: float, blocked: str = "") -> float:
+        """``<blocked>.<pid>`` says this rank's loop is blocked now."""
+        if blocked:
+            open(f"{blocked}.{os.getpid()}", "w").close()
+        time.sleep(t)       # sleep: blocks the rank's event loop: only the watchdog sees a lease
         return t
 
 
@@ -324,7 +327,7 @@ def test_lease_ranks_exit_when_the_outside_client_dies(launch, tmp_path):
             from hpcmesh.mpi import attach_to_mpi
             procs = attach_to_mpi({str(addr)!r}, timeout=30)
             print("pids", *procs.pids, flush=True)
-            time.sleep(600)
+            time.sleep(600)     # sleep: lives on until the test kills it
             """)],
         cwd=REPO, stdout=subprocess.PIPE, text=True)
     pids, tree, rc, took = _kill_client_and_wait(client, lr, GRACE + 10)
@@ -343,17 +346,20 @@ def test_lease_holds_while_the_ranks_event_loops_are_blocked(launch, tmp_path):
     lr = launch(mpiexec(2, "--address-file", str(addr)))
     client = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
-            import sys, time
+            import os, sys, time
             sys.path.insert(0, {str(REPO / "tests")!r})
             from hpcmesh.mpi import attach_to_mpi
+            from proc_helpers import wait_until
             from test_mpi import Probe
+            blocked = {str(tmp_path / "blocked")!r}
             procs = attach_to_mpi({str(addr)!r}, timeout=30)
             p = procs.spawn("probe", Probe)
             p.double.call(1).get(timeout=30)
-            p.block_loop.broadcast(600)
-            time.sleep(0.5)
+            p.block_loop.broadcast(600, blocked)
+            wait_until(lambda: all(os.path.exists(blocked + "." + str(pid))
+                                   for pid in procs.pids), 60, "every rank's loop is blocked")
             print("pids", *procs.pids, flush=True)
-            time.sleep(600)
+            time.sleep(600)     # sleep: lives on until the test kills it
             """)],
         cwd=REPO, stdout=subprocess.PIPE, text=True)
     _, tree, rc, took = _kill_client_and_wait(client, lr, GRACE + 15)

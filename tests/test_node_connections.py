@@ -40,7 +40,7 @@ def test_simultaneous_dials_keep_each_senders_order():
             for i in range(N):
                 src.send(dst_port.node, (MSG_DELIVER, dst_port.port_id, i))
                 if i % 50 == 0:
-                    time.sleep(0.001)     # keep sending across the moment both are up
+                    time.sleep(0.001)     # sleep: keep sending across the moment both are up
         threads = [threading.Thread(target=blast, args=(a, port_b)),
                    threading.Thread(target=blast, args=(b, port_a))]
         try:
@@ -133,9 +133,9 @@ def test_closing_a_connection_while_other_threads_write_to_it(tmp_path):
             threads = [threading.Thread(target=writer) for _ in range(2)]
             for t in threads:
                 t.start()
-            time.sleep(0.02)
+            time.sleep(0.02)    # sleep: the writers are under way when the close comes
             a.loop.call_soon_threadsafe(conn.close)
-            time.sleep(0.03)
+            time.sleep(0.03)    # sleep: and go on writing into the closed connection
             stop.set()
             for t in threads:
                 t.join(5)

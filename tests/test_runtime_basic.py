@@ -9,7 +9,7 @@ import pytest
 
 from hpcmesh.actor import (Actor, ActorError, BootstrapCommand, SupervisionError, context,
                            default_bootstrap_cmd, endpoint, this_host)
-from proc_helpers import wait_gone
+from proc_helpers import wait_gone, wait_until
 
 
 class Counter(Actor):
@@ -124,10 +124,14 @@ def test_stop_leaves_no_process():
     c = pm.spawn("s", Counter, 0)
     pids = c.pid.call().get(timeout=30).values()
     pm.stop().get(timeout=30)
-    time.sleep(0.2)
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
+
+    def reaped(pid: int) -> bool:
+        try:
             os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    wait_until(lambda: all(map(reaped, pids)), 10, "every process is gone, reaped")
 
 
 def test_bootstrap_env_rules():

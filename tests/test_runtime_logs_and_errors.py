@@ -72,7 +72,7 @@ def test_forward_logs_false_keeps_only_the_files(monkeypatch):
         while "quiet" not in open(pm.log_paths[0]["stdout"]).read():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(0.3)
+        time.sleep(0.3)     # sleep: a line forwarded by mistake would come in meanwhile
         assert "quiet" not in out_rec.text() + stderr_rec.text()
     finally:
         pm.stop().get(timeout=30)

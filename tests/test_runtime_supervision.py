@@ -9,7 +9,7 @@ import textwrap
 import time
 
 import pytest
-from proc_helpers import alive, wait_gone
+from proc_helpers import alive, wait_gone, wait_until
 
 from hpcmesh.actor import Actor, ActorError, SupervisionError, endpoint, this_host
 
@@ -30,7 +30,8 @@ class Victim(Actor):
 
     @endpoint
     def sleep(self, seconds):
-        time.sleep(seconds)
+        self._entered("sleep")
+        time.sleep(seconds)      # sleep: the endpoint's work is to be busy this long
         return "woke"
 
     @endpoint
@@ -44,7 +45,13 @@ class Victim(Actor):
     @endpoint
     async def block_loop_ignoring_sigterm(self, seconds):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        time.sleep(seconds)      # blocks the process's event loop: it cannot answer stop
+        self._entered("block_loop")
+        time.sleep(seconds)      # sleep: blocks the process's event loop: it cannot answer stop
+
+    def _entered(self, endpoint_name):
+        """A mark the test waits on: this process is inside ``endpoint_name`` now."""
+        if self.marker_dir:
+            open(os.path.join(self.marker_dir, f"{endpoint_name}-{os.getpid()}"), "w").close()
 
     def __cleanup__(self, exc):
         if self.marker_dir:
@@ -53,13 +60,13 @@ class Victim(Actor):
                 f.write("clean")
 
 
-def test_kill9_fails_in_flight_call_and_later_calls():
+def test_kill9_fails_in_flight_call_and_later_calls(tmp_path):
     pm = this_host().spawn_procs(per_host={"gpus": 3}, name="kill9")
     try:
-        v = pm.spawn("victim", Victim)
+        v = pm.spawn("victim", Victim, str(tmp_path))
         pids = v.pid.call().get(timeout=30).values()
         in_flight = v.slice(gpus=1).sleep.call_one(60)
-        time.sleep(0.2)                      # it is sleeping now
+        wait_until((tmp_path / f"sleep-{pids[1]}").exists, 30, "the victim is in its call")
         t0 = time.monotonic()
         os.kill(pids[1], signal.SIGKILL)
         with pytest.raises(SupervisionError) as ei:
@@ -87,16 +94,16 @@ def test_kill9_fails_in_flight_call_and_later_calls():
         pm.stop().get(timeout=30)
 
 
-def test_actor_calling_a_dead_actor_gets_a_bounded_failure():
+def test_actor_calling_a_dead_actor_gets_a_bounded_failure(tmp_path):
     pm = this_host().spawn_procs(per_host={"gpus": 3}, name="a2a")
     try:
-        v = pm.spawn("v", Victim)
+        v = pm.spawn("v", Victim, str(tmp_path))
         pids = v.pid.call().get(timeout=30).values()
         caller = v.slice(gpus=0)
         # connected first, then the target dies while the call is pending
         assert caller.call_other.call_one(v.slice(gpus=1), "incr").get(timeout=10) == 1
         pending = caller.call_other.call_one(v.slice(gpus=1), "sleep", 60)
-        time.sleep(0.2)
+        wait_until((tmp_path / f"sleep-{pids[1]}").exists, 30, "the target is in the call")
         os.kill(pids[1], signal.SIGKILL)
         t0 = time.monotonic()
         with pytest.raises(ActorError) as ei:
@@ -105,7 +112,7 @@ def test_actor_calling_a_dead_actor_gets_a_bounded_failure():
         assert time.monotonic() - t0 < 5
         # never contacted, already dead: the dial fails, the call fails (does not hang)
         os.kill(pids[2], signal.SIGKILL)
-        time.sleep(0.2)
+        assert wait_gone([pids[2]], 10) == []
         t0 = time.monotonic()
         with pytest.raises(ActorError) as ei:
             caller.call_other.call_one(v.slice(gpus=2), "incr").get(timeout=15)
@@ -179,7 +186,8 @@ def test_stop_force_kills_hung_processes(tmp_path):
     pids = v.pid.call().get(timeout=30).values()
     v.slice(gpus=0).sleep.call_one(600)                        # a hung sync endpoint
     v.slice(gpus=1).block_loop_ignoring_sigterm.call_one(600)  # a hung loop, SIGTERM ignored
-    time.sleep(0.3)
+    wait_until(lambda: (tmp_path / f"sleep-{pids[0]}").exists()
+               and (tmp_path / f"block_loop-{pids[1]}").exists(), 30, "both are hung")
     t0 = time.monotonic()
     pm.stop(grace=1.0).get(timeout=30)
     assert time.monotonic() - t0 < 6
@@ -204,7 +212,7 @@ CONTROLLER = textwrap.dedent("""
     pm = hosts.spawn_procs(per_host={"gpus": 2})
     a = pm.spawn("p", P)
     print(*a.pid.call().get(timeout=60).values(), flush=True)
-    time.sleep(600)
+    time.sleep(600)      # sleep: a controller that lives on until the test kills it
 """)
 
 

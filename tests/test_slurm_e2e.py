@@ -275,7 +275,7 @@ def test_sigkilled_client_releases_the_job(cluster):
         procs = state.hosts.spawn_procs(per_host={{"gpus": 2}})
         procs.initialized.get(timeout=60)
         print("READY", job.job_id, flush=True)
-        time.sleep(600)
+        time.sleep(600)     # sleep: lives on until the test kills it
     """))
     env = dict(os.environ, HPCMESH_LEASE_GRACE="3")
     proc = subprocess.Popen([PY, str(script)], stdout=subprocess.PIPE, text=True, env=env)

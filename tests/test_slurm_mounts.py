@@ -158,7 +158,7 @@ def test_a_sigkilled_client_leaves_no_mount_on_any_node(cluster):
         job.remote_mount({venv!r}, mntpoint={str(mnt)!r}, python_exe="bin/python")
         job.state(cached_path=None)
         print("READY", job.job_id, flush=True)
-        time.sleep(600)
+        time.sleep(600)     # sleep: lives on until the test kills it
     """))
     env = dict(os.environ, HPCMESH_LEASE_GRACE="3")
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,

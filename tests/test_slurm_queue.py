@@ -70,7 +70,7 @@ def test_queued_job_outlives_its_bring_up_timeout_then_attaches(cluster, capsys)
     seen: dict = {}
 
     def release_after_20s():
-        time.sleep(20)
+        time.sleep(20)      # sleep: the job stays queued well past its 5 s bring-up timeout
         seen["records"] = squeue_jobs(job.job_ids)
         seen["released"] = _release(blocker)
 

@@ -35,7 +35,7 @@ class Node(Actor):
 
     @endpoint
     def work(self, seconds: float) -> float:
-        time.sleep(seconds)
+        time.sleep(seconds)     # sleep: the endpoint's work is to take this long
         return seconds
 
     @endpoint

@@ -2,8 +2,8 @@
 
 import os
 import signal
-import time
 
+from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, SupervisionError, endpoint, this_host
 
@@ -40,16 +40,6 @@ class Parent(Actor):
         return self.handle
 
 
-def _wait_for(fn, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.1)
-    return fn()
-
-
 def test_owner_handles_the_failure_of_its_child():
     procs = this_host().spawn_procs({"parents": 1})
     try:
@@ -57,7 +47,8 @@ def test_owner_handles_the_failure_of_its_child():
         leaf_pids = parent.start.call_one().get(timeout=60)
         assert len(leaf_pids) == 2 and os.getpid() not in leaf_pids
         os.kill(leaf_pids[1], signal.SIGKILL)
-        events = _wait_for(lambda: parent.seen.call_one().get(timeout=30))
+        events = wait_until(lambda: parent.seen.call_one().get(timeout=30), 15,
+                            "the parent's __supervise__ is told")
         assert len(events) == 1 and "SIGKILL" in events[0] and str(leaf_pids[1]) in events[0]
         assert events[0].startswith("MeshFailure: MeshFailure(mesh_name=procs")
         assert parent.ping.call_one().get(timeout=30) == "pong"    # handled: nothing raised
@@ -78,8 +69,7 @@ def test_unhandled_failure_reaches_the_controller_and_nothing_is_left():
             except SupervisionError as e:
                 return e
             return None
-        err = _wait_for(raised)
-        assert err is not None, "the controller never heard of the unhandled failure"
+        err = wait_until(raised, 15, "the controller hears of the unhandled failure")
         assert "did not handle" in str(err) and str(leaf_pids[0]) in str(err)
     finally:
         procs.stop().get(timeout=30)
@@ -90,4 +80,4 @@ def test_unhandled_failure_reaches_the_controller_and_nothing_is_left():
         except ProcessLookupError:
             return True
         return False
-    assert _wait_for(gone, 10.0)
+    wait_until(gone, 10, "the surviving leaf is gone with its parent's process")

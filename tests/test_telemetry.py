@@ -47,7 +47,7 @@ class Worker(Actor):
 
     @endpoint
     def slow(self, seconds: float) -> float:
-        time.sleep(seconds)
+        time.sleep(seconds)     # sleep: the endpoint's work is to take this long
         return seconds
 
     @endpoint
@@ -210,10 +210,9 @@ def test_a_live_recorder_dates_call_one_between_the_call_and_its_reply():
     try:
         assert mesh.ping.call_one().get(timeout=10) == "pong"
         rec.drain()
-        time.sleep(0.05)
         before = time.time_ns()
         fut = mesh.ping.call_one()
-        time.sleep(0.2)                         # a drain long after: the write dated it
+        time.sleep(0.2)     # sleep: the drain comes long after the write, which dated the call
         assert fut.get(timeout=10) == "pong"
         after = time.time_ns()
         got = rec.drain()["tables"]["sent_messages"].rows()
@@ -298,7 +297,7 @@ class Slow(Actor):
     @endpoint
     async def work(self) -> int:
         import asyncio
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)    # sleep: a slow call, so that the batch outlives a drain
         return 1
 
 
@@ -318,7 +317,7 @@ def test_a_mailbox_batch_that_outlives_its_log_loses_no_row(monkeypatch):
         futs = [mesh.work.call_one() for _ in range(12)]     # one batch of ~1.2 s
         for _ in range(6):
             if _ < 5:
-                time.sleep(0.25)
+                time.sleep(0.25)    # sleep: the drains come at a pace, during the batch
             else:
                 assert sum(f.get(timeout=10) for f in futs) == 12
             out = rec.drain()
@@ -421,10 +420,10 @@ class Queued(Actor):
     async def step(self, i: int) -> int:
         import asyncio
         if i == 0:
-            await asyncio.sleep(0.5)    # the calls after it queue: the mailbox runs them
+            await asyncio.sleep(0.5)    # sleep: the calls after it queue: the mailbox runs them
         if i % 7 == 3:
             raise ValueError(i)
-        await asyncio.sleep(0.02 if i % 10 == 5 else 0)
+        await asyncio.sleep(0.02 if i % 10 == 5 else 0)     # sleep: some calls take longer
         return i
 
 
@@ -717,7 +716,7 @@ def test_a_paused_collector_skips_its_collections_and_keeps_its_pace(monkeypatch
 
     def count_over(seconds: float) -> int:
         before = collector.collections
-        time.sleep(seconds)
+        time.sleep(seconds)     # sleep: the window its pace is counted over
         return collector.collections - before
     assert count_over(0.5) >= 2
     collector.pause()

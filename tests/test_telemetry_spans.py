@@ -157,14 +157,14 @@ class Spanner(Actor):
     def sync_work(self, step: int) -> str:
         with span("sync_outer", step=step) as outer:
             with span("sync_inner"):
-                time.sleep(SLEEP)
+                time.sleep(SLEEP)       # sleep: a span that lasts this long
         return outer.span_id
 
     @endpoint
     async def async_work(self) -> None:
         async with span("async_outer"):
             with span("async_inner"):
-                await asyncio.sleep(SLEEP)
+                await asyncio.sleep(SLEEP)      # sleep: a span that lasts this long
             await asyncio.create_task(_child_of_the_endpoint())
 
     @endpoint

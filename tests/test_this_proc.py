@@ -101,21 +101,26 @@ def test_a_script_with_actors_in_its_own_process_exits_quietly(tmp_path):
 def test_a_blocked_sync_endpoint_in_this_process_does_not_hold_the_exit(tmp_path):
     script = tmp_path / "blocked.py"
     script.write_text(textwrap.dedent("""
-        import time
+        import os, sys, time
         from hpcmesh.actor import Actor, endpoint, this_proc
 
         class Stuck(Actor):
             @endpoint
-            def block(self):
-                time.sleep(120)
+            def block(self, inside: str):
+                open(inside, "w").close()
+                time.sleep(120)     # sleep: an endpoint that would hold the exit for 2 min
 
         s = this_proc().spawn("s", Stuck)
-        s.block.broadcast()
-        time.sleep(0.3)            # the actor's thread is inside block() now
+        s.block.broadcast(sys.argv[1])
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sys.argv[1]):      # the actor's thread is inside block()
+            assert time.monotonic() < deadline, "block() never ran"
+            time.sleep(0.01)
         print("main done", flush=True)
     """))
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "inside")],
+                         capture_output=True, text=True,
                          timeout=60, env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert out.returncode == 0 and "main done" in out.stdout, out.stderr
     assert time.monotonic() - t0 < 20      # not the 120 s of the endpoint

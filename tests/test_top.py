@@ -6,12 +6,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from ci_gate import import_or_skip
+from proc_helpers import wait_until
+from test_admin import get_json, processes
 
 from hpcmesh.actor import Actor, endpoint
+from hpcmesh.admin.server import admin_endpoint
 from hpcmesh.admin.services import read_services_file
 from hpcmesh.admin.top import process_rows
 from hpcmesh.job import LocalJob
@@ -54,7 +56,9 @@ def test_top_shows_the_processes_their_rates_and_stacks(tmp_path):
         for _ in range(50):
             b.ping.call().get(timeout=60)
         os.kill(pm.pids[1], signal.SIGKILL)
-        time.sleep(0.3)
+        tree = admin_endpoint(state.admin_url, "/api/tree")
+        wait_until(lambda: [p["status"] for p in processes(get_json(tree), "toptest")]
+                   == ["running", "failed"], 30, "the admin view has the death")
 
         async def drive() -> tuple[list, str, str]:
             app = build_app(state.admin_url, state.telemetry_url, interval=0.5)

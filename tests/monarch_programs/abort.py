@@ -31,7 +31,7 @@ class AsyncQuitter(Actor):
     @endpoint
     async def quit(self, reason) -> str:
         context().actor_instance.abort(reason)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)    # sleep: suspends with the abort pending
         return "answered after abort"
 
     @endpoint
@@ -57,8 +57,7 @@ if __name__ == "__main__":
     print("no reason:", outcome(quiet.quit_quietly.call_one()))
     print("then:", outcome(quiet.ping.call_one()))
     quitting = asyn.quit.call_one("async reason")
-    time.sleep(0.1)
-    queued = asyn.ping.call_one()
+    queued = asyn.ping.call_one()       # calls to one actor run in order: this one waits
     print("async:", outcome(quitting))
     print("queued:", outcome(queued))
     print("other actor:", outcome(other.ping.call_one()))

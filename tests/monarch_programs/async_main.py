@@ -10,7 +10,7 @@ class Adder(Actor):
 
     @endpoint
     async def add(self, x: int) -> int:
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)   # sleep: an endpoint that takes a while
         return self.base + x
 
 

@@ -29,9 +29,8 @@ class Latch(Actor):
 async def main() -> None:
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     latch = procs.spawn("latch", Latch)
-    first = latch.wait.call_one("a")
-    second = latch.wait.call_one("b")
-    await asyncio.sleep(0.2)        # both wait in the actor, unanswered
+    first = latch.wait.call_one("a")        # calls to one actor run in order: both wait
+    second = latch.wait.call_one("b")       # in the actor, unanswered, when open() comes
     print("released", await latch.open.call_one())
     print(await first, "|", await second)
     print(await latch.wait.call_one("c"))

@@ -126,6 +126,17 @@ def subdir_for(coords: Mapping[str, int]) -> str:
     return "_".join(f"{d}_{c}" for d, c in coords.items()) or "0"
 
 
+def _eq_as_mapping(self: Mapping[str, int], other: object) -> Any:
+    """``==`` of an Extent or a Point with what is not its own kind: a plain mapping with
+    the same items is equal; the other kind, a mapping too, never is. (``!=`` is its
+    negation: object's ``__ne__``.)"""
+    if isinstance(other, (Extent, Point)):
+        return False
+    if isinstance(other, Mapping):
+        return dict(self.items()) == dict(other.items())
+    return NotImplemented
+
+
 class Extent(Mapping[str, int]):
     """The named, ordered sizes of a mesh (``{"hosts": 2, "gpus": 4}``).
 
@@ -236,15 +247,7 @@ class Extent(Mapping[str, int]):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Extent):
             return self._labels == other._labels and self._sizes == other._sizes
-        if isinstance(other, Point):
-            return False
-        if isinstance(other, Mapping):
-            return dict(zip(self._labels, self._sizes)) == dict(other.items())
-        return NotImplemented
-
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
+        return _eq_as_mapping(self, other)
 
     def __hash__(self) -> int:
         return hash((Extent, self._labels, self._sizes))
@@ -356,15 +359,7 @@ class Point(Mapping[str, int]):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Point):
             return self._rank == other._rank and self._extent == other._extent
-        if isinstance(other, Extent):
-            return False
-        if isinstance(other, Mapping):
-            return self.coords == dict(other.items())
-        return NotImplemented
-
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
+        return _eq_as_mapping(self, other)
 
     def __hash__(self) -> int:
         return hash((Point, self._rank, self._extent))

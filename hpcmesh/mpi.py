@@ -523,7 +523,8 @@ def _parse_args(argv: list[str]) -> argparse.Namespace:
 def _choose_host() -> tuple[str, dict]:
     from .transport import netif
     ifname = os.environ.get(netif.ENV_IFNAME) or None
-    cand = netif.choose_interface(ifname=ifname, source=netif.ENV_IFNAME if ifname else "config")
+    cand = netif.usable_candidates(ifname=ifname,
+                                   source=netif.ENV_IFNAME if ifname else "config")[0]
     return cand.address, netif.socket_ifname_env(cand, os.environ)
 
 

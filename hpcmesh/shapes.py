@@ -126,7 +126,35 @@ def subdir_for(coords: Mapping[str, int]) -> str:
     return "_".join(f"{d}_{c}" for d, c in coords.items()) or "0"
 
 
-class Extent(Mapping[str, int]):
+class _DimMapping(Mapping[str, int]):
+    """The value semantics Extent and Point share: immutable; equal to their own kind with
+    the same ``_key()`` (the constructor's arguments, which pickling rebuilds them from)
+    and to a plain mapping with the same items; never to the other kind, a mapping too.
+    (``!=`` is object's: the negation of ``==``.)"""
+
+    __slots__ = ()
+
+    def _key(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self._key())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _DimMapping):
+            return type(other) is type(self) and self._key() == other._key()
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((type(self), *self._key()))
+
+
+class Extent(_DimMapping):
     """The named, ordered sizes of a mesh (``{"hosts": 2, "gpus": 4}``).
 
     Exists so every layer agrees on one validated, immutable, hashable value
@@ -191,11 +219,8 @@ class Extent(Mapping[str, int]):
         object.__setattr__(self, "_index", {name: i for i, name in enumerate(labels)})
         return self
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("Extent is immutable")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Extent, (self._labels, self._sizes))
+    def _key(self) -> tuple[Any, ...]:
+        return (self._labels, self._sizes)
 
     # -- Mapping ------------------------------------------------------------
     def __getitem__(self, dim: str) -> int:
@@ -232,23 +257,6 @@ class Extent(Mapping[str, int]):
         """Number of points: the product of the sizes (1 for no dimensions)."""
         return math.prod(self._sizes)
 
-    # -- value semantics ----------------------------------------------------
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Extent):
-            return self._labels == other._labels and self._sizes == other._sizes
-        if isinstance(other, Point):
-            return False
-        if isinstance(other, Mapping):
-            return dict(zip(self._labels, self._sizes)) == dict(other.items())
-        return NotImplemented
-
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self) -> int:
-        return hash((Extent, self._labels, self._sizes))
-
     def __repr__(self) -> str:
         return f"Extent({dict(zip(self._labels, self._sizes))!r})"
 
@@ -258,7 +266,7 @@ class Extent(Mapping[str, int]):
 # --------------------------------------------------------------------------
 
 
-class Point(Mapping[str, int]):
+class Point(_DimMapping):
     """One position in an :class:`Extent`, readable as ``point["gpus"]``.
 
     Exists to give actors and callbacks both their flat ``rank`` and their
@@ -312,11 +320,8 @@ class Point(Mapping[str, int]):
             rank = rank * size + c
         return cls(rank, extent)
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("Point is immutable")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Point, (self._rank, self._extent))
+    def _key(self) -> tuple[Any, ...]:
+        return (self._rank, self._extent)
 
     @property
     def rank(self) -> int:
@@ -352,22 +357,6 @@ class Point(Mapping[str, int]):
 
     def __len__(self) -> int:
         return len(self._coords)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Point):
-            return self._rank == other._rank and self._extent == other._extent
-        if isinstance(other, Extent):
-            return False
-        if isinstance(other, Mapping):
-            return self.coords == dict(other.items())
-        return NotImplemented
-
-    def __ne__(self, other: object) -> bool:
-        eq = self.__eq__(other)
-        return eq if eq is NotImplemented else not eq
-
-    def __hash__(self) -> int:
-        return hash((Point, self._rank, self._extent))
 
     def __repr__(self) -> str:
         """As Monarch prints a point: each coordinate over its dimension's size,
@@ -482,14 +471,9 @@ class Shape:
         )
         if _strided_indices(offset, sizes, strides) == list(indices):
             return cls._strided(labels, sizes, offset, strides)
-        self = object.__new__(cls)
-        object.__setattr__(self, "_labels", labels)
-        object.__setattr__(self, "_sizes", sizes)
-        object.__setattr__(self, "_offset", 0)
-        object.__setattr__(self, "_strides", tuple(0 if n == 1 else s for n, s in zip(sizes, rm)))
+        # not strided: the row-major layout of its extent, addressed through ``indices``
+        self = cls._strided(labels, sizes, 0, rm)
         object.__setattr__(self, "_explicit", indices)
-        object.__setattr__(self, "_extent", Extent._trusted(labels, sizes))
-        object.__setattr__(self, "_lookup", None)
         return self
 
     def _derive(

@@ -13,12 +13,11 @@ from hpcmesh.transport import netif
 from hpcmesh.transport.netif import (
     Candidate,
     NoUsableInterfaceError,
-    advertise_addresses,
-    choose_interface,
     describe,
     list_interfaces,
     rank_candidates,
     socket_ifname_env,
+    usable_candidates,
 )
 
 
@@ -128,15 +127,15 @@ def test_ranking_order(ifs):
 
 
 def test_never_loopback_bridges_down_or_link_local(ifs):
-    addrs = advertise_addresses(ifs, env={})
+    addrs = [c.address for c in usable_candidates(ifs, env={})]
     assert addrs == ["10.77.0.5", "10.100.0.5", "192.168.1.10", "172.20.0.9"]
     for bad in ("127.0.0.1", "172.17.0.1", "192.168.122.1", "192.168.2.10", "169.254.3.4"):
         assert bad not in addrs
     assert not any(":" in a for a in addrs)  # no IPv6 in the automatic choice
 
 
-def test_choose_interface_is_first(ifs):
-    c = choose_interface(ifs, env={})
+def test_usable_candidates_first_is_the_choice(ifs):
+    c = usable_candidates(ifs, env={})[0]
     assert (c.ifname, c.address, c.rank) == ("ib0", "10.77.0.5", 0)
     assert c.url(26600) == "tcp://10.77.0.5:26600"
 
@@ -192,19 +191,19 @@ def test_argument_wins_over_env_and_names_config(ifs):
     cands = rank_candidates(ifs, "10.0.0.0/8", env={"HPCMESH_IFNAME": "eth0"})
     assert [c.address for c in cands] == ["10.77.0.5", "10.100.0.5"]
     assert cands[0].reason == "CIDR 10.0.0.0/8 from config"
-    c = choose_interface(ifs, "hsn0", env={})
+    c = usable_candidates(ifs, "hsn0", env={})[0]
     assert c.reason == "ifname=hsn0 from config"
 
 
 def test_explicit_loopback_is_honoured(ifs):
-    c = choose_interface(ifs, env={"HPCMESH_IFNAME": "lo"})
+    c = usable_candidates(ifs, env={"HPCMESH_IFNAME": "lo"})[0]
     assert (c.ifname, c.address) == ("lo", "127.0.0.1")
 
 
 def test_explicit_ipv6_only_interface(tmp_path):
     sys_root, proc_root = make_tree(tmp_path, {"eth0": (1, "up")}, [])
     ifs = list_interfaces(sys_root, proc_root, addresses={"eth0": ["fe80::1", "fd00::7"]})
-    c = choose_interface(ifs, "eth0", env={})
+    c = usable_candidates(ifs, "eth0", env={})[0]
     assert c.address == "fd00::7" and c.is_ipv6
     assert c.url(5) == "tcp://[fd00::7]:5"
 
@@ -229,11 +228,11 @@ def test_explicit_no_match_errors(ifs, value, fragment):
 
 def test_config_no_match_error_names_config(ifs):
     with pytest.raises(NoUsableInterfaceError, match=r"ifname=ib7 from config matches no"):
-        choose_interface(ifs, "ib7", env={})
+        usable_candidates(ifs, "ib7", env={})
 
 
 def test_empty_env_value_means_automatic(ifs):
-    assert choose_interface(ifs, env={"HPCMESH_IFNAME": "  "}).ifname == "ib0"
+    assert usable_candidates(ifs, env={"HPCMESH_IFNAME": "  "})[0].ifname == "ib0"
 
 
 # ----------------------------------------------------------------- loopback
@@ -250,13 +249,11 @@ def test_loopback_last_resort(tmp_path):
         ("lo", "127.0.0.1", "loopback (no other interface)")]
     assert rank_candidates(ifs, env={}, allow_loopback=False) == []
     with pytest.raises(NoUsableInterfaceError, match="no usable network interface"):
-        choose_interface(ifs, env={}, allow_loopback=False)
-    with pytest.raises(NoUsableInterfaceError):
-        advertise_addresses(ifs, env={}, allow_loopback=False)
+        usable_candidates(ifs, env={}, allow_loopback=False)
 
 
 def test_loopback_fallback_without_any_interface():
-    c = choose_interface([], env={})
+    c = usable_candidates([], env={})[0]
     assert (c.ifname, c.address) == ("lo", "127.0.0.1")
     assert "lo" in describe([c], [])
 
@@ -270,7 +267,7 @@ def test_loopback_not_used_when_anything_else_exists(ifs):
 
 def test_socket_ifname_env_sets_and_adds_hca(tree, ifs):
     sys_root, _ = tree
-    c = choose_interface(ifs, env={})
+    c = usable_candidates(ifs, env={})[0]
     out = socket_ifname_env(c, {}, sysfs_root=sys_root)
     assert out == {"NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0",
                    "NCCL_IB_HCA": "mlx5_0"}
@@ -355,7 +352,7 @@ def test_never_uses_hostname_resolution(monkeypatch, ifs):
     monkeypatch.setattr(socket, "gethostbyname", boom)
     monkeypatch.setattr(socket, "getaddrinfo", boom)
     monkeypatch.setattr(socket, "gethostname", boom)
-    assert advertise_addresses(ifs, env={})[0] == "10.77.0.5"
+    assert usable_candidates(ifs, env={})[0].address == "10.77.0.5"
 
 
 # ----------------------------------------------------------------- live system
@@ -369,7 +366,7 @@ def test_smoke_real_system():
     assert "127.0.1.1" not in [c.address for c in cands]
     text = describe(cands, ifs)
     assert cands[0].ifname in text
-    c = choose_interface(env={})
+    c = usable_candidates(env={})[0]
     assert c.address == cands[0].address
     assert netif.socket_ifname_env(c, {"NCCL_SOCKET_IFNAME": "x"}).get(
         "NCCL_SOCKET_IFNAME") is None

@@ -92,8 +92,8 @@ live = netif.rank_candidates(live_ifs, env={})
 print(json.dumps({
     "interfaces": [[i.name, i.kind, list(i.addresses), i.is_default_route] for i in ifs],
     "cands": [[c.ifname, c.address, c.rank, c.reason] for c in cands],
-    "advertise": netif.advertise_addresses(sysfs_root=fake, env={}),
-    "chosen": netif.choose_interface(sysfs_root=fake, env={}).ifname,
+    "advertise": [c.address for c in netif.usable_candidates(sysfs_root=fake, env={})],
+    "chosen": netif.usable_candidates(sysfs_root=fake, env={})[0].ifname,
     "env_plain": netif.socket_ifname_env(cands[0], {}, sysfs_root=fake),
     "env_user": netif.socket_ifname_env(cands[0], {"NCCL_SOCKET_IFNAME": "eth0"},
                                         sysfs_root=fake),

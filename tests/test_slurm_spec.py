@@ -239,6 +239,8 @@ def test_unknown_top_level_and_defaults_keys():
      "got 'reservation=foo'"),
     ("    nodes: 1\n    sbatch_extra: [--nodes=3]", 4,
      "sbatch_extra '--nodes=3' is set by hpcmesh from nodes; remove it"),
+    ("    nodes: 1\n    sbatch_extra: ['-J x']", 4,      # a short option: its long one's rule
+     "sbatch_extra '-J x' is set by hpcmesh from job_name; remove it"),
     ("    nodes: 1\n    time: '2:00:00'\n    sbatch_extra: [--time=1:00:00]", 5,
      "sbatch_extra '--time=1:00:00' contradicts time: '2:00:00'; set only time"),
     ("    nodes: 1\n    mem: 4G\n    sbatch_extra: [--mem-per-cpu=2G]", 5,

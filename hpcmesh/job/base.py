@@ -14,6 +14,7 @@ shared project folder or in /tmp is refused, naming it, its owner and mode).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import pickle
@@ -95,18 +96,7 @@ class JobTrait(ABC):
         the job, for chaining. ``config``: a ``MeshAdminConfig``, or its fields as keywords
         (``admin_addr="0.0.0.0:0"``)."""
         from ..admin.config import MeshAdminConfig, parse_addr
-        if config is not None and kwargs:
-            raise TypeError(f"enable_admin takes a MeshAdminConfig or its fields as keywords, "
-                            f"not both (got config and {', '.join(sorted(kwargs))})")
-        if config is None:
-            try:
-                config = MeshAdminConfig(**kwargs)
-            except TypeError:
-                raise TypeError(f"enable_admin got unknown options {', '.join(sorted(kwargs))}; "
-                                f"MeshAdminConfig has admin_addr") from None
-        if not isinstance(config, MeshAdminConfig):
-            raise TypeError(f"enable_admin's config must be a MeshAdminConfig, got "
-                            f"{type(config).__name__}")
+        config = _config_of("enable_admin", MeshAdminConfig, config, kwargs)
         parse_addr(config.admin_addr)      # a bad address fails here, not at state()
         self._admin_config = config
         return self
@@ -118,20 +108,7 @@ class JobTrait(ABC):
         ``config``: a ``TelemetryConfig``, or its fields as keywords (``retention_secs``,
         ``include_dashboard``, ``dashboard_port``, ``snapshot_interval_secs``)."""
         from ..telemetry.config import TelemetryConfig
-        if config is not None and kwargs:
-            raise TypeError(f"enable_telemetry takes a TelemetryConfig or its fields as "
-                            f"keywords, not both (got config and {', '.join(sorted(kwargs))})")
-        if config is None:
-            try:
-                config = TelemetryConfig(**kwargs)
-            except TypeError:
-                raise TypeError(f"enable_telemetry got unknown options "
-                                f"{', '.join(sorted(kwargs))}; TelemetryConfig has "
-                                f"retention_secs, include_dashboard, dashboard_port, "
-                                f"snapshot_interval_secs") from None
-        if not isinstance(config, TelemetryConfig):
-            raise TypeError(f"enable_telemetry's config must be a TelemetryConfig, got "
-                            f"{type(config).__name__}")
+        config = _config_of("enable_telemetry", TelemetryConfig, config, kwargs)
         self._telemetry_config = config.check()     # a bad value fails here, not at state()
         return self
 
@@ -358,6 +335,25 @@ class JobTrait(ABC):
     def _submit_client(self, client_script: str) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot submit a client script into "
                                   f"an already running job")
+
+
+def _config_of(method: str, cls: type, config: Any, kwargs: dict) -> Any:
+    """What an ``enable_*`` method was given: ``config``, an instance of the dataclass
+    ``cls``, or one made of its fields as ``kwargs``; not both, nothing else."""
+    if config is not None and kwargs:
+        raise TypeError(f"{method} takes a {cls.__name__} or its fields as keywords, not "
+                        f"both (got config and {', '.join(sorted(kwargs))})")
+    if config is None:
+        try:
+            config = cls(**kwargs)
+        except TypeError:
+            fields = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise TypeError(f"{method} got unknown options {', '.join(sorted(kwargs))}; "
+                            f"{cls.__name__} has {fields}") from None
+    if not isinstance(config, cls):
+        raise TypeError(f"{method}'s config must be a {cls.__name__}, got "
+                        f"{type(config).__name__}")
+    return config
 
 
 def job_loads(data: bytes) -> JobTrait:

@@ -122,9 +122,9 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
     mesh = args.mesh or env.get("HPCMESH_MESH_NAME") or "hosts"
     if env.get("HPCMESH_JOB_TOKEN"):
         env["HPCMESH_JOB_TOKEN"] = agent_token(env["HPCMESH_JOB_TOKEN"], mesh, restart)
-    from ..transport.netif import NoUsableInterfaceError, advertise_addresses
+    from ..transport.netif import NoUsableInterfaceError, usable_candidates
     try:
-        ips = advertise_addresses()
+        ips = [c.address for c in usable_candidates()]
     except NoUsableInterfaceError as e:
         print(f"hpcmesh agent on {socket.gethostname()}: {e}", file=sys.stderr, flush=True)
         sys.exit(2)

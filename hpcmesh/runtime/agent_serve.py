@@ -134,12 +134,12 @@ def default_advertise_host(listen: list[str]) -> str:
             continue
         if a.scheme == "tcp" and a.host not in ("0.0.0.0", "::", ""):
             return a.host
-    from ..transport.netif import advertise_addresses
+    from ..transport.netif import usable_candidates
     ifname = os.environ.get("HPCMESH_IFNAME")
     if ifname:      # an explicit choice that matches nothing is an error, not a fallback
-        return advertise_addresses(ifname=ifname, source="HPCMESH_IFNAME")[0]
+        return usable_candidates(ifname=ifname, source="HPCMESH_IFNAME")[0].address
     try:
-        return advertise_addresses()[0]
+        return usable_candidates()[0].address
     except Exception as e:  # noqa: BLE001 - no usable interface: same-host use still works
         log.warning("cannot choose an address to advertise (%s); using 127.0.0.1", e)
         return "127.0.0.1"

@@ -65,12 +65,13 @@ class ProcRecord:
 
 def _listen_addresses(node_id_unix: str) -> list[str]:
     addrs = [node_id_unix]
-    from ..transport.netif import advertise_addresses
+    from ..transport.netif import usable_candidates
     ifname = os.environ.get("HPCMESH_IFNAME")
     try:
         # An explicit choice that matches nothing raises: the user asked for it by name.
-        hosts = advertise_addresses(ifname=ifname, source="HPCMESH_IFNAME") if ifname \
-            else advertise_addresses()
+        cands = usable_candidates(ifname=ifname, source="HPCMESH_IFNAME") if ifname \
+            else usable_candidates()
+        hosts = [c.address for c in cands]
     except Exception as e:  # noqa: BLE001 - fall back to loopback, but say so
         if ifname:
             raise

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from ..errors import HpcmeshError
 
 
-class ActorError(HpcmeshError):
+class _FieldsError(HpcmeshError):
+    """An error declared as a dataclass (``eq=False, repr=False``: compared and shown as
+    exceptions are) whose ``args`` are its fields, in order: what pickling calls the class
+    with to rebuild it on the other side, and what its repr shows."""
+
+    def __post_init__(self) -> None:
+        super().__init__(*(getattr(self, f.name) for f in dataclasses.fields(self)))
+
+
+@dataclasses.dataclass(eq=False, repr=False)
+class ActorError(_FieldsError):
     """An endpoint raised. Carries the remote type, message, traceback text and point."""
 
-    def __init__(self, remote_type: str, message: str, traceback_text: str = "",
-                 point=None, actor: str = "", endpoint: str = ""):
-        self.remote_type = remote_type
-        self.message = message
-        self.traceback_text = traceback_text
-        self.point = point
-        self.actor = actor
-        self.endpoint = endpoint
-        super().__init__(remote_type, message, traceback_text, point, actor, endpoint)
+    remote_type: str
+    message: str
+    traceback_text: str = ""
+    point: Any = None
+    actor: str = ""
+    endpoint: str = ""
 
     def __str__(self) -> str:
         where = f" in {self.actor}.{self.endpoint}" if self.actor else ""
@@ -33,20 +43,18 @@ HOST_LOST = "host lost"           # its host agent is gone (killed, its node dow
 AGENT_EXITED = "agent exited"     # its host agent ended on purpose and took its processes
 
 
-class SupervisionError(HpcmeshError):
+@dataclasses.dataclass(eq=False, repr=False)
+class SupervisionError(_FieldsError):
     """A process (or the connection to it) died; pending work addressed to it fails with this.
     ``reason``: one of the words above, for whoever sorts failures by cause."""
 
-    def __init__(self, message: str, mesh: str = "", point=None, host: str = "",
-                 pid: int | None = None, exit_status: str = "", reason: str = ""):
-        self.mesh = mesh
-        self.point = point
-        self.host = host
-        self.pid = pid
-        self.exit_status = exit_status
-        self.message = message
-        self.reason = reason
-        super().__init__(message, mesh, point, host, pid, exit_status, reason)
+    message: str
+    mesh: str = ""
+    point: Any = None
+    host: str = ""
+    pid: int | None = None
+    exit_status: str = ""
+    reason: str = ""
 
     def __str__(self) -> str:
         return self.message

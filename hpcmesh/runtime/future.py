@@ -93,12 +93,10 @@ class Future(Generic[T]):
             self._fire()
 
     def set_exception(self, exc: BaseException) -> None:
-        if self._state:
-            return
-        self._exc = exc
-        self._state = _DONE
-        if self._callbacks is not None:
-            self._fire()
+        # Settled as set_result settles it (None for a value): the order above in one place.
+        if not self._state:
+            self._exc = exc
+            self.set_result(None)
 
     def _fire(self) -> None:
         with _cb_lock:

@@ -74,9 +74,17 @@ os.register_at_fork(after_in_child=_after_fork)
 
 class OpenSpan:
     """A span that started and has not ended: ``end()`` records it. What ``start_span``
-    returns, and what ``span`` keeps while it is entered."""
+    returns, and what ``span`` keeps while it is entered; a ``with`` of it ends it with
+    the exception that leaves the block (what a decorated function's call does)."""
     __slots__ = ("span_id", "parent", "name", "attributes", "start_us", "t0", "instance",
                  "actor_id", "endpoint", "entered", "outer", "ended")
+
+    def __enter__(self) -> "OpenSpan":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.end(exc)
+        return False
 
     def end(self, exc: BaseException | None = None) -> None:
         """Record it (ok, or error with ``exc``); dropped if telemetry is off by now. Never
@@ -285,28 +293,16 @@ class Span:
             async def async_spanned(*args, **kwargs):
                 if _tel.RECORDER is None:
                     return await fn(*args, **kwargs)
-                o = _begin(name, attributes, sys._getframe(1), code, True)
-                try:
-                    result = await fn(*args, **kwargs)
-                except BaseException as e:
-                    o.end(e)
-                    raise
-                o.end()
-                return result
+                with _begin(name, attributes, sys._getframe(1), code, True):
+                    return await fn(*args, **kwargs)
             return async_spanned    # type: ignore[return-value]
 
         @functools.wraps(fn)
         def spanned(*args, **kwargs):
             if _tel.RECORDER is None:
                 return fn(*args, **kwargs)
-            o = _begin(name, attributes, sys._getframe(1), code, True)
-            try:
-                result = fn(*args, **kwargs)
-            except BaseException as e:
-                o.end(e)
-                raise
-            o.end()
-            return result
+            with _begin(name, attributes, sys._getframe(1), code, True):
+                return fn(*args, **kwargs)
         return spanned      # type: ignore[return-value]
 
     def __repr__(self) -> str:

@@ -333,17 +333,23 @@ _CONVERTERS: dict[str, Callable[[Any], Any]] = {
 # Keys whose values are strings: YAML's re-typing of plain scalars is undone for them.
 _TEXT_KEYS = {"mem", "time", "partition", "account", "qos", "constraint", "python", "signal"}
 
+# sbatch's short options, as the long ones they stand for: the tables below name those.
+_SHORT_OPTIONS = {
+    "-t": "--time", "-p": "--partition", "-A": "--account", "-q": "--qos",
+    "-C": "--constraint", "-c": "--cpus-per-task", "-N": "--nodes", "-n": "--ntasks",
+    "-J": "--job-name", "-o": "--output", "-e": "--error",
+}
 # sbatch options that have their own key: given in sbatch_extra (Monarch's slurm_args
 # style) they are moved into that key, so meshes sharing an allocation are compared on them.
 _OPTION_KEYS = {
-    "--time": "time", "-t": "time",
-    "--partition": "partition", "-p": "partition",
-    "--account": "account", "-A": "account",
-    "--qos": "qos", "-q": "qos",
-    "--constraint": "constraint", "-C": "constraint",
+    "--time": "time",
+    "--partition": "partition",
+    "--account": "account",
+    "--qos": "qos",
+    "--constraint": "constraint",
     "--mem": "mem",
     "--gpus-per-node": "gpus_per_node",
-    "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task",
+    "--cpus-per-task": "cpus_per_task",
     "--ntasks-per-node": "ntasks_per_node",
     "--signal": "signal",
     "--exclusive": "exclusive",
@@ -351,11 +357,11 @@ _OPTION_KEYS = {
 }
 # sbatch options the renderer owns; in sbatch_extra they would break the mesh layout.
 _OWNED_OPTIONS = {
-    "--nodes": "nodes", "-N": "nodes",
-    "--ntasks": "nodes and ntasks_per_node", "-n": "nodes and ntasks_per_node",
-    "--job-name": "job_name", "-J": "job_name",
-    "--output": "log_dir", "-o": "log_dir",
-    "--error": "log_dir", "-e": "log_dir",
+    "--nodes": "nodes",
+    "--ntasks": "nodes and ntasks_per_node",
+    "--job-name": "job_name",
+    "--output": "log_dir",
+    "--error": "log_dir",
 }
 _MEM_OPTIONS = ("--mem-per-cpu", "--mem-per-gpu")
 
@@ -367,7 +373,7 @@ def _split_option(entry: str) -> tuple[str, str | None]:
             return entry, None
         return m.group(1), (m.group(2).strip() if m.group(2) is not None else None)
     name, rest = entry[:2], entry[2:].lstrip("= ").strip()
-    return name, rest or None
+    return _SHORT_OPTIONS.get(name, name), rest or None
 
 
 # --------------------------------------------------------------------------

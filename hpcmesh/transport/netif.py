@@ -55,12 +55,11 @@ __all__ = [
     "Candidate",
     "InterfaceInfo",
     "NoUsableInterfaceError",
-    "advertise_addresses",
-    "choose_interface",
     "describe",
     "list_interfaces",
     "rank_candidates",
     "socket_ifname_env",
+    "usable_candidates",
 ]
 
 ARPHRD_ETHER = 1
@@ -527,13 +526,7 @@ def rank_candidates(
     return [Candidate(n, a, r, why) for r, (n, a, why) in enumerate(ordered)]
 
 
-def _resolve(interfaces, sysfs_root, proc_root):
-    if interfaces is None:
-        return list_interfaces(sysfs_root=sysfs_root, proc_root=proc_root)
-    return list(interfaces)
-
-
-def choose_interface(
+def usable_candidates(
     interfaces: Sequence[InterfaceInfo] | None = None,
     ifname: str | None = None,
     env: Mapping[str, str] = os.environ,
@@ -542,18 +535,15 @@ def choose_interface(
     source: str = "config",
     sysfs_root: str | os.PathLike = "/sys",
     proc_root: str | os.PathLike = "/proc",
-) -> Candidate:
-    """The preferred candidate (what to bind and pass to NCCL/gloo).
-
-    ``interfaces=None`` reads the live system.
-    """
-    return _ranked_or_raise(interfaces, ifname, env, allow_loopback, source,
-                            sysfs_root, proc_root)[0]
-
-
-def _ranked_or_raise(interfaces, ifname, env, allow_loopback, source, sysfs_root,
-                     proc_root) -> list[Candidate]:
-    interfaces = _resolve(interfaces, sysfs_root, proc_root)
+) -> list[Candidate]:
+    """:func:`rank_candidates` for use: ``interfaces=None`` reads the live system, and
+    nothing usable raises :class:`NoUsableInterfaceError`. The first is what to bind and
+    pass to NCCL/gloo; all their addresses, in rank order (IB first), are what the
+    controller advertises."""
+    if interfaces is None:
+        interfaces = list_interfaces(sysfs_root=sysfs_root, proc_root=proc_root)
+    else:
+        interfaces = list(interfaces)
     cands = rank_candidates(
         interfaces, ifname, env, allow_loopback=allow_loopback, source=source
     )
@@ -562,21 +552,6 @@ def _ranked_or_raise(interfaces, ifname, env, allow_loopback, source, sysfs_root
             f"no usable network interface; available: {_summary(interfaces)}"
         )
     return cands
-
-
-def advertise_addresses(
-    interfaces: Sequence[InterfaceInfo] | None = None,
-    ifname: str | None = None,
-    env: Mapping[str, str] = os.environ,
-    *,
-    allow_loopback: bool = True,
-    source: str = "config",
-    sysfs_root: str | os.PathLike = "/sys",
-    proc_root: str | os.PathLike = "/proc",
-) -> list[str]:
-    """Every usable address in rank order (IB first): what the controller advertises."""
-    return [c.address for c in _ranked_or_raise(interfaces, ifname, env, allow_loopback,
-                                                 source, sysfs_root, proc_root)]
 
 
 # --------------------------------------------------------------------------

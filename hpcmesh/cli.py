@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from .errors import HpcmeshError
 from .runtime import nvidia_smi
-from .runtime.gpu_binding import BINDINGS
+from .runtime.process.gpu_binding import BINDINGS
 
 PROG = "hpcmesh"
 
@@ -460,8 +460,8 @@ def _secret_for_worker(args) -> bytes:
 
 def cmd_worker(args) -> int:
     """Check the arguments (usage errors exit 2), then run the agent: everything about
-    signals and stopping is :mod:`hpcmesh.runtime.agent_main`'s."""
-    from .runtime.agent_main import configure_logging, exit_status, run_agent
+    signals and stopping is :mod:`hpcmesh.runtime.process.agent_main`'s."""
+    from .runtime.process.agent_main import configure_logging, exit_status, run_agent
     configure_logging()
     secret = _secret_for_worker(args)
     listen = args.listen or ["tcp://0.0.0.0:0"]
@@ -487,7 +487,7 @@ def cmd_worker(args) -> int:
             tls.server_context(settings)        # the agent listens: its certificate must load
     except tls.TLSConfigError as e:
         raise UsageError(f"worker: --ca/{tls.ENV_CA}: {e}") from None
-    from .runtime.agent_serve import default_advertise_host
+    from .runtime.process.agent_serve import default_advertise_host
     advertise = args.advertise_host or default_advertise_host(listen)
     reason = run_agent(listen, attach, secret, grace=args.grace, initial_wait=args.initial_wait,
                        advertise_host=advertise, ready_file=args.ready_file, ca=args.ca)

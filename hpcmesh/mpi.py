@@ -84,7 +84,7 @@ from .private_files import open_file, write_file
 from .runtime.client import ClientRuntime, ProcRecord, install_client_runtime
 from .runtime.errors import SupervisionError
 from .runtime.node import Node, NodeRef, set_current_node
-from .runtime.proc import ProcRuntime
+from .runtime.process.proc import ProcRuntime
 from .settings import env_number, log_level
 from .shapes import Extent, Point, point_label
 from .transport.addresses import new_secret

@@ -1,6 +1,7 @@
 """Shared fixtures. Slurm tests import tests/slurm_cluster.py through this folder."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -56,7 +57,9 @@ def _hpcmesh_children():
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except (OSError, ValueError, IndexError):
             continue
-        if "hpcmesh.runtime.proc" in cmd:
+        # the entry point by its public name or its module (not a prefix: the agent's fork
+        # server, hpcmesh.runtime.process.forkserver, lives as long as the session's agent)
+        if re.search(r"-m hpcmesh\.runtime\.(process\.)?proc(\s|$)", cmd):
             found.append((int(entry), cmd))
     return found
 

@@ -1,4 +1,4 @@
-"""The host agent's one signal policy (hpcmesh.runtime.agent_main), on a real
+"""The host agent's one signal policy (hpcmesh.runtime.process.agent_main), on a real
 ``hpcmesh worker`` process with a client connected."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import pytest
 from proc_helpers import wait_gone
 
-from hpcmesh.runtime.agent_main import exit_status
+from hpcmesh.runtime.process.agent_main import exit_status
 
 
 def _start_worker(tmp_path, notice):

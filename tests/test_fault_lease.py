@@ -2,7 +2,7 @@
 
 A controller dies (SIGKILL) while its actor runs an endpoint that never yields. The actor
 process must still end within the lease grace (plus the watchdog's margin), and what it
-started with it. Before the watchdog thread (runtime/lease_watchdog.py) the process lived on
+started with it. Before the watchdog thread (runtime/process/lease_watchdog.py) the process lived on
 until the endpoint returned.
 """
 
@@ -18,7 +18,7 @@ import time
 import pytest
 from proc_helpers import wait_gone
 
-from hpcmesh.runtime.lease_watchdog import LeaseClock, controller_up
+from hpcmesh.runtime.process.lease_watchdog import LeaseClock, controller_up
 
 CONTROLLER = textwrap.dedent("""
     import os, subprocess, sys, time

@@ -13,7 +13,7 @@ import time
 import pytest
 from proc_helpers import processes_with_env, wait_gone
 
-import hpcmesh.runtime.host_agent as host_agent
+import hpcmesh.runtime.process.host_agent as host_agent
 from hpcmesh.actor import this_host
 
 
@@ -51,9 +51,9 @@ def test_processes_killed_to_clean_up_a_failed_spawn_are_no_failure(monkeypatch,
     Before, each that had connected already became a "killed by SIGKILL" MeshFailure, a
     call of unhandled_fault_hook (whose default ends the client): ~195 of them for a spawn
     of 200 that ran out of fds."""
-    from hpcmesh.runtime.bootstrap import PROCESS_NAME_VAR
+    from hpcmesh.runtime.process.bootstrap import PROCESS_NAME_VAR
     from hpcmesh.runtime.client import client_runtime
-    from hpcmesh.runtime.zygote import ZygoteClient
+    from hpcmesh.runtime.process.zygote import ZygoteClient
 
     rt = client_runtime()
     real_open, real_spawn = host_agent.append_file, ZygoteClient.spawn     # the logs' opener

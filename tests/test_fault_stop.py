@@ -32,8 +32,9 @@ class Pid(Actor):
 def _start_worker(tmp_path, secret: bytes) -> tuple[subprocess.Popen, str]:
     ready = tmp_path / "agent.addr"
     w = subprocess.Popen(
-        [sys.executable, "-c", "from hpcmesh.runtime.worker import run_worker_loop_forever as f; "
-                               f"f('tcp://127.0.0.1:0', grace=30, ready_file={str(ready)!r})"],
+        [sys.executable, "-c",
+         "from hpcmesh.runtime.process.worker import run_worker_loop_forever as f; "
+         f"f('tcp://127.0.0.1:0', grace=30, ready_file={str(ready)!r})"],
         env=dict(os.environ, HPCMESH_SECRET=secret.hex()), start_new_session=True)
     deadline = time.monotonic() + 20
     while not (ready.exists() and ready.read_text().endswith("\n")):

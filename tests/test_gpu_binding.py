@@ -11,7 +11,7 @@ import pytest
 
 from hpcmesh.actor import Actor, default_bootstrap_cmd, endpoint, this_host
 from hpcmesh.job.exec import exec_command
-from hpcmesh.runtime.gpu_binding import choose_binding, gpu_env, gpu_indexes
+from hpcmesh.runtime.process.gpu_binding import choose_binding, gpu_env, gpu_indexes
 
 VARS = ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "HPCMESH_LOCAL_SLOT",
         "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME")

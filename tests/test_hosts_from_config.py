@@ -80,7 +80,7 @@ def two_workers(no_slurm):
     procs, addrs = [], []
     for i in range(2):
         ready = no_slurm / f"worker{i}.addr"
-        code = ("from hpcmesh.runtime.worker import run_worker_loop_forever as r; "
+        code = ("from hpcmesh.runtime.process.worker import run_worker_loop_forever as r; "
                 f"r('tcp://127.0.0.1:0', grace=5, initial_wait=60, ready_file={str(ready)!r})")
         procs.append(subprocess.Popen([PY, "-c", code], env=env, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 30

@@ -17,7 +17,9 @@ def test_actor_api_does_not_import_torch_or_slurm_glue():
 
 
 def test_worker_process_entry_does_not_import_torch():
+    # the public name (runtime/proc.py) and the module it runs
     assert "torch" not in _modules_after("import hpcmesh.runtime.proc")
+    assert "torch" not in _modules_after("import hpcmesh.runtime.process.proc")
     # the one maker of torch stores loads torch only when it makes one
     assert "torch" not in _modules_after("import hpcmesh.runtime.torch_store")
 

@@ -269,10 +269,10 @@ def test_gather_mount_shows_each_hosts_directory_read_only(tmp_path):
 
 
 def test_an_exit_action_unmounts_only_the_mount_it_names(tmp_path):
-    """What an agent does once a mount's process is gone (runtime/exit_actions.py): the
+    """What an agent does once a mount's process is gone (runtime/process/exit_actions.py): the
     action names the mount's source, so a newer mount at the same path stays."""
     import json
-    from hpcmesh.runtime.exit_actions import mounts_at, run_exit_actions
+    from hpcmesh.runtime.process.exit_actions import mounts_at, run_exit_actions
     src, mnt = _src(tmp_path), tmp_path / "mnt"
     job = LocalJob().remote_mount(str(src), mntpoint=str(mnt), python_exe=None)
     job.state(cached_path=None)

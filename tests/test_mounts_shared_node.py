@@ -26,7 +26,7 @@ from test_mounts import _venv                                 # skips/fails with
 
 from hpcmesh.job import LocalJob
 from hpcmesh.mounts.fuse_process import mount_fstype
-from hpcmesh.runtime.exit_actions import unmount
+from hpcmesh.runtime.process.exit_actions import unmount
 
 
 @pytest.fixture

@@ -256,7 +256,7 @@ WORKER_SCRIPT = r'''
 import json, logging, sys, time
 logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                     format="%(relativeCreated)d ms %(name)s: %(message)s")
-from hpcmesh.runtime.worker import run_worker_loop_forever
+from hpcmesh.runtime.process.worker import run_worker_loop_forever
 attach = json.loads(sys.argv[1])
 print(f"T0 {time.monotonic():.6f}", file=sys.stderr, flush=True)
 reason = run_worker_loop_forever("tcp://0.0.0.0:0", attach=attach, grace=2.0, initial_wait=30)
@@ -485,7 +485,7 @@ print("LISTENING " + json.dumps(list(rt.node.addresses)), flush=True)
 """
 
 BAD_IFNAME_WORKER = r"""
-from hpcmesh.runtime.worker import run_worker_loop_forever
+from hpcmesh.runtime.process.worker import run_worker_loop_forever
 print("EXIT", run_worker_loop_forever("tcp://0.0.0.0:0", initial_wait=0.5, grace=0.5,
                                       ready_file="ready"), flush=True)
 """

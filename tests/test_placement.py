@@ -1,5 +1,5 @@
 """The controller's runtime thread follows the core of the thread that waits for it
-(hpcmesh/runtime/placement.py): real threads, real affinity masks."""
+(hpcmesh/runtime/process/placement.py): real threads, real affinity masks."""
 
 import asyncio
 import json
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hpcmesh.runtime import future as future_mod
-from hpcmesh.runtime import placement
+from hpcmesh.runtime.process import placement
 from hpcmesh.runtime.future import Future
 
 

@@ -390,7 +390,7 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
     from hpcmesh.job.slurm import agent_command, slurm_bootstrap
     from hpcmesh.job.ssh import SSHJob
     from hpcmesh.private_files.modules import RUN_MODULE, python_module
-    from hpcmesh.runtime.bootstrap import default_bootstrap_cmd, runs_entry_point
+    from hpcmesh.runtime.process.bootstrap import default_bootstrap_cmd, runs_entry_point
     assert python_module("m", "/py") == ["/py", "-P", "-m", "m"]
     assert agent_command("/py")[:3] == ["/py", "-P", "-c"]
     for cmd in (default_bootstrap_cmd(), slurm_bootstrap(python="/py")(None)):
@@ -407,7 +407,8 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
                             for node in ast.walk(ast.parse(path.read_text()))))
     # (bootstrap recognises its entry point at the end of a user's command; spmd reads "-m"
     # in the argv a user gives it, to run that module in the actor)
-    assert spelled == ["private_files/modules.py", "runtime/bootstrap.py", "spmd/spmd_actor.py"]
+    assert spelled == ["private_files/modules.py", "runtime/process/bootstrap.py",
+                       "spmd/spmd_actor.py"]
 
 
 def test_run_module_is_python_m_with_the_folders_modules_last(tmp_path):

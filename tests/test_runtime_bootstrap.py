@@ -1,6 +1,7 @@
 """SPEC §4: BootstrapCommand and the environment a process gets, every recipe end to end."""
 
 import os
+import subprocess
 import sys
 import types
 
@@ -8,8 +9,8 @@ import pytest
 
 from hpcmesh.actor import (Actor, BootstrapCommand, current_rank, default_bootstrap_cmd,
                            endpoint, this_host)
-from hpcmesh.runtime.bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR,
-                                       build_environment)
+from hpcmesh.runtime.process.bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR,
+                                               PROCESS_NAME_VAR, build_environment)
 from hpcmesh.runtime.errors import SupervisionError
 
 OWN_VARS = {BOOTSTRAP_MODE_VAR, PROCESS_NAME_VAR, LOG_CHANNEL_VAR}
@@ -82,6 +83,16 @@ def test_default_bootstrap_cmd_runs_this_interpreter():
     c = default_bootstrap_cmd()
     assert c.program == sys.executable and c.args == ["-P", "-m", "hpcmesh.runtime.proc"]
     assert c.inherit_env and c.env == {}
+
+
+def test_the_public_entry_point_name_runs_the_process_main():
+    # `-m hpcmesh.runtime.proc` is what users' bootstrap commands end in (README); the code
+    # moved to runtime/process/proc.py, and the old name must still run it, not just import
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCMESH_SECRET")}
+    out = subprocess.run([sys.executable, "-P", "-m", "hpcmesh.runtime.proc"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out
+    assert "no HPCMESH_SECRET/HPCMESH_SECRET_FILE" in out.stderr
 
 
 # ------------------------------------------------------------------------------------------

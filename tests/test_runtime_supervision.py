@@ -248,7 +248,7 @@ def test_standalone_agent_exits_with_its_procs_when_the_client_dies(tmp_path):
     env = dict(os.environ, HPCMESH_SECRET=secret.hex(), HPCMESH_LOG_DIR=str(tmp_path / "logs"))
     agent = subprocess.Popen(
         [sys.executable, "-c",
-         "from hpcmesh.runtime.worker import run_worker_loop_forever; "
+         "from hpcmesh.runtime.process.worker import run_worker_loop_forever; "
          f"print(run_worker_loop_forever('tcp://0.0.0.0:0', grace=2, ready_file={str(ready)!r}))"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = []
@@ -320,7 +320,8 @@ def test_agent_stops_on_sigterm_even_with_a_controller_attached(tmp_path):
     secret = os.urandom(32)
     ready = tmp_path / "ready"
     w = subprocess.Popen([_sys.executable, "-c",
-                          "from hpcmesh.runtime.worker import run_worker_loop_forever as f; "
+                          "from hpcmesh.runtime.process.worker "
+                          "import run_worker_loop_forever as f; "
                           f"f('tcp://127.0.0.1:0', grace=30, ready_file={str(ready)!r})"],
                          env=dict(os.environ, HPCMESH_SECRET=secret.hex()))
     try:

@@ -635,7 +635,7 @@ def test_planted_log_link_gets_no_log_lines(other_user, shared_dir, tmp_path, wh
 def test_planted_exit_actions_are_not_carried_out(other_user, shared_dir, monkeypatch):
     # the agent read <proc>.exit-actions in the log folder, whoever wrote it, and unmounted
     # what it named (as root: any FUSE mount of the node whose source they name)
-    from hpcmesh.runtime import exit_actions
+    from hpcmesh.runtime.process import exit_actions
     folder = shared_dir(0o777)                  # a log folder the other user can write in
     theirs = folder / "logs-0.exit-actions"
     other_user.python("import json, sys; open(sys.argv[1], 'w').write(json.dumps("
@@ -651,7 +651,7 @@ def test_planted_exit_actions_are_not_carried_out(other_user, shared_dir, monkey
 def test_exit_action_is_not_written_through_a_planted_link(other_user, shared_dir, tmp_path,
                                                            monkeypatch):
     # a process recorded its unmount by appending to $HPCMESH_EXIT_ACTIONS, following a link
-    from hpcmesh.runtime import exit_actions
+    from hpcmesh.runtime.process import exit_actions
     folder = shared_dir(0o777)
     precious = tmp_path / "root-only.conf"
     precious.write_text("precious\n")

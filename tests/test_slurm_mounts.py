@@ -188,7 +188,7 @@ def test_a_sigkilled_client_leaves_no_mount_on_any_node(cluster):
 
 
 def test_scancel_of_the_job_leaves_no_mount_on_any_node(cluster):
-    """The agent's exit undoes its processes' mounts (runtime/exit_actions.py): Slurm's kill
+    """The agent's exit undoes its processes' mounts (runtime/process/exit_actions.py): Slurm's kill
     takes fusermount3 along, so auto_unmount alone would leave dead mounts behind."""
     venv = _venv(cluster)
     mnt = cluster / "mnt"

@@ -236,7 +236,7 @@ def test_worker_process_drops_wrong_secret_and_logs_it(echo):
 def _start_agent(tmp_path, secret: bytes, grace: float = 30):
     ready = tmp_path / "agent.addr"
     env = dict(os.environ, HPCMESH_SECRET=secret.hex(), HPCMESH_LOG_DIR=str(tmp_path / "logs"))
-    code = ("import sys; from hpcmesh.runtime.worker import run_worker_loop_forever; "
+    code = ("import sys; from hpcmesh.runtime.process.worker import run_worker_loop_forever; "
             f"run_worker_loop_forever('tcp://127.0.0.1:0', grace={grace}, "
             f"ready_file={str(ready)!r})")
     errf = open(tmp_path / "agent.err", "wb")

@@ -3,7 +3,7 @@
     from hpcmesh.actor import Actor, endpoint, this_host
 """
 
-from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
+from ..runtime.process.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime.context import Context, context, current_actor_name, current_rank, current_size
 from ..runtime.errors import ActorError, MeshFailure, SupervisionError
 from ..runtime.future import Future
@@ -18,7 +18,7 @@ from .proc_mesh import ProcMesh, this_proc
 from .returns_future import returns_future
 from .value_mesh import ValueMesh
 from . import concurrent
-from ..runtime.worker import run_worker_loop_forever, run_worker_loop_until_shutdown
+from ..runtime.process.worker import run_worker_loop_forever, run_worker_loop_until_shutdown
 # a module attribute a program replaces (hpcmesh.actor.unhandled_fault_hook = f), as in Monarch:
 # the runtime reads it from here, at each failure, through the reader registered below
 from ..runtime import supervision as _supervision

@@ -17,11 +17,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Self
 
-from ..runtime.bootstrap import BootstrapCommand, default_bootstrap_cmd
+from ..runtime.process.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime import telemetry_recorder as _tel
 from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.future import Future, completed, failed, gather, on_runtime_thread
-from ..runtime.gpu_binding import BINDING_VAR, SLOT_VAR, choose_binding
+from ..runtime.process.gpu_binding import BINDING_VAR, SLOT_VAR, choose_binding
 from ..runtime.introspect import ADMIN_URL_VARS
 from ..runtime.node import NodeRef
 from ..runtime.spans import start_span
@@ -126,7 +126,7 @@ class HostMesh(MeshTrait):
         ``gpu_binding`` (default ``$HPCMESH_GPU_BINDING``, else "host"): "host" gives every
         process its host's GPUs and LOCAL_RANK selects its own, as torchrun does; "process"
         pins each to its GPU (CUDA_VISIBLE_DEVICES=<it>, LOCAL_RANK=0). Either way
-        HPCMESH_LOCAL_SLOT is its slot on the host (see ``hpcmesh.runtime.gpu_binding``)."""
+        HPCMESH_LOCAL_SLOT is its slot on the host (see ``hpcmesh.runtime.process.gpu_binding``)."""
         binding = choose_binding(gpu_binding)
         if per_host is not None and not isinstance(per_host, Mapping):
             raise TypeError(f"per_host must be a mapping of dimension names to sizes, like "

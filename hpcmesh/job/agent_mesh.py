@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from ..actor.host_mesh import HostMesh, HostRef
 from ..private_files.modules import python_module
-from ..runtime.bootstrap import PROC_MODULE, BootstrapCommand
+from ..runtime.process.bootstrap import PROC_MODULE, BootstrapCommand
 from ..shapes import Shape
 
 #: Set by a host agent started through ``hpcmesh.job.slurm.agent_main`` (SlurmJob,

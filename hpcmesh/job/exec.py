@@ -47,7 +47,7 @@ from ..private_files.modules import run_module_argv
 from ..runtime.client import client_runtime
 from ..runtime.context import context
 from ..runtime.future import Future
-from ..runtime.gpu_binding import BINDING_VAR, choose_binding, gpu_env
+from ..runtime.process.gpu_binding import BINDING_VAR, choose_binding, gpu_env
 from ..shapes import Extent, Point, point_label, subdir_for
 
 __all__ = ["BashActor", "exec_command", "exec_python", "subdir_for", "point_label"]

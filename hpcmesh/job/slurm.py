@@ -53,7 +53,7 @@ from ..actor.host_mesh import HostRef, attach_to_workers
 from ..log_tail import log_tail
 from ..private_files import make_dirs, write_file
 from ..private_files.modules import PYTHON_FLAGS, python_module
-from ..runtime.agent_main import NOTICE_VAR, run_agent
+from ..runtime.process.agent_main import NOTICE_VAR, run_agent
 from ..settings import env_number
 from ..slurm.parsing import (JobRecord, SlurmParseError, parse_sbatch_parsable, slurm_job_id,
                              slurm_restart_count, slurm_task_rank)

@@ -5,7 +5,7 @@
     workers = job.state().workers          # a HostMesh {"hosts": 2}, once both attached
 
 One submitit submission per mesh; each task runs a host agent in-process
-(:func:`hpcmesh.runtime.agent_main.run_agent`, what ``hpcmesh worker`` runs) that
+(:func:`hpcmesh.runtime.process.agent_main.run_agent`, what ``hpcmesh worker`` runs) that
 dials this client's addresses, with the job's token in ``HPCMESH_JOB_TOKEN`` and
 the secret in a mode-0600 file in the job folder (``HPCMESH_SECRET_FILE``), so the
 secret is never on a command line or in submitit's pickles. ``AttachWaiter``
@@ -48,7 +48,7 @@ from typing import Any, Mapping, Sequence
 
 from ..actor.host_mesh import HostMesh
 from ..private_files.modules import python_module
-from ..runtime.agent_main import configure_logging, exit_status, run_agent
+from ..runtime.process.agent_main import configure_logging, exit_status, run_agent
 from ..runtime.client import client_runtime
 from .attach import AttachTimeout, AttachWaiter
 from .base import JobTrait, cache_top, open_log

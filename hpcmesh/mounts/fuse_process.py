@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 from ..errors import HpcmeshError
 from ..private_files import TRUST, Opened, explain, walk
 from ..private_files.modules import python_module
-from ..runtime.exit_actions import mounts_at, register_unmount, unmount, unmount_if_ours
+from ..runtime.process.exit_actions import mounts_at, register_unmount, unmount, unmount_if_ours
 
 #: seconds the kernel may cache that a path does not exist (and, where a filesystem cannot
 #: invalidate what changed, any lookup): how long a new file may take to show
@@ -173,7 +173,7 @@ class FuseProcess:
     """A filesystem process this side owns: started, waited for, told, stopped. Its mount's
     source (``fsname``) is unique, so an unmount can tell this mount from a later one at
     the same path; where an agent started this process, the agent is asked to unmount it
-    after this process is gone, however it went (``runtime.exit_actions``). The mount's
+    after this process is gone, however it went (``runtime.process.exit_actions``). The mount's
     root (device, inode) is noted once it is up: ``opened_root`` checks that the mount
     point still leads there, whatever became of the path since."""
 

@@ -24,14 +24,14 @@ from . import actor_host
 from .actor_host import ActorThread
 from . import telemetry_recorder
 from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, describe_exit
-from . import placement
+from .process import placement
 from .future import Future, set_wait_hook
-from .host_agent import HostAgent
+from .process.host_agent import HostAgent
 from .log_fold import Fold, TimedFolders, describe_ranks, fold_prefix
 from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED
 from .node import Node, NodeRef, current_node, describe_peer, set_current_node
 from .supervision import run_unhandled_fault_hook
-from .tuning import tune_malloc
+from .process.tuning import tune_malloc
 
 log = logging.getLogger("hpcmesh.client")
 

@@ -17,7 +17,7 @@ from typing import Iterable, Mapping
 
 import hostlist  # python-hostlist
 from ..errors import HpcmeshError, excerpt
-from ..runtime.gpu_binding import gpu_indexes
+from ..runtime.process.gpu_binding import gpu_indexes
 
 __all__ = [
     "SlurmParseError",

@@ -2,8 +2,8 @@
 
 Every launcher runs an agent through it: ``hpcmesh worker`` (launch scripts, SSHJob),
 the Slurm agent ``hpcmesh.job.slurm.agent_main`` (SlurmJob, SlurmAllocation), the
-submitit task of SubmititJob, and :func:`~hpcmesh.runtime.worker.run_worker_loop_forever`.
-It owns the process around :func:`~hpcmesh.runtime.agent_serve.serve`: the secret, TLS,
+submitit task of SubmititJob, and :func:`~hpcmesh.runtime.process.worker.run_worker_loop_forever`.
+It owns the process around :func:`~hpcmesh.runtime.process.agent_serve.serve`: the secret, TLS,
 the event loop and the signals.
 
 Signals, the same for every launcher:
@@ -45,11 +45,11 @@ import sys
 import time
 from typing import Sequence
 
-from ..private_files import append_file
-from ..settings import env_number, log_level
-from ..transport import tls
-from ..transport.addresses import secret_from_env
-from .loop import new_event_loop
+from ...private_files import append_file
+from ...settings import env_number, log_level
+from ...transport import tls
+from ...transport.addresses import secret_from_env
+from ..loop import new_event_loop
 from .agent_serve import Lease, serve
 
 __all__ = ["run_agent", "exit_status", "record_notice", "configure_logging", "NOTICE_VAR",

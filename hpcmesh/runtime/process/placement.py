@@ -30,7 +30,7 @@ import os
 import sys
 import threading
 
-from ..settings import env_flag
+from ...settings import env_flag
 
 log = logging.getLogger("hpcmesh.placement")
 

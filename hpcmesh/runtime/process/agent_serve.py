@@ -7,7 +7,7 @@ holds a lease: once a controller has been gone longer than the grace period,
 it kills its processes and exits, so a crashed client leaves nothing running.
 
 The process around it (event loop, signals, secret, TLS) is
-:mod:`hpcmesh.runtime.agent_main`, the one entry point every launcher uses.
+:mod:`hpcmesh.runtime.process.agent_main`, the one entry point every launcher uses.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import os
 import socket
 import sys
 
-from ..transport.addresses import parse_address
-from .future import register_loop_thread
+from ...transport.addresses import parse_address
+from ..future import register_loop_thread
 from .host_agent import HostAgent
-from .node import Node, set_current_node
+from ..node import Node, set_current_node
 
 log = logging.getLogger("hpcmesh.worker")
 
@@ -134,7 +134,7 @@ def default_advertise_host(listen: list[str]) -> str:
             continue
         if a.scheme == "tcp" and a.host not in ("0.0.0.0", "::", ""):
             return a.host
-    from ..transport.netif import usable_candidates
+    from ...transport.netif import usable_candidates
     ifname = os.environ.get("HPCMESH_IFNAME")
     if ifname:      # an explicit choice that matches nothing is an error, not a fallback
         return usable_candidates(ifname=ifname, source="HPCMESH_IFNAME")[0].address

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Sequence
 
-from ..private_files.modules import python_module
+from ...private_files.modules import python_module
 
 #: Variables hpcmesh always sets on the process it starts.
 BOOTSTRAP_MODE_VAR = "HPCMESH_BOOTSTRAP_MODE"

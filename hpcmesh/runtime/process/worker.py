@@ -1,7 +1,7 @@
 """Monarch's entry point for a worker host: ``run_worker_loop_forever`` (``monarch.actor``).
 
-A thin name over :func:`hpcmesh.runtime.agent_main.run_agent`, the one entry point every
-launcher uses; what the agent does while it runs is :mod:`hpcmesh.runtime.agent_serve`.
+A thin name over :func:`hpcmesh.runtime.process.agent_main.run_agent`, the one entry point every
+launcher uses; what the agent does while it runs is :mod:`hpcmesh.runtime.process.agent_serve`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def run_worker_loop_forever(address: str | list[str] = "tcp://0.0.0.0:0", *,
                             advertise_host: str | None = None, ready_file: str | None = None,
                             ca=None) -> str:
     """Run a host agent until its lease expires or a stop signal comes; returns why it
-    stopped. Monarch's name for :func:`hpcmesh.runtime.agent_main.run_agent`."""
+    stopped. Monarch's name for :func:`hpcmesh.runtime.process.agent_main.run_agent`."""
     # imported here: ``hpcmesh.actor`` hands this function out, and a program that only
     # drives meshes should not load the agent's entry point (signals, notices, json)
     from .agent_main import run_agent

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ..settings import env_choice, excerpt
+from ...settings import env_choice, excerpt
 
 #: The bindings, the default first.
 BINDINGS = ("host", "process")

@@ -23,7 +23,7 @@ import logging
 import os
 import subprocess
 
-from ..private_files import UntrustedPathError, append_file, open_file, remove_file
+from ...private_files import UntrustedPathError, append_file, open_file, remove_file
 
 VAR = "HPCMESH_EXIT_ACTIONS"
 log = logging.getLogger("hpcmesh.runtime")

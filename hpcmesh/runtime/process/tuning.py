@@ -25,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-from ..settings import env_flag, env_number
+from ...settings import env_flag, env_number
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3

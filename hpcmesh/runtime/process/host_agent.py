@@ -21,18 +21,18 @@ import sys
 from dataclasses import dataclass, field
 
 from .exit_actions import VAR as EXIT_ACTIONS_VAR, run_exit_actions
-from . import telemetry_recorder
+from .. import telemetry_recorder
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
                         build_environment, runs_entry_point)
-from ..private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
-from ..settings import env_flag
+from ...private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
+from ...settings import env_flag
 from . import placement
-from .errors import describe_exit
+from ..errors import describe_exit
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env, gpu_indexes
-from .introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
-from .log_fold import TimedFolders
-from .messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
-from .node import Node, NodeRef, PortRef
+from ..introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
+from ..log_fold import TimedFolders
+from ..messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
+from ..node import Node, NodeRef, PortRef
 from .zygote import ZygoteClient, ZygoteProcess
 
 log = logging.getLogger("hpcmesh.agent")
@@ -110,7 +110,7 @@ class HostAgent:
         if self._net_env is None:
             env: dict[str, str] = {}
             try:
-                from ..transport import netif
+                from ...transport import netif
                 cands = netif.rank_candidates(netif.list_interfaces(), None, os.environ)
                 cand = next((c for c in cands if c.address == self.advertise_host),
                             cands[0] if cands else None)

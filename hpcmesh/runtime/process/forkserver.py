@@ -1,8 +1,9 @@
 """The zygote itself: the process that imported the runtime once and forks actor processes.
 
-``python -P -m hpcmesh.runtime.forkserver`` is started by ``zygote.ZygoteClient`` on the agent;
-this module is that process's main, kept apart from the agent-side client so that the agent
-never imports the actor process entry point (``proc``) and ``proc`` never sees this loop.
+``python -P -m hpcmesh.runtime.process.forkserver`` is started by ``zygote.ZygoteClient`` on
+the agent; this module is that process's main, kept apart from the agent-side client so that
+the agent never imports the actor process entry point (``proc``) and ``proc`` never sees this
+loop. Only that client starts it, from the same install: its module name is no contract.
 The protocol (``encode``, ``MessageReader``) is in ``zygote.py``.
 """
 

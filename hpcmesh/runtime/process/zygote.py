@@ -85,7 +85,7 @@ class ZygoteClient:
         import itertools
         import subprocess
 
-        from ..private_files.modules import python_module
+        from ...private_files.modules import python_module
         from . import placement
         self._asyncio = asyncio
         self.loop = loop
@@ -93,7 +93,7 @@ class ZygoteClient:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         env = dict(os.environ, **{ZYGOTE_FD_VAR: str(theirs.fileno())})
         with placement.spawning():
-            self.popen = subprocess.Popen(python_module("hpcmesh.runtime.forkserver"),
+            self.popen = subprocess.Popen(python_module("hpcmesh.runtime.process.forkserver"),
                                           pass_fds=[theirs.fileno()], env=env,
                                           stdin=subprocess.DEVNULL, process_group=0)
         theirs.close()

@@ -1,0 +1,196 @@
+"""Entry point of an actor process (``python -P -m hpcmesh.runtime.proc``, its public name:
+``runtime/proc.py`` runs :func:`main`; the fork server calls it in a forked child).
+
+Started by a host agent with the bootstrap variables; it listens (Unix socket
+plus TCP on the host's chosen address), dials the controller, hosts actors,
+and exits when told to stop or when the controller has been gone longer than
+the lease grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from ...private_files.modules import current_folder_last
+from ...settings import env_number, log_level
+from ...transport.addresses import secret_from_env
+from ..actor_services import ActorServices
+from .bootstrap import PROCESS_NAME_VAR
+from ..future import register_loop_thread
+from ..introspect import install_services, install_stack_dump_handler
+from .lease_watchdog import LeaseWatchdog
+from .. import debugger, telemetry_recorder
+from .tuning import tune_malloc
+from ..loop import new_event_loop
+from ..node import Node, NodeRef, set_current_node
+
+log = logging.getLogger("hpcmesh.proc")
+
+#: Seconds a process tries to reach its controller, which waits for it, before it gives up.
+#: One that is gone refuses at once; a busy one (hundreds of processes dialing back at once
+#: on a loaded machine) turns dialers away for a while (BUSY, retried) or answers slowly: a
+#: spawn of 64 x 8 processes on this 2-core VM with two CPU hogs took 24 s.
+CONNECT_TIMEOUT = 60.0
+
+
+class ProcRuntime:
+    """Services a worker process offers to the controller."""
+
+    def __init__(self, node: Node, controller: NodeRef, grace: float):
+        self.node = node
+        self.controller = controller
+        self.grace = grace
+        self.done = asyncio.Event()
+        self.exit_code = 0
+        self._lease_timer: asyncio.TimerHandle | None = None
+        self._stopping: asyncio.Task | None = None
+        self.actor_services = ActorServices.attach(node)
+        node.services.update({
+            "stop": self.stop,
+            "ping": lambda: os.getpid(),
+            "set_log_level": lambda level: logging.getLogger().setLevel(level),
+        })
+        install_services(node)        # the admin view: actors and stacks (introspect.py)
+        telemetry_recorder.install_service(node)   # hpcmesh.telemetry drains it
+        debugger.install(node)        # breakpoint() in an endpoint: `hpcmesh debug`
+        node.on_peer_closed.append(self._on_peer_closed)
+        node.on_peer_hello.append(self._on_peer_hello)
+        self._controller_seen = False
+        # the lease again, on a thread: it holds while an endpoint blocks the loop
+        self.watchdog = LeaseWatchdog(grace, self.controller_fd, what=f"hpcmesh proc {node.name}",
+                                      parent=os.getppid()).start()
+
+    def controller_fd(self) -> int | None:
+        """The socket fd of the connection to the controller now (the watchdog's thread
+        reads it): None before the first hello, -1 while there is none."""
+        p = self.node.peers.get(self.controller.node_id)
+        conn = p.conn if p is not None else None
+        if conn is None:
+            return -1 if self._controller_seen else None
+        try:
+            return conn.sock.fileno()
+        except (OSError, AttributeError):
+            return -1
+
+    # -- lease --------------------------------------------------------------------
+    def _on_peer_closed(self, node, peer_id, exc) -> None:
+        if node.closed or self.done.is_set():
+            return
+        if peer_id == self.controller.node_id and self._lease_timer is None:
+            log.warning("lost the controller; exiting in %.1f s unless it returns", self.grace)
+            self._lease_timer = node.loop.call_later(self.grace, self._lease_expired)
+
+    def _on_peer_hello(self, node, ref, info, conn) -> None:
+        if ref.node_id == self.controller.node_id:
+            self._controller_seen = True
+        if ref.node_id == self.controller.node_id and self._lease_timer is not None:
+            self._lease_timer.cancel()
+            self._lease_timer = None
+
+    def _lease_expired(self) -> None:
+        self._lease_timer = None
+        if not self.node.peer_connected(self.controller.node_id):
+            self.exit_code = 3
+            self.done.set()     # first: stderr may be a pipe to the dead controller (EPIPE)
+            try:
+                print(f"hpcmesh: controller gone for {self.grace} s, exiting", file=sys.stderr,
+                      flush=True)
+            except (OSError, ValueError):
+                pass
+
+    # -- services -------------------------------------------------------------------
+    async def stop(self) -> int:
+        await self.actor_services.stop_actors(list(self.node.actors))
+        for hook in list(self.node.on_stop):
+            hook()             # e.g. the ClientRuntime: processes our actors started go with us
+        self.node.loop.call_later(0.02, self.done.set)
+        return os.getpid()
+
+    def on_sigterm(self) -> None:
+        """SIGTERM (the agent's force-stop, Slurm's end of job): stop cleanly, then exit."""
+        if self._stopping is None and not self.done.is_set():
+            self.exit_code = 128 + signal.SIGTERM
+            self._stopping = self.node.loop.create_task(self.stop())
+
+async def _amain() -> int:
+    env = os.environ
+    secret = secret_from_env(env)
+    if secret is None:
+        print("hpcmesh proc: no HPCMESH_SECRET/HPCMESH_SECRET_FILE in the environment; "
+              "this entry point is started by a host agent", file=sys.stderr)
+        return 2
+    name = env.get(PROCESS_NAME_VAR, f"proc-{os.getpid()}")
+    controller_addrs = [a for a in env.get("HPCMESH_CONTROLLER", "").split(",") if a]
+    controller = NodeRef(env.get("HPCMESH_CONTROLLER_ID", ""), tuple(controller_addrs))
+    host = env.get("HPCMESH_ADVERTISE_HOST", "127.0.0.1")
+    grace = env_number("HPCMESH_LEASE_GRACE", 10, env=env, finite=True)
+    loop = asyncio.get_running_loop()
+    register_loop_thread(loop)
+    node = Node(secret, loop, role="proc", name=name,
+                info={"proc_name": name, "advertise_host": host})
+    node.listen([node.unix_address(), f"tcp://{host}:0"])
+    set_current_node(node)
+    rt = ProcRuntime(node, controller, grace)
+    loop.add_signal_handler(signal.SIGTERM, rt.on_sigterm)
+    install_stack_dump_handler()    # stacks even while an endpoint blocks the loop
+    # A SIGTERM while still connecting (a mesh stopped as it starts) ends the process now:
+    # there are no actors to clean up yet.
+    connecting = asyncio.ensure_future(
+        node.connect_first(controller_addrs, expect=controller.node_id or None,
+                           timeout=CONNECT_TIMEOUT))
+    stopped = asyncio.ensure_future(rt.done.wait())
+    await asyncio.wait((connecting, stopped), return_when=asyncio.FIRST_COMPLETED)
+    if not connecting.done():
+        connecting.cancel()
+    elif connecting.exception() is not None:
+        stopped.cancel()
+        e = connecting.exception()
+        if not isinstance(e, ConnectionError):
+            raise e
+        print(f"hpcmesh proc {name}: cannot reach the controller: {e}", file=sys.stderr)
+        return 4
+    await stopped
+    node.close()
+    return rt.exit_code
+
+
+def main() -> None:
+    code = 1
+    try:
+        # started with -P (forked by the zygote: it was): the user's modules of the current
+        # folder, which actors defined there import, are found last and checked instead
+        current_folder_last()
+        if os.environ.get("HPCMESH_LOG_CHANNEL"):
+            sys.stdout.reconfigure(line_buffering=True)
+            sys.stderr.reconfigure(line_buffering=True)
+        logging.basicConfig(level=log_level(),
+                            format="%(levelname)s %(name)s: %(message)s")
+        tune_malloc()
+        loop = new_event_loop()
+        asyncio.set_event_loop(loop)
+        code = loop.run_until_complete(_amain())
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: BLE001 - report, then still exit below
+        try:
+            import traceback
+            traceback.print_exc()
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        # Never hang on exit: a sync endpoint may still be running in an actor thread
+        # (interpreter shutdown would join it), and stdout may be a pipe to a dead reader.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

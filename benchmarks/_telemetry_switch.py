@@ -14,7 +14,10 @@ collector drains it as usual.
 from __future__ import annotations
 
 from hpcmesh.actor import Actor, endpoint
-from hpcmesh.runtime import telemetry_recorder as T
+try:    # its home since runtime/observe/ (issue 29); older trees (A/B runs) had it in runtime/
+    from hpcmesh.runtime.observe import telemetry_recorder as T
+except ImportError:
+    from hpcmesh.runtime import telemetry_recorder as T
 from hpcmesh.transport import connection
 
 

@@ -238,8 +238,8 @@ def profile(workload: str, seconds: float) -> None:
 
 
 def telemetry_on() -> bool:
-    from hpcmesh.runtime import telemetry_recorder
-    return telemetry_recorder.RECORDER is not None
+    from _telemetry_switch import T     # the recorder module, in this tree or an older one
+    return T.RECORDER is not None
 
 
 def start_telemetry() -> float:

@@ -29,7 +29,7 @@ from _monarch_style import pipelined_sync  # noqa: E402
 from bench_hpcmesh import Echo  # noqa: E402
 
 from hpcmesh.actor import this_host  # noqa: E402
-from hpcmesh.runtime import telemetry_recorder  # noqa: E402
+from _telemetry_switch import T as telemetry_recorder  # noqa: E402 - this tree's or an older one's
 from hpcmesh.telemetry import TelemetryConfig  # noqa: E402
 
 LATEST_RSS = """

@@ -27,10 +27,9 @@ os.environ.setdefault("HPCMESH_TELEMETRY_BUFFER", "20000000")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402
 from _monarch_style import pipelined_sync  # noqa: E402
-from _telemetry_switch import RecordingSwitch, switch_recording  # noqa: E402
+from _telemetry_switch import T, RecordingSwitch, switch_recording  # noqa: E402
 
 from hpcmesh.actor import endpoint, this_host  # noqa: E402
-from hpcmesh.runtime import telemetry_recorder as T  # noqa: E402
 from hpcmesh.telemetry import TelemetryConfig  # noqa: E402
 from hpcmesh.telemetry.server import start_telemetry  # noqa: E402
 

@@ -43,7 +43,10 @@ except ImportError:
     from hpcmesh.actor.mesh import _rebuild_actor_mesh as rebuild_actor_mesh  # noqa: E402
 from hpcmesh.runtime.actor_host import ActorHost  # noqa: E402
 from hpcmesh.runtime.context import ActorInstance  # noqa: E402
-from hpcmesh.runtime import telemetry_recorder  # noqa: E402
+try:    # its home since runtime/observe/ (issue 29); older trees (A/B runs) had it in runtime/
+    from hpcmesh.runtime.observe import telemetry_recorder  # noqa: E402
+except ImportError:
+    from hpcmesh.runtime import telemetry_recorder  # noqa: E402
 from hpcmesh.runtime.node import MSG_CALL, MSG_DELIVER, Node, NodeRef, set_current_node  # noqa: E402
 try:    # their homes since the messages/loop/peers split; older trees (A/B runs) had them here
     from hpcmesh.runtime.loop import new_event_loop  # noqa: E402

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/profile_hotpath.py sync|await|pipelined|bulk_bytes|bulk_tensor [N]
 
 The worker is started through a BootstrapCommand that runs this file with
-``--worker``: it profiles ``hpcmesh.runtime.process.proc.main`` and dumps the stats
+``--worker``: it profiles ``hpcmesh.runtime.proc.main`` and dumps the stats
 when the process exits. Prints the top functions of each side by tottime, in µs
 per operation (cProfile roughly doubles Python-heavy costs; compare relative
 sizes, and see micro_hotpath.py for unprofiled costs of the pieces).
@@ -33,7 +33,7 @@ def worker() -> None:
         prof.dump_stats(f"{out}.worker")
         real_exit(code)
     os._exit = _exit
-    from hpcmesh.runtime.process import proc
+    from hpcmesh.runtime import proc   # the public name: this tree's and older ones'
     prof.enable()
     proc.main()
 
@@ -53,8 +53,7 @@ def show(path: str, ops: int, title: str, top: int = 22) -> None:
 def main() -> None:
     sys.path.insert(0, HERE)
     import _common as C
-    from hpcmesh.actor import Actor, endpoint, this_host
-    from hpcmesh.runtime.process.bootstrap import default_bootstrap_cmd
+    from hpcmesh.actor import Actor, default_bootstrap_cmd, endpoint, this_host
     workload = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else (20 if workload.startswith("bulk") else 5000)
     scratch = tempfile.TemporaryDirectory(prefix="hpcmesh-prof-")   # removed at exit

@@ -24,7 +24,7 @@ import sys
 from typing import Any, Sequence
 
 from .errors import HpcmeshError
-from .runtime import nvidia_smi
+from .runtime.observe import nvidia_smi
 from .runtime.process.gpu_binding import BINDINGS
 
 PROG = "hpcmesh"

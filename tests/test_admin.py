@@ -19,7 +19,7 @@ from hpcmesh.admin.config import MeshAdminConfig, parse_addr
 from hpcmesh.admin.server import admin_endpoint
 from hpcmesh.admin.tree import build_tree
 from hpcmesh.job import JobTrait, LocalJob
-from hpcmesh.runtime.introspect import find_pyspy
+from hpcmesh.runtime.observe.introspect import find_pyspy
 
 
 def wait_here_for_the_test(release: str, limit: float = 30) -> str:

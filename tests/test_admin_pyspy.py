@@ -25,8 +25,8 @@ from hpcmesh.actor import Actor, endpoint
 from hpcmesh.admin import server as admin_server
 from hpcmesh.admin.server import admin_endpoint
 from hpcmesh.job import LocalJob
-from hpcmesh.runtime import introspect
-from hpcmesh.runtime.introspect import PySpyError, find_pyspy, pyspy_dump
+from hpcmesh.runtime.observe import introspect
+from hpcmesh.runtime.observe.introspect import PySpyError, find_pyspy, pyspy_dump
 
 NEEDS_PYSPY = None if find_pyspy() else "needs py-spy (pip install 'hpcmesh[stacks]')"
 
@@ -193,7 +193,7 @@ def test_dumps_of_one_process_asked_at_once_take_turns(target):
     # review: two admin views asking at once made all but one py-spy fail to attach, and
     # the failure read as "ptrace not permitted"; the agent runs them one at a time now,
     # and a failure while another tracer is attached names it
-    from hpcmesh.runtime.introspect import pyspy_failure, dump_stacks_by_pyspy
+    from hpcmesh.runtime.observe.introspect import pyspy_failure, dump_stacks_by_pyspy
 
     async def four():
         return await asyncio.gather(*(dump_stacks_by_pyspy(target) for _ in range(4)))

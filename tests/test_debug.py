@@ -18,7 +18,7 @@ from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, debug_controller, endpoint
 from hpcmesh.job import LocalJob
-from hpcmesh.runtime import debugger
+from hpcmesh.runtime.observe import debugger
 from hpcmesh.runtime.client import client_runtime
 
 PROMPT = "(hpcmesh-pdb) "

@@ -174,6 +174,24 @@ def test_no_import_cycle():
     assert not cycles, "import cycles:\n" + "\n".join(detail)
 
 
+#: Inside the runtime, (package, what it must not import): the runtime's two halves. The
+#: process half (agents, fork server, the actor process main) runs the message path and
+#: records through the observing half (telemetry buffers, spans, introspection, debugger);
+#: what a process records of itself never depends on how processes are started.
+WITHIN_RUNTIME = [("hpcmesh.runtime.observe", ("hpcmesh.runtime.process",))]
+
+
+def test_the_runtimes_observing_half_does_not_import_its_process_half():
+    wrong = []
+    for package, banned in WITHIN_RUNTIME:
+        for name in sorted(MODULES):
+            if name != package and not name.startswith(package + "."):
+                continue
+            wrong += [f"{where(name)}:{line}: {name} imports {target}"
+                      for target, line in imports_of(name)
+                      if any(target == b or target.startswith(b + ".") for b in banned)]
+    assert not wrong, "imports across the runtime's halves:\n" + "\n".join(wrong)
+
 # -- the checker itself: a rule that cannot fail proves nothing ------------------------------
 
 
@@ -207,6 +225,15 @@ def test_the_checker_reports_an_upward_import_and_a_cycle(tmp_path, monkeypatch)
         test_no_module_imports_a_layer_above_its_own_or_a_face()
     assert ["hpcmesh.transport.a", "hpcmesh.transport.b"] in _cycles()
 
+
+def test_the_checker_reports_the_observing_half_importing_the_process_half(tmp_path,
+                                                                          monkeypatch):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from ..process.bootstrap import PROC_MODULE\n")
+    monkeypatch.setitem(MODULES, "hpcmesh.runtime.observe.probe", probe)
+    with pytest.raises(AssertionError, match=r"hpcmesh.runtime.observe.probe imports "
+                                             r"hpcmesh.runtime.process.bootstrap"):
+        test_the_runtimes_observing_half_does_not_import_its_process_half()
 
 def test_no_private_name_is_imported_from_another_module():
     # a `_name` another module needs is a missing public seam: name it, then import it

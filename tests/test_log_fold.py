@@ -1,9 +1,9 @@
-"""The folding of alike log lines (hpcmesh.runtime.log_fold): pure, no processes."""
+"""The folding of alike log lines (hpcmesh.runtime.observe.log_fold): pure, no processes."""
 
 import pytest
 
-from hpcmesh.runtime.log_fold import (MAX_GROUPS, LogFolder, TimedFolders, alike_key,
-                                      describe_ranks, fold_prefix)
+from hpcmesh.runtime.observe.log_fold import (MAX_GROUPS, LogFolder, TimedFolders, alike_key,
+                                              describe_ranks, fold_prefix)
 from hpcmesh.shapes import Extent, Point
 
 

@@ -1,13 +1,13 @@
-"""``runtime/nvidia_smi``, the one GPU probe (telemetry samples, ``hpcmesh info``): against a
-fake ``nvidia-smi`` on PATH, no GPU needed."""
+"""``runtime/observe/nvidia_smi``, the one GPU probe (telemetry samples, ``hpcmesh info``):
+against a fake ``nvidia-smi`` on PATH, no GPU needed."""
 
 import os
 import stat
 
 import pytest
 
-from hpcmesh.runtime import nvidia_smi
-from hpcmesh.runtime.telemetry_recorder import sample_gpus
+from hpcmesh.runtime.observe import nvidia_smi
+from hpcmesh.runtime.observe.telemetry_recorder import sample_gpus
 
 ROWS = ("0, GPU-1f2e, NVIDIA H200, 37, 1024, 143771\n"
         "1, GPU-aa00, NVIDIA H200, [N/A], 0, [Not Supported]\n")

@@ -43,7 +43,7 @@ from test_layers import MODULES, absolute, where
 ALLOWED: dict[tuple[str, str], str] = {
     ("*", "os._exit"): "a documented function of os: end the process now, without cleanup",
     ("*", "sys._getframe"): "a documented function of sys: the caller's frame",
-    ("hpcmesh.runtime.introspect", "sys._current_frames"):
+    ("hpcmesh.runtime.observe.introspect", "sys._current_frames"):
         "a documented function of sys: every thread's stack, for the admin view",
     **{("*", f"*.{name}"): "namedtuple's public API (urllib's SplitResult, ...): the "
                             "underscore only keeps it apart from the field names"
@@ -385,7 +385,7 @@ def _with_source(tmp_path, monkeypatch, name: str, source: str) -> None:
 
 
 def test_the_debugger_reaching_into_node_again_fails_the_check(tmp_path, monkeypatch):
-    name = "hpcmesh.runtime.debugger"
+    name = "hpcmesh.runtime.observe.debugger"
     source = MODULES[name].read_text() + (
         "\n\ndef _again(node, loop):\n"
         "    while node._replied:\n"

@@ -444,7 +444,8 @@ def test_runtime_folder_another_user_made_first_is_left_for_a_fresh_one(other_us
 
 PLANTED_STACKS = textwrap.dedent("""
     import os, sys
-    from hpcmesh.runtime.introspect import STACK_SIGNAL, install_stack_dump_handler, stack_file
+    from hpcmesh.runtime.observe.introspect import (STACK_SIGNAL, install_stack_dump_handler,
+                                                    stack_file)
     print(os.getpid(), flush=True)
     sys.stdin.readline()                   # the other user plants the link now
     if install_stack_dump_handler():

@@ -23,8 +23,8 @@ import pytest
 
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import JobTrait, LocalJob
-from hpcmesh.runtime import telemetry_recorder
-from hpcmesh.runtime.telemetry_recorder import Recorder
+from hpcmesh.runtime.observe import telemetry_recorder
+from hpcmesh.runtime.observe.telemetry_recorder import Recorder
 from hpcmesh.telemetry import TelemetryConfig
 from hpcmesh.telemetry.engine import QueryEngine, TelemetryQueryError
 from hpcmesh.telemetry.schema import TABLES, reference_markdown
@@ -157,7 +157,7 @@ def test_a_log_with_too_many_keys_is_replaced_and_no_row_is_lost(monkeypatch):
 def test_sent_calls_are_dated_by_the_first_write_after_them():
     # a call only appends its key (the caller's thread is the pipeline's critical path);
     # each write to a socket stamps the calls made by then; a take dates what no write has
-    from hpcmesh.runtime.telemetry_recorder import SentLog
+    from hpcmesh.runtime.observe.telemetry_recorder import SentLog
     log = SentLog(max_rows=100)
     a, b = log.key(("client", "m-1", "ping", "call_one", "{}", 1)), log.key(
         ("client", "m-2", "step", "call", "{}", 2))
@@ -186,7 +186,7 @@ def test_sent_calls_are_dated_by_the_first_write_after_them():
 def test_sent_calls_past_the_buffer_are_dropped_and_counted_with_or_without_writes():
     # review: the bound was kept only when a write stamped the calls (a caller polling a
     # stopped mesh makes calls that write nothing: 300,000 kept with a buffer of 1,000)
-    from hpcmesh.runtime.telemetry_recorder import SentLog
+    from hpcmesh.runtime.observe.telemetry_recorder import SentLog
     log = SentLog(max_rows=4)
     keys = [log.key(("client", f"m-{i}", "ping", "call_one", "{}", 1)) for i in range(10)]
     for rounds in range(3):                     # no drain in between: marks stay bounded
@@ -484,7 +484,7 @@ def test_drained_rows_travel_out_of_band_and_come_back_whole():
     # a drain's reply carries its rows as one of the frame's buffers, not inside the
     # pickle stream: neither side copies them (3.2 MB for 100k rows)
     from hpcmesh.transport import serialization
-    from hpcmesh.runtime.telemetry_recorder import Pickled
+    from hpcmesh.runtime.observe.telemetry_recorder import Pickled
     rec = Recorder(max_rows=10_000)
     log = rec.messages_log
     k = log.key(("A.0", "ping", "node-x", True))

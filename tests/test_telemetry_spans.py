@@ -15,8 +15,8 @@ from test_telemetry import rows, stop_telemetry_after, telemetry_state  # noqa: 
 
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import LocalJob
-from hpcmesh.runtime import telemetry_recorder
-from hpcmesh.runtime.telemetry_recorder import Recorder
+from hpcmesh.runtime.observe import telemetry_recorder
+from hpcmesh.runtime.observe.telemetry_recorder import Recorder
 from hpcmesh.telemetry import span
 from hpcmesh.telemetry.schema import TABLES
 

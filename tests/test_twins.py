@@ -143,7 +143,7 @@ def test_the_mailbox_copy_reads_as_decode_args():
 
 def test_call_one_notes_its_call_as_note_sent_does():
     from hpcmesh.actor import Actor, this_proc
-    from hpcmesh.runtime import telemetry_recorder as tel
+    from hpcmesh.runtime.observe import telemetry_recorder as tel
 
     class Echo(Actor):
         @endpoint

@@ -15,13 +15,13 @@ import sys
 import threading
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
-from ..runtime import telemetry_recorder as _tel
+from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.client import current_or_client_node
 from ..runtime.errors import MeshStoppedError, SupervisionError
 from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
 from ..runtime.messages import call_msg
 from ..runtime.node import NodeRef
-from ..runtime.spans import start_span
+from ..runtime.observe.spans import start_span
 from ..shapes import Shape
 from ..transport import serialization
 from ..transport.framing import FrameError

@@ -18,13 +18,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Self
 
 from ..runtime.process.bootstrap import BootstrapCommand, default_bootstrap_cmd
-from ..runtime import telemetry_recorder as _tel
+from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.future import Future, completed, failed, gather, on_runtime_thread
 from ..runtime.process.gpu_binding import BINDING_VAR, SLOT_VAR, choose_binding
-from ..runtime.introspect import ADMIN_URL_VARS
+from ..runtime.observe.introspect import ADMIN_URL_VARS
 from ..runtime.node import NodeRef
-from ..runtime.spans import start_span
+from ..runtime.observe.spans import start_span
 from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
 from ..shapes import Extent, MeshTrait, Point, Shape, point_label
 from ..transport import tls

@@ -15,13 +15,13 @@ from collections.abc import Iterable, Mapping
 from typing import TypeVar, cast
 
 from ..runtime.actor_services import ActorServices
-from ..runtime import telemetry_recorder as _tel
+from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.client import ProcRecord, current_or_client_node, existing_client_runtime
 from ..runtime.context import Rendezvous
 from ..runtime.errors import HOST_LOST, MeshStoppedError
 from ..runtime.future import Future, completed, gather, on_runtime_thread
 from ..runtime.node import Node, NodeRef
-from ..runtime.spans import start_span
+from ..runtime.observe.spans import start_span
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization

@@ -1,7 +1,7 @@
 """Attach to ``breakpoint()`` sessions of a job's actors (``hpcmesh debug``,
 ``debug_controller()``).
 
-The sessions live in the actors' processes (``runtime/debugger.py``). The controller asks
+The sessions live in the actors' processes (``runtime/observe/debugger.py``). The controller asks
 its processes over the job's transport; ``hpcmesh debug`` in another terminal goes through
 the controller's admin view (``GET /api/debug``, ``POST /api/debug/<process>``, behind its
 token), which relays the same way. :func:`attach` is the prompt loop both use.

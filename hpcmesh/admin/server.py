@@ -17,8 +17,8 @@ import time
 from urllib.parse import unquote
 
 from ..runtime.client import ClientRuntime, client_runtime
-from ..runtime.introspect import (ADMIN_URL_VARS, PYSPY_NATIVE_TIMEOUT_S, PYSPY_TIMEOUT_S,
-                                  PySpyError)
+from ..runtime.observe.introspect import (ADMIN_URL_VARS, PYSPY_NATIVE_TIMEOUT_S,
+                                          PYSPY_TIMEOUT_S, PySpyError)
 from .config import MeshAdminConfig
 from .debug import send_to, sessions_of
 from .token_http import TokenHandler, TokenServer, endpoint_url, redacted

@@ -20,7 +20,7 @@ from typing import Any, Mapping, TextIO
 
 from ..errors import HpcmeshError
 from ..private_files import open_file, write_file
-from ..runtime.introspect import ADMIN_URL_VARS
+from ..runtime.observe.introspect import ADMIN_URL_VARS
 
 #: Where a controller writes its services' URLs (beside the job's cache).
 SERVICES_FILE = "services.json"

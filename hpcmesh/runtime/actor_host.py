@@ -32,7 +32,7 @@ from ..transport import serialization
 from .messages import (EVENT_ACTOR_FAULT, BatchShare, ReplyNotSent, call_msg, decode_args,
                        deliver_msg, describe_exception, failure, format_exception)
 from .node import Node, PortRef
-from . import telemetry_recorder as _tel
+from .observe import telemetry_recorder as _tel
 
 log = logging.getLogger("hpcmesh.actor")
 

@@ -12,7 +12,7 @@ import os
 import socket
 
 from ..transport import serialization
-from . import telemetry_recorder
+from .observe import telemetry_recorder
 from .actor_host import ENDPOINT_ATTR, ActorHost
 from .context import ActorInstance, Context, Rendezvous, current_context_var
 from .node import Node, PortRef

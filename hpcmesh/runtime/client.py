@@ -22,12 +22,12 @@ from ..shapes import Point
 from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
-from . import telemetry_recorder
+from .observe import telemetry_recorder
 from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, describe_exit
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
-from .log_fold import Fold, TimedFolders, describe_ranks, fold_prefix
+from .observe.log_fold import Fold, TimedFolders, describe_ranks, fold_prefix
 from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED
 from .node import Node, NodeRef, current_node, describe_peer, set_current_node
 from .supervision import run_unhandled_fault_hook

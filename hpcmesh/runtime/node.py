@@ -544,7 +544,7 @@ class Node:
     def peer_connected(self, peer_id: str) -> bool:
         return self.peers.connected(peer_id)
 
-    # -- a call that pauses inside frame handling (runtime/debugger.py) -----------------
+    # -- a call that pauses inside frame handling (runtime/observe/debugger.py) -----------------
     def pause_frame_handling(self) -> tuple[bool, bool]:
         """A call handled from a read pauses, the loop turning inside it (a breakpoint):
         replies are no longer held for the read's end, and those held leave now. Returns

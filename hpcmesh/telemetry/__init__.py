@@ -9,7 +9,7 @@ section of code in the ``spans`` table, from any process of the job. The tables 
 importing this package does not load them.
 """
 
-from ..runtime.spans import Span, span
+from ..runtime.observe.spans import Span, span
 from .config import TelemetryConfig
 
 __all__ = ["Span", "TelemetryConfig", "span"]

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from ..runtime import telemetry_recorder
+from ..runtime.observe import telemetry_recorder
 from ..runtime.client import ClientRuntime
 from ..settings import env_number
 from .schema import TABLES

@@ -5,7 +5,7 @@ Names follow Monarch's telemetry where it has them (``meshes``, ``actors``,
 ``metric_*``; ``timestamp_us``, ``new_status``, ``actor_mesh_id``, ``view_json``,
 ``shape_json``...).
 Each table lists the columns a process records (``RECORDED``, in the order of the row
-tuples of ``hpcmesh.runtime.telemetry_recorder``) and those the collector adds per process
+tuples of ``hpcmesh.runtime.observe.telemetry_recorder``) and those the collector adds per process
 (``process``, ``host``, ``pid``: who recorded the row). ``docs/TELEMETRY.md`` prints this
 file as the reference.
 """

@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any, Callable
 
 from ..admin.token_http import TokenHandler, TokenServer
-from ..runtime import telemetry_recorder
+from ..runtime.observe import telemetry_recorder
 from ..runtime.client import ClientRuntime, client_runtime
 from .collector import Collector
 from .config import TelemetryConfig

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Iterable
 
-from ..runtime.telemetry_recorder import KEYED_TABLES, KeyedRows, SentRows
+from ..runtime.observe.telemetry_recorder import KEYED_TABLES, KeyedRows, SentRows
 from ..settings import env_number
 from .schema import SOURCE_COLUMNS, TABLES, Table
 

@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .exit_actions import VAR as EXIT_ACTIONS_VAR, run_exit_actions
-from .. import telemetry_recorder
+from ..observe import telemetry_recorder
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
                         build_environment, runs_entry_point)
 from ...private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
@@ -29,8 +29,8 @@ from ...settings import env_flag
 from . import placement
 from ..errors import describe_exit
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env, gpu_indexes
-from ..introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
-from ..log_fold import TimedFolders
+from ..observe.introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
+from ..observe.log_fold import TimedFolders
 from ..messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
 from ..node import Node, NodeRef, PortRef
 from .zygote import ZygoteClient, ZygoteProcess

@@ -21,9 +21,9 @@ from ...transport.addresses import secret_from_env
 from ..actor_services import ActorServices
 from .bootstrap import PROCESS_NAME_VAR
 from ..future import register_loop_thread
-from ..introspect import install_services, install_stack_dump_handler
+from ..observe.introspect import install_services, install_stack_dump_handler
 from .lease_watchdog import LeaseWatchdog
-from .. import debugger, telemetry_recorder
+from ..observe import debugger, telemetry_recorder
 from .tuning import tune_malloc
 from ..loop import new_event_loop
 from ..node import Node, NodeRef, set_current_node

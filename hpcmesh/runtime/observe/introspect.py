@@ -29,8 +29,8 @@ import threading
 import traceback
 from typing import Any
 
-from ..errors import HpcmeshError
-from ..private_files import create_file, open_file, runtime_dir
+from ...errors import HpcmeshError
+from ...private_files import create_file, open_file, runtime_dir
 
 #: The signal a process dumps its stacks on (None where the platform has no real-time
 #: signals: then there is no fallback).

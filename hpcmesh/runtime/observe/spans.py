@@ -38,7 +38,7 @@ import weakref
 from typing import Any, Callable, TypeVar
 
 from . import telemetry_recorder as _tel
-from .context import current_context_var
+from ..context import current_context_var
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("hpcmesh.telemetry")
@@ -156,7 +156,7 @@ _endpoint_codes: "weakref.WeakKeyDictionary[type, dict]" = weakref.WeakKeyDictio
 
 
 def _codes_of(cls: type) -> dict:
-    from .actor_host import ENDPOINT_ATTR     # loaded already in a process with actors
+    from ..actor_host import ENDPOINT_ATTR     # loaded already in a process with actors
     codes: dict = {}
     for n in dir(cls):
         fn = getattr(cls, n, None)

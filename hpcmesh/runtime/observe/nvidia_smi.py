@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ..errors import HpcmeshError
+from ...errors import HpcmeshError
 
 #: The fields asked for, in the order ``parse`` reads them.
 QUERY = "index,uuid,name,utilization.gpu,memory.used,memory.total"

@@ -34,9 +34,9 @@ from collections import deque
 from time import time_ns as _time_ns
 from typing import Any, Callable
 
-from ..settings import env_flag, env_number
-from ..transport import connection
-from ..transport.serialization import out_of_band
+from ...settings import env_flag, env_number
+from ...transport import connection
+from ...transport.serialization import out_of_band
 from . import nvidia_smi
 
 #: Set to 1 in the environment of processes started while telemetry is on.
@@ -540,7 +540,7 @@ class Recorder:
     def span(self, start_us: int, span_id: str, parent_span_id: str | None, name: str,
              duration_us: int, status: str, error: str | None, actor_id: str | None,
              endpoint: str | None, attributes_json: str) -> None:
-        """A span that ended (``spans``; ``runtime/spans.py`` writes it)."""
+        """A span that ended (``spans``; ``runtime/observe/spans.py`` writes it)."""
         self.add("spans", (start_us, span_id, parent_span_id, name, duration_us, status,
                            error, actor_id, endpoint, attributes_json))
 

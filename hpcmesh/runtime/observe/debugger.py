@@ -36,8 +36,8 @@ import sys
 import threading
 from typing import Any
 
-from . import asyncio_internals as aio
-from .context import current_context_var
+from .. import asyncio_internals as aio
+from ..context import current_context_var
 
 log = logging.getLogger("hpcmesh.debug")
 

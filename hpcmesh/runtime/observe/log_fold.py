@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Sequence
 
-from ..shapes import Point
+from ...shapes import Point
 
 #: A number as alike_key sees it: hex, or decimal with optional sign, fraction, exponent.
 _NUMBER = re.compile(r"-?(?:0[xX][0-9a-fA-F]+|(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)")

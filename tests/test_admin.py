@@ -15,11 +15,12 @@ from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.admin import server as admin_server
-from hpcmesh.admin.config import MeshAdminConfig, parse_addr
+from hpcmesh.admin.config import MeshAdminConfig
 from hpcmesh.admin.server import admin_endpoint
 from hpcmesh.admin.tree import build_tree
 from hpcmesh.job import JobTrait, LocalJob
 from hpcmesh.runtime.observe.introspect import find_pyspy
+from hpcmesh.token_http import parse_addr
 
 
 def wait_here_for_the_test(release: str, limit: float = 30) -> str:
@@ -89,7 +90,7 @@ def test_enable_admin_is_configuration_only_and_chainable():
         job.enable_admin(MeshAdminConfig(), admin_addr="127.0.0.1:0")
     with pytest.raises(TypeError, match="unknown options port.*admin_addr"):
         job.enable_admin(port=3)
-    with pytest.raises(ValueError, match="host:port"):
+    with pytest.raises(ValueError, match="admin_addr must look like 'host:port'"):
         job.enable_admin(admin_addr="localhost")
     assert parse_addr(None) == ("127.0.0.1", 0) and parse_addr("[::1]:80") == ("::1", 80)
 

@@ -20,7 +20,7 @@ from ci_gate import import_or_skip
 from other_user import SYSTEM_PYTHON
 
 from hpcmesh.actor import Actor, debug_controller, endpoint
-from hpcmesh.admin.token_http import url_token
+from hpcmesh.token_http import url_token
 from hpcmesh.job import LocalJob
 
 PROMPT = "(hpcmesh-pdb) "

@@ -25,8 +25,8 @@ from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.admin.server import admin_endpoint
-from hpcmesh.admin.token_http import TokenHandler, TokenServer
 from hpcmesh.job import LocalJob
+from hpcmesh.token_http import TokenHandler, TokenServer
 
 #: What the servers promise (with defaults for an older server, so that this test runs,
 #: and fails, on it).

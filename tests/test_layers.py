@@ -24,7 +24,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmesh"
 #: Bottom to top. A module belongs to the first entry that is it or a package above it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("hpcmesh.errors", "hpcmesh.settings", "hpcmesh.shapes", "hpcmesh.yaml_lines",
-              "hpcmesh.file_tree", "hpcmesh.private_files", "hpcmesh.log_tail")),
+              "hpcmesh.file_tree", "hpcmesh.private_files", "hpcmesh.log_tail",
+              "hpcmesh.token_http")),
     ("transport", ("hpcmesh.transport",)),
     ("runtime", ("hpcmesh.runtime",)),
     ("actor", ("hpcmesh.actor",)),
@@ -174,23 +175,29 @@ def test_no_import_cycle():
     assert not cycles, "import cycles:\n" + "\n".join(detail)
 
 
-#: Inside the runtime, (package, what it must not import): the runtime's two halves. The
-#: process half (agents, fork server, the actor process main) runs the message path and
-#: records through the observing half (telemetry buffers, spans, introspection, debugger);
-#: what a process records of itself never depends on how processes are started.
-WITHIN_RUNTIME = [("hpcmesh.runtime.observe", ("hpcmesh.runtime.process",))]
+#: Inside a layer, (package, what it must not import).
+APART: list[tuple[str, tuple[str, ...]]] = [
+    # the runtime's two halves: the process half (agents, fork server, the actor process
+    # main) runs the message path and records through the observing half (telemetry
+    # buffers, spans, introspection, debugger); what a process records of itself never
+    # depends on how processes are started
+    ("hpcmesh.runtime.observe", ("hpcmesh.runtime.process",)),
+    # the token-guarded HTTP server both serve on is below both (token_http.py, base);
+    # `hpcmesh top` (admin) reads telemetry, never the other way
+    ("hpcmesh.telemetry", ("hpcmesh.admin",)),
+]
 
 
-def test_the_runtimes_observing_half_does_not_import_its_process_half():
+def test_packages_kept_apart_inside_a_layer_do_not_import_each_other():
     wrong = []
-    for package, banned in WITHIN_RUNTIME:
+    for package, banned in APART:
         for name in sorted(MODULES):
             if name != package and not name.startswith(package + "."):
                 continue
             wrong += [f"{where(name)}:{line}: {name} imports {target}"
                       for target, line in imports_of(name)
                       if any(target == b or target.startswith(b + ".") for b in banned)]
-    assert not wrong, "imports across the runtime's halves:\n" + "\n".join(wrong)
+    assert not wrong, "imports between packages kept apart (APART):\n" + "\n".join(wrong)
 
 # -- the checker itself: a rule that cannot fail proves nothing ------------------------------
 
@@ -226,14 +233,17 @@ def test_the_checker_reports_an_upward_import_and_a_cycle(tmp_path, monkeypatch)
     assert ["hpcmesh.transport.a", "hpcmesh.transport.b"] in _cycles()
 
 
-def test_the_checker_reports_the_observing_half_importing_the_process_half(tmp_path,
-                                                                          monkeypatch):
+def test_the_checker_reports_packages_kept_apart_importing_each_other(tmp_path, monkeypatch):
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    from ..process.bootstrap import PROC_MODULE\n")
     monkeypatch.setitem(MODULES, "hpcmesh.runtime.observe.probe", probe)
-    with pytest.raises(AssertionError, match=r"hpcmesh.runtime.observe.probe imports "
-                                             r"hpcmesh.runtime.process.bootstrap"):
-        test_the_runtimes_observing_half_does_not_import_its_process_half()
+    tie = tmp_path / "tie.py"
+    tie.write_text("from ..admin.config import MeshAdminConfig\n")
+    monkeypatch.setitem(MODULES, "hpcmesh.telemetry.tie", tie)
+    with pytest.raises(AssertionError, match=r"(?s)hpcmesh.runtime.observe.probe imports "
+                                             r"hpcmesh.runtime.process.bootstrap.*"
+                                             r"hpcmesh.telemetry.tie imports hpcmesh.admin"):
+        test_packages_kept_apart_inside_a_layer_do_not_import_each_other()
 
 def test_no_private_name_is_imported_from_another_module():
     # a `_name` another module needs is a missing public seam: name it, then import it

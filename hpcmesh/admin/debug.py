@@ -15,7 +15,7 @@ from typing import Any, Callable, TextIO
 
 from ..runtime.client import ClientRuntime, client_runtime
 from ..shapes import point_label
-from .token_http import request_json
+from ..token_http import request_json
 
 #: A paused endpoint's session, as listed: process, host, pid, mesh, rank, point, session.
 Session = dict

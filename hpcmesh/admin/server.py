@@ -21,7 +21,7 @@ from ..runtime.observe.introspect import (ADMIN_URL_VARS, PYSPY_NATIVE_TIMEOUT_S
                                           PYSPY_TIMEOUT_S, PySpyError)
 from .config import MeshAdminConfig
 from .debug import send_to, sessions_of
-from .token_http import TokenHandler, TokenServer, endpoint_url, redacted
+from ..token_http import TokenHandler, TokenServer, endpoint_url, redacted
 from .tree import build_tree, process_status
 
 log = logging.getLogger("hpcmesh.admin")

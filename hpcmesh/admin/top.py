@@ -14,7 +14,7 @@ import urllib.error
 from typing import Any
 
 from ..shapes import point_label
-from .token_http import request_json
+from ..token_http import request_json
 
 RATE_WINDOW_S = 5
 

@@ -68,7 +68,7 @@ class JobState:
         return list(self._meshes)
 
     def __repr__(self) -> str:
-        from ..admin.token_http import redacted     # a repr ends up in logs: no token
+        from ..token_http import redacted     # a repr ends up in logs: no token
         extra = "".join(f", {k}={redacted(getattr(self, k))!r}" for k in
                         ("telemetry_url", "dashboard_url", "admin_url") if getattr(self, k))
         return f"JobState({', '.join(f'{k}={v!r}' for k, v in self._meshes.items())}{extra})"
@@ -95,9 +95,10 @@ class JobTrait(ABC):
         on, and again whenever a client reconnects to this job. Configuration only; returns
         the job, for chaining. ``config``: a ``MeshAdminConfig``, or its fields as keywords
         (``admin_addr="0.0.0.0:0"``)."""
-        from ..admin.config import MeshAdminConfig, parse_addr
+        from ..admin.config import MeshAdminConfig
+        from ..token_http import parse_addr
         config = _config_of("enable_admin", MeshAdminConfig, config, kwargs)
-        parse_addr(config.admin_addr)      # a bad address fails here, not at state()
+        parse_addr(config.admin_addr, "admin_addr")    # a bad address fails here, not at state()
         self._admin_config = config
         return self
 

@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..admin.token_http import endpoint_url, url_token
+from ..token_http import endpoint_url, url_token
 from ..errors import HpcmeshError
 from ..settings import env_number
 from .query_worker import QueryWorker, WorkerError

@@ -5,7 +5,7 @@ set) starts one per controller process and returns the ``JobState`` fields:
 ``query_engine`` (in-process), ``query_engine_client`` (HTTP), ``telemetry_url`` (``POST
 /api/query`` with ``{"sql": ...}`` answers Arrow IPC; ``GET /api/tables`` the schema) and,
 with ``include_dashboard``, ``dashboard_url``. Both servers bind to loopback and need a
-token, as the admin view does (``admin/token_http.py``); the dashboard has a token of its
+token, as the admin view does (``token_http.py``); the dashboard has a token of its
 own, so that a URL shown on a screen or shared reads the dashboard and nothing else (its
 server answers GET only, and its token opens neither the SQL service nor the admin view).
 """
@@ -23,7 +23,7 @@ import time
 from importlib import resources
 from typing import Any, Callable
 
-from ..admin.token_http import TokenHandler, TokenServer
+from ..token_http import TokenHandler, TokenServer
 from ..runtime.observe import telemetry_recorder
 from ..runtime.client import ClientRuntime, client_runtime
 from .collector import Collector

@@ -45,12 +45,28 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
-from .config import parse_addr
-
 log = logging.getLogger("hpcmesh.admin")
 
 #: What stands for a token in what is shown or logged.
 ELIDED = "…"
+#: Where a server binds when not told: loopback, any free port.
+DEFAULT_ADDR = "127.0.0.1:0"
+
+
+def parse_addr(addr: str | None, what: str = "address") -> tuple[str, int]:
+    """``host:port`` -> (host, port); errors name ``what`` (``admin_addr``) and say what is
+    allowed."""
+    text = DEFAULT_ADDR if addr is None else addr
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a 'host:port' string or None, got "
+                        f"{type(addr).__name__}")
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} must look like 'host:port' (port 0-65535, 0 for any "
+                         f"free port; '[::1]:0' for IPv6), got {addr!r}")
+    return host, int(port)
 
 
 def endpoint_url(url: str, path: str) -> str:

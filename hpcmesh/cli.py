@@ -268,7 +268,7 @@ def cmd_render(args) -> int:
     worker = None
     if not args.cli_worker:
         try:   # what SlurmJob submits (its agent adds ready files and time-limit notices)
-            from .job.slurm import agent_command
+            from .job.slurm_agent import agent_command
             worker = agent_command("{python}", attach=attach, mesh="{mesh}")
         except ImportError:
             worker = None

@@ -46,7 +46,7 @@ unset SLURM_CPU_BIND SLURM_CPU_BIND_LIST SLURM_CPU_BIND_TYPE SLURM_CPU_BIND_VERB
 
 srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \
      --cpu-bind=none --kill-on-bad-exit=1 \
-     "$PYTHON" -c 'from hpcmesh.job.slurm import agent_main; agent_main()' \
+     "$PYTHON" -c 'from hpcmesh.job.slurm_agent import agent_main; agent_main()' \
      --job-dir "$JOB_DIR" --mesh hosts --initial-wait "$INITIAL_WAIT" &
 srun_pid=$!
 trap 'kill -s USR1 "$srun_pid" 2>/dev/null || true' USR1

@@ -387,7 +387,8 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
     The commands are built in one place: no other module of hpcmesh spells ``-m``."""
     import ast
     from hpcmesh.job.exec import python_argv, python_argv_remote
-    from hpcmesh.job.slurm import agent_command, slurm_bootstrap
+    from hpcmesh.job.slurm import slurm_bootstrap
+    from hpcmesh.job.slurm_agent import agent_command
     from hpcmesh.job.ssh import SSHJob
     from hpcmesh.private_files.modules import RUN_MODULE, python_module
     from hpcmesh.runtime.process.bootstrap import default_bootstrap_cmd, runs_entry_point

@@ -12,7 +12,8 @@ __all__ = ["JobTrait", "JobState", "LocalJob", "BatchJob", "ProcessJob", "shell"
 
 # Slurm (SlurmJob from a login node; SlurmAllocation inside salloc/sbatch)
 from .slurm import (SlurmError, SlurmHostMesh, SlurmJob, SlurmJobFailed, SlurmStartTimeout,
-                    SlurmSubmitError, slurm_bootstrap, slurm_notice)
+                    SlurmSubmitError, slurm_bootstrap)
+from .slurm_agent import slurm_notice
 from .allocation import SlurmAllocation, current_allocation
 
 __all__ += ["SlurmJob", "SlurmAllocation", "SlurmHostMesh", "SlurmError", "SlurmSubmitError",

@@ -6,7 +6,7 @@ host agent per node is started with::
 
     srun --overlap --nodes=N --ntasks=N --ntasks-per-node=1 \\
          (--cpus-per-task=C | --cpu-bind=none) --kill-on-bad-exit=1 --job-name=hpcmesh-agents-XXXX \\
-         <python> -c "from hpcmesh.job.slurm import agent_main; agent_main()" --attach <client>
+         <python> -c "from hpcmesh.job.slurm_agent import agent_main; agent_main()" --attach <client>
 
 with the environment cleaned for a nested launch (``clean_env_for_nested_srun``:
 no inherited step ids, CPU binding, conflicting ``SLURM_MEM_PER_*``...). No new
@@ -36,8 +36,8 @@ from .base import JobState, JobTrait, cache_top
 from .progress import Progress
 from .start_limits import check_seconds
 from . import slurmctl
-from .slurm import (SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, agent_command, agent_token,
-                    client_attach_addresses)
+from .slurm import SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, client_attach_addresses
+from .slurm_agent import agent_command, agent_token
 from .slurmctl import SlurmError
 
 log = logging.getLogger("hpcmesh.job.allocation")

@@ -35,14 +35,12 @@ their token) and ``job.state()`` connects to the new ones.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import glob
 import json
 import logging
 import math
 import os
-import socket
 import sys
 import threading
 import time
@@ -52,17 +50,19 @@ from typing import Any, Callable, Mapping, Sequence
 from ..actor.host_mesh import HostRef, attach_to_workers
 from ..log_tail import log_tail
 from ..private_files import make_dirs, write_file
-from ..private_files.modules import PYTHON_FLAGS, python_module
-from ..runtime.process.agent_main import NOTICE_VAR, run_agent
 from ..settings import env_number
 from ..slurm.parsing import (JobRecord, SlurmParseError, parse_sbatch_parsable, slurm_job_id,
-                             slurm_restart_count, slurm_task_rank)
+                             slurm_restart_count)
 from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
-from .agent_mesh import AGENT_PYTHON_VAR, AgentHostMesh, agent_bootstrap
+from .agent_mesh import AgentHostMesh, agent_bootstrap
 from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, cache_top, try_load
 from .local import in_batch_job
 from .progress import Progress
+# agent_main and slurm_notice also by their names here from before slurm_agent.py: launch
+# scripts users wrote run `from hpcmesh.job.slurm import agent_main` (sbatch/workers.sh did)
+from .slurm_agent import (agent_command, agent_main, agent_token, read_notices, ready_name,
+                          slurm_notice)
 from . import slurmctl
 from .slurmctl import SlurmError, scancel, squeue_expected_starts, squeue_jobs
 from .start_limits import StartLimits, check_start_limits
@@ -74,8 +74,6 @@ __all__ = [
     "SlurmHostMesh", "slurm_bootstrap", "slurm_notice", "agent_main", "agent_command",
 ]
 
-#: The host agent entry point used in launch scripts (``python -c AGENT_CODE --attach ...``).
-AGENT_CODE = "from hpcmesh.job.slurm import agent_main; agent_main()"
 #: How long a job that ended before its agents attached may stay COMPLETING before the
 #: error names that state instead of the final one.
 COMPLETING_WAIT = 5.0
@@ -91,98 +89,6 @@ class SlurmJobFailed(SlurmError):
 
 class SlurmStartTimeout(SlurmError, TimeoutError):
     """The host agents did not attach in time (the job was cancelled)."""
-
-
-# ---------------------------------------------------------------------------------------
-# the host agent entry point (runs on the compute nodes)
-# ---------------------------------------------------------------------------------------
-def agent_token(token: str, mesh: str, restart: int | str) -> str:
-    """What an agent of ``mesh`` says in its hello after ``restart`` requeues."""
-    return f"{token}/{mesh}/r{restart}"
-
-
-def _ready_name(mesh: str, restart: int | str, procid: str) -> str:
-    return f"agent-{mesh}-r{restart}-{procid}.addr"
-
-
-def agent_main(argv: Sequence[str] | None = None) -> None:
-    """One host agent of a Slurm step: listen on this node's chosen interface, dial the
-    client (if given), write a ready file in the job folder, exit 0 when it ends. Its
-    signals (HUP: stop now, USR1/USR2: record a notice) are run_agent's."""
-    p = argparse.ArgumentParser(prog="hpcmesh-slurm-agent")
-    p.add_argument("--attach", default="", help="client addresses, comma separated")
-    p.add_argument("--grace", type=float, default=None)
-    p.add_argument("--initial-wait", type=float, default=None)
-    p.add_argument("--job-dir", default=None)
-    p.add_argument("--mesh", default=None)
-    args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
-    env = os.environ
-    restart = str(slurm_restart_count(env))   # both name files: checked to be numbers
-    procid = str(slurm_task_rank(env))
-    mesh = args.mesh or env.get("HPCMESH_MESH_NAME") or "hosts"
-    if env.get("HPCMESH_JOB_TOKEN"):
-        env["HPCMESH_JOB_TOKEN"] = agent_token(env["HPCMESH_JOB_TOKEN"], mesh, restart)
-    from ..transport.netif import NoUsableInterfaceError, usable_candidates
-    try:
-        ips = [c.address for c in usable_candidates()]
-    except NoUsableInterfaceError as e:
-        print(f"hpcmesh agent on {socket.gethostname()}: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    listen = [f"tcp://[{ip}]:0" if ":" in ip else f"tcp://{ip}:0" for ip in ips]
-    env[AGENT_PYTHON_VAR] = sys.executable
-    ready = None
-    if args.job_dir:
-        env.setdefault("HPCMESH_LOG_DIR", os.path.join(args.job_dir, "procs"))
-        env.setdefault(NOTICE_VAR, os.path.join(args.job_dir, "notice"))
-        ready = os.path.join(args.job_dir, _ready_name(mesh, restart, procid))
-    attach = [a for a in args.attach.split(",") if a]
-    initial_wait = args.initial_wait
-    if attach and initial_wait is None:
-        # if the client is gone before we started, do not hold the nodes
-        initial_wait = args.grace if args.grace is not None else env_number(
-            "HPCMESH_LEASE_GRACE", 30, finite=True, env=env)
-    reason = run_agent(listen, attach, grace=args.grace, initial_wait=initial_wait,
-                       advertise_host=ips[0], ready_file=ready)
-    print(f"hpcmesh agent on {socket.gethostname()} done: {reason}", file=sys.stderr, flush=True)
-    sys.exit(0)
-
-
-def agent_command(python: str, *, attach: Sequence[str] = (), grace: float | None = None,
-                  initial_wait: float | None = None, job_dir: str | None = None,
-                  mesh: str | None = None) -> list[str]:
-    """argv that starts one host agent (what the rendered srun lines run)."""
-    argv = [python, *PYTHON_FLAGS, "-c", AGENT_CODE]
-    if attach:
-        argv += ["--attach", ",".join(attach)]
-    if grace is not None:
-        argv += ["--grace", f"{grace:g}"]
-    if initial_wait is not None:
-        argv += ["--initial-wait", f"{initial_wait:g}"]
-    if job_dir:
-        argv += ["--job-dir", job_dir]
-    if mesh:
-        argv += ["--mesh", mesh]
-    return argv
-
-
-def slurm_notice() -> list[dict] | None:
-    """Inside an actor (or anything an agent started): the time-limit/preemption warnings
-    Slurm sent this run of the job so far (one per agent, oldest first; keys ``signal``,
-    ``time``, ``host``, ``slurm_job_id``, ``slurm_nodeid``, ``restart``), or None."""
-    return _read_notices(os.environ.get(NOTICE_VAR), slurm_restart_count(os.environ))
-
-
-def _read_notices(path: str | None, restart: int | None = None) -> list[dict] | None:
-    if not path:
-        return None
-    try:
-        with open(path) as f:
-            out = [json.loads(ln) for ln in f if ln.strip()]
-    except (OSError, ValueError):
-        return None
-    if restart is not None:
-        out = [n for n in out if n.get("restart", 0) == restart]
-    return out or None
 
 
 # ---------------------------------------------------------------------------------------
@@ -717,7 +623,7 @@ class SlurmJob(JobTrait):
         if in_batch_job() or not ids:
             limits.mark_running(time.monotonic())   # we run inside the job itself
         progress = Progress(self.progress)
-        pattern = os.path.join(self.job_dir, _ready_name(mesh, self.restart_count, "*"))
+        pattern = os.path.join(self.job_dir, ready_name(mesh, self.restart_count, "*"))
         delay, next_squeue, recs = 0.05, 0.0, {}
         try:
             while True:
@@ -799,7 +705,7 @@ class SlurmJob(JobTrait):
     # -- time limit / preemption --------------------------------------------------------
     def notices(self) -> list[dict] | None:
         """Time-limit/preemption warnings the agents received so far (None if none)."""
-        return _read_notices(os.path.join(self.job_dir, "notice") if self.job_dir else None,
+        return read_notices(os.path.join(self.job_dir, "notice") if self.job_dir else None,
                              self.restart_count)
 
     def watch_notices(self, callback: Callable[[dict], None], interval: float = 1.0

@@ -1,7 +1,7 @@
 """The one host-agent entry point, :func:`run_agent`, and its one signal policy.
 
 Every launcher runs an agent through it: ``hpcmesh worker`` (launch scripts, SSHJob),
-the Slurm agent ``hpcmesh.job.slurm.agent_main`` (SlurmJob, SlurmAllocation), the
+the Slurm agent ``hpcmesh.job.slurm_agent.agent_main`` (SlurmJob, SlurmAllocation), the
 submitit task of SubmititJob, and :func:`~hpcmesh.runtime.process.worker.run_worker_loop_forever`.
 It owns the process around :func:`~hpcmesh.runtime.process.agent_serve.serve`: the secret, TLS,
 the event loop and the signals.

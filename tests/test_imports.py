@@ -29,6 +29,38 @@ def test_jobs_and_cli_do_not_import_torch():
     assert "torch" not in mods
 
 
+def test_the_slurm_agent_and_slurm_notice_load_no_login_side():
+    # each srun step's host agent runs AGENT_CODE on a compute node, and actors call
+    # slurm_notice(): neither needs sbatch/squeue (job/slurm.py), submitit or the actor layer
+    from hpcmesh.job.slurm_agent import AGENT_CODE
+    agent = "from hpcmesh.job.slurm_agent import agent_main"
+    assert AGENT_CODE.startswith(agent + ";")
+    for stmt in (agent, "from hpcmesh.job import slurm_notice"):
+        mods = _modules_after(stmt)
+        assert not {"hpcmesh.job.slurm", "hpcmesh.job.allocation", "hpcmesh.actor",
+                    "submitit"} & mods, stmt
+
+
+def test_the_job_face_hands_out_every_name_from_its_home():
+    import hpcmesh.job
+    import hpcmesh.job.remote_shell
+    import hpcmesh.job.slurm
+    namespace: dict = {}
+    exec("from hpcmesh.job import *", namespace)
+    assert set(hpcmesh.job.__all__) <= set(namespace) and set(hpcmesh.job.__all__) <= \
+        set(dir(hpcmesh.job))
+    # the function, whichever of its modules was imported first
+    assert hpcmesh.job.shell is hpcmesh.job.remote_shell.shell and callable(hpcmesh.job.shell)
+    assert hpcmesh.job.SlurmJob is hpcmesh.job.slurm.SlurmJob
+    assert hpcmesh.job.slurm_notice is hpcmesh.job.slurm.slurm_notice   # its old home too
+    try:
+        hpcmesh.job.no_such_name
+    except AttributeError as e:
+        assert "no_such_name" in str(e)
+    else:
+        raise AssertionError("hpcmesh.job.no_such_name should raise AttributeError")
+
+
 def test_hosts_from_config_from_the_seed_and_monarch_paths():
     # the seed writes `from monarch.job import hosts_from_config`; Monarch programs also take
     # it from monarch.actor: both paths give the one function

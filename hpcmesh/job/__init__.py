@@ -1,38 +1,50 @@
-"""Jobs (``monarch.job`` equivalents): where the host meshes come from."""
+"""Jobs (``monarch.job`` equivalents): where the host meshes come from.
 
-from .base import (JobState, JobTrait, activate_context, job_load, job_loads, load_current_job,
-                   set_current_job)
-from .local import BatchJob, LocalJob, in_batch_job
-from .process import ProcessJob
-from .shell import shell
+Every name here is handed out on first use (PEP 562), from the module that defines it.
+Importing any module of this package runs this file first, and the compute-node side
+imports some: each Slurm host agent runs ``hpcmesh.job.slurm_agent``, and actors read
+``slurm_notice``. A face that imported every job kind up front would load the login side
+(sbatch and squeue, submitit, ssh, the actor layer) into every agent and actor process.
+"""
 
-__all__ = ["JobTrait", "JobState", "LocalJob", "BatchJob", "ProcessJob", "shell", "job_load",
-           "job_loads", "set_current_job", "load_current_job", "activate_context",
-           "in_batch_job"]
+from __future__ import annotations
 
-# Slurm (SlurmJob from a login node; SlurmAllocation inside salloc/sbatch)
-from .slurm import (SlurmError, SlurmHostMesh, SlurmJob, SlurmJobFailed, SlurmStartTimeout,
-                    SlurmSubmitError, slurm_bootstrap)
-from .slurm_agent import slurm_notice
-from .allocation import SlurmAllocation, current_allocation
+import importlib
 
-__all__ += ["SlurmJob", "SlurmAllocation", "SlurmHostMesh", "SlurmError", "SlurmSubmitError",
-            "SlurmJobFailed", "SlurmStartTimeout", "slurm_bootstrap", "slurm_notice",
-            "current_allocation"]
+#: Name -> the module that defines it (relative to this package).
+_HOMES = {
+    **dict.fromkeys(("JobState", "JobTrait", "activate_context", "job_load", "job_loads",
+                     "load_current_job", "set_current_job"), ".base"),
+    **dict.fromkeys(("LocalJob", "BatchJob", "in_batch_job"), ".local"),
+    "ProcessJob": ".process",
+    "shell": ".remote_shell",
+    # Slurm (SlurmJob from a login node; SlurmAllocation inside salloc/sbatch)
+    **dict.fromkeys(("SlurmJob", "SlurmHostMesh", "SlurmSubmitError", "SlurmJobFailed",
+                     "SlurmStartTimeout", "slurm_bootstrap"), ".slurm"),
+    "SlurmError": ".slurmctl",
+    "slurm_notice": ".slurm_agent",
+    **dict.fromkeys(("SlurmAllocation", "current_allocation"), ".allocation"),
+    # exec_command / BashActor, SSHJob / LoginJob, SubmititJob (submitit loads on apply)
+    **dict.fromkeys(("BashActor", "exec_command", "exec_python"), ".exec"),
+    **dict.fromkeys(("LoginJob", "SSHJob"), ".ssh"),
+    "SubmititJob": ".submitit_job",
+    # the seed's import path (``from monarch.job import hosts_from_config``)
+    "hosts_from_config": "..hosts",
+    # the admin view's configuration (``job.enable_admin(MeshAdminConfig(...))``)
+    "MeshAdminConfig": "..admin.config",
+}
 
-# exec_command / BashActor, SSHJob / LoginJob, SubmititJob (submitit is imported only on apply)
-from .exec import BashActor, exec_command, exec_python  # noqa: E402
-from .ssh import LoginJob, SSHJob  # noqa: E402
-from .submitit_job import SubmititJob  # noqa: E402
+__all__ = list(_HOMES)
 
-__all__ += ["BashActor", "exec_command", "exec_python", "LoginJob", "SSHJob", "SubmititJob"]
 
-# the seed's import path (``from monarch.job import hosts_from_config``)
-from ..hosts import hosts_from_config  # noqa: E402
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'hpcmesh.job' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value         # once: the next lookup does not come here
+    return value
 
-__all__ += ["hosts_from_config"]
 
-# the admin view's configuration (``job.enable_admin(MeshAdminConfig(...))``)
-from ..admin.config import MeshAdminConfig  # noqa: E402
-
-__all__ += ["MeshAdminConfig"]
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

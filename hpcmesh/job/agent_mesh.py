@@ -18,10 +18,7 @@ from ..private_files.modules import python_module
 from ..runtime.process.bootstrap import PROC_MODULE, BootstrapCommand
 from ..shapes import Shape
 
-#: Set by a host agent started through ``hpcmesh.job.slurm_agent.agent_main`` (SlurmJob,
-#: SlurmAllocation, ``sbatch/workers.sh``): the interpreter it runs, for its processes.
-AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
-
+# the agent's python: bootstrap.AGENT_PYTHON_VAR
 _PROC_SCRIPT = r"""
 py="${HPCMESH_AGENT_PYTHON:-$1}"
 shift

@@ -19,9 +19,9 @@ from typing import Sequence
 
 from ..private_files.modules import PYTHON_FLAGS
 from ..runtime.process.agent_main import NOTICE_VAR, run_agent
+from ..runtime.process.bootstrap import AGENT_PYTHON_VAR
 from ..settings import env_number
 from ..slurm.parsing import slurm_restart_count, slurm_task_rank
-from .agent_mesh import AGENT_PYTHON_VAR
 
 #: The host agent entry point used in launch scripts (``python -c AGENT_CODE --attach ...``).
 AGENT_CODE = "from hpcmesh.job.slurm_agent import agent_main; agent_main()"

@@ -24,6 +24,10 @@ PROCESS_NAME_VAR = "HPCMESH_PROCESS_NAME"
 LOG_CHANNEL_VAR = "HPCMESH_LOG_CHANNEL"
 #: hpcmesh's own process entry point (``python -m`` it).
 PROC_MODULE = "hpcmesh.runtime.proc"
+#: Set by a host agent started through ``hpcmesh.job.slurm_agent.agent_main`` (SlurmJob,
+#: SlurmAllocation, ``sbatch/workers.sh``): the interpreter it runs, which its processes
+#: run too (``job.agent_mesh.agent_bootstrap``: a compute node may lack the controller's).
+AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
 
 
 class BootstrapCommand:

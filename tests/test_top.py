@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from ci_gate import import_or_skip
@@ -63,16 +64,32 @@ def test_top_shows_the_processes_their_rates_and_stacks(tmp_path):
         async def drive() -> tuple[list, str, str]:
             app = build_app(state.admin_url, state.telemetry_url, interval=0.5)
             async with app.run_test(size=(160, 40)) as pilot:
-                await pilot.pause(0.5)
-                table = app.query_one(DataTable)
-                rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+                async def until(what, done, timeout=30.0):
+                    """Let the app run until ``done()`` holds (a busy machine draws late)."""
+                    deadline = time.monotonic() + timeout
+                    while not done():
+                        assert time.monotonic() < deadline, f"top never showed {what}"
+                        await pilot.pause(0.05)
+
+                def table_rows():
+                    tables = app.query(DataTable)
+                    if not tables:
+                        return []
+                    t = tables.first()
+                    return [[str(c) for c in t.get_row_at(i)] for i in range(t.row_count)]
+                await until("the mesh's processes",
+                            lambda: len([r for r in table_rows() if r[1] == "toptest"]) == 2)
+                rows = table_rows()
                 mine = [i for i, r in enumerate(rows) if r[1] == "toptest"]
-                table.move_cursor(row=mine[0])
+                app.query_one(DataTable).move_cursor(row=mine[0])
                 await pilot.press("s")
-                await pilot.pause(0.5)
-                stacks = str(app.query_one("#stacktext", Static).render())
-                status = str(app.query_one("#status", Static).render())
-                return rows, stacks, status
+                first = "select a process and press s for its stacks"
+
+                def shown(selector):
+                    found = app.query(selector)
+                    return str(found.first().render()) if found else ""
+                await until("the stacks", lambda: shown("#stacktext") not in ("", first))
+                return rows, shown("#stacktext"), shown("#status")
         rows, stacks, status = asyncio.run(drive())
         mine = sorted((r for r in rows if r[1] == "toptest"), key=lambda r: r[2])
         assert [(r[2], r[3], r[4]) for r in mine] == [

@@ -24,7 +24,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmesh"
 #: Bottom to top. A module belongs to the first entry that is it or a package above it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("hpcmesh.errors", "hpcmesh.settings", "hpcmesh.shapes", "hpcmesh.yaml_lines",
-              "hpcmesh.file_tree", "hpcmesh.private_files", "hpcmesh.log_tail")),
+              "hpcmesh.file_tree", "hpcmesh.private_files", "hpcmesh.log_tail",
+              "hpcmesh.progress")),
     ("transport", ("hpcmesh.transport",)),
     ("runtime", ("hpcmesh.runtime",)),
     ("actor", ("hpcmesh.actor",)),

@@ -62,7 +62,7 @@ from ..slurm.spec import JobSpec
 from .agent_mesh import AGENT_PYTHON_VAR, AgentHostMesh, agent_bootstrap
 from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, cache_top, try_load
 from .local import in_batch_job
-from .progress import Progress
+from ..progress import Progress
 from . import slurmctl
 from .slurmctl import SlurmError, scancel, squeue_expected_starts, squeue_jobs
 from .start_limits import StartLimits, check_start_limits

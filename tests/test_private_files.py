@@ -428,3 +428,17 @@ def test_run_module_is_python_m_with_the_folders_modules_last(tmp_path):
     r = subprocess.run(run_module_argv("t28_nothing"), cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (1, f"{sys.executable}: No module named t28_nothing\n")
+
+
+def test_a_folder_module_runs_the_source_that_was_checked(tmp_path):
+    """The finder checks a file on a descriptor and reads the source from that descriptor:
+    a file put in its place after the check (a rename over it) is not what runs."""
+    import importlib.util
+    from hpcmesh.private_files.modules import FolderModules
+    (tmp_path / "t28_checked.py").write_text("WHO = 'checked'\n")
+    spec = FolderModules(str(tmp_path)).find_spec("t28_checked")
+    (tmp_path / "swapped.py").write_text("WHO = 'swapped in'\n")
+    os.replace(tmp_path / "swapped.py", tmp_path / "t28_checked.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (module.WHO, module.__file__) == ("checked", str(tmp_path / "t28_checked.py"))

@@ -399,6 +399,94 @@ def test_exec_python_runs_our_module_of_a_shared_folder_and_nothing_planted_ther
                for _stream, line in lines), lines
 
 
+def import_error(name: str) -> ImportError | None:
+    """What ``import name`` raised (None if it worked): the test looks at what the attack
+    did before it looks at the error."""
+    import importlib
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        return e
+    return None
+
+
+@pytest.fixture
+def fresh_imports():
+    """Finders and modules a test adds in this process, removed afterwards."""
+    finders, modules = list(sys.meta_path), set(sys.modules)
+    yield
+    sys.meta_path[:] = finders
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
+def test_a_folder_above_the_current_one_that_another_user_owns_is_refused(
+        other_user, shared_dir, tmp_path, fresh_imports):
+    # the folder above ours was theirs: after `import pkg` they renamed ours away, put their
+    # own in its place, and `import pkg.jobs.trainers` ran their trainers.py as root
+    import importlib
+    from hpcmesh.private_files.modules import import_from_folder
+    above = shared_dir(0o755)
+    other_user.own(str(above))
+    ours = above / "alice"
+    (ours / "t28h1_pkg" / "jobs").mkdir(parents=True)
+    (ours / "t28h1_pkg" / "__init__.py").write_text("")
+    (ours / "t28h1_pkg" / "jobs" / "__init__.py").write_text("")
+    (ours / "t28h1_pkg" / "jobs" / "trainers.py").write_text("WHO = 'ours'\n")
+    marker = tmp_path / "ran-their-code"
+    import_from_folder(str(ours))
+    refused = import_error("t28h1_pkg")
+    other_user.python("import os, sys; os.rename(sys.argv[1], sys.argv[1] + '.gone');"
+                      "os.makedirs(sys.argv[2]); open(sys.argv[3], 'w').write('');"
+                      "open(sys.argv[4], 'w').write(sys.argv[5])",
+                      str(ours), str(ours / "t28h1_pkg" / "jobs"),
+                      str(ours / "t28h1_pkg" / "jobs" / "__init__.py"),
+                      str(ours / "t28h1_pkg" / "jobs" / "trainers.py"), touch(marker))
+    import_error("t28h1_pkg.jobs.trainers")
+    assert not marker.exists(), "an import ran the other user's trainers.py"
+    assert isinstance(refused, ImportError), refused
+    assert (f"refusing to import 't28h1_pkg' from {ours / 't28h1_pkg'}: {above} is a folder "
+            f"owned by {other_user.name} (uid {other_user.uid}), mode 0755") in str(refused)
+
+
+def test_nothing_in_a_package_that_others_can_write_is_imported(other_user, shared_dir,
+                                                                 tmp_path, fresh_imports):
+    # our package in a shared folder: a subfolder others could write (0777), a module of
+    # ours others could write (0666), a __pycache__ they could write; their helper.py,
+    # their jobs/trainers.py and their bytecode for our sub.py ran as root
+    import importlib
+    from hpcmesh.private_files.modules import import_from_folder
+    project = shared_dir(0o1777)
+    pkg = project / "t28h2_pkg"
+    (pkg / "jobs").mkdir(parents=True)
+    (pkg / "__pycache__").mkdir()
+    for folder in (pkg / "jobs", pkg / "__pycache__"):
+        os.chmod(folder, 0o777)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub.py").write_text("WHO = 'our source'\n")
+    (pkg / "helper.py").write_text("WHO = 'ours'\n")
+    os.chmod(pkg / "helper.py", 0o666)
+    (pkg / "jobs" / "__init__.py").write_text("")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(pkg / "helper.py"), touch(marker))
+    other_user.python(PLANT_FILE, str(pkg / "jobs" / "trainers.py"), touch(marker))
+    other_user.python("import sys; open(sys.argv[1], 'wb').write(bytes.fromhex(sys.argv[2]))",
+                      importlib.util.cache_from_source(str(pkg / "sub.py")),
+                      stamped_pyc(pkg / "sub.py", touch(marker) + "WHO = 'their bytecode'\n")
+                      .hex())
+    import_from_folder(str(project))
+    assert importlib.import_module("t28h2_pkg.sub").WHO == "our source"
+    helper = import_error("t28h2_pkg.helper")
+    trainers = import_error("t28h2_pkg.jobs.trainers")
+    assert not marker.exists(), "an import ran the other user's code"
+    assert (f"refusing to import {pkg / 'helper.py'}: it is a file owned by root (uid 0), "
+            f"mode 0666") in str(helper), helper
+    assert (f"refusing to import {pkg / 'jobs'}: it is a folder owned by root (uid 0), "
+            f"mode 0777") in str(trainers), trainers
+    with pytest.raises(ModuleNotFoundError, match="t28h2_pkg.nothing"):
+        importlib.import_module("t28h2_pkg.nothing")
+
+
 # -- the runtime folder (issue 28 item 4) ------------------------------------------------------
 START_RUNTIME = textwrap.dedent("""
     import os

@@ -487,6 +487,20 @@ def test_nothing_in_a_package_that_others_can_write_is_imported(other_user, shar
         importlib.import_module("t28h2_pkg.nothing")
 
 
+def test_an_empty_folder_another_user_made_does_not_hide_our_module(other_user, shared_dir,
+                                                                    fresh_imports):
+    # Python takes mymod.py over a folder mymod/ without __init__.py; the finder checked the
+    # folder first, so their empty mymod/ in a sticky folder made our mymod.py unimportable
+    import importlib
+    from hpcmesh.private_files.modules import import_from_folder
+    project = shared_dir(0o1777)
+    (project / "t28l1_mod.py").write_text("WHO = 'ours'\n")
+    other_user.python("import os, sys; os.mkdir(sys.argv[1])", str(project / "t28l1_mod"))
+    import_from_folder(str(project))
+    assert import_error("t28l1_mod") is None
+    assert importlib.import_module("t28l1_mod").WHO == "ours"
+
+
 # -- the runtime folder (issue 28 item 4) ------------------------------------------------------
 START_RUNTIME = textwrap.dedent("""
     import os

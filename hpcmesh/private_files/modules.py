@@ -149,21 +149,35 @@ def _import_error(e: OSError, what: str, name: str, shown: str) -> ImportError:
 def _spec(fullname: str, name: str, folder: Opened):
     """``name`` in ``folder`` as Python's own finder orders them: a folder with
     ``__init__.py``, then ``name.py``, then a folder without (a namespace package). Only
-    the one chosen is checked (and read)."""
-    if _exists(name, folder.fd):
+    the one chosen is checked (and read): an empty folder somebody else made beside our
+    ``name.py`` in a sticky folder is passed over, as Python passes over it."""
+    package = _is_dir(name, folder.fd)
+    if package and _exists(os.path.join(name, "__init__.py"), folder.fd):
         with _walk(name, folder) as entry:
-            if stat.S_ISDIR(entry.st.st_mode):
-                if _exists("__init__.py", entry.fd):
-                    return _file_spec(fullname, "__init__.py", entry, package=entry.path)
-                if not _exists(name + ".py", folder.fd):
-                    _vouched.add(entry.path)
-                    spec = importlib.machinery.ModuleSpec(fullname, _Folder(), origin=None,
-                                                          is_package=True)
-                    spec.submodule_search_locations = [entry.path]
-                    return spec
+            if not stat.S_ISDIR(entry.st.st_mode):
+                return None         # replaced meanwhile (by root or us)
+            return _file_spec(fullname, "__init__.py", entry, package=entry.path)
     if _exists(name + ".py", folder.fd):
         return _file_spec(fullname, name + ".py", folder)
+    if package:
+        with _walk(name, folder) as entry:
+            if not stat.S_ISDIR(entry.st.st_mode):
+                return None
+            _vouched.add(entry.path)
+            spec = importlib.machinery.ModuleSpec(fullname, _Folder(), origin=None,
+                                                  is_package=True)
+            spec.submodule_search_locations = [entry.path]
+            return spec
     return None
+
+
+def _is_dir(entry: str, dir_fd: int) -> bool:
+    """A first look, as Python's finder takes it (through links): the entry chosen is
+    then walked and checked."""
+    try:
+        return stat.S_ISDIR(os.stat(entry, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
 
 
 def _walk(entry: str, folder: Opened) -> Opened:

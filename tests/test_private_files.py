@@ -389,7 +389,7 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
     from hpcmesh.job.exec import python_argv, python_argv_remote
     from hpcmesh.job.slurm import agent_command, slurm_bootstrap
     from hpcmesh.job.ssh import SSHJob
-    from hpcmesh.private_files.modules import RUN_MODULE, python_module
+    from hpcmesh.private_files.modules import RUN_MODULE, RUN_SCRIPT, python_module
     from hpcmesh.runtime.bootstrap import default_bootstrap_cmd, runs_entry_point
     assert python_module("m", "/py") == ["/py", "-P", "-m", "m"]
     assert agent_command("/py")[:3] == ["/py", "-P", "-c"]
@@ -401,6 +401,11 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
                                                      "json.tool", "x"]
     assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_MODULE}\' json.tool x;' in \
         python_argv_remote("json.tool", ["x"])[2]
+    for script, run in (("t.py", "t.py"), ("-t", "./-t")):    # a script's folder too
+        assert python_argv(script, ["x"], None) == [sys.executable, "-P", "-c", RUN_SCRIPT,
+                                                    run, "x"]
+        assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_SCRIPT}\' {run} x' in \
+            python_argv_remote(script, ["x"])[2]
     package = Path(__file__).resolve().parent.parent / "hpcmesh"
     spelled = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
                      if any(isinstance(node, ast.Constant) and node.value == "-m"

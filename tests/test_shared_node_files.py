@@ -399,6 +399,42 @@ def test_exec_python_runs_our_module_of_a_shared_folder_and_nothing_planted_ther
                for _stream, line in lines), lines
 
 
+#: the user's script that `exec_python(hosts, "train.py")` runs in a shared folder
+EXEC_SCRIPT = textwrap.dedent("""
+    import sys, json
+    import helper                    # our own module beside it
+    print(__name__, __file__, *sys.argv[1:], json.__file__, helper.WHO)
+""")
+
+
+def test_exec_python_runs_our_script_of_a_shared_folder_and_nothing_planted_there(
+        other_user, shared_dir, tmp_path):
+    # `python train.py` puts the script's folder first on sys.path: the other user's json.py
+    # beside our script in /tmp ran as root; so did it for a script named '-x.py'
+    import json
+    from hpcmesh.actor import this_host
+    from hpcmesh.job.exec import exec_python
+    project = shared_dir(0o1777)
+    for script in ("train.py", "-dash.py"):
+        (project / script).write_text(EXEC_SCRIPT)
+    (project / "helper.py").write_text("WHO = 'ours'\n")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "json.py"), touch(marker))
+    lines: list[tuple[str, str]] = []
+
+    def collect(_label: str, stream: str, line: str) -> None:
+        lines.append((stream, line))
+    streamed = exec_python(this_host(), "train.py", ["x"], workdir=str(project),
+                           on_output=collect).get(timeout=60)
+    out = tmp_path / "out"
+    to_files = exec_python(this_host(), "-dash.py", ["y"], workdir=str(project),
+                           output_dir=str(out)).get(timeout=60)
+    assert not marker.exists(), "exec_python ran the other user's json.py"
+    assert (streamed, lines) == (0, [("stdout", f"__main__ train.py x {json.__file__} ours")])
+    assert to_files == 0 and [p.read_text() for p in out.glob("*.stdout")] == [
+        f"__main__ ./-dash.py y {json.__file__} ours\n"]
+
+
 def import_error(name: str) -> ImportError | None:
     """What ``import name`` raised (None if it worked): the test looks at what the attack
     did before it looks at the error."""

@@ -288,3 +288,35 @@ def run_module() -> None:
 def run_module_argv(module: str, args=(), python: str | None = None) -> list[str]:
     """argv that runs the user's ``module`` as ``python -m`` would (see :data:`RUN_MODULE`)."""
     return [python or sys.executable, *PYTHON_FLAGS, "-c", RUN_MODULE, module, *map(str, args)]
+
+
+#: ``python -P -c RUN_SCRIPT script arg...`` is ``python script arg...`` with the script's
+#: folder's modules found last and checked (:func:`run_script`), where plain Python puts
+#: that folder first on ``sys.path`` (another user's ``json.py`` beside a script in /tmp).
+#: After ``-c CODE`` a script named ``-x.py`` is never taken for an option.
+RUN_SCRIPT = '__import__("hpcmesh.private_files.modules", fromlist=[""]).run_script()'
+
+
+def run_script() -> None:
+    """The body of :data:`RUN_SCRIPT`: ``sys.argv`` is ``['-c', script, arg...]``. The
+    script runs in the real ``__main__``, named by ``__file__`` and ``sys.argv[0]`` as
+    given; one that cannot be opened exits 2 naming it, as Python does."""
+    del sys.argv[0]
+    path = sys.argv[0]
+    import_from_folder(os.path.dirname(os.path.abspath(path)))
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as e:
+        print(f"{sys.executable}: can't open file {os.path.abspath(path)!r}: [Errno "
+              f"{e.errno}] {e.strerror}", file=sys.stderr)
+        sys.exit(2)
+    main = sys.modules["__main__"]
+    main.__file__ = path
+    exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+
+
+def run_script_argv(script: str, args=(), python: str | None = None) -> list[str]:
+    """argv that runs the user's ``script`` as ``python script`` would (see
+    :data:`RUN_SCRIPT`)."""
+    return [python or sys.executable, *PYTHON_FLAGS, "-c", RUN_SCRIPT, script, *map(str, args)]

@@ -233,11 +233,13 @@ def test_runtime_dir_is_a_private_subfolder_of_xdg_runtime_dir(tmp_path, monkeyp
 
 def runtime_dir_in(tmp: Path) -> subprocess.CompletedProcess:
     """``runtime_dir()`` in a subprocess with ``TMPDIR=tmp`` (tempfile keeps the first one
-    it saw), no session folder, and what a process it starts finds."""
-    code = ("import subprocess, sys; from hpcmesh.private_files import runtime_dir;"
+    it saw), no session folder, and what a process it starts finds; then the mode the
+    folder had while the process ran (a fresh one is removed at its exit)."""
+    code = ("import os, subprocess, sys; from hpcmesh.private_files import runtime_dir;"
             "print(runtime_dir()); sys.stdout.flush();"
             "subprocess.run([sys.executable, '-c', 'from hpcmesh.private_files import "
-            "runtime_dir; print(runtime_dir())'], check=True)")
+            "runtime_dir; print(runtime_dir())'], check=True);"
+            "print(oct(os.stat(runtime_dir()).st_mode & 0o7777))")
     env = {k: v for k, v in os.environ.items()
            if k not in ("XDG_RUNTIME_DIR", "HPCMESH_RUNTIME_DIR")}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -247,7 +249,7 @@ def runtime_dir_in(tmp: Path) -> subprocess.CompletedProcess:
 def test_runtime_dir_in_tmpdir(tmp_path):
     r = runtime_dir_in(tmp_path)
     out = str(tmp_path / f"hpcmesh-{os.geteuid()}")
-    assert r.stdout.split() == [out, out] and mode(out) == 0o700 and r.stderr == ""
+    assert r.stdout.split() == [out, out, "0o700"] and mode(out) == 0o700 and r.stderr == ""
 
 
 def test_a_runtime_dir_name_somebody_took_gives_way_to_a_fresh_folder(tmp_path):
@@ -255,8 +257,9 @@ def test_a_runtime_dir_name_somebody_took_gives_way_to_a_fresh_folder(tmp_path):
     taken = tmp_path / f"hpcmesh-{os.geteuid()}"
     taken.write_text("")
     r = runtime_dir_in(tmp_path)
-    fresh, child = r.stdout.split()
-    assert fresh == child and os.path.dirname(fresh) == str(tmp_path) and mode(fresh) == 0o700
+    fresh, child, fresh_mode = r.stdout.split()
+    assert fresh == child and os.path.dirname(fresh) == str(tmp_path) and fresh_mode == "0o700"
+    assert not os.path.exists(fresh)                # left empty: removed at exit
     assert os.path.basename(fresh).startswith(f"hpcmesh-{os.geteuid()}-")
     assert f"{taken} is a file owned by root (uid 0), mode 0644, not a folder" in r.stderr
     assert r.stderr.count(f"using {fresh} instead") == 1 and "Errno" not in r.stderr

@@ -594,6 +594,38 @@ PLANTED_STACKS = textwrap.dedent("""
 """)
 
 
+#: a process on another host of the job: the runtime folder it uses, and what it inherited
+SHOW_RUNTIME = ("import os; from hpcmesh.private_files import runtime_dir;"
+                "print(runtime_dir(), os.environ['HPCMESH_RUNTIME_DIR'])")
+
+
+@pytest.mark.parametrize("how", ["theirs", "missing"])
+def test_an_inherited_fresh_runtime_folder_is_a_hint_on_another_host(other_user, shared_dir,
+                                                                      how):
+    # sbatch/srun carry HPCMESH_RUNTIME_DIR=/tmp/hpcmesh-<uid>-XXXX to the other nodes: there
+    # anyone could make that known name first, and every process of the job failed
+    tmp = shared_dir(0o1777)
+    inherited = tmp / f"hpcmesh-{os.geteuid()}-a1b2c3d4"
+    if how == "theirs":
+        other_user.python("import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)",
+                          str(inherited))
+    r = subprocess.run([sys.executable, "-P", "-c", SHOW_RUNTIME], cwd=tmp, capture_output=True,
+                       text=True, timeout=60,
+                       env=hpcmesh_env(HPCMESH_RUNTIME_DIR=str(inherited), TMPDIR=str(tmp)))
+    assert r.returncode == 0, r.stderr
+    fresh, exported = r.stdout.split()
+    assert fresh == exported != str(inherited) and os.path.dirname(fresh) == str(tmp)
+    assert os.path.basename(fresh).startswith(f"hpcmesh-{os.geteuid()}-")
+    assert r.stderr.count(f"using {fresh} instead") == 1, r.stderr
+    if how == "theirs":
+        assert (f"{inherited}: it is a folder owned by {other_user.name} (uid {other_user.uid})"
+                f", mode 0777") in r.stderr, r.stderr
+    else:
+        assert f"{inherited} ($HPCMESH_RUNTIME_DIR, chosen on another host?) is not here" \
+            in r.stderr, r.stderr
+    assert not os.path.exists(fresh), "the empty fresh folder was left behind"
+
+
 def test_planted_stack_file_link_gets_no_stack_dump(other_user, shared_dir, tmp_path):
     # a planted stacks-<pid>.txt symlink made a stack dump append to a root-only file; then
     # their folder was refused, and with it the stack dumps

@@ -1,10 +1,14 @@
 """Drains every process's recorder into the store, about once a second, on its own thread.
 
-The controller's collector asks each running process it started (``telemetry_drain``, in
-parallel, bounded by a timeout), each host agent (their process and GPU samples) and its
-own recorder (what the controller saw: meshes, sends, process exits, log lines). A query
-collects first, so it sees the calls made just before it. Every
-``snapshot_interval_secs`` it also records each process's stacks and saves the store.
+The controller's collector asks each host agent for its host (``telemetry_drain_host``:
+the agent drains its processes over their Unix sockets and answers with all their rows,
+its own process and GPU samples included), so a collection costs the controller one call
+per host, not per process; processes with no such agent (those of ``this_host()``, whose
+agent is the controller itself, MPI ranks, simulated ones) it asks itself
+(``telemetry_drain``). All in parallel, bounded by a timeout; and its own recorder (what
+the controller saw: meshes, sends, process exits, log lines). A query collects first, so
+it sees the calls made just before it. Every ``snapshot_interval_secs`` it also records
+each process's stacks and saves the store.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ log = logging.getLogger("hpcmesh.telemetry")
 INTERVAL_VAR = "HPCMESH_TELEMETRY_INTERVAL"
 #: How long a collection waits for the processes' answers (a stuck one is skipped).
 DRAIN_TIMEOUT_S = 2.0
+#: Of that, how much less a host agent waits for its processes, so its answer (with those
+#: that did answer) is in before the collection gives up on the whole host.
+AGENT_MARGIN_S = 0.5
 
 
 class Collector:
@@ -40,6 +47,9 @@ class Collector:
         self.recorder = telemetry_recorder.enable(sample_gpus=True)
         self.who = {"name": rt.node.name, "host": socket.gethostname(), "pid": os.getpid()}
         self.extra_agents: dict[str, Any] = {}     # host agents of the job's meshes
+        # agents that do not drain their host (no telemetry_drain_host: an MPI job's rank 0,
+        # a simulated host): their processes are asked one by one
+        self.direct_agents: set[str] = set()
         self.collections = 0
         # a process's buffer was half full at the last collection: the next comes at once,
         # so that a fast caller's rows are kept rather than dropped
@@ -109,32 +119,68 @@ class Collector:
                     log.exception("telemetry collection failed")
 
     # -- one collection --------------------------------------------------------------
-    def _targets(self) -> dict[str, Any]:
+    def _targets(self) -> tuple[dict[str, tuple[Any, list]], dict[str, Any]]:
+        """({agent id: (agent, [(process name, its NodeRef)])}: hosts whose agent drains
+        them; {node id: NodeRef}: nodes drained one by one)."""
         node = self.rt.node
-        out: dict[str, Any] = {}
+        me = node.node_id
+        hosts: dict[str, tuple[Any, list]] = {}
+        direct: dict[str, Any] = {}
         for rec in list(self.rt.procs.values()):
-            if rec.node is not None and rec.failure is None and \
-                    node.peer_connected(rec.node.node_id) and rec.node.node_id != node.node_id:
-                out[rec.node.node_id] = rec.node
-            if rec.agent.node_id != node.node_id:
-                out.setdefault(rec.agent.node_id, rec.agent)
+            running = rec.node is not None and rec.failure is None and \
+                node.peer_connected(rec.node.node_id) and rec.node.node_id != me
+            agent_id = rec.agent.node_id
+            if agent_id != me and agent_id not in self.direct_agents and \
+                    node.peer_connected(agent_id):
+                procs = hosts.setdefault(agent_id, (rec.agent, []))[1]
+                if running and rec.node.node_id != agent_id:    # (else: the agent's own)
+                    procs.append((rec.name, rec.node))
+                continue
+            if running:
+                direct[rec.node.node_id] = rec.node
+            if agent_id != me:
+                direct.setdefault(agent_id, rec.agent)
         for agent_id, ref in list(self.extra_agents.items()):
-            if node.peer_connected(agent_id):
-                out.setdefault(agent_id, ref)
-        return out
+            if node.peer_connected(agent_id) and agent_id not in direct:
+                if agent_id in self.direct_agents:
+                    direct[agent_id] = ref
+                else:
+                    hosts.setdefault(agent_id, (ref, []))
+        return hosts, direct
 
     def collect(self, timeout: float = DRAIN_TIMEOUT_S) -> int:
         """Drain every process now; how many answered (the controller included)."""
         with self._lock:
             node = self.rt.node
-            asks = {nid: node.rpc(ref, "telemetry_drain") for nid, ref in self._targets().items()}
-            local = self.recorder.drain(
-                lambda nid: telemetry_recorder.peer_name(node, nid), self.who)
-            self.ingest(local)
             deadline = time.monotonic() + timeout
+            hosts, direct = self._targets()
+            agent_wait = max(0.0, timeout - AGENT_MARGIN_S)
+            host_asks = {aid: (procs, node.rpc(ref, "telemetry_drain_host", procs, agent_wait))
+                         for aid, (ref, procs) in hosts.items()}
+            asks = [node.rpc(ref, "telemetry_drain") for ref in direct.values()]
+            self.ingest(self.recorder.drain(
+                lambda nid: telemetry_recorder.peer_name(node, nid), self.who))
             self._hurry = False
             n = 1
-            for fut in asks.values():
+            for aid, (procs, fut) in host_asks.items():
+                try:
+                    res = fut.result(timeout=max(0.01, deadline - time.monotonic()))
+                except LookupError as e:
+                    if type(e) is not LookupError:      # (a KeyError: a bug, said there)
+                        continue
+                    # an agent with no such service (Services.run): ask its processes
+                    self.direct_agents.add(aid)
+                    asks += [node.rpc(ref, "telemetry_drain") for _, ref in procs]
+                    continue
+                except Exception:  # noqa: BLE001 - gone or stuck: next time, maybe
+                    continue
+                for one in res.get("drains", ()):
+                    self.ingest(one)
+                    n += 1
+                missed = set(res.get("missed", ()))
+                asks += [node.rpc(ref, "telemetry_drain") for name, ref in procs
+                         if name in missed]
+            for fut in asks:
                 try:
                     res = fut.result(timeout=max(0.01, deadline - time.monotonic()))
                 except Exception:  # noqa: BLE001 - gone or stuck: next time, maybe

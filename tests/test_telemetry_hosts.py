@@ -77,11 +77,16 @@ def test_one_drain_per_host_and_every_process_s_rows_arrive(tmp_path, stop_telem
         for i in range(3):
             m.ping.call(i).get(timeout=60)
         calls: list = []
+        store = current_service().store
+        batches = {t: len(store.batches(t)) for t in ("messages", "metric_process")}
         restore = _count_drains(collector.rt.node, calls)
         try:
             answered = collector.collect()
         finally:
             restore()
+        # and one record batch a table for the whole collection, not one per process
+        assert {t: len(store.batches(t)) - n for t, n in batches.items()} == \
+            {"messages": 1, "metric_process": 1}
         mine = [rec for rec in collector.rt.procs.values() if rec.mesh_name == "tdh"]
         agents = {rec.agent.node_id for rec in mine}
         assert len(agents) == 2
@@ -191,6 +196,7 @@ def test_agents_without_the_host_drain_and_missed_processes_are_asked_one_by_one
         ("telemetry_drain_host", "mpi"), ("telemetry_drain", "mpi-p0"),
         ("telemetry_drain", "mpi-p1")])
     assert _sources(store) == ["a1", "a1-p0", "a1-p1", "a1-p2", "mpi-p0", "mpi-p1"]
+    assert len(store.batches("events")) == 1       # one batch for the collection
     node.calls.clear()
     assert collector.collect() == 1 + 4 + 3
     assert sorted(node.calls) == sorted([

@@ -158,10 +158,8 @@ class Collector:
             host_asks = {aid: (procs, node.rpc(ref, "telemetry_drain_host", procs, agent_wait))
                          for aid, (ref, procs) in hosts.items()}
             asks = [node.rpc(ref, "telemetry_drain") for ref in direct.values()]
-            self.ingest(self.recorder.drain(
-                lambda nid: telemetry_recorder.peer_name(node, nid), self.who))
-            self._hurry = False
-            n = 1
+            drains = [self.recorder.drain(
+                lambda nid: telemetry_recorder.peer_name(node, nid), self.who)]
             for aid, (procs, fut) in host_asks.items():
                 try:
                     res = fut.result(timeout=max(0.01, deadline - time.monotonic()))
@@ -174,51 +172,59 @@ class Collector:
                     continue
                 except Exception:  # noqa: BLE001 - gone or stuck: next time, maybe
                     continue
-                for one in res.get("drains", ()):
-                    self.ingest(one)
-                    n += 1
+                drains += res.get("drains", ())
                 missed = set(res.get("missed", ()))
                 asks += [node.rpc(ref, "telemetry_drain") for name, ref in procs
                          if name in missed]
             for fut in asks:
                 try:
-                    res = fut.result(timeout=max(0.01, deadline - time.monotonic()))
+                    drains.append(fut.result(timeout=max(0.01, deadline - time.monotonic())))
                 except Exception:  # noqa: BLE001 - gone or stuck: next time, maybe
                     continue
-                self.ingest(res)
-                n += 1
+            self._hurry = False
+            self.ingest(*drains)
             self.collections += 1
-            return n
+            return len(drains)
 
-    def ingest(self, res: dict) -> None:
-        who = res.get("who") or {}
-        src = (who.get("name"), who.get("host"), who.get("pid"))
+    def ingest(self, *drains: dict) -> None:
+        """Drains' rows into the store, one record batch per table for all of them: a
+        batch per process and table each second would leave a query of a big job wading
+        through hundreds of thousands of tiny batches."""
+        rows_of: dict[str, list] = {}
+        keyed: dict[str, list] = {}
         half = telemetry_recorder.buffer_rows() // 2
-        for name, rows in res.get("tables", {}).items():
-            if name not in TABLES or not rows:
-                continue
-            if len(rows) >= half:
-                self._hurry = True
-            if isinstance(rows, (telemetry_recorder.KeyedRows, telemetry_recorder.SentRows)):
-                self.store.append_keyed(name, rows, src if TABLES[name].from_source else ())
-                continue
-            if TABLES[name].from_source:
-                rows = [tuple(r) + src for r in rows]
-            self.store.append(name, rows)
-        p = res.get("process")
-        if p:
-            self.store.append("metric_process", [(p["timestamp_us"], float(p["cpu_percent"]),
-                                                  int(p["rss_bytes"]), int(p["threads"])) + src])
         ts = telemetry_recorder.now_us()
-        gpus = res.get("gpus") or []
-        if gpus:
-            self.store.append("metric_gpu", [
+        for res in drains:
+            who = res.get("who") or {}
+            src = (who.get("name"), who.get("host"), who.get("pid"))
+            for name, rows in res.get("tables", {}).items():
+                if name not in TABLES or not rows:
+                    continue
+                if len(rows) >= half:
+                    self._hurry = True
+                if isinstance(rows, (telemetry_recorder.KeyedRows,
+                                     telemetry_recorder.SentRows)):
+                    keyed.setdefault(name, []).append(
+                        (rows, src if TABLES[name].from_source else ()))
+                    continue
+                if TABLES[name].from_source:
+                    rows = [tuple(r) + src for r in rows]
+                rows_of.setdefault(name, []).extend(rows)
+            p = res.get("process")
+            if p:
+                rows_of.setdefault("metric_process", []).append(
+                    (p["timestamp_us"], float(p["cpu_percent"]), int(p["rss_bytes"]),
+                     int(p["threads"])) + src)
+            rows_of.setdefault("metric_gpu", []).extend(
                 (ts, g["gpu"], g["uuid"], g["name"], g["utilization_percent"],
-                 g["memory_used_bytes"], g["memory_total_bytes"]) + src for g in gpus])
-        dropped = res.get("dropped") or {}
-        if dropped:
-            self.store.append("telemetry_drops", [(ts, t, int(n)) + src
-                                                  for t, n in dropped.items()])
+                 g["memory_used_bytes"], g["memory_total_bytes"]) + src
+                for g in res.get("gpus") or ())
+            rows_of.setdefault("telemetry_drops", []).extend(
+                (ts, t, int(n)) + src for t, n in (res.get("dropped") or {}).items())
+        for name, parts in keyed.items():
+            self.store.append_keyed_parts(name, parts)
+        for name, rows in rows_of.items():
+            self.store.append(name, rows)
 
     def snapshot_stacks(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Each running process's threads now, into ``stack_snapshots``."""

@@ -204,22 +204,3 @@ def test_agents_without_the_host_drain_and_missed_processes_are_asked_one_by_one
         ("telemetry_drain", "mpi"), ("telemetry_drain", "mpi-p0"),
         ("telemetry_drain", "mpi-p1")])
 
-
-def test_a_relayed_drain_stays_packed_at_the_agent_and_its_rows_stay_out_of_band():
-    from hpcmesh.transport import serialization
-    from hpcmesh.runtime.telemetry_recorder import Pickled, Recorder
-    rec = Recorder(max_rows=10_000)
-    log = rec.messages_log
-    k = log.key(("A.0", "ping", "node-x", True))
-    for i in range(5_000):
-        log.data.extend(log.pack(i, i + 7, 40, k))
-    tables = rec.drain()["tables"]
-    # process -> agent: still packed there (the agent neither unpickles nor re-pickles it)
-    meta, buffers = serialization.dumps({"tables": Pickled(tables, relays=1)})
-    at_agent = serialization.loads(meta, [bytes(b) for b in buffers])["tables"]
-    assert isinstance(at_agent, Pickled) and at_agent.relays == 0
-    # agent -> controller, inside the host's answer: the rows again a frame's buffer
-    meta, buffers = serialization.dumps({"drains": [{"tables": at_agent}], "missed": []})
-    assert len(meta) < 4096 and [memoryview(b).nbytes for b in buffers] == [5_000 * 32]
-    back = serialization.loads(meta, [bytes(b) for b in buffers])["drains"][0]["tables"]
-    assert back["messages"].rows() == tables["messages"].rows()

@@ -27,7 +27,7 @@ from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, B
 from ..private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
 from ..settings import env_flag
 from . import placement
-from .errors import describe_exit
+from .errors import SupervisionError, describe_exit
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env, gpu_indexes
 from .introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
 from .log_fold import TimedFolders
@@ -60,6 +60,7 @@ class _Proc:
     forward: bool = True        # its lines go to ``events`` (else only to its log files)
     fold: tuple | None = None   # (events, group, window): its lines are folded there
     same_secret: bool = True    # started under this agent's secret: the agent can dial it
+    node_id: str | None = None  # its node, once this agent has called it (telemetry)
 
 
 def process_cap_message(label: str, host: str, why: str) -> str:
@@ -361,9 +362,12 @@ class HostAgent:
         missed, asks = [], []
         for name, ref in procs:
             p = self.procs.get(name)
+            if p is not None and p.returncode is not None:
+                continue        # ended: what it had is gone with it
             if p is None or not p.same_secret or not isinstance(ref, NodeRef):
                 missed.append(name)
             else:
+                p.node_id = ref.node_id
                 asks.append(node.rpc(ref, "telemetry_drain", True))
         drains, self._late_drains = self._late_drains, []
         drains.append(node.services["telemetry_drain"]())
@@ -436,6 +440,7 @@ class HostAgent:
 
     def _exited(self, p: _Proc) -> None:
         p.returncode = p.popen.returncode
+        self._forget_node(p)
         self._kill_leftovers(p)
         if p.open_streams == 0:
             self._report_exit(p)
@@ -447,8 +452,18 @@ class HostAgent:
         while p.popen.poll() is None:
             await asyncio.sleep(0.05)
         p.returncode = p.popen.returncode
+        self._forget_node(p)
         self._kill_leftovers(p)
         self._report_exit(p)
+
+    def _forget_node(self, p: _Proc) -> None:
+        """What this agent awaits from a process that ended fails now, with the reason (a
+        drain of it would otherwise wait out the grace a lost connection gets for an exit
+        report, and hold the answer of its whole host)."""
+        if p.node_id is not None:
+            self.node.fail_peer(p.node_id, SupervisionError(
+                f"process {p.name} on host {self.hostname} ended: "
+                f"{describe_exit(p.returncode)}"))
 
     @staticmethod
     def _kill_leftovers(p: _Proc) -> None:

@@ -94,6 +94,16 @@ class Worker(Actor):
         return os.getpid()
 
     @endpoint
+    def member(self):
+        """Which member this is, whether members are processes or nodes of one process."""
+        return os.getpid(), id(self)
+
+    @endpoint
+    def member_slow(self, delay):
+        time.sleep(delay)       # sleep: answers this much later
+        return os.getpid(), id(self)
+
+    @endpoint
     def pid_slow(self, delay):
         time.sleep(delay)       # sleep: answers this much later
         return os.getpid()
@@ -232,8 +242,20 @@ def procs():
 
 
 @pytest.fixture(scope="module")
-def workers(procs):
-    w = procs.spawn("workers", Worker)
+def memory_procs():
+    """The same shape, its members nodes of this process on the memory backend."""
+    from memory_procs import memory_proc_mesh
+    pm = memory_proc_mesh({"hosts": 2, "gpus": 2})
+    yield pm
+    pm.stop().get(timeout=30)
+
+
+@pytest.fixture(scope="module", params=["processes", "memory"])
+def workers(request):
+    """Workers in real processes, and the same calls again through the memory backend
+    (dispatch, ordering and replies are the subject here, not the processes)."""
+    w = request.getfixturevalue(request.param + "_procs" if request.param == "memory"
+                                else "procs").spawn("workers", Worker)
     w.initialized.get(timeout=30)
     return w
 
@@ -366,16 +388,16 @@ def test_failing_broadcast_fails_that_actor_not_lost(procs, unhandled_faults):
 
 
 def test_choose_spreads_over_members(workers):
-    pids_all = set(workers.pid.call().get(timeout=10).values())
-    seen = {workers.pid.choose().get(timeout=10) for _ in range(12)}
-    assert len(seen) >= 3 and seen <= pids_all
+    all_members = set(workers.member.call().get(timeout=10).values())
+    seen = {workers.member.choose().get(timeout=10) for _ in range(12)}
+    assert len(seen) >= 3 and seen <= all_members
     # in flight at once: each pick goes to a member with the least work
-    futs = [workers.pid_slow.choose(0.3) for _ in range(4)]
-    assert {f.get(timeout=10) for f in futs} == pids_all
+    futs = [workers.member_slow.choose(0.3) for _ in range(4)]
+    assert {f.get(timeout=10) for f in futs} == all_members
     # choose on a slice stays in the slice
     row = workers.slice(hosts=1)
-    row_pids = set(row.pid.call().get(timeout=10).values())
-    assert {row.pid.choose().get(timeout=10) for _ in range(6)} <= row_pids
+    row_members = set(row.member.call().get(timeout=10).values())
+    assert {row.member.choose().get(timeout=10) for _ in range(6)} <= row_members
 
 
 def test_stream_sync_iteration_gives_settled_futures(workers):

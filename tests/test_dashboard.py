@@ -8,8 +8,10 @@ lines. Needs ``chromium`` and ``chromium-driver`` (scripts/system-packages.sh) a
 """
 
 import os
+import pathlib
 import shutil
 import signal
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +24,9 @@ from proc_helpers import processes_with_cmdline
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import LocalJob
 from hpcmesh.telemetry import TelemetryConfig
+from hpcmesh.telemetry.dashboard import parse_label, process_heatmaps
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 MESH = "dashmesh"
@@ -182,3 +186,118 @@ def _quit(driver, profile: str) -> None:
             pass
     assert proc is None or proc.poll() is not None, "chromedriver outlived driver.quit()"
     assert not left, f"chromium outlived driver.quit() (now killed): {left}"
+
+
+def test_the_document_places_each_process_of_a_mesh_in_its_heatmap():
+    procs = [{"process": f"big-{h}-{g}", "mesh": "big", "label": f"hosts={h},gpus={g}",
+              "host": f"node{h}", "pid": 100 + 8 * h + g,
+              "new_status": "failed" if (h, g) == (3, 5) else "running",
+              "reason": "died: killed by SIGKILL" if (h, g) == (3, 5) else None}
+             for h in range(32) for g in range(8)]
+    procs.append({"process": "late-0", "mesh": "late", "label": "gpus=1", "host": "n",
+                  "pid": 1, "new_status": "running", "reason": None})
+    procs.append({"process": "odd", "mesh": "late", "label": "not a label", "host": "n",
+                  "pid": 2, "new_status": "running", "reason": None})
+    actors = [{"id": "w.29", "mesh_id": "w", "mesh": "w", "rank": 29, "process": "big-3-5",
+               "new_status": "failed", "calls": 40, "errors": 1, "rate": 2.5},
+              {"id": "v.29", "mesh_id": "v", "mesh": "v", "rank": 29, "process": "big-3-5",
+               "new_status": "spawned", "calls": 2, "errors": 0, "rate": 0.5}]
+    meshes = [{"given_name": "big", "shape_json": '{"hosts": 32, "gpus": 8}'}]
+    big, late = sorted(process_heatmaps(procs, meshes, actors), key=lambda m: m["name"])
+    assert big["extent"] == {"hosts": 32, "gpus": 8} and len(big["cells"]) == 256
+    assert sorted(c["rank"] for c in big["cells"]) == list(range(256))
+    (cell,) = [c for c in big["cells"] if c["rank"] == 3 * 8 + 5]
+    assert (cell["process"], cell["status"], cell["host"]) == ("big-3-5", "failed", "node3")
+    assert (cell["calls"], cell["errors"], cell["rate"]) == (42, 1, 3.0)    # its actors'
+    assert [a["mesh"] for a in cell["actors"]] == ["w", "v"]
+    # a mesh with no row (telemetry enabled after it started): as far as its labels reach;
+    # a label that is no point goes wherever the page finds room
+    assert late["extent"] == {"gpus": 2}
+    assert {c["process"]: c["rank"] for c in late["cells"]} == {"late-0": 1, "odd": None}
+    assert parse_label("hosts=3,gpus=5") == {"hosts": 3, "gpus": 5}
+    assert parse_label("0") is None and parse_label(None) is None
+
+
+@pytest.mark.timeout(300)
+def test_256_processes_are_a_heatmap_that_loads_within_a_second(tmp_path, monkeypatch,
+                                                               stop_telemetry_after):
+    """32 hosts x 8 simulated processes (``benchmarks/simulated_hosts.py``: real
+    controller, records, connections and telemetry; the processes are nodes of one
+    simulating process): the admin tree answers within a second and the dashboard shows a
+    grid of 256 cells within a second of being asked, a process's details on a click."""
+    _require_browser()
+    monkeypatch.setenv("SE_OFFLINE", "true")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from simulated_hosts import simulated_proc_mesh
+    from hpcmesh.admin.server import admin_endpoint, start_admin, stop_admin
+    from hpcmesh.telemetry.server import start_telemetry
+
+    url = start_telemetry(TelemetryConfig(include_dashboard=True,
+                                          dashboard_port=0))["dashboard_url"]
+    admin = start_admin()
+    pm, stop_simulation = simulated_proc_mesh(hosts=32, per_host=8, name="big")
+    driver = profile = None
+    try:
+        m = pm.spawn("heat", DashWorker)
+        assert len(m.ping.call(1).get(timeout=120)) == 256
+
+        def timed(fn) -> float:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        tree = admin_endpoint(admin, "/api/tree")
+        took = [timed(lambda: urllib.request.urlopen(tree, timeout=30).read())
+                for _ in range(3)]
+        print(f"/api/tree of 256 processes: {', '.join(f'{t * 1e3:.0f}' for t in took)} ms")
+        assert min(took) < 1.0
+
+        driver, profile = _browser(tmp_path)
+        cells = f'div.procmesh[data-mesh="big"] .hc[data-key]'
+
+        def load() -> None:
+            driver.get(url)
+            WebDriverWait(driver, 30, poll_frequency=0.02).until(
+                lambda d: len(d.find_elements(By.CSS_SELECTOR, cells)) == 256)
+        took = [timed(load) for _ in range(3)]      # the first starts the query worker
+        print(f"dashboard with 256 cells shown: {', '.join(f'{t * 1e3:.0f}' for t in took)}"
+              f" ms (page load to grid drawn)")
+        assert min(took) < 1.0
+        # (read in one script: the page redraws every second, the elements with it)
+        def page(script: str):
+            return driver.execute_script(script.replace("CELLS", cells))
+        # hosts down, gpus across; a cell per process at its point, running
+        heat = page("return [...document.querySelectorAll('CELLS')].map(c => "
+                    "[Number(c.dataset.rank), c.dataset.status])")
+        assert sorted(rank for rank, _ in heat) == list(range(256))
+        assert {status for _, status in heat} == {"running"}
+        labels = page("return [...document.querySelectorAll("
+                      "'div.procmesh[data-mesh=\"big\"] .hl')].map(e => e.textContent)")
+        assert labels == [f"hosts={h}" for h in range(32)]
+        # the actor mesh of 256 is a heatmap too, not a table of 256 big cells
+        assert page("return [document.querySelectorAll('div.mesh[data-mesh=\"heat\"] "
+                    ".hc[data-key]').length, document.querySelectorAll("
+                    "'div.mesh[data-mesh=\"heat\"] td').length]") == [256, 0]
+        # a click keeps a process's details in the panel, through the page's refreshes
+        page("document.querySelector('CELLS[data-rank=\"29\"]').click()")
+        WebDriverWait(driver, 10).until(
+            lambda d: "process big-3-5 (hosts=3,gpus=5)" in d.find_element(By.ID, "detail").text
+            and d.find_elements(By.CSS_SELECTOR, ".hc.sel"))
+        assert "heat[29]" in driver.find_element(By.ID, "detail").text
+        # coloured by calls/s: each cell gets its colour from the scale
+        from selenium.webdriver.support.ui import Select
+        Select(driver.find_element(By.ID, "colour")).select_by_value("rate")
+        WebDriverWait(driver, 10).until(lambda d: page(
+            "return [...document.querySelectorAll('CELLS')].every(c => c.style.background)"))
+        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+        assert not errors, errors
+        driver.save_screenshot(str(tmp_path / "dashboard-256.png"))
+    finally:
+        try:
+            if driver is not None:
+                _quit(driver, profile)
+        finally:
+            stop_admin()
+            pm.stop().get(timeout=60)
+            stop_simulation()

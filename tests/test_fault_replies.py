@@ -76,9 +76,15 @@ class Awkward(Actor):
         return os.getpid()
 
 
-@pytest.fixture(scope="module")
-def awkward():
-    procs = this_host().spawn_procs(per_host={"gpus": 1})
+@pytest.fixture(scope="module", params=["processes", "memory"])
+def awkward(request):
+    """In a real process, and again on a node of this process over the memory backend
+    (what travels is the subject: the frames are the same)."""
+    if request.param == "memory":
+        from memory_procs import memory_proc_mesh
+        procs = memory_proc_mesh({"gpus": 1})
+    else:
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
     actor = procs.spawn("awkward", Awkward)
     yield actor
     procs.stop().get(timeout=30)

@@ -2,7 +2,7 @@
 
 import io
 
-from hpcmesh.job.progress import Progress
+from hpcmesh.progress import Progress
 
 
 class Tty(io.StringIO):

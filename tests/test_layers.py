@@ -25,7 +25,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "hpcmesh"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("hpcmesh.errors", "hpcmesh.settings", "hpcmesh.shapes", "hpcmesh.yaml_lines",
               "hpcmesh.file_tree", "hpcmesh.private_files", "hpcmesh.log_tail",
-              "hpcmesh.token_http")),
+              "hpcmesh.progress", "hpcmesh.token_http")),
     ("transport", ("hpcmesh.transport",)),
     ("runtime", ("hpcmesh.runtime",)),
     ("actor", ("hpcmesh.actor",)),

@@ -233,11 +233,13 @@ def test_runtime_dir_is_a_private_subfolder_of_xdg_runtime_dir(tmp_path, monkeyp
 
 def runtime_dir_in(tmp: Path) -> subprocess.CompletedProcess:
     """``runtime_dir()`` in a subprocess with ``TMPDIR=tmp`` (tempfile keeps the first one
-    it saw), no session folder, and what a process it starts finds."""
-    code = ("import subprocess, sys; from hpcmesh.private_files import runtime_dir;"
+    it saw), no session folder, and what a process it starts finds; then the mode the
+    folder had while the process ran (a fresh one is removed at its exit)."""
+    code = ("import os, subprocess, sys; from hpcmesh.private_files import runtime_dir;"
             "print(runtime_dir()); sys.stdout.flush();"
             "subprocess.run([sys.executable, '-c', 'from hpcmesh.private_files import "
-            "runtime_dir; print(runtime_dir())'], check=True)")
+            "runtime_dir; print(runtime_dir())'], check=True);"
+            "print(oct(os.stat(runtime_dir()).st_mode & 0o7777))")
     env = {k: v for k, v in os.environ.items()
            if k not in ("XDG_RUNTIME_DIR", "HPCMESH_RUNTIME_DIR")}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -247,7 +249,7 @@ def runtime_dir_in(tmp: Path) -> subprocess.CompletedProcess:
 def test_runtime_dir_in_tmpdir(tmp_path):
     r = runtime_dir_in(tmp_path)
     out = str(tmp_path / f"hpcmesh-{os.geteuid()}")
-    assert r.stdout.split() == [out, out] and mode(out) == 0o700 and r.stderr == ""
+    assert r.stdout.split() == [out, out, "0o700"] and mode(out) == 0o700 and r.stderr == ""
 
 
 def test_a_runtime_dir_name_somebody_took_gives_way_to_a_fresh_folder(tmp_path):
@@ -255,8 +257,9 @@ def test_a_runtime_dir_name_somebody_took_gives_way_to_a_fresh_folder(tmp_path):
     taken = tmp_path / f"hpcmesh-{os.geteuid()}"
     taken.write_text("")
     r = runtime_dir_in(tmp_path)
-    fresh, child = r.stdout.split()
-    assert fresh == child and os.path.dirname(fresh) == str(tmp_path) and mode(fresh) == 0o700
+    fresh, child, fresh_mode = r.stdout.split()
+    assert fresh == child and os.path.dirname(fresh) == str(tmp_path) and fresh_mode == "0o700"
+    assert not os.path.exists(fresh)                # left empty: removed at exit
     assert os.path.basename(fresh).startswith(f"hpcmesh-{os.geteuid()}-")
     assert f"{taken} is a file owned by root (uid 0), mode 0644, not a folder" in r.stderr
     assert r.stderr.count(f"using {fresh} instead") == 1 and "Errno" not in r.stderr
@@ -390,7 +393,7 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
     from hpcmesh.job.slurm import slurm_bootstrap
     from hpcmesh.job.slurm_agent import agent_command
     from hpcmesh.job.ssh import SSHJob
-    from hpcmesh.private_files.modules import RUN_MODULE, python_module
+    from hpcmesh.private_files.modules import RUN_MODULE, RUN_SCRIPT, python_module
     from hpcmesh.runtime.process.bootstrap import default_bootstrap_cmd, runs_entry_point
     assert python_module("m", "/py") == ["/py", "-P", "-m", "m"]
     assert agent_command("/py")[:3] == ["/py", "-P", "-c"]
@@ -402,6 +405,11 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
                                                      "json.tool", "x"]
     assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_MODULE}\' json.tool x;' in \
         python_argv_remote("json.tool", ["x"])[2]
+    for script, run in (("t.py", "t.py"), ("-t", "./-t")):    # a script's folder too
+        assert python_argv(script, ["x"], None) == [sys.executable, "-P", "-c", RUN_SCRIPT,
+                                                    run, "x"]
+        assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_SCRIPT}\' {run} x' in \
+            python_argv_remote(script, ["x"])[2]
     package = Path(__file__).resolve().parent.parent / "hpcmesh"
     spelled = sorted(str(path.relative_to(package)) for path in package.rglob("*.py")
                      if any(isinstance(node, ast.Constant) and node.value == "-m"
@@ -430,3 +438,17 @@ def test_run_module_is_python_m_with_the_folders_modules_last(tmp_path):
     r = subprocess.run(run_module_argv("t28_nothing"), cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (1, f"{sys.executable}: No module named t28_nothing\n")
+
+
+def test_a_folder_module_runs_the_source_that_was_checked(tmp_path):
+    """The finder checks a file on a descriptor and reads the source from that descriptor:
+    a file put in its place after the check (a rename over it) is not what runs."""
+    import importlib.util
+    from hpcmesh.private_files.modules import FolderModules
+    (tmp_path / "t28_checked.py").write_text("WHO = 'checked'\n")
+    spec = FolderModules(str(tmp_path)).find_spec("t28_checked")
+    (tmp_path / "swapped.py").write_text("WHO = 'swapped in'\n")
+    os.replace(tmp_path / "swapped.py", tmp_path / "t28_checked.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (module.WHO, module.__file__) == ("checked", str(tmp_path / "t28_checked.py"))

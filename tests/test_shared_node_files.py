@@ -399,6 +399,144 @@ def test_exec_python_runs_our_module_of_a_shared_folder_and_nothing_planted_ther
                for _stream, line in lines), lines
 
 
+#: the user's script that `exec_python(hosts, "train.py")` runs in a shared folder
+EXEC_SCRIPT = textwrap.dedent("""
+    import sys, json
+    import helper                    # our own module beside it
+    print(__name__, __file__, *sys.argv[1:], json.__file__, helper.WHO)
+""")
+
+
+def test_exec_python_runs_our_script_of_a_shared_folder_and_nothing_planted_there(
+        other_user, shared_dir, tmp_path):
+    # `python train.py` puts the script's folder first on sys.path: the other user's json.py
+    # beside our script in /tmp ran as root; so did it for a script named '-x.py'
+    import json
+    from hpcmesh.actor import this_host
+    from hpcmesh.job.exec import exec_python
+    project = shared_dir(0o1777)
+    for script in ("train.py", "-dash.py"):
+        (project / script).write_text(EXEC_SCRIPT)
+    (project / "helper.py").write_text("WHO = 'ours'\n")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(project / "json.py"), touch(marker))
+    lines: list[tuple[str, str]] = []
+
+    def collect(_label: str, stream: str, line: str) -> None:
+        lines.append((stream, line))
+    streamed = exec_python(this_host(), "train.py", ["x"], workdir=str(project),
+                           on_output=collect).get(timeout=60)
+    out = tmp_path / "out"
+    to_files = exec_python(this_host(), "-dash.py", ["y"], workdir=str(project),
+                           output_dir=str(out)).get(timeout=60)
+    assert not marker.exists(), "exec_python ran the other user's json.py"
+    assert (streamed, lines) == (0, [("stdout", f"__main__ train.py x {json.__file__} ours")])
+    assert to_files == 0 and [p.read_text() for p in out.glob("*.stdout")] == [
+        f"__main__ ./-dash.py y {json.__file__} ours\n"]
+
+
+def import_error(name: str) -> ImportError | None:
+    """What ``import name`` raised (None if it worked): the test looks at what the attack
+    did before it looks at the error."""
+    import importlib
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        return e
+    return None
+
+
+@pytest.fixture
+def fresh_imports():
+    """Finders and modules a test adds in this process, removed afterwards."""
+    finders, modules = list(sys.meta_path), set(sys.modules)
+    yield
+    sys.meta_path[:] = finders
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
+def test_a_folder_above_the_current_one_that_another_user_owns_is_refused(
+        other_user, shared_dir, tmp_path, fresh_imports):
+    # the folder above ours was theirs: after `import pkg` they renamed ours away, put their
+    # own in its place, and `import pkg.jobs.trainers` ran their trainers.py as root
+    import importlib
+    from hpcmesh.private_files.modules import import_from_folder
+    above = shared_dir(0o755)
+    other_user.own(str(above))
+    ours = above / "alice"
+    (ours / "t28h1_pkg" / "jobs").mkdir(parents=True)
+    (ours / "t28h1_pkg" / "__init__.py").write_text("")
+    (ours / "t28h1_pkg" / "jobs" / "__init__.py").write_text("")
+    (ours / "t28h1_pkg" / "jobs" / "trainers.py").write_text("WHO = 'ours'\n")
+    marker = tmp_path / "ran-their-code"
+    import_from_folder(str(ours))
+    refused = import_error("t28h1_pkg")
+    other_user.python("import os, sys; os.rename(sys.argv[1], sys.argv[1] + '.gone');"
+                      "os.makedirs(sys.argv[2]); open(sys.argv[3], 'w').write('');"
+                      "open(sys.argv[4], 'w').write(sys.argv[5])",
+                      str(ours), str(ours / "t28h1_pkg" / "jobs"),
+                      str(ours / "t28h1_pkg" / "jobs" / "__init__.py"),
+                      str(ours / "t28h1_pkg" / "jobs" / "trainers.py"), touch(marker))
+    import_error("t28h1_pkg.jobs.trainers")
+    assert not marker.exists(), "an import ran the other user's trainers.py"
+    assert isinstance(refused, ImportError), refused
+    assert (f"refusing to import 't28h1_pkg' from {ours / 't28h1_pkg'}: {above} is a folder "
+            f"owned by {other_user.name} (uid {other_user.uid}), mode 0755") in str(refused)
+
+
+def test_nothing_in_a_package_that_others_can_write_is_imported(other_user, shared_dir,
+                                                                 tmp_path, fresh_imports):
+    # our package in a shared folder: a subfolder others could write (0777), a module of
+    # ours others could write (0666), a __pycache__ they could write; their helper.py,
+    # their jobs/trainers.py and their bytecode for our sub.py ran as root
+    import importlib
+    from hpcmesh.private_files.modules import import_from_folder
+    project = shared_dir(0o1777)
+    pkg = project / "t28h2_pkg"
+    (pkg / "jobs").mkdir(parents=True)
+    (pkg / "__pycache__").mkdir()
+    for folder in (pkg / "jobs", pkg / "__pycache__"):
+        os.chmod(folder, 0o777)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub.py").write_text("WHO = 'our source'\n")
+    (pkg / "helper.py").write_text("WHO = 'ours'\n")
+    os.chmod(pkg / "helper.py", 0o666)
+    (pkg / "jobs" / "__init__.py").write_text("")
+    marker = tmp_path / "ran-their-code"
+    other_user.python(PLANT_FILE, str(pkg / "helper.py"), touch(marker))
+    other_user.python(PLANT_FILE, str(pkg / "jobs" / "trainers.py"), touch(marker))
+    other_user.python("import sys; open(sys.argv[1], 'wb').write(bytes.fromhex(sys.argv[2]))",
+                      importlib.util.cache_from_source(str(pkg / "sub.py")),
+                      stamped_pyc(pkg / "sub.py", touch(marker) + "WHO = 'their bytecode'\n")
+                      .hex())
+    import_from_folder(str(project))
+    assert importlib.import_module("t28h2_pkg.sub").WHO == "our source"
+    helper = import_error("t28h2_pkg.helper")
+    trainers = import_error("t28h2_pkg.jobs.trainers")
+    assert not marker.exists(), "an import ran the other user's code"
+    assert (f"refusing to import {pkg / 'helper.py'}: it is a file owned by root (uid 0), "
+            f"mode 0666") in str(helper), helper
+    assert (f"refusing to import {pkg / 'jobs'}: it is a folder owned by root (uid 0), "
+            f"mode 0777") in str(trainers), trainers
+    with pytest.raises(ModuleNotFoundError, match="t28h2_pkg.nothing"):
+        importlib.import_module("t28h2_pkg.nothing")
+
+
+def test_an_empty_folder_another_user_made_does_not_hide_our_module(other_user, shared_dir,
+                                                                    fresh_imports):
+    # Python takes mymod.py over a folder mymod/ without __init__.py; the finder checked the
+    # folder first, so their empty mymod/ in a sticky folder made our mymod.py unimportable
+    import importlib
+    from hpcmesh.private_files.modules import import_from_folder
+    project = shared_dir(0o1777)
+    (project / "t28l1_mod.py").write_text("WHO = 'ours'\n")
+    other_user.python("import os, sys; os.mkdir(sys.argv[1])", str(project / "t28l1_mod"))
+    import_from_folder(str(project))
+    assert import_error("t28l1_mod") is None
+    assert importlib.import_module("t28l1_mod").WHO == "ours"
+
+
 # -- the runtime folder (issue 28 item 4) ------------------------------------------------------
 START_RUNTIME = textwrap.dedent("""
     import os
@@ -455,6 +593,38 @@ PLANTED_STACKS = textwrap.dedent("""
     else:                                      # (unhandled, the signal would end us)
         print("refused", flush=True)
 """)
+
+
+#: a process on another host of the job: the runtime folder it uses, and what it inherited
+SHOW_RUNTIME = ("import os; from hpcmesh.private_files import runtime_dir;"
+                "print(runtime_dir(), os.environ['HPCMESH_RUNTIME_DIR'])")
+
+
+@pytest.mark.parametrize("how", ["theirs", "missing"])
+def test_an_inherited_fresh_runtime_folder_is_a_hint_on_another_host(other_user, shared_dir,
+                                                                      how):
+    # sbatch/srun carry HPCMESH_RUNTIME_DIR=/tmp/hpcmesh-<uid>-XXXX to the other nodes: there
+    # anyone could make that known name first, and every process of the job failed
+    tmp = shared_dir(0o1777)
+    inherited = tmp / f"hpcmesh-{os.geteuid()}-a1b2c3d4"
+    if how == "theirs":
+        other_user.python("import os, sys; os.mkdir(sys.argv[1]); os.chmod(sys.argv[1], 0o777)",
+                          str(inherited))
+    r = subprocess.run([sys.executable, "-P", "-c", SHOW_RUNTIME], cwd=tmp, capture_output=True,
+                       text=True, timeout=60,
+                       env=hpcmesh_env(HPCMESH_RUNTIME_DIR=str(inherited), TMPDIR=str(tmp)))
+    assert r.returncode == 0, r.stderr
+    fresh, exported = r.stdout.split()
+    assert fresh == exported != str(inherited) and os.path.dirname(fresh) == str(tmp)
+    assert os.path.basename(fresh).startswith(f"hpcmesh-{os.geteuid()}-")
+    assert r.stderr.count(f"using {fresh} instead") == 1, r.stderr
+    if how == "theirs":
+        assert (f"{inherited}: it is a folder owned by {other_user.name} (uid {other_user.uid})"
+                f", mode 0777") in r.stderr, r.stderr
+    else:
+        assert f"{inherited} ($HPCMESH_RUNTIME_DIR, chosen on another host?) is not here" \
+            in r.stderr, r.stderr
+    assert not os.path.exists(fresh), "the empty fresh folder was left behind"
 
 
 def test_planted_stack_file_link_gets_no_stack_dump(other_user, shared_dir, tmp_path):

@@ -21,7 +21,7 @@ import pytest
 from hpcmesh.actor import Actor, endpoint
 from hpcmesh.job import (SlurmAllocation, SlurmError, SlurmJob, SlurmJobFailed,
                          SlurmStartTimeout, SlurmSubmitError)
-from hpcmesh.job.progress import Progress as _Progress
+from hpcmesh.progress import Progress as _Progress
 from hpcmesh.job.slurm import squeue_jobs
 from hpcmesh.slurm.parsing import SlurmParseError
 

@@ -505,6 +505,15 @@ def test_drained_rows_travel_out_of_band_and_come_back_whole():
     assert again["messages"].rows() == tables["messages"].rows()
     import copy         # a copy of it is the value it holds, as an unpickling is
     assert copy.copy(Pickled(tables))["messages"].rows() == tables["messages"].rows()
+    # through a host agent: still packed there (it neither unpickles nor pickles the rows
+    # again), then in the host's answer the rows are again a frame's buffer
+    meta, buffers = serialization.dumps({"tables": Pickled(tables, relays=1)})
+    at_agent = serialization.loads(meta, [bytes(b) for b in buffers])["tables"]
+    assert isinstance(at_agent, Pickled) and at_agent.relays == 0
+    meta, buffers = serialization.dumps({"drains": [{"tables": at_agent}], "missed": []})
+    assert len(meta) < 4096 and [memoryview(b).nbytes for b in buffers] == [5_000 * 32]
+    back = serialization.loads(meta, [bytes(b) for b in buffers])["drains"][0]["tables"]
+    assert back["messages"].rows() == tables["messages"].rows()
 
 
 def test_keyed_batches_save_load_and_stay_small(tmp_path):

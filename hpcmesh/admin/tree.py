@@ -54,14 +54,22 @@ def remembered_actors(proc_name: str, proc_status: str, proc_error: str | None,
 def build_tree(procs: Iterable[dict], actors_by_proc: dict[str, list[dict] | None],
                meshes: Iterable[dict]) -> dict:
     """``procs``: one dict per process (name, label, mesh, point, host, pid, status, error);
-    ``actors_by_proc``: what each process reported (None or absent: it did not answer)."""
+    ``actors_by_proc``: what each process reported (None or absent: it did not answer).
+    A process whose point is a mesh ``Point`` also gets its ``rank`` there, and
+    ``proc_meshes`` the extent of each such mesh: where a grid of many processes puts
+    each (``hpcmesh top``'s heatmap)."""
     meshes = list(meshes)
     hosts: dict[str, list[dict]] = {}
+    extents: dict[str, dict] = {}
     for p in procs:
         reported = actors_by_proc.get(p["name"])
         actors = reported if reported is not None else \
             remembered_actors(p["name"], p["status"], p.get("error"), meshes)
-        entry = dict(p, point=point_json(p.get("point")), answered=reported is not None,
-                     actors=actors)
+        point = p.get("point")
+        entry = dict(p, point=point_json(point), answered=reported is not None,
+                     actors=actors, rank=getattr(point, "rank", None))
+        if entry["rank"] is not None:
+            extents.setdefault(p.get("mesh"), point_json(point.extent))
         hosts.setdefault(p.get("host") or "(unknown host)", []).append(entry)
-    return {"hosts": [{"host": h, "processes": ps} for h, ps in sorted(hosts.items())]}
+    return {"hosts": [{"host": h, "processes": ps} for h, ps in sorted(hosts.items())],
+            "proc_meshes": extents}

@@ -33,7 +33,7 @@ from ..settings import env_number
 from ..slurm.parsing import (Allocation, SlurmParseError, clean_env_for_nested_srun,
                              slurm_restart_count)
 from .base import JobState, JobTrait, cache_top
-from .progress import Progress
+from ..progress import Progress
 from .start_limits import check_seconds
 from . import slurmctl
 from .slurm import SlurmHostMesh, SlurmJobFailed, SlurmStartTimeout, client_attach_addresses

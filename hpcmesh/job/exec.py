@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..actor.channel import Port
 from ..actor.endpoint import Actor, endpoint
 from ..private_files import create_file
-from ..private_files.modules import run_module_argv
+from ..private_files.modules import run_module_argv, run_script_argv
 from ..runtime.client import client_runtime
 from ..runtime.context import context
 from ..runtime.future import Future
@@ -314,12 +314,12 @@ def python_argv(script_or_module: str, args: Sequence[str], workdir: str | None)
     _check_python_target(script_or_module, args)
     dashed = _dash_script(script_or_module)
     if dashed is not None:
-        return [sys.executable, dashed, *map(str, args)]
+        return run_script_argv(dashed, args)
     path = script_or_module
     if workdir and not os.path.isabs(path):
         path = os.path.join(workdir, path)
     if script_or_module.endswith(".py") or os.path.isfile(os.path.expanduser(path)):
-        return [sys.executable, script_or_module, *map(str, args)]
+        return run_script_argv(script_or_module, args)
     return run_module_argv(script_or_module, args)
 
 
@@ -424,15 +424,17 @@ def python_argv_remote(script_or_module: str, args: Sequence[str]) -> list[str]:
     """The command an actor process runs for ``exec_python(on_output=...)``."""
     # run_streaming execs an argv as given; a bare "python3" could be another interpreter,
     # so a tiny bash execs the actor process's own (exported as HPCMESH_PYTHON).
-    quoted = " ".join(_shell_quote(a) for a in args)
+    def quoted(argv: list[str]) -> str:
+        return " ".join(_shell_quote(a) for a in argv[1:])
     dashed = _dash_script(script_or_module)
     if dashed is not None:
-        return ["bash", "-c", f'exec "$HPCMESH_PYTHON" {_shell_quote(dashed)} {quoted}']
+        return ["bash", "-c", f'exec "$HPCMESH_PYTHON" {quoted(run_script_argv(dashed, args))}']
     target = _shell_quote(script_or_module)
-    module = " ".join(_shell_quote(a) for a in run_module_argv(script_or_module, args)[1:])
+    script = quoted(run_script_argv(script_or_module, args))
+    module = quoted(run_module_argv(script_or_module, args))
     return ["bash", "-c",
-            f'if [[ {target} == *.py || -f {target} ]]; then exec "$HPCMESH_PYTHON" {target} '
-            f'{quoted}; else exec "$HPCMESH_PYTHON" {module}; fi']
+            f'if [[ {target} == *.py || -f {target} ]]; then exec "$HPCMESH_PYTHON" {script}; '
+            f'else exec "$HPCMESH_PYTHON" {module}; fi']
 
 
 def _shell_quote(s: str) -> str:
@@ -448,5 +450,6 @@ def exec_python(host_mesh, script_or_module: str, args: Sequence[str] = (),
     with '-', and bare, Python would take it for one of its options (``-c...``). A module
     runs as ``python -m`` runs it, except that the working directory's own modules are found
     after the installed ones, and only when nobody else could have planted or changed them
-    (``private_files.modules``): a shared folder's ``sysconfig.py`` shadows nothing."""
+    (``private_files.modules``): a shared folder's ``sysconfig.py`` shadows nothing. A
+    script's own folder is treated the same way (``python script`` would put it first)."""
     return exec_command(host_mesh, script_or_module, python=True, args=args, **kwargs)

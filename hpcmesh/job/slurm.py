@@ -58,7 +58,7 @@ from ..slurm.spec import JobSpec
 from .agent_mesh import AgentHostMesh, agent_bootstrap
 from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, cache_top, try_load
 from .local import in_batch_job
-from .progress import Progress
+from ..progress import Progress
 # agent_main and slurm_notice also by their names here from before slurm_agent.py: launch
 # scripts users wrote run `from hpcmesh.job.slurm import agent_main` (sbatch/workers.sh did)
 from .slurm_agent import (agent_command, agent_main, agent_token, read_notices, ready_name,

@@ -19,6 +19,7 @@ key) is written only into a 0700 folder and read only from a file nobody else ca
 
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
 import os
@@ -289,12 +290,15 @@ def runtime_dir() -> str:
     somewhere else. In order:
 
     - ``$HPCMESH_RUNTIME_DIR``: what a parent process chose (or the user); it must be a
-      folder of this user's, 0700 (made if missing), else it is refused;
+      folder of this user's, 0700 (made if missing), else it is refused; except a fresh
+      folder as below that a parent chose, which sbatch/srun carry to other hosts: missing
+      or not ours here, another fresh one is taken beside it (one warning);
     - ``$XDG_RUNTIME_DIR/hpcmesh`` when the session has one (that folder must be ours too);
     - ``hpcmesh-<uid>`` in the temporary folder (``$TMPDIR``, /tmp). Anybody can make that
       name first; then a fresh folder ``hpcmesh-<uid>-XXXXXXXX`` beside it is used instead
       (one warning names the one taken), and exported as ``$HPCMESH_RUNTIME_DIR`` so the
-      processes this one starts use it too.
+      processes this one starts use it too. The process that made it removes it at exit
+      if it is empty.
 
     Keep it short: a socket path has 107 bytes."""
     chosen = os.environ.get(RUNTIME_VAR)
@@ -319,23 +323,50 @@ def _chosen_runtime_dir(path: str) -> str:
     if not os.path.isabs(path):
         raise ValueError(f"{RUNTIME_VAR}={path!r} is not an absolute path; it names the "
                          f"runtime folder: an absolute path to a 0700 folder of this user's")
+    # a fresh folder a process made (below) is carried by sbatch/srun to other hosts, where
+    # it is missing or anybody may have made that known name first: there it is a hint
+    fallback = os.path.basename(path).startswith(f"hpcmesh-{os.geteuid()}-")
+    if fallback and not os.path.lexists(path):
+        return _fresh_runtime_dir(None, stale=path)
     try:
         return private_dir(path, what=f"the runtime folder (${RUNTIME_VAR})")
     except (UntrustedPathError, NotADirectoryError) as e:
+        if fallback:
+            return _fresh_runtime_dir(e, stale=path)
         raise type(e)(f"{e.strerror or e}. Or unset {RUNTIME_VAR}, or point it at a 0700 "
                       f"folder of this user's") from None
 
 
-def _fresh_runtime_dir(taken: OSError) -> str:
+def _fresh_runtime_dir(taken: OSError | None, stale: str | None = None) -> str:
     """A new 0700 folder of ours in the temporary folder, for this process and its
-    children, when the fixed name is somebody else's (``taken`` says whose)."""
+    children, when the fixed name is somebody else's (``taken`` says whose), or when the
+    fresh folder a parent chose (``stale``, inherited) is missing here (``taken`` None) or
+    not ours. Beside ``stale`` when its folder is here. Removed at exit if left empty."""
     with _fresh_lock:
         chosen = os.environ.get(RUNTIME_VAR)      # another thread made one meanwhile
-        if chosen:
+        if chosen and chosen != stale:
             return _chosen_runtime_dir(chosen)
-        path = tempfile.mkdtemp(prefix=f"hpcmesh-{os.geteuid()}-")     # 0700, O_EXCL
+        prefix = f"hpcmesh-{os.geteuid()}-"
+        try:
+            path = tempfile.mkdtemp(prefix=prefix, dir=os.path.dirname(stale) if stale
+                                    else None)                          # 0700, O_EXCL
+        except OSError:
+            path = tempfile.mkdtemp(prefix=prefix)
         private_dir(path, what="the runtime folder")
         os.environ[RUNTIME_VAR] = path
+        atexit.register(_remove_if_empty, path, os.getpid())
+    reason = (taken.strerror or str(taken)).rstrip(".") if taken is not None else \
+        f"the runtime folder {stale} (${RUNTIME_VAR}, chosen on another host?) is not here"
     _log.warning("%s; using %s instead (exported as %s to the processes this one starts)",
-                 (taken.strerror or str(taken)).rstrip("."), path, RUNTIME_VAR)
+                 reason, path, RUNTIME_VAR)
     return path
+
+
+def _remove_if_empty(path: str, pid: int) -> None:
+    """At exit of the process that made the fresh runtime folder ``path`` (not of a child
+    forked from it): removed when nothing is left in it."""
+    if os.getpid() == pid:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass

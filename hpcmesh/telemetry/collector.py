@@ -1,10 +1,14 @@
 """Drains every process's recorder into the store, about once a second, on its own thread.
 
-The controller's collector asks each running process it started (``telemetry_drain``, in
-parallel, bounded by a timeout), each host agent (their process and GPU samples) and its
-own recorder (what the controller saw: meshes, sends, process exits, log lines). A query
-collects first, so it sees the calls made just before it. Every
-``snapshot_interval_secs`` it also records each process's stacks and saves the store.
+The controller's collector asks each host agent for its host (``telemetry_drain_host``:
+the agent drains its processes over their Unix sockets and answers with all their rows,
+its own process and GPU samples included), so a collection costs the controller one call
+per host, not per process; processes with no such agent (those of ``this_host()``, whose
+agent is the controller itself, MPI ranks, simulated ones) it asks itself
+(``telemetry_drain``). All in parallel, bounded by a timeout; and its own recorder (what
+the controller saw: meshes, sends, process exits, log lines). A query collects first, so
+it sees the calls made just before it. Every ``snapshot_interval_secs`` it also records
+each process's stacks and saves the store.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ log = logging.getLogger("hpcmesh.telemetry")
 INTERVAL_VAR = "HPCMESH_TELEMETRY_INTERVAL"
 #: How long a collection waits for the processes' answers (a stuck one is skipped).
 DRAIN_TIMEOUT_S = 2.0
+#: Of that, how much less a host agent waits for its processes, so its answer (with those
+#: that did answer) is in before the collection gives up on the whole host.
+AGENT_MARGIN_S = 0.5
 
 
 class Collector:
@@ -40,6 +47,9 @@ class Collector:
         self.recorder = telemetry_recorder.enable(sample_gpus=True)
         self.who = {"name": rt.node.name, "host": socket.gethostname(), "pid": os.getpid()}
         self.extra_agents: dict[str, Any] = {}     # host agents of the job's meshes
+        # agents that do not drain their host (no telemetry_drain_host: an MPI job's rank 0,
+        # a simulated host): their processes are asked one by one
+        self.direct_agents: set[str] = set()
         self.collections = 0
         # a process's buffer was half full at the last collection: the next comes at once,
         # so that a fast caller's rows are kept rather than dropped
@@ -109,70 +119,112 @@ class Collector:
                     log.exception("telemetry collection failed")
 
     # -- one collection --------------------------------------------------------------
-    def _targets(self) -> dict[str, Any]:
+    def _targets(self) -> tuple[dict[str, tuple[Any, list]], dict[str, Any]]:
+        """({agent id: (agent, [(process name, its NodeRef)])}: hosts whose agent drains
+        them; {node id: NodeRef}: nodes drained one by one)."""
         node = self.rt.node
-        out: dict[str, Any] = {}
+        me = node.node_id
+        hosts: dict[str, tuple[Any, list]] = {}
+        direct: dict[str, Any] = {}
         for rec in list(self.rt.procs.values()):
-            if rec.node is not None and rec.failure is None and \
-                    node.peer_connected(rec.node.node_id) and rec.node.node_id != node.node_id:
-                out[rec.node.node_id] = rec.node
-            if rec.agent.node_id != node.node_id:
-                out.setdefault(rec.agent.node_id, rec.agent)
+            running = rec.node is not None and rec.failure is None and \
+                node.peer_connected(rec.node.node_id) and rec.node.node_id != me
+            agent_id = rec.agent.node_id
+            if agent_id != me and agent_id not in self.direct_agents and \
+                    node.peer_connected(agent_id):
+                procs = hosts.setdefault(agent_id, (rec.agent, []))[1]
+                if running and rec.node.node_id != agent_id:    # (else: the agent's own)
+                    procs.append((rec.name, rec.node))
+                continue
+            if running:
+                direct[rec.node.node_id] = rec.node
+            if agent_id != me:
+                direct.setdefault(agent_id, rec.agent)
         for agent_id, ref in list(self.extra_agents.items()):
-            if node.peer_connected(agent_id):
-                out.setdefault(agent_id, ref)
-        return out
+            if node.peer_connected(agent_id) and agent_id not in direct:
+                if agent_id in self.direct_agents:
+                    direct[agent_id] = ref
+                else:
+                    hosts.setdefault(agent_id, (ref, []))
+        return hosts, direct
 
     def collect(self, timeout: float = DRAIN_TIMEOUT_S) -> int:
         """Drain every process now; how many answered (the controller included)."""
         with self._lock:
             node = self.rt.node
-            asks = {nid: node.rpc(ref, "telemetry_drain") for nid, ref in self._targets().items()}
-            local = self.recorder.drain(
-                lambda nid: telemetry_recorder.peer_name(node, nid), self.who)
-            self.ingest(local)
             deadline = time.monotonic() + timeout
-            self._hurry = False
-            n = 1
-            for fut in asks.values():
+            hosts, direct = self._targets()
+            agent_wait = max(0.0, timeout - AGENT_MARGIN_S)
+            host_asks = {aid: (procs, node.rpc(ref, "telemetry_drain_host", procs, agent_wait))
+                         for aid, (ref, procs) in hosts.items()}
+            asks = [node.rpc(ref, "telemetry_drain") for ref in direct.values()]
+            drains = [self.recorder.drain(
+                lambda nid: telemetry_recorder.peer_name(node, nid), self.who)]
+            for aid, (procs, fut) in host_asks.items():
                 try:
                     res = fut.result(timeout=max(0.01, deadline - time.monotonic()))
+                except LookupError as e:
+                    if type(e) is not LookupError:      # (a KeyError: a bug, said there)
+                        continue
+                    # an agent with no such service (Services.run): ask its processes
+                    self.direct_agents.add(aid)
+                    asks += [node.rpc(ref, "telemetry_drain") for _, ref in procs]
+                    continue
                 except Exception:  # noqa: BLE001 - gone or stuck: next time, maybe
                     continue
-                self.ingest(res)
-                n += 1
+                drains += res.get("drains", ())
+                missed = set(res.get("missed", ()))
+                asks += [node.rpc(ref, "telemetry_drain") for name, ref in procs
+                         if name in missed]
+            for fut in asks:
+                try:
+                    drains.append(fut.result(timeout=max(0.01, deadline - time.monotonic())))
+                except Exception:  # noqa: BLE001 - gone or stuck: next time, maybe
+                    continue
+            self._hurry = False
+            self.ingest(*drains)
             self.collections += 1
-            return n
+            return len(drains)
 
-    def ingest(self, res: dict) -> None:
-        who = res.get("who") or {}
-        src = (who.get("name"), who.get("host"), who.get("pid"))
+    def ingest(self, *drains: dict) -> None:
+        """Drains' rows into the store, one record batch per table for all of them: a
+        batch per process and table each second would leave a query of a big job wading
+        through hundreds of thousands of tiny batches."""
+        rows_of: dict[str, list] = {}
+        keyed: dict[str, list] = {}
         half = telemetry_recorder.buffer_rows() // 2
-        for name, rows in res.get("tables", {}).items():
-            if name not in TABLES or not rows:
-                continue
-            if len(rows) >= half:
-                self._hurry = True
-            if isinstance(rows, (telemetry_recorder.KeyedRows, telemetry_recorder.SentRows)):
-                self.store.append_keyed(name, rows, src if TABLES[name].from_source else ())
-                continue
-            if TABLES[name].from_source:
-                rows = [tuple(r) + src for r in rows]
-            self.store.append(name, rows)
-        p = res.get("process")
-        if p:
-            self.store.append("metric_process", [(p["timestamp_us"], float(p["cpu_percent"]),
-                                                  int(p["rss_bytes"]), int(p["threads"])) + src])
         ts = telemetry_recorder.now_us()
-        gpus = res.get("gpus") or []
-        if gpus:
-            self.store.append("metric_gpu", [
+        for res in drains:
+            who = res.get("who") or {}
+            src = (who.get("name"), who.get("host"), who.get("pid"))
+            for name, rows in res.get("tables", {}).items():
+                if name not in TABLES or not rows:
+                    continue
+                if len(rows) >= half:
+                    self._hurry = True
+                if isinstance(rows, (telemetry_recorder.KeyedRows,
+                                     telemetry_recorder.SentRows)):
+                    keyed.setdefault(name, []).append(
+                        (rows, src if TABLES[name].from_source else ()))
+                    continue
+                if TABLES[name].from_source:
+                    rows = [tuple(r) + src for r in rows]
+                rows_of.setdefault(name, []).extend(rows)
+            p = res.get("process")
+            if p:
+                rows_of.setdefault("metric_process", []).append(
+                    (p["timestamp_us"], float(p["cpu_percent"]), int(p["rss_bytes"]),
+                     int(p["threads"])) + src)
+            rows_of.setdefault("metric_gpu", []).extend(
                 (ts, g["gpu"], g["uuid"], g["name"], g["utilization_percent"],
-                 g["memory_used_bytes"], g["memory_total_bytes"]) + src for g in gpus])
-        dropped = res.get("dropped") or {}
-        if dropped:
-            self.store.append("telemetry_drops", [(ts, t, int(n)) + src
-                                                  for t, n in dropped.items()])
+                 g["memory_used_bytes"], g["memory_total_bytes"]) + src
+                for g in res.get("gpus") or ())
+            rows_of.setdefault("telemetry_drops", []).extend(
+                (ts, t, int(n)) + src for t, n in (res.get("dropped") or {}).items())
+        for name, parts in keyed.items():
+            self.store.append_keyed_parts(name, parts)
+        for name, rows in rows_of.items():
+            self.store.append(name, rows)
 
     def snapshot_stacks(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Each running process's threads now, into ``stack_snapshots``."""

@@ -1,11 +1,20 @@
 """The dashboard's document, from SQL over the telemetry tables (pure: ``q`` runs a query
-and returns rows as dicts, so this is testable without a job)."""
+and returns rows as dicts, so this is testable without a job).
+
+A job of 256 processes must stay readable and load in well under a second: processes
+come as one heatmap per process mesh (its leading dimensions down, the last across: hosts
+x gpus), each cell one process with its status and its actors' calls, and the page draws
+big actor meshes as heatmaps too. The document is built from as few queries as before
+(each is a round trip to the query worker): a process's calls are its actors'.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from typing import Any, Callable
+
+from ..shapes import Point
 
 #: Calls per second are counted over this window.
 RATE_WINDOW_S = 10
@@ -14,10 +23,11 @@ RATE_WINDOW_S = 10
 def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
     now_us = int(time.time() * 1e6)
     since = now_us - RATE_WINDOW_S * 1_000_000
-    meshes = q("SELECT id, class, given_name, shape_json FROM meshes WHERE kind = 'actor' "
-               "ORDER BY timestamp_us")
+    all_meshes = q("SELECT id, kind, class, given_name, shape_json FROM meshes "
+                   "WHERE kind IN ('actor', 'proc') ORDER BY timestamp_us")
+    meshes = [m for m in all_meshes if m["kind"] == "actor"]
     actors = q("""
-        SELECT a.id, a.mesh_id, a.rank, a.host, a.pid, s.new_status, s.reason
+        SELECT a.id, a.mesh_id, a.rank, a.process, a.host, a.pid, s.new_status, s.reason
         FROM actors a LEFT JOIN (
             SELECT actor_id, new_status, reason,
                    ROW_NUMBER() OVER (PARTITION BY actor_id ORDER BY timestamp_us DESC) AS rn
@@ -66,11 +76,87 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
     logs = q("SELECT timestamp_us, source, level, message FROM events "
              "ORDER BY timestamp_us DESC LIMIT 60")
     procs = q("""
-        SELECT new_status, COUNT(*) AS n FROM (
-            SELECT new_status, ROW_NUMBER() OVER (PARTITION BY process
-                                                  ORDER BY timestamp_us DESC) AS rn
-            FROM process_status_events) WHERE rn = 1 GROUP BY new_status""")
+        SELECT process, mesh, label, host, pid, new_status, reason FROM (
+            SELECT process, mesh, label, host, pid, new_status, reason,
+                   ROW_NUMBER() OVER (PARTITION BY process ORDER BY timestamp_us DESC) AS rn
+            FROM process_status_events) WHERE rn = 1""")
+    counts: dict[str, int] = {}
+    for p in procs:
+        counts[p["new_status"]] = counts.get(p["new_status"], 0) + 1
+    names = {m["id"]: m["given_name"] for m in meshes}
     return {"generated_us": now_us, "job": job, "meshes": grid, "endpoints": endpoints,
-            "failures": failures, "logs": list(reversed(logs)),
-            "processes": {p["new_status"]: p["n"] for p in procs}}
+            "failures": failures, "logs": list(reversed(logs)), "processes": counts,
+            "proc_meshes": process_heatmaps(
+                procs, [m for m in all_meshes if m["kind"] == "proc"],
+                [dict(a, mesh=names.get(a["mesh_id"]), **_stats(by_actor.get(a["id"], {})))
+                 for a in actors])}
+
+
+def _stats(s: dict) -> dict:
+    return {"calls": s.get("calls") or 0, "errors": s.get("errors") or 0,
+            "rate": (s.get("recent") or 0) / RATE_WINDOW_S}
+
+
+def parse_label(label: str | None) -> dict[str, int] | None:
+    """A process's point from its label (``hosts=3,gpus=5``, as ``shapes.point_label``
+    writes it); None for anything else."""
+    try:
+        coords = {}
+        for part in (label or "").split(","):
+            dim, _, value = part.partition("=")
+            coords[dim] = int(value)
+        return coords if all(coords) else None
+    except ValueError:
+        return None
+
+
+def process_heatmaps(procs: list[dict], proc_meshes: list[dict],
+                     actors: list[dict]) -> list[dict]:
+    """Per process mesh, what its heatmap needs: ``extent`` (from the mesh's row, else as
+    far as its processes' labels reach; the page puts its leading dimensions down and the
+    last across) and a cell per process at ``rank`` (row-major; None: its label does not
+    fit the extent) with its status, where it runs, its actors and their calls."""
+    extents = {}
+    for m in proc_meshes:
+        try:
+            extents[m["given_name"]] = {str(k): int(v) for k, v in
+                                        json.loads(m["shape_json"] or "{}").items()}
+        except (ValueError, TypeError, AttributeError):
+            pass
+    by_proc: dict[str, list[dict]] = {}
+    for a in actors:
+        by_proc.setdefault(a.get("process"), []).append(a)
+    groups: dict[str, list[dict]] = {}
+    for p in procs:
+        groups.setdefault(p["mesh"] or "", []).append(p)
+    out = []
+    for mesh, members in groups.items():
+        coords = {p["process"]: parse_label(p["label"]) for p in members}
+        extent = extents.get(mesh)
+        if extent is None:      # no row of the mesh (telemetry came later): the labels'
+            extent = {}
+            for c in coords.values():
+                for dim, v in (c or {}).items():
+                    extent[dim] = max(extent.get(dim, 0), v + 1)
+        cells = []
+        for p in sorted(members, key=lambda p: p["process"]):
+            mine = by_proc.get(p["process"], [])
+            cells.append({
+                "process": p["process"], "label": p["label"], "host": p["host"],
+                "pid": p["pid"], "status": p["new_status"], "reason": p["reason"],
+                "rank": _rank(coords[p["process"]], extent),
+                "calls": sum(a["calls"] for a in mine), "errors": sum(a["errors"] for a in mine),
+                "rate": sum(a["rate"] for a in mine),
+                "actors": [{"mesh": a["mesh"], "rank": a["rank"],
+                            "status": a["new_status"] or "unknown"} for a in mine]})
+        out.append({"name": mesh, "extent": extent, "cells": cells})
+    return out
+
+
+def _rank(coords: dict[str, int] | None, extent: dict[str, int]) -> int | None:
+    """Where ``coords`` is in ``extent`` (None: it is not a point of it)."""
+    try:
+        return Point.from_coords(coords, extent).rank if coords else None
+    except (ValueError, LookupError, TypeError):
+        return None
 

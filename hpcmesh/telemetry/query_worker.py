@@ -42,6 +42,8 @@ TARGET_PARTITIONS = 1
 #: The worker's memory may grow by this many times the pool's limit during a query
 #: (answers streaming through, allocations the pool does not track) before it is killed.
 RSS_FACTOR = 2
+#: Beyond a query's time limit: what starting its worker and handing it the tables may take.
+WORKER_START_S = 30.0
 
 #: Bytes of record batches per frame of the worker's copy (at least one batch a frame).
 CHUNK_BYTES = 16 << 20
@@ -104,7 +106,7 @@ class QueryWorker:
             raise WorkerError("busy", f"another query kept the query worker for the whole "
                                       f"time limit ({timeout_s:g} s)")
         try:
-            return self._run(sql, tables, deadline, memory_bytes, max_rows)
+            return self._run(sql, tables, timeout_s, memory_bytes, max_rows)
         finally:
             self._last_used = time.monotonic()
             self._lock.release()
@@ -122,9 +124,13 @@ class QueryWorker:
                 proc.kill()     # the query's own thread sees it go and cleans up
 
     # -- one query ---------------------------------------------------------------------
-    def _run(self, sql: str, tables: dict[str, list], deadline: float, memory_bytes: int,
+    def _run(self, sql: str, tables: dict[str, list], timeout_s: float, memory_bytes: int,
              max_rows: int) -> Any:
+        """The limit is the query's own: it starts once the worker has the query and its
+        libraries loaded (``started``). Starting a worker, importing DataFusion (seconds on
+        a busy login node), and handing it the tables get ``WORKER_START_S`` more."""
         import pyarrow as pa
+        deadline = time.monotonic() + timeout_s + WORKER_START_S
         if self._proc is not None and self._proc.poll() is not None:
             self._stop()        # it died since the last query
         if self._proc is None:
@@ -137,6 +143,7 @@ class QueryWorker:
                       "max_rows": max_rows, "max_bytes": memory_bytes}
             self._send(_frame(header), deadline)
             started, _ = self._recv(deadline, rss_cap=None, max_blob=0)
+            deadline = time.monotonic() + timeout_s
             self._rss_base = started.get("rss", 0)
             rss_cap = self._rss_base + RSS_FACTOR * memory_bytes
             answer, got = self._recv(deadline, rss_cap=rss_cap,

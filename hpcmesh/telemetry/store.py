@@ -84,15 +84,25 @@ class TelemetryStore:
         dashboard or a ``save`` (every ``snapshot_interval_secs`` of a job with a folder)
         reads them: then in one go, not never. ``source``: the values of the table's
         source columns."""
-        n = len(rows)
-        if not n:
-            return
-        self._add(table, _Pending(table, rows, source, n))
+        self.append_keyed_parts(table, [(rows, source)])
+
+    def append_keyed_parts(self, table: str, parts: list[tuple]) -> None:
+        """``append_keyed`` of several processes' rows (``[(rows, source)]``), which become
+        one record batch: a collection's, not one per process (a query over a table of
+        many tiny batches slows down with their number, then runs out of memory)."""
+        parts = [(rows, source) for rows, source in parts if len(rows)]
+        if parts:
+            self._add(table, _Pending(table, parts))
 
     def _keyed_batch(self, p: "_Pending"):
-        """``p``'s rows as a record batch of its table, made without a Python step per
-        row."""
-        table, rows, source, n = p.table, p.rows, p.source, p.num_rows
+        """``p``'s rows as one record batch of its table."""
+        batches = [self._part_batch(p.table, rows, source) for rows, source in p.parts]
+        return batches[0] if len(batches) == 1 else _pa().concat_batches(batches)
+
+    def _part_batch(self, table: str, rows: KeyedRows | SentRows, source: tuple):
+        """One process's rows as a record batch of ``table``, made without a Python step
+        per row."""
+        n = len(rows)
         if isinstance(rows, SentRows):
             rows = rows.keyed()
         pa = _pa()
@@ -239,15 +249,18 @@ class TelemetryStore:
 
 
 class _Pending:
-    """Rows of a per-call table as a process kept them, in the store until read. Its
-    ``nbytes`` is theirs (16-32 bytes a row, less than as columns); ``received_us``
-    bounds their timestamps (retention drops it once that is past)."""
-    __slots__ = ("table", "rows", "source", "num_rows", "received_us", "nbytes")
+    """Rows of a per-call table as processes kept them (``parts``: [(rows, source)]), in
+    the store until read. Its ``nbytes`` is theirs (16-32 bytes a row, less than as
+    columns); ``received_us`` bounds their timestamps (retention drops it once that is
+    past)."""
+    __slots__ = ("table", "parts", "num_rows", "received_us", "nbytes")
 
-    def __init__(self, table: str, rows: KeyedRows | SentRows, source: tuple, n: int):
-        self.table, self.rows, self.source, self.num_rows = table, rows, source, n
+    def __init__(self, table: str, parts: list[tuple]):
+        self.table, self.parts = table, parts
+        self.num_rows = sum(len(rows) for rows, _ in parts)
         self.received_us = int(time.time() * 1e6)
-        self.nbytes = len(rows.data) if isinstance(rows, KeyedRows) else rows.nbytes
+        self.nbytes = sum(len(rows.data) if isinstance(rows, KeyedRows) else rows.nbytes
+                          for rows, _ in parts)
 
 
 def plain_schema(schema):

@@ -682,15 +682,17 @@ def enable_from_env(*, sample_gpus: bool = False) -> None:
 
 def install_service(node: Any, *, sample_gpus: bool = False) -> None:
     """Offer ``telemetry_drain`` on ``node``: the first drain switches recording on (a
-    process started before telemetry was enabled records from then on)."""
+    process started before telemetry was enabled records from then on). ``relayed``: the
+    caller is this host's agent, which passes the rows on to the controller as they came
+    (``Pickled``'s ``relays``)."""
     enable_from_env(sample_gpus=sample_gpus)
     who = {"name": node.name, "host": socket.gethostname(), "pid": os.getpid(),
            "role": node.role}
 
-    def drain() -> dict[str, Any]:
+    def drain(relayed: bool = False) -> dict[str, Any]:
         out = enable(sample_gpus=sample_gpus).drain(lambda node_id: peer_name(node, node_id),
                                                     who)
-        out["tables"] = Pickled(out["tables"])
+        out["tables"] = Pickled(out["tables"], relays=1 if relayed else 0)
         return out
     node.services["telemetry_drain"] = drain
 
@@ -700,22 +702,34 @@ class Pickled:
     rows travel so: the runtime's reply pickler would walk each of their fields (~2.1 µs
     of the process's CPU a call, against ~0.6 µs so). Their int64 rows are kept out of
     the stream (``KeyedRows``' protocol-5 reduce) and travel as the reply frame's
-    out-of-band buffers: neither side copies them (a 100k-row drain is 3.2 MB)."""
-    __slots__ = ("data", "buffers")
+    out-of-band buffers: neither side copies them (a 100k-row drain is 3.2 MB).
 
-    def __init__(self, value: Any):
+    ``relays``: how many hops it stays packed for (a host agent passing its processes'
+    drains on to the controller neither unpickles nor pickles their rows again)."""
+    __slots__ = ("data", "buffers", "relays")
+
+    def __init__(self, value: Any, relays: int = 0):
         buffers: list[pickle.PickleBuffer] = []
         self.data = pickle.dumps(value, 5, buffer_callback=buffers.append)
         self.buffers = [b.raw() for b in buffers]
+        self.relays = relays
 
     def __reduce_ex__(self, protocol):
-        if protocol < 5:        # (a copy, a pickle of an older protocol): in the stream
-            return _unpickle, (self.data, *map(bytes, self.buffers))
-        return _unpickle, (self.data, *map(out_of_band, self.buffers))
+        wrap = bytes if protocol < 5 else out_of_band   # (a copy, an older protocol: inline)
+        if self.relays:
+            return _relayed, (self.relays - 1, self.data, *map(wrap, self.buffers))
+        return _unpickle, (self.data, *map(wrap, self.buffers))
 
 
 def _unpickle(data: bytes, *buffers) -> Any:
     return pickle.loads(data, buffers=buffers)
+
+
+def _relayed(relays: int, data: bytes, *buffers) -> Pickled:
+    """A ``Pickled`` that arrived at a relay: still packed, for ``relays`` more hops."""
+    p = Pickled.__new__(Pickled)
+    p.data, p.buffers, p.relays = data, list(buffers), relays
+    return p
 
 
 def peer_name(node: Any, node_id: str | None) -> str | None:

@@ -27,7 +27,7 @@ from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, B
 from ...private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
 from ...settings import env_flag
 from . import placement
-from ..errors import describe_exit
+from ..errors import SupervisionError, describe_exit
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env, gpu_indexes
 from ..observe.introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
 from ..observe.log_fold import TimedFolders
@@ -40,6 +40,9 @@ log = logging.getLogger("hpcmesh.agent")
 
 #: How many exit codes of ended processes an agent keeps for a later stop_procs.
 EXITED_KEPT = 4096
+#: Drains of this host's processes that answered after their collection gave up, kept for
+#: the next one (``telemetry_drain_host``), at most this many per process running here.
+LATE_DRAINS_PER_PROC = 2
 
 
 @dataclass
@@ -56,6 +59,8 @@ class _Proc:
     exit_actions: str = ""      # the file of what to undo once it is gone (exit_actions)
     forward: bool = True        # its lines go to ``events`` (else only to its log files)
     fold: tuple | None = None   # (events, group, window): its lines are folded there
+    same_secret: bool = True    # started under this agent's secret: the agent can dial it
+    node_id: str | None = None  # its node, once this agent has called it (telemetry)
 
 
 def process_cap_message(label: str, host: str, why: str) -> str:
@@ -94,7 +99,9 @@ class HostAgent:
             "host_info": self.host_info,
             "dump_stacks": self.dump_stacks,
             "log_options": self.log_options,
+            "telemetry_drain_host": self.telemetry_drain_host,
         })
+        self._late_drains: list[dict] = []
         # (events port, group, window) -> the open window of alike lines
         self._folds = TimedFolders(node.loop, self._send_folds)
         # the telemetry's process and GPU samples of this host (hpcmesh.telemetry)
@@ -209,7 +216,7 @@ class HostAgent:
                 if popen is None:
                     popen = self._exec(cmd, env, label)
                 p = _Proc(name, popen, events, exit_actions=bootstrap_vars[EXIT_ACTIONS_VAR],
-                          forward=forward)
+                          forward=forward, same_secret=secret_hex == self.node.secret.hex())
                 started.append(p)      # first: a failure while watching it still kills it
                 self._watch(p, log_dir)
                 out.append((name, popen.pid, {s: f.name for s, f in p.logs.items()}))
@@ -343,6 +350,44 @@ class HostAgent:
         except Exception:  # noqa: BLE001 - the controller is gone; the file still has it
             pass
 
+    # -- telemetry: one answer per host ---------------------------------------------
+    async def telemetry_drain_host(self, procs: list, timeout: float) -> dict:
+        """This host's telemetry in one answer, so that the controller's collector makes one
+        call per host, not one per process: ``drains``, this agent's own drain and those of
+        ``procs`` ([(name, NodeRef)], processes of this agent), each asked over its Unix
+        socket and waited for at most ``timeout`` s (one that answers later goes with the
+        next answer); ``missed``, the names this agent cannot ask (not its processes, or
+        started under another secret than its own): the controller asks those itself."""
+        node = self.node
+        missed, asks = [], []
+        for name, ref in procs:
+            p = self.procs.get(name)
+            if p is not None and p.returncode is not None:
+                continue        # ended: what it had is gone with it
+            if p is None or not p.same_secret or not isinstance(ref, NodeRef):
+                missed.append(name)
+            else:
+                p.node_id = ref.node_id
+                asks.append(node.rpc(ref, "telemetry_drain", True))
+        drains, self._late_drains = self._late_drains, []
+        drains.append(node.services["telemetry_drain"]())
+        waits = [f.as_asyncio() for f in asks]
+        if waits:
+            await asyncio.wait(waits, timeout=max(0.0, float(timeout)))
+        for f, w in zip(asks, waits):
+            if not w.done():
+                w.cancel()
+                f.add_done_callback(self._keep_late_drain)
+            elif w.exception() is None:     # (failed: gone or stopping; nothing to send)
+                drains.append(w.result())
+        return {"drains": drains, "missed": missed}
+
+    def _keep_late_drain(self, f) -> None:
+        if f.exception() is None:
+            late = self._late_drains
+            late.append(f.value())
+            del late[:max(0, len(late) - LATE_DRAINS_PER_PROC * max(1, len(self.procs)))]
+
     # -- folding alike lines (logging_option's aggregate_window_sec) -----------------
     def log_options(self, procs: list, window: float | None, group: str) -> int:
         """Set how these processes' output reaches their controller: ``procs`` is
@@ -395,6 +440,7 @@ class HostAgent:
 
     def _exited(self, p: _Proc) -> None:
         p.returncode = p.popen.returncode
+        self._forget_node(p)
         self._kill_leftovers(p)
         if p.open_streams == 0:
             self._report_exit(p)
@@ -406,8 +452,18 @@ class HostAgent:
         while p.popen.poll() is None:
             await asyncio.sleep(0.05)
         p.returncode = p.popen.returncode
+        self._forget_node(p)
         self._kill_leftovers(p)
         self._report_exit(p)
+
+    def _forget_node(self, p: _Proc) -> None:
+        """What this agent awaits from a process that ended fails now, with the reason (a
+        drain of it would otherwise wait out the grace a lost connection gets for an exit
+        report, and hold the answer of its whole host)."""
+        if p.node_id is not None:
+            self.node.fail_peer(p.node_id, SupervisionError(
+                f"process {p.name} on host {self.hostname} ended: "
+                f"{describe_exit(p.returncode)}"))
 
     @staticmethod
     def _kill_leftovers(p: _Proc) -> None:

@@ -1,0 +1,70 @@
+"""A ProcMesh whose "processes" are nodes in this process, on the memory backend.
+
+For tests whose subject is dispatch, ordering or replies: the controller, its ProcMesh and
+ActorMesh, every call path and every frame are the real ones; each member is a ``Node`` on
+a loop thread of its own listening on ``memory://`` (as an actor process's node runs on
+its own loop), with the actor services, so sync endpoints run on their actor's thread
+and async ones on that loop. What is not real: no fork, no exit, no pid of its own, and
+module state is shared with the test (a test of process isolation needs real processes).
+Spawning 4 takes milliseconds, not an interpreter start each.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from hpcmesh.actor.proc_mesh import ProcMesh
+from hpcmesh.runtime.actor_services import ActorServices
+from hpcmesh.runtime.client import ProcRecord, client_runtime
+from hpcmesh.runtime.node import Node
+from hpcmesh.shapes import Extent, Point, point_label
+
+
+def memory_proc_mesh(extent: dict, name: str | None = None) -> ProcMesh:
+    """``extent`` (e.g. ``{"hosts": 2, "gpus": 2}``) of in-process members; ``stop()`` ends
+    their nodes."""
+    rt = client_runtime()
+    name = name or f"mem{uuid.uuid4().hex[:6]}"
+    ext = Extent(dict(extent))
+    nodes: dict[str, Node] = {}
+
+    def stop_procs(names: list, grace: float) -> dict:
+        for n in names:
+            node = nodes.pop(n, None)
+            if node is not None:
+                node.shutdown_thread()
+        return {n: 0 for n in names}
+
+    agent = Node.start_in_thread(rt.node.secret, role="agent", name=f"{name}-agent",
+                                 listen=[f"memory://{name}-agent"])
+    async def stop_procs_off_the_loop(names: list, grace: float) -> dict:
+        # a node's thread is joined: not on the agent's own loop
+        return await agent.loop.run_in_executor(None, stop_procs, names, grace)
+    agent.services["stop_procs"] = stop_procs_off_the_loop
+    records = []
+    for i in range(ext.nelem):
+        proc = f"{name}-{i}"
+        node = nodes[proc] = Node.start_in_thread(
+            rt.node.secret, role="proc", name=proc, listen=[f"memory://{proc}"],
+            info={"proc_name": proc})
+        services = ActorServices.attach(node)
+
+        async def stop(services=services, node=node) -> int:
+            await services.stop_actors(list(node.actors))
+            return 0
+        node.services["stop"] = stop
+        point = Point(i, ext)
+        rec = ProcRecord(name=proc, mesh_name=name, point=point, agent=agent.ref,
+                         label=point_label(point), node=node.ref, host="memory")
+        rec.ready.set_result(node.ref)
+        rt.procs[proc] = rec
+        records.append(rec)
+    mesh = ProcMesh.from_records(name, records, ext, None)
+    mesh_stop = mesh.stop
+
+    def stop_all(grace=None):
+        done = mesh_stop(grace)
+        done.add_done_callback(lambda _f: agent.shutdown_thread())
+        return done
+    mesh.stop = stop_all
+    return mesh

@@ -263,3 +263,19 @@ def test_processes_get_their_own_group_in_the_controllers_session():
     for pid, pgid, sid in seen:
         assert pgid == pid, (pid, pgid)
         assert sid == os.getsid(0), (pid, sid, os.getsid(0))
+
+
+def test_the_agent_python_wrapper_unwraps_to_what_it_would_exec():
+    """agent_bootstrap's shell runs the agent's own python: the agent sees through it (and
+    forks such processes from its fork server instead of a shell and an interpreter each)."""
+    from hpcmesh.runtime.process.bootstrap import (AGENT_PYTHON_VAR, PROC_MODULE,
+                                                   agent_python_command, runs_entry_point,
+                                                   unwrap_agent_python)
+    cmd = agent_python_command("/usr/bin/python3", {"X": "1"})
+    assert runs_entry_point(cmd)
+    mine = unwrap_agent_python(cmd, {AGENT_PYTHON_VAR: sys.executable})
+    assert (mine.program, mine.args, mine.env) == (sys.executable, ["-P", "-m", PROC_MODULE],
+                                                   {"X": "1"})
+    assert unwrap_agent_python(cmd, {}).program == "/usr/bin/python3"
+    other = BootstrapCommand("/bin/sh", ["-c", "exec python -m x", "n"])
+    assert unwrap_agent_python(other, {AGENT_PYTHON_VAR: sys.executable}) is other

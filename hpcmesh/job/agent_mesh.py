@@ -10,21 +10,11 @@ exist. Nothing here is Slurm's; ``SlurmHostMesh`` is the subclass for a Slurm jo
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Mapping
 
 from ..actor.host_mesh import HostMesh, HostRef
-from ..private_files.modules import python_module
-from ..runtime.process.bootstrap import PROC_MODULE, BootstrapCommand
+from ..runtime.process.bootstrap import BootstrapCommand, agent_python_command
 from ..shapes import Shape
-
-# the agent's python: bootstrap.AGENT_PYTHON_VAR
-_PROC_SCRIPT = r"""
-py="${HPCMESH_AGENT_PYTHON:-$1}"
-shift
-exec "$py" "$@"
-"""
-
 
 def agent_bootstrap(*, python: str | None = None,
                     env: Mapping[str, str | None] | None = None) -> Callable:
@@ -33,8 +23,7 @@ def agent_bootstrap(*, python: str | None = None,
     interpreter), chosen on the host by a ``/bin/sh`` wrapper. The command still ends in
     ``-m hpcmesh.runtime.proc``, so the agent binds GPUs as ``spawn_procs``' ``gpu_binding``
     says, unless ``env`` sets CUDA_VISIBLE_DEVICES."""
-    cmd = BootstrapCommand("/bin/sh", ["-c", _PROC_SCRIPT, "hpcmesh-proc",
-                                       *python_module(PROC_MODULE, python)], env or {})
+    cmd = agent_python_command(python, env)
 
     def make(point) -> BootstrapCommand:
         return cmd

@@ -100,6 +100,34 @@ def default_bootstrap_cmd(python: str | None = None) -> BootstrapCommand:
     return BootstrapCommand(program, args, {})
 
 
+#: The ``/bin/sh`` script of ``job.agent_mesh.agent_bootstrap``: run ``$HPCMESH_AGENT_PYTHON``
+#: (the host agent's own interpreter, which the controller cannot know) or else ``$1``.
+AGENT_PYTHON_SCRIPT = r"""
+py="${HPCMESH_AGENT_PYTHON:-$1}"
+shift
+exec "$py" "$@"
+"""
+
+
+def agent_python_command(python: str | None = None, env: Mapping[str, str] | None = None
+                         ) -> BootstrapCommand:
+    """The entry point run by the host agent's own python, chosen on the host (a ``/bin/sh``
+    wrapper; ``python`` if the agent names none)."""
+    return BootstrapCommand("/bin/sh", ["-c", AGENT_PYTHON_SCRIPT, "hpcmesh-proc",
+                                        *python_module(PROC_MODULE, python)], dict(env or {}))
+
+
+def unwrap_agent_python(cmd: BootstrapCommand, env: Mapping[str, str]) -> BootstrapCommand:
+    """What ``agent_python_command``'s wrapper would exec with the process environment
+    ``env`` (the interpreter and its arguments); any other command as it is. Lets the agent
+    fork such a process from its fork server, as it does the default command, instead of
+    starting a shell and a fresh interpreter for each."""
+    if cmd.program != "/bin/sh" or cmd.args[:3] != ["-c", AGENT_PYTHON_SCRIPT, "hpcmesh-proc"] \
+            or len(cmd.args) < 4:
+        return cmd
+    return BootstrapCommand(env.get(AGENT_PYTHON_VAR) or cmd.args[3], cmd.args[4:], cmd.env)
+
+
 def runs_entry_point(cmd: BootstrapCommand) -> bool:
     """Whether ``cmd`` ends in ``-m hpcmesh.runtime.proc``: hpcmesh's own entry point, run
     directly or through a launcher that picks the interpreter (``slurm_bootstrap``'s shell).

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from .exit_actions import VAR as EXIT_ACTIONS_VAR, run_exit_actions
 from ..observe import telemetry_recorder
 from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
-                        build_environment, runs_entry_point)
+                        build_environment, runs_entry_point, unwrap_agent_python)
 from ...private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
 from ...settings import env_flag
 from . import placement
@@ -142,6 +142,7 @@ class HostAgent:
         """Only the default entry point, and only when nothing that is read at interpreter
         or loader start-up (PYTHON*, LD_*, MALLOC_*) differs from the zygote's."""
         z = self._zygote
+        cmd = unwrap_agent_python(cmd, env)     # agent_bootstrap's shell: our own python
         if z is None or not z.alive or not runs_entry_point(cmd):
             return False
         try:

@@ -1,0 +1,126 @@
+"""The mission's shape, {"hosts": 32, "gpus": 8}, on a 32-node test cluster (issue 30).
+
+Not collected with the rest of tests/ (it needs the 32-node cluster): ``test.sh`` beside it
+brings that cluster up, runs this file, and puts the 3-node one back. One job, one test,
+a few minutes at most: 256 processes spawned through SlurmJob, a call() over all of them,
+the order of one sender's messages to one actor across call_one and call(), a member
+killed in the middle of a call() failing only its own slot, alike log lines folded into
+one, and nothing of the job left afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+import pytest  # noqa: E402
+from output_recorder import Recorder  # noqa: E402
+from proc_helpers import wait_until  # noqa: E402
+
+from hpcmesh.actor import Actor, SupervisionError, current_rank, endpoint  # noqa: E402
+from hpcmesh.job import SlurmJob  # noqa: E402
+
+HOSTS, PER_HOST = 32, 8
+NAME = f"hpcm-scale{os.getpid()}"
+
+
+class Member(Actor):
+    def __init__(self):
+        self.seen: list[int] = []
+
+    @endpoint
+    async def note(self, i: int) -> int:
+        self.seen.append(i)
+        return i
+
+    @endpoint
+    async def log(self) -> list[int]:
+        return self.seen
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    async def hold(self, seconds: float) -> int:
+        await asyncio.sleep(seconds)        # sleep: the call a member is killed in the middle of
+        return current_rank().rank
+
+    @endpoint
+    def say(self, step: int) -> None:
+        print(f"step {step} loss {0.3 + current_rank().rank / 1000:.3f}", flush=True)
+
+
+def _our_jobs() -> str:
+    return subprocess.run(["squeue", "--noheader", "--name", NAME, "--format=%i %T"],
+                          capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+def _procs_of(pids) -> list[int]:
+    return [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+@pytest.mark.timeout(600)
+def test_the_mission_shape(tmp_path, monkeypatch):
+    job = SlurmJob(meshes={"w": HOSTS}, job_name=NAME, log_dir=str(tmp_path / "logs"),
+                   timeout=300, grace=10)
+    pids = []
+    try:
+        state = job.state(cached_path=None)
+        assert dict(state.w.extent) == {"hosts": HOSTS}
+        t0 = time.monotonic()
+        procs = state.w.spawn_procs(per_host={"gpus": PER_HOST})
+        members = procs.spawn("m", Member)
+        got = members.pid.call().get(timeout=300)           # a call() over all 256
+        print(f"256 processes spawned and answering in {time.monotonic() - t0:.1f} s")
+        pids = list(got.values())
+        assert len(set(pids)) == HOSTS * PER_HOST
+        assert dict(got.extent) == {"hosts": HOSTS, "gpus": PER_HOST}
+
+        # one sender, one actor: its messages in send order, whichever way they went
+        one = members.slice(hosts=17, gpus=5)
+        futs, sent_to_one = [], []
+        for i in range(300):
+            if i % 3 == 0:
+                futs.append(members.note.call(i))
+            else:
+                futs.append(one.note.call_one(i))
+            sent_to_one.append(i)
+        for f in futs:
+            f.get(timeout=120)
+        assert one.log.call_one().get(timeout=60) == sent_to_one
+        others = members.slice(hosts=3).log.call().get(timeout=60).values()
+        assert all(seen == list(range(0, 300, 3)) for seen in others)
+
+        # alike lines of 256 processes: one line at the client, each file keeps its own
+        out = Recorder.install(monkeypatch, "stdout")
+        asyncio.run(procs.logging_option(stream_to_client=True, aggregate_window_sec=1))
+        members.say.call(10).get(timeout=60)
+        folded = re.compile(r"^\[256 similar log lines, hosts=0\.\.31,gpus=0\.\.7\] "
+                            r"step 10 loss 0\.\d+$", re.M)
+        wait_until(lambda: folded.search(out.text()), 60, "the 256 lines folded into one")
+        assert out.text().count("step 10 loss") == 1, out.text()[-2000:]
+
+        # a member killed in the middle of a call() fails its own slot, named; the rest go on
+        victim = members.slice(hosts=9, gpus=6)
+        victim_pid = victim.pid.call_one().get(timeout=60)
+        pending = members.hold.call(30)
+        os.kill(victim_pid, signal.SIGKILL)
+        t_kill = time.monotonic()
+        with pytest.raises(SupervisionError, match=r"hosts=9,gpus=6"):
+            pending.get(timeout=60)
+        assert time.monotonic() - t_kill < 15        # not the 30 s the call takes
+        row = members.slice(hosts=8).pid.call().get(timeout=60).values()
+        assert len(row) == PER_HOST
+        procs.stop().get(timeout=120)
+    finally:
+        job.kill()
+    wait_until(lambda: not _our_jobs(), 60, "the job gone from squeue")
+    wait_until(lambda: not _procs_of(pids), 60, "every process of the job gone")

@@ -401,12 +401,12 @@ def test_every_python_hpcmesh_starts_keeps_its_current_folder_off_sys_path():
         assert cmd.args[-3:] == ["-P", "-m", "hpcmesh.runtime.proc"] and runs_entry_point(cmd)
     assert " /py -P -m hpcmesh worker " in SSHJob(hosts="n1", python_exe="/py").remote_command(
         ["tcp://10.0.0.1:5"], "tok")
-    assert python_argv("json.tool", ["x"], None) == [sys.executable, "-P", "-c", RUN_MODULE,
+    assert python_argv("json.tool", ["x"]) == [sys.executable, "-P", "-c", RUN_MODULE,
                                                      "json.tool", "x"]
-    assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_MODULE}\' json.tool x;' in \
+    assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_MODULE}\' json.tool x' in \
         python_argv_remote("json.tool", ["x"])[2]
     for script, run in (("t.py", "t.py"), ("-t", "./-t")):    # a script's folder too
-        assert python_argv(script, ["x"], None) == [sys.executable, "-P", "-c", RUN_SCRIPT,
+        assert python_argv(script, ["x"]) == [sys.executable, "-P", "-c", RUN_SCRIPT,
                                                     run, "x"]
         assert f'exec "$HPCMESH_PYTHON" -P -c \'{RUN_SCRIPT}\' {run} x' in \
             python_argv_remote(script, ["x"])[2]

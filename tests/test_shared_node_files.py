@@ -435,6 +435,29 @@ def test_exec_python_runs_our_script_of_a_shared_folder_and_nothing_planted_ther
         f"__main__ ./-dash.py y {json.__file__} ours\n"]
 
 
+def test_exec_python_of_a_module_name_never_runs_a_file_of_that_name(other_user, shared_dir,
+                                                                      tmp_path):
+    """A file another user names like a module (``mypkg.train``, ``json.tool``) in a shared
+    working folder: the name is still a module's (decided by the name alone), so their file
+    does not run as a script, on either path."""
+    from hpcmesh.actor import this_host
+    from hpcmesh.job.exec import exec_python
+    project = shared_dir(0o1777)
+    marker = tmp_path / "ran-their-code"
+    for name in ("mypkg.train", "json.tool"):
+        other_user.python(PLANT_FILE, str(project / name), touch(marker))
+    lines: list[tuple[str, str]] = []
+    code = exec_python(this_host(), "mypkg.train", workdir=str(project),
+                       on_output=lambda _l, stream, line: lines.append((stream, line))
+                       ).get(timeout=60)
+    out = tmp_path / "out"
+    json_tool = exec_python(this_host(), "json.tool", ["--help"], workdir=str(project),
+                            output_dir=str(out)).get(timeout=60)
+    assert not marker.exists(), "exec_python ran the other user's file as a script"
+    assert code == 1 and any("No module named 'mypkg'" in line for _s, line in lines), lines
+    assert json_tool == 0 and "usage" in "".join(p.read_text() for p in out.glob("*.stdout"))
+
+
 def import_error(name: str) -> ImportError | None:
     """What ``import name`` raised (None if it worked): the test looks at what the attack
     did before it looks at the error."""

@@ -220,7 +220,7 @@ class BashActor(Actor):
         """Run a Python script (a path ending in ``.py`` or an existing file) or module
         (as ``-m`` would, with the working directory's modules found last and checked:
         ``private_files.modules``) with this process's interpreter."""
-        return self.run(python_argv(script_or_module, args, workdir), env, workdir, output_dir)
+        return self.run(python_argv(script_or_module, args), env, workdir, output_dir)
 
     @endpoint
     def run_streaming(self, cmd: str | Sequence[str], port: Port,
@@ -309,18 +309,24 @@ def _dash_script(script_or_module: str) -> str | None:
     return "./" + script_or_module if script_or_module.startswith("-") else None
 
 
-def python_argv(script_or_module: str, args: Sequence[str], workdir: str | None) -> list[str]:
+def python_argv(script_or_module: str, args: Sequence[str]) -> list[str]:
     """The command ``exec_python`` runs for ``script_or_module`` on this side."""
     _check_python_target(script_or_module, args)
     dashed = _dash_script(script_or_module)
     if dashed is not None:
         return run_script_argv(dashed, args)
-    path = script_or_module
-    if workdir and not os.path.isabs(path):
-        path = os.path.join(workdir, path)
-    if script_or_module.endswith(".py") or os.path.isfile(os.path.expanduser(path)):
-        return run_script_argv(script_or_module, args)
-    return run_module_argv(script_or_module, args)
+    if is_module_name(script_or_module):
+        return run_module_argv(script_or_module, args)
+    return run_script_argv(script_or_module, args)
+
+
+def is_module_name(name: str) -> bool:
+    """Whether ``exec_python`` runs ``name`` as a module: a dotted name of identifiers not
+    ending in ``.py``. Anything else is a script path (``train.py``, ``./train``). Decided
+    by the name alone, never by what files exist: a file another user put in a shared
+    working folder under a module's name (``mypkg.train``) would otherwise run, unchecked,
+    as a script."""
+    return not name.endswith(".py") and all(part.isidentifier() for part in name.split("."))
 
 
 # ---------------------------------------------------------------------------------------
@@ -429,12 +435,8 @@ def python_argv_remote(script_or_module: str, args: Sequence[str]) -> list[str]:
     dashed = _dash_script(script_or_module)
     if dashed is not None:
         return ["bash", "-c", f'exec "$HPCMESH_PYTHON" {quoted(run_script_argv(dashed, args))}']
-    target = _shell_quote(script_or_module)
-    script = quoted(run_script_argv(script_or_module, args))
-    module = quoted(run_module_argv(script_or_module, args))
-    return ["bash", "-c",
-            f'if [[ {target} == *.py || -f {target} ]]; then exec "$HPCMESH_PYTHON" {script}; '
-            f'else exec "$HPCMESH_PYTHON" {module}; fi']
+    run = run_module_argv if is_module_name(script_or_module) else run_script_argv
+    return ["bash", "-c", f'exec "$HPCMESH_PYTHON" {quoted(run(script_or_module, args))}']
 
 
 def _shell_quote(s: str) -> str:
@@ -446,7 +448,9 @@ def exec_python(host_mesh, script_or_module: str, args: Sequence[str] = (),
                 **kwargs: Any) -> Future:
     """``exec_command`` for a Python script or module, run with the workers' interpreter.
 
-    A name starting with '-' is always a script, run as ``./name``: no module name starts
+    The name alone decides which: a dotted name of identifiers (``mypkg.train``) is a
+    module; anything else (``train.py``, ``./train``) a script path, whatever files exist
+    (an extensionless script is given as ``./name``). A name starting with '-' is always a script, run as ``./name``: no module name starts
     with '-', and bare, Python would take it for one of its options (``-c...``). A module
     runs as ``python -m`` runs it, except that the working directory's own modules are found
     after the installed ones, and only when nobody else could have planted or changed them

@@ -11,8 +11,6 @@ import math
 import os
 from typing import Mapping
 
-from .errors import excerpt  # noqa: F401  (its home is errors.py; settings' errors use it)
-
 
 def _shown(x: float) -> str:
     """3.1536e+07 reads better as 31536000."""

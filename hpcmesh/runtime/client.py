@@ -29,7 +29,8 @@ from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
 from .observe.log_fold import Fold, TimedFolders, describe_ranks, fold_prefix
 from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED
-from .node import Node, NodeRef, current_node, describe_peer, set_current_node
+from .links import describe_peer
+from .node import Node, NodeRef, current_node, set_current_node
 from .supervision import run_unhandled_fault_hook
 from .process.tuning import tune_malloc
 

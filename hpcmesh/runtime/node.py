@@ -29,7 +29,7 @@ from .errors import SupervisionError
 from .fanin import FaninPoller
 from .future import Future
 from .inbound import UnhandledFrames, dropped_frame
-from .links import Links, describe_conn, describe_peer  # noqa: F401  (describe_peer: a face)
+from .links import Links, describe_conn
 from .loop import running_loop, start_loop_thread
 from .peers import Peer, PeerTable
 from .ports import PortTable

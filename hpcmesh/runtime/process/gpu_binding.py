@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ...settings import env_choice, excerpt
+from ...errors import excerpt
+from ...settings import env_choice
 
 #: The bindings, the default first.
 BINDINGS = ("host", "process")

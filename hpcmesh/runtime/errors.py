@@ -41,6 +41,11 @@ class ActorError(_FieldsError):
 #: failures reads (SPEC §12: every failure carries a class); "" where nobody said.
 HOST_LOST = "host lost"           # its host agent is gone (killed, its node down or cut off)
 AGENT_EXITED = "agent exited"     # its host agent ended on purpose and took its processes
+ENDED_BY_SLURM = "ended by Slurm"  # the job ended, was requeued, preempted, timed out, cancelled
+USER_EXCEPTION = "user exception"  # the user's code raised
+OUT_OF_MEMORY = "out of memory"   # the kernel's or Slurm's OOM killer ended it
+SIGNAL = "signal"                 # killed by a signal nobody above explains
+COLLECTIVE_TIMEOUT = "collective timeout"  # a collective (NCCL/gloo) gave up waiting
 
 
 @dataclasses.dataclass(eq=False, repr=False)

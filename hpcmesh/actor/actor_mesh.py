@@ -16,6 +16,7 @@ import threading
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
 from ..runtime.observe import telemetry_recorder as _tel
+from ..runtime.observe import stragglers as _stragglers
 from ..runtime.client import current_or_client_node
 from ..runtime.errors import MeshStoppedError, SupervisionError
 from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
@@ -381,8 +382,11 @@ class Endpoint(Generic[P, R]):
                 name, payload = self._name, (args, kwargs)
                 futs = [node.call_actor(t, st.actor_id, name, payload, r, ext)
                         for r, t in targets]
-                return gather(futs, lambda vals: ValueMesh(result_shape, vals),
-                              node.poll_for_rest)
+                out = gather(futs, lambda vals: ValueMesh(result_shape, vals),
+                             node.poll_for_rest)
+                if (w := _stragglers.WATCH) is not None:
+                    w.watch(out, futs, targets, st, name)
+                return out
         mesh = self._mesh
         members, ext = self._members()
         result_shape = Shape.from_extent(mesh._shape.extent)
@@ -394,8 +398,11 @@ class Endpoint(Generic[P, R]):
 
         def go() -> Future:
             futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
-            return gather(futs, lambda vals: ValueMesh(result_shape, vals),
-                          current_or_client_node().poll_for_rest)
+            out = gather(futs, lambda vals: ValueMesh(result_shape, vals),
+                         current_or_client_node().poll_for_rest)
+            if (w := _stragglers.WATCH) is not None:
+                w.watch(out, futs, [(r, st.nodes[g]) for r, g in members], st, self._name)
+            return out
         return mesh._when_ready(go)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
@@ -466,6 +473,7 @@ class Endpoint(Generic[P, R]):
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
+            sent = []
             for r, g in members:
                 try:
                     f = mesh._send(g, r, ext, self._name, payload, True)
@@ -473,6 +481,10 @@ class Endpoint(Generic[P, R]):
                     stream._push_error(e)
                     continue
                 f.add_done_callback(stream._on_done)
+                sent.append((f, (r, mesh._state.nodes[g])))
+            if (w := _stragglers.WATCH) is not None and sent:
+                w.watch(None, [f for f, _ in sent], [t for _, t in sent], mesh._state,
+                        self._name)
             out = Future()
             out.set_result(None)
             return out

@@ -22,7 +22,7 @@ from ..shapes import Point
 from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
-from .observe import telemetry_recorder
+from .observe import stragglers, telemetry_recorder
 from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, describe_exit
 from .process import placement
 from .future import Future, set_wait_hook
@@ -138,6 +138,8 @@ class ClientRuntime:
         # (mesh name, window) -> what hosts folded, folded across hosts
         self._log_folds = TimedFolders(self.node.loop, self._print_folds)
         set_current_node(self.node)
+        if node is None:        # the controller: name its calls' stragglers and hangs
+            stragglers.start(self)
         atexit.register(self.shutdown)
 
     async def _setup(self) -> None:
@@ -481,6 +483,8 @@ class ClientRuntime:
                     self.node.run_sync(self._flush_all_logs(), timeout=2.0)
                 except Exception:  # noqa: BLE001 - the loop ended meanwhile: the files keep them
                     pass
+        if stragglers.WATCH is not None and stragglers.WATCH.runtime is self:
+            stragglers.stop()
         if self.end_descendants in actor_host.on_actor_failed:
             actor_host.on_actor_failed.remove(self.end_descendants)
         if self._local_agent is not None:

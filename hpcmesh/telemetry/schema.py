@@ -139,6 +139,30 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         TS,
         ("thread", "string", "the thread's name"),
         ("stack", "string", "its stack, innermost frame last"))),
+    Table("stragglers", "one row per member of a call() named late by the controller "
+          "(runtime/observe/stragglers.py): a straggler (others answered; it has not after "
+          "HPCMESH_STRAGGLER_FACTOR x their median answer time and at least "
+          "HPCMESH_STRAGGLER_AFTER_S) or a hang (no member answered after "
+          "HPCMESH_HANG_AFTER_S); members with the same stack share a group", (
+        TS,
+        ("report_id", "int64", "the report (one per call; its rows share it)"),
+        ("kind", "string", "straggler or hang"),
+        ("actor_mesh_id", "string", "the mesh called (meshes.id)"),
+        ("mesh", "string", "its name"),
+        ("endpoint", "string", "the endpoint called"),
+        ("point", "string", "the late member's process's point (hosts=0,gpus=3)"),
+        ("process", "string", "that process"),
+        ("host", "string", "its host"),
+        ("pid", "int64", "its pid"),
+        ("waited_s", "double", "how long the call had waited for it when it was named"),
+        ("group", "int64", "its stack's group in the report (0: the biggest)"),
+        ("group_size", "int64", "how many late members share that stack"),
+        ("headline", "string", "the group's stack in a line: what the innermost user frame "
+                               "calls, and where"),
+        ("stack", "string", "the group's stacks (threads running user code), innermost "
+                            "frame last"),
+        ("source", "string", "where the stack came from: event loop, py-spy or "
+                             "faulthandler (empty: none)")), from_source=False),
     Table("telemetry_drops", "rows a process could not keep (its buffer was full between "
           "two collections, or the store's cap was reached)", (
         TS,

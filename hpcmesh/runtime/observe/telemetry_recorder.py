@@ -51,7 +51,7 @@ DEFAULT_BUFFER_ROWS = 100_000
 
 #: The tables a process records into as tuples (the collector adds the rest).
 TABLES = ("meshes", "actors", "actor_status_events", "process_status_events", "events",
-          "spans")
+          "spans", "stragglers")
 #: Those it records as numbers (``KeyedLog``; ``drain`` hands them out as ``KeyedRows``):
 #: per table, the columns a row's numbers become, each with what to divide it by (the
 #: clock's nanoseconds become the table's microseconds) and the number, if any, it is

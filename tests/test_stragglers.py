@@ -1,0 +1,265 @@
+"""Stragglers and hangs, named (SPEC §12; issue 31 item 3): real local processes, a real
+controller watch, the log warning, the ``stragglers`` telemetry table and the admin tree.
+
+The watch runs with small thresholds here (``Settings(after_s=1, tick_s=0.1)``); every
+wait is on a condition with a deadline. ``HPCMESH_TEST_STRAGGLER_PROCS=64`` runs the
+grouping test over 64 processes (60 + 4) instead of 16 (12 + 4).
+"""
+
+import json
+import logging
+import os
+import threading
+import time
+
+import pytest
+from proc_helpers import wait_until
+
+from hpcmesh.actor import Actor, current_rank, endpoint
+from hpcmesh.admin.server import admin_endpoint, stop_admin
+from hpcmesh.job import LocalJob
+from hpcmesh.runtime.client import client_runtime
+from hpcmesh.runtime.observe import stragglers
+from hpcmesh.runtime.observe.stragglers import (Frame, Laggard, Settings, ThreadStack,
+                                                group_by_stack, headline, parse_dump,
+                                                parse_traceback)
+from hpcmesh.telemetry import TelemetryConfig
+
+#: Where the actors' code is, as their stacks name it: this module travels by value (it is
+#: not importable in an actor process), so its frames have no file of their own.
+HERE = "<dynamic-code>"
+
+
+def blocked_in_step(ev: threading.Event) -> None:
+    ev.wait(120)
+
+
+def blocked_in_loader(ev: threading.Event) -> None:
+    ev.wait(120)
+
+
+class Stepper(Actor):
+    def __init__(self):
+        self.release = threading.Event()
+
+    @endpoint
+    def step(self, in_step: list, in_loader: list = ()) -> int:
+        """Answers at once, but for the ranks named: those wait until released."""
+        rank = current_rank().rank
+        if rank in in_step:
+            blocked_in_step(self.release)
+        elif rank in in_loader:
+            blocked_in_loader(self.release)
+        return rank
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint(concurrent=True)
+    async def let_go(self) -> None:
+        """Wake the waiting call; the next one waits again."""
+        self.release, ev = threading.Event(), self.release
+        ev.set()
+
+
+class Reports(logging.Handler):
+    """The straggler warnings, as they are logged."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.texts: list[str] = []
+
+    def emit(self, record):
+        self.texts.append(record.getMessage())
+
+
+@pytest.fixture
+def watch():
+    """The controller's watch with small thresholds; the warnings it logs."""
+    rt = client_runtime()
+    w = stragglers.start(rt, Settings(factor=3, after_s=1.0, hang_s=3.0, tick_s=0.1))
+    handler = Reports()
+    logger = logging.getLogger("hpcmesh.stragglers")
+    logger.addHandler(handler)
+    try:
+        yield w, handler
+    finally:
+        logger.removeHandler(handler)
+        stragglers.start(rt)        # as the environment says again
+        stop_admin()
+        from hpcmesh.telemetry.server import stop_telemetry
+        stop_telemetry()
+
+
+def _release(mesh) -> None:
+    mesh.let_go.call().get(timeout=60)
+
+
+# -- pure: the parsers and the grouping -------------------------------------------------------
+PYSPY = """Process 123: python -m hpcmesh.runtime.proc
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 123 (idle): "MainThread"
+    select (selectors.py:468)
+    _run_once (asyncio/base_events.py:1898)
+Thread 130 (idle): "actor-Stepper"
+    wait (threading.py:327)
+    wait (threading.py:629)
+    blocked_in_step (/home/u/train.py:57)
+    step (/home/u/train.py:80)
+    run (hpcmesh/runtime/actor_host.py:90)
+    run (threading.py:982)
+"""
+FAULTHANDLER = """Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 327 in wait
+  File "/home/u/train.py", line 57 in blocked_in_step
+  File "/home/u/train.py", line 80 in step
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/selectors.py", line 468 in select
+"""
+
+
+def test_the_three_stack_formats_parse_to_the_same_user_frames():
+    spy = parse_dump(PYSPY)
+    assert [t.name for t in spy] == ["MainThread", "actor-Stepper"]
+    assert [f.func for f in spy[1].frames][-3:] == ["blocked_in_step", "wait", "wait"]
+    fh = parse_dump(FAULTHANDLER)
+    assert [f.func for f in fh[0].frames] == ["step", "blocked_in_step", "wait"]
+    tb = parse_traceback('  File "/home/u/train.py", line 80, in step\n    blocked_in_step(ev)\n'
+                         '  File "/home/u/train.py", line 57, in blocked_in_step\n'
+                         '    ev.wait(120)\n')
+    assert tb[-1] == Frame("/home/u/train.py", 57, "blocked_in_step", "ev.wait(120)")
+    assert headline(spy[1].frames) == "wait at train.py:57 (in blocked_in_step)"
+
+
+def test_sixty_and_four_alike_stacks_are_two_groups_whichever_source_read_them():
+    def lag(i, text, parse):
+        threads = parse(text) if parse is parse_dump else \
+            [ThreadStack("actor-Stepper", parse(text))]
+        return Laggard(i, f"gpus={i}", f"p-{i}", "h", 1000 + i, 5.0, "x", threads)
+    tb_step = ('  File "/home/u/train.py", line 80, in step\n    x\n'
+               '  File "/home/u/train.py", line 57, in blocked_in_step\n    ev.wait(120)\n'
+               f'  File "{threading.__file__}", line 629, in wait\n    x\n'
+               f'  File "{threading.__file__}", line 327, in wait\n    x\n')
+    tb_loader = tb_step.replace("line 57, in blocked_in_step", "line 12, in next_batch")
+    laggards = [lag(i, PYSPY if i % 2 else tb_step, parse_dump if i % 2 else parse_traceback)
+                for i in range(60)]
+    laggards += [lag(60 + i, tb_loader, parse_traceback) for i in range(4)]
+    laggards.append(Laggard(99, "gpus=99", "p-99", "h", None, 5.0, error="no answer"))
+    groups = group_by_stack(laggards)
+    assert [(len(g.members), g.headline) for g in groups] == [
+        (60, "wait at train.py:57 (in blocked_in_step)"),
+        (4, "wait at train.py:12 (in next_batch)"),
+        (1, "no stacks: no answer")]
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="HPCMESH_STRAGGLER_AFTER_S"):
+        Settings.from_env({"HPCMESH_STRAGGLER_AFTER_S": "soon"})
+    with pytest.raises(ValueError, match="HPCMESH_STRAGGLERS must be 1 or 0"):
+        Settings.from_env({"HPCMESH_STRAGGLERS": "maybe"})
+    assert Settings.from_env({}) == Settings()
+    assert not Settings.from_env({"HPCMESH_STRAGGLERS": "0"}).enabled
+
+
+# -- real processes ------------------------------------------------------------------------------
+def test_one_blocked_actor_of_eight_is_named_with_its_point_host_pid_and_stack(watch):
+    w, reports = watch
+    job = LocalJob(hosts=("hosts",)).enable_admin().enable_telemetry(TelemetryConfig())
+    state = job.state(cached_path=None)
+    pm = state.hosts.spawn_procs(per_host={"gpus": 8}, name="strag8")
+    try:
+        m = pm.spawn("stepper", Stepper)
+        pids = m.pid.call().get(timeout=120).values()
+        # calls that finish report nothing
+        for _ in range(20):
+            m.step.call([]).get(timeout=60)
+        t0 = time.monotonic()
+        fut = m.step.call([5])
+        text = wait_until(lambda: reports.texts and reports.texts[0], 1.0 + 5,
+                          "the straggler warning")
+        assert time.monotonic() - t0 < 1.0 + 5
+        assert len(reports.texts) == 1 and not fut.done()
+        assert "1 of its 8 members have not answered" in text and "7 answered" in text
+        assert f"1 member: wait at {HERE}:" in text and "(in blocked_in_step)" in text
+        assert "gpus=5 (process " in text
+        assert f"pid {pids[5]}," in text and "host " in text
+        assert "Stepper.step" in text and "'stepper'" in text
+
+        # once per call: later ticks say nothing more
+        n = len(w.reports)
+        w.node.run_sync(_check(w))
+        assert len(w.reports) == n and len(reports.texts) == 1
+
+        # the admin tree shows it, and marks the process
+        tree = _get_json(admin_endpoint(state.admin_url, "/api/tree"))
+        (rep,) = [r for r in tree["stragglers"] if r["mesh"] == "stepper"]
+        assert rep["kind"] == "straggler" and rep["answered"] == 7
+        (g,) = rep["groups"]
+        assert g["count"] == 1 and g["members"][0]["pid"] == pids[5]
+        assert g["members"][0]["point"] == "gpus=5" and "blocked_in_step" in g["stack"]
+        marked = [p for h in tree["hosts"] for p in h["processes"] if p.get("straggler")]
+        assert [p["pid"] for p in marked] == [pids[5]]
+
+        # the telemetry table has its row
+        def row():
+            return state.query_engine.query(
+                "SELECT kind, point, pid, group_size, headline FROM stragglers "
+                "WHERE mesh = 'stepper'").to_pylist()
+        got = wait_until(row, 30, "the stragglers row")
+        assert got == [{"kind": "straggler", "point": "gpus=5", "pid": pids[5],
+                        "group_size": 1,
+                        "headline": g["headline"]}]
+
+        _release(m)
+        assert fut.get(timeout=60).values() == list(range(8))
+        wait_until(lambda: w.reports[-1].finished_after_s is not None, 10,
+                   "the report marked finished")
+    finally:
+        pm.stop().get(timeout=60)
+
+
+async def _check(w):
+    w.check(time.monotonic())
+
+
+def _get_json(url: str) -> dict:
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_many_members_blocked_in_two_places_are_two_groups_and_a_hang_is_dumped(watch):
+    w, reports = watch
+    n = int(os.environ.get("HPCMESH_TEST_STRAGGLER_PROCS", "16"))
+    state = LocalJob(hosts=("hosts",)).state(cached_path=None)
+    pm = state.hosts.spawn_procs(per_host={"gpus": n}, name=f"strag{n}")
+    try:
+        m = pm.spawn("stepper", Stepper)
+        m.pid.call().get(timeout=300)
+        in_step, in_loader = list(range(n - 4)), list(range(n - 4, n))
+        # nobody answers: a hang, dumped the same way, once
+        fut = m.step.call(in_step, in_loader)
+        text = wait_until(lambda: reports.texts and reports.texts[0], 3.0 + 30, "the hang")
+        assert f"none of its {n} members has answered" in text, text
+        groups = w.reports[-1].groups
+        assert [(len(g.members), g.headline.split(" (in")[1]) for g in groups] == [
+            (n - 4, " blocked_in_step)"), (4, " blocked_in_loader)")], text
+        assert text.count(f"wait at {HERE}:") == 2        # two groups, not n stacks
+        _release(m)
+        fut.get(timeout=120)
+
+        # stragglers: all but 4 answer, the 4 wait in one place
+        reports.texts.clear()
+        fut = m.step.call([], in_loader)
+        text = wait_until(lambda: reports.texts and reports.texts[0], 1.0 + 30,
+                          "the straggler warning")
+        assert f"4 of its {n} members have not answered" in text
+        (g,) = w.reports[-1].groups
+        assert len(g.members) == 4 and "blocked_in_loader" in g.headline
+        _release(m)
+        fut.get(timeout=120)
+    finally:
+        pm.stop().get(timeout=120)

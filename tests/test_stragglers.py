@@ -9,6 +9,7 @@ grouping test over 64 processes (60 + 4) instead of 16 (12 + 4).
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 
@@ -207,7 +208,7 @@ def test_one_blocked_actor_of_eight_is_named_with_its_point_host_pid_and_stack(w
         def row():
             return state.query_engine.query(
                 "SELECT kind, point, pid, group_size, headline FROM stragglers "
-                "WHERE mesh = 'stepper'").to_pylist()
+                "WHERE mesh = 'stepper' AND kind <> 'finished'").to_pylist()
         got = wait_until(row, 30, "the stragglers row")
         assert got == [{"kind": "straggler", "point": "gpus=5", "pid": pids[5],
                         "group_size": 1,
@@ -217,6 +218,11 @@ def test_one_blocked_actor_of_eight_is_named_with_its_point_host_pid_and_stack(w
         assert fut.get(timeout=60).values() == list(range(8))
         wait_until(lambda: w.reports[-1].finished_after_s is not None, 10,
                    "the report marked finished")
+        wait_until(lambda: state.query_engine.query(
+            "SELECT waited_s FROM stragglers WHERE kind = 'finished' AND mesh = 'stepper'"
+        ).to_pylist(), 30, "the finished row")
+        tree = _get_json(admin_endpoint(state.admin_url, "/api/tree"))
+        assert not [p for h in tree["hosts"] for p in h["processes"] if p.get("straggler")]
     finally:
         pm.stop().get(timeout=60)
 
@@ -263,3 +269,85 @@ def test_many_members_blocked_in_two_places_are_two_groups_and_a_hang_is_dumped(
         fut.get(timeout=120)
     finally:
         pm.stop().get(timeout=120)
+
+
+def test_the_dashboard_marks_the_straggler_on_the_hosts_by_gpus_grid(watch, tmp_path,
+                                                                   monkeypatch):
+    """The page (headless Chromium, as tests/test_dashboard.py): the late process's cell
+    on its process mesh's heatmap is marked, the report listed with its stack's headline;
+    a screenshot a person can check (copied to ``$HPCMESH_TEST_ARTIFACTS``)."""
+    from test_dashboard import _browser, _quit, _require_browser
+    _require_browser()
+    monkeypatch.setenv("SE_OFFLINE", "true")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    w, reports = watch
+    job = LocalJob(hosts=("hosts",)).enable_telemetry(
+        TelemetryConfig(include_dashboard=True, dashboard_port=0))
+    state = job.state(cached_path=None)
+    pm = state.hosts.spawn_procs(per_host={"gpus": 4}, name="stragdash")
+    driver = profile = None
+    try:
+        m = pm.spawn("stepper", Stepper)
+        m.pid.call().get(timeout=120)
+        fut = m.step.call([2])
+        wait_until(lambda: reports.texts, 1.0 + 5, "the straggler warning")
+        driver, profile = _browser(tmp_path)
+        driver.get(state.dashboard_url)
+        cells = 'div.procmesh[data-mesh="stragdash"] .hc[data-key]'
+
+        def shown(d):
+            late = d.find_elements(By.CSS_SELECTOR, cells + ".late")
+            listed = d.find_element(By.ID, "stragglers").text
+            return (len(d.find_elements(By.CSS_SELECTOR, cells)) == 4 and len(late) == 1
+                    and late[0].get_attribute("data-rank") == "2"
+                    and "blocked_in_step" in listed and "stepper.step" in listed)
+        try:
+            WebDriverWait(driver, 30, poll_frequency=0.2).until(shown)
+        except Exception:
+            print("page text:", driver.find_element(By.TAG_NAME, "body").text)
+            raise
+        late = driver.find_element(By.CSS_SELECTOR, cells + ".late")
+        assert "straggler: step waited" in late.get_attribute("title")
+        (actor,) = driver.find_elements(By.CSS_SELECTOR,
+                                        'div.mesh[data-mesh="stepper"] td.cell.late')
+        assert actor.get_attribute("data-rank") == "2" and "straggler" in actor.text
+        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+        assert not errors, errors
+        shot = tmp_path / "dashboard-straggler.png"
+        assert driver.save_screenshot(str(shot))
+        print("dashboard screenshot:", shot)
+        if os.environ.get("HPCMESH_TEST_ARTIFACTS"):
+            out = os.environ["HPCMESH_TEST_ARTIFACTS"]
+            os.makedirs(out, exist_ok=True)
+            shutil.copy(shot, os.path.join(out, "dashboard-straggler.png"))
+        _release(m)
+        assert fut.get(timeout=60).values() == [0, 1, 2, 3]
+        # its call finished: the mark goes, the report says when
+        WebDriverWait(driver, 30, poll_frequency=0.2).until(
+            lambda d: not d.find_elements(By.CSS_SELECTOR, ".late")
+            and "finished after" in d.find_element(By.ID, "stragglers").text)
+    finally:
+        try:
+            if driver is not None:
+                _quit(driver, profile)
+        finally:
+            pm.stop().get(timeout=60)
+
+
+def test_the_dashboard_document_marks_only_members_of_calls_not_finished():
+    from hpcmesh.telemetry.dashboard import newest_straggler_rows, straggler_reports
+
+    def row(rid, kind, process=None, group=0, size=1, waited=5.0):
+        return {"report_id": rid, "timestamp_us": 10 - rid, "kind": kind, "mesh": "w",
+                "endpoint": "step", "point": process and f"gpus={process[-1]}",
+                "process": process, "host": "h", "pid": 1, "waited_s": waited,
+                "stack_group": group, "group_size": size, "headline": f"h{group}"}
+    rows = [row(2, "finished", waited=9.0), row(2, "straggler", "p3"),     # newest first
+            row(1, "hang", "p1", 0, 2), row(1, "hang", "p2", 0, 2), row(1, "hang", "p4", 1)]
+    assert set(newest_straggler_rows(rows)) == {"p1", "p2", "p4"}
+    reps = straggler_reports(rows)
+    assert [(r["id"], r["finished_after_s"]) for r in reps] == [(2, 9.0), (1, None)]
+    assert [(g["count"], g["points"]) for g in reps[1]["groups"]] == [
+        (2, ["gpus=1", "gpus=2"]), (1, ["gpus=4"])]

@@ -105,6 +105,7 @@ class ClientRuntime:
         if node is None:
             # what the processes it starts will read: a typo fails here, named, not in each
             check_process_settings()
+            late = stragglers.Settings.from_env()   # a bad value: named before anything starts
             tune_malloc(arena_max=1)     # before the loop thread starts: see tuning.py
             self.secret = secret or new_secret()
             self.node = Node.start_in_thread(self.secret, role="client", name="client")
@@ -139,7 +140,7 @@ class ClientRuntime:
         self._log_folds = TimedFolders(self.node.loop, self._print_folds)
         set_current_node(self.node)
         if node is None:        # the controller: name its calls' stragglers and hangs
-            stragglers.start(self)
+            stragglers.start(self, late)
         atexit.register(self.shutdown)
 
     async def _setup(self) -> None:

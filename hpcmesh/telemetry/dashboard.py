@@ -18,6 +18,10 @@ from ..shapes import Point
 
 #: Calls per second are counted over this window.
 RATE_WINDOW_S = 10
+#: Processes named late (``stragglers``) this recently are marked on the heatmaps.
+STRAGGLER_WINDOW_S = 600
+#: Straggler and hang reports the page lists, newest first.
+STRAGGLER_REPORTS_SHOWN = 10
 
 
 def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
@@ -41,6 +45,12 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
                approx_percentile_cont(duration_us, 0.99) AS p99_us
         FROM messages GROUP BY to_actor_id""")
     by_actor = {s["to_actor_id"]: s for s in stats}
+    late = q(f"""
+        SELECT report_id, timestamp_us, kind, mesh, endpoint, point, process, host, pid,
+               waited_s, stack_group, group_size, headline
+        FROM stragglers WHERE timestamp_us >= {now_us - STRAGGLER_WINDOW_S * 1_000_000}
+        ORDER BY timestamp_us DESC, report_id DESC, stack_group, point LIMIT 5000""")
+    newest = newest_straggler_rows(late)
     grid = []
     for m in meshes:
         members = sorted((a for a in actors if a["mesh_id"] == m["id"]), key=lambda a: a["rank"])
@@ -52,7 +62,8 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
                           "host": a["host"], "pid": a["pid"], "calls": s.get("calls", 0),
                           "errors": s.get("errors", 0),
                           "rate": (s.get("recent") or 0) / RATE_WINDOW_S,
-                          "p50_us": s.get("p50_us"), "p99_us": s.get("p99_us")})
+                          "p50_us": s.get("p50_us"), "p99_us": s.get("p99_us"),
+                          "straggler": newest.get(a["process"])})
         try:
             extent = json.loads(m["shape_json"] or "{}")
         except ValueError:
@@ -86,10 +97,48 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
     names = {m["id"]: m["given_name"] for m in meshes}
     return {"generated_us": now_us, "job": job, "meshes": grid, "endpoints": endpoints,
             "failures": failures, "logs": list(reversed(logs)), "processes": counts,
+            "stragglers": straggler_reports(late),
             "proc_meshes": process_heatmaps(
                 procs, [m for m in all_meshes if m["kind"] == "proc"],
                 [dict(a, mesh=names.get(a["mesh_id"]), **_stats(by_actor.get(a["id"], {})))
-                 for a in actors])}
+                 for a in actors], late)}
+
+
+def newest_straggler_rows(rows: list[dict]) -> dict[str, dict]:
+    """Per process late in a call not finished yet, what its newest ``stragglers`` row
+    (``rows``: newest first) says of it: what marks its cells."""
+    finished = {r["report_id"] for r in rows if r["kind"] == "finished"}
+    newest: dict[str, dict] = {}
+    for r in rows:
+        if r["report_id"] in finished:      # its call finished: no longer late
+            continue
+        if r["process"] not in newest:
+            newest[r["process"]] = {k: r[k] for k in ("kind", "waited_s", "headline",
+                                                      "endpoint")}
+    return newest
+
+
+def straggler_reports(rows: list[dict]) -> list[dict]:
+    """The ``stragglers`` rows (newest first) as reports: per report its call, and its
+    groups (stack headline, how many, which points), newest report first."""
+    reports: dict[int, dict] = {}
+    finished = {r["report_id"]: r["waited_s"] for r in rows if r["kind"] == "finished"}
+    for r in rows:
+        if r["kind"] == "finished":
+            continue
+        rep = reports.get(r["report_id"])
+        if rep is None:
+            if len(reports) == STRAGGLER_REPORTS_SHOWN:
+                continue
+            rep = reports[r["report_id"]] = {
+                "id": r["report_id"], "timestamp_us": r["timestamp_us"], "kind": r["kind"],
+                "mesh": r["mesh"], "endpoint": r["endpoint"], "groups": {},
+                "finished_after_s": finished.get(r["report_id"])}
+        g = rep["groups"].setdefault(r["stack_group"], {"headline": r["headline"],
+                                                       "count": r["group_size"], "points": []})
+        g["points"].append(r["point"])
+    return [dict(rep, groups=[rep["groups"][k] for k in sorted(rep["groups"])])
+            for rep in reports.values()]
 
 
 def _stats(s: dict) -> dict:
@@ -111,11 +160,14 @@ def parse_label(label: str | None) -> dict[str, int] | None:
 
 
 def process_heatmaps(procs: list[dict], proc_meshes: list[dict],
-                     actors: list[dict]) -> list[dict]:
+                     actors: list[dict], late: list[dict] = ()) -> list[dict]:
     """Per process mesh, what its heatmap needs: ``extent`` (from the mesh's row, else as
     far as its processes' labels reach; the page puts its leading dimensions down and the
     last across) and a cell per process at ``rank`` (row-major; None: its label does not
-    fit the extent) with its status, where it runs, its actors and their calls."""
+    fit the extent) with its status, where it runs, its actors and their calls, and
+    ``straggler`` (None, or its newest row of ``late``: the ``stragglers`` table's, newest
+    first) to mark it."""
+    newest = newest_straggler_rows(late)
     extents = {}
     for m in proc_meshes:
         try:
@@ -147,6 +199,7 @@ def process_heatmaps(procs: list[dict], proc_meshes: list[dict],
                 "rank": _rank(coords[p["process"]], extent),
                 "calls": sum(a["calls"] for a in mine), "errors": sum(a["errors"] for a in mine),
                 "rate": sum(a["rate"] for a in mine),
+                "straggler": newest.get(p["process"]),
                 "actors": [{"mesh": a["mesh"], "rank": a["rank"],
                             "status": a["new_status"] or "unknown"} for a in mine]})
         out.append({"name": mesh, "extent": extent, "cells": cells})

@@ -146,7 +146,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           "HPCMESH_HANG_AFTER_S); members with the same stack share a group", (
         TS,
         ("report_id", "int64", "the report (one per call; its rows share it)"),
-        ("kind", "string", "straggler or hang"),
+        ("kind", "string", "straggler or hang; finished: the report's call finished "
+                           "(one row, waited_s: when, the member columns empty)"),
         ("actor_mesh_id", "string", "the mesh called (meshes.id)"),
         ("mesh", "string", "its name"),
         ("endpoint", "string", "the endpoint called"),
@@ -155,7 +156,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         ("host", "string", "its host"),
         ("pid", "int64", "its pid"),
         ("waited_s", "double", "how long the call had waited for it when it was named"),
-        ("group", "int64", "its stack's group in the report (0: the biggest)"),
+        ("stack_group", "int64", "its stack's group in the report (0: the biggest)"),
         ("group_size", "int64", "how many late members share that stack"),
         ("headline", "string", "the group's stack in a line: what the innermost user frame "
                                "calls, and where"),

@@ -307,6 +307,12 @@ class Report:
                                          "error": m.error} for m in g.members]}
                            for g in self.groups]}
 
+    def finished_row(self) -> tuple:
+        """The row that says its call finished (``kind="finished"``, ``waited_s``: when)."""
+        return (_tel.now_us(), self.id, "finished", self.actor_mesh_id, self.mesh,
+                self.endpoint, None, None, None, None, self.finished_after_s, None, None,
+                None, None, None)
+
     def rows(self) -> list[tuple]:
         """Its ``stragglers`` telemetry rows, one per laggard (``telemetry/schema.py``)."""
         out = []
@@ -400,6 +406,8 @@ class StragglerWatch:
     def _finished(self, w: _Watched, now: float) -> None:
         if w.report is not None:
             w.report.finished_after_s = now - w.t0
+            if (rec := _tel.RECORDER) is not None:
+                rec.add("stragglers", w.report.finished_row())
             if self.busy.get(w.st.actor_id) is w:
                 del self.busy[w.st.actor_id]
             log.info("the %s of call %s.%s to %r finished after %.1f s", w.report.kind,

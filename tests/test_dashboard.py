@@ -151,23 +151,28 @@ def test_the_dashboard_renders_a_failed_and_a_spawned_actor(tmp_path, monkeypatc
                                      f'div.mesh[data-mesh="{MESH}"] td.cell[data-status="failed"]')
         assert failed.get_attribute("data-rank") == "1" and str(victim) in failed.text
         assert "SIGKILL" in (failed.get_attribute("title") or "")
-        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-        assert not errors, errors
-
-        shot = tmp_path / "dashboard.png"
-        assert driver.save_screenshot(str(shot))
-        print("dashboard screenshot:", shot)
-        if os.environ.get("HPCMESH_TEST_ARTIFACTS"):
-            out = os.environ["HPCMESH_TEST_ARTIFACTS"]
-            os.makedirs(out, exist_ok=True)
-            shutil.copy(shot, os.path.join(out, "dashboard.png"))
-            print("dashboard screenshot copied to", os.path.join(out, "dashboard.png"))
+        screenshot(driver, tmp_path, "dashboard.png")
     finally:
         try:
             if driver is not None:
                 _quit(driver, profile)
         finally:
             pm.stop().get(timeout=30)
+
+
+def screenshot(driver, tmp_path, name: str) -> None:
+    """The page logged no error; its screenshot for a person to check, under ``tmp_path``
+    and copied to ``$HPCMESH_TEST_ARTIFACTS`` when set."""
+    errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not errors, errors
+    shot = tmp_path / name
+    assert driver.save_screenshot(str(shot))
+    print("dashboard screenshot:", shot)
+    if os.environ.get("HPCMESH_TEST_ARTIFACTS"):
+        out = os.environ["HPCMESH_TEST_ARTIFACTS"]
+        os.makedirs(out, exist_ok=True)
+        shutil.copy(shot, os.path.join(out, name))
+        print("dashboard screenshot copied to", os.path.join(out, name))
 
 
 def _quit(driver, profile: str) -> None:

@@ -9,7 +9,6 @@ grouping test over 64 processes (60 + 4) instead of 16 (12 + 4).
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 
@@ -20,6 +19,7 @@ from hpcmesh.actor import Actor, current_rank, endpoint
 from hpcmesh.admin.server import admin_endpoint, stop_admin
 from hpcmesh.job import LocalJob
 from hpcmesh.runtime.client import client_runtime
+from hpcmesh.runtime.observe.introspect import find_pyspy
 from hpcmesh.runtime.observe import stragglers
 from hpcmesh.runtime.observe.stragglers import (Frame, Laggard, Settings, ThreadStack,
                                                 group_by_stack, headline, parse_dump,
@@ -39,6 +39,14 @@ def blocked_in_loader(ev: threading.Event) -> None:
     ev.wait(120)
 
 
+def blocked_in_the_loop(release: str) -> None:
+    """Holds the event loop (called from an async endpoint) until ``release`` exists."""
+    ev = threading.Event()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        ev.wait(0.05)
+
+
 class Stepper(Actor):
     def __init__(self):
         self.release = threading.Event()
@@ -51,6 +59,15 @@ class Stepper(Actor):
             blocked_in_step(self.release)
         elif rank in in_loader:
             blocked_in_loader(self.release)
+        return rank
+
+    @endpoint
+    async def step_async(self, in_loop: list, release: str) -> int:
+        """As step, but the ranks named hold the event loop: their stacks come from
+        outside (py-spy, else faulthandler, through the host agent)."""
+        rank = current_rank().rank
+        if rank in in_loop:
+            blocked_in_the_loop(release)
         return rank
 
     @endpoint
@@ -276,7 +293,7 @@ def test_the_dashboard_marks_the_straggler_on_the_hosts_by_gpus_grid(watch, tmp_
     """The page (headless Chromium, as tests/test_dashboard.py): the late process's cell
     on its process mesh's heatmap is marked, the report listed with its stack's headline;
     a screenshot a person can check (copied to ``$HPCMESH_TEST_ARTIFACTS``)."""
-    from test_dashboard import _browser, _quit, _require_browser
+    from test_dashboard import _browser, _quit, _require_browser, screenshot
     _require_browser()
     monkeypatch.setenv("SE_OFFLINE", "true")
     from selenium.webdriver.common.by import By
@@ -313,15 +330,7 @@ def test_the_dashboard_marks_the_straggler_on_the_hosts_by_gpus_grid(watch, tmp_
         (actor,) = driver.find_elements(By.CSS_SELECTOR,
                                         'div.mesh[data-mesh="stepper"] td.cell.late')
         assert actor.get_attribute("data-rank") == "2" and "straggler" in actor.text
-        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-        assert not errors, errors
-        shot = tmp_path / "dashboard-straggler.png"
-        assert driver.save_screenshot(str(shot))
-        print("dashboard screenshot:", shot)
-        if os.environ.get("HPCMESH_TEST_ARTIFACTS"):
-            out = os.environ["HPCMESH_TEST_ARTIFACTS"]
-            os.makedirs(out, exist_ok=True)
-            shutil.copy(shot, os.path.join(out, "dashboard-straggler.png"))
+        screenshot(driver, tmp_path, "dashboard-straggler.png")
         _release(m)
         assert fut.get(timeout=60).values() == [0, 1, 2, 3]
         # its call finished: the mark goes, the report says when
@@ -351,3 +360,29 @@ def test_the_dashboard_document_marks_only_members_of_calls_not_finished():
     assert [(r["id"], r["finished_after_s"]) for r in reps] == [(2, 9.0), (1, None)]
     assert [(g["count"], g["points"]) for g in reps[1]["groups"]] == [
         (2, ["gpus=1", "gpus=2"]), (1, ["gpus=4"])]
+
+
+def test_members_blocking_their_event_loop_are_named_from_outside(watch, tmp_path):
+    """An async endpoint that holds its loop cannot answer ``admin_stacks``: its stack
+    comes through the host agent (py-spy where installed, else faulthandler) and groups
+    as one."""
+    w, reports = watch
+    state = LocalJob(hosts=("hosts",)).state(cached_path=None)
+    pm = state.hosts.spawn_procs(per_host={"gpus": 4}, name="stragloop")
+    release = str(tmp_path / "release")
+    try:
+        m = pm.spawn("stepper", Stepper)
+        pids = m.pid.call().get(timeout=120).values()
+        fut = m.step_async.call([1, 3], release)
+        text = wait_until(lambda: reports.texts and reports.texts[0], 1.0 + 5 + 9,
+                          "the straggler warning")
+        (g,) = w.reports[-1].groups
+        assert "(in blocked_in_the_loop)" in g.headline, text
+        assert sorted(lg.pid for lg in g.members) == [pids[1], pids[3]]
+        assert {lg.source for lg in g.members} == {"py-spy" if find_pyspy() else
+                                                   "faulthandler"}, text
+        open(release, "w").close()
+        assert fut.get(timeout=60).values() == [0, 1, 2, 3]
+    finally:
+        open(release, "w").close()
+        pm.stop().get(timeout=60)

@@ -71,6 +71,12 @@ class Stepper(Actor):
         return rank
 
     @endpoint
+    def work(self, seconds: list) -> int:
+        rank = current_rank().rank
+        time.sleep(seconds[rank])       # sleep: the endpoint's work, slow on purpose
+        return rank
+
+    @endpoint
     def pid(self) -> int:
         return os.getpid()
 
@@ -386,3 +392,26 @@ def test_members_blocking_their_event_loop_are_named_from_outside(watch, tmp_pat
     finally:
         open(release, "w").close()
         pm.stop().get(timeout=60)
+
+
+def test_calls_slow_alike_are_neither_stragglers_nor_hangs(watch):
+    """Every member past the floor (1 s), none past 3 x the median nor the hang (3 s): the
+    call is slow, nobody is late; it finishes and nothing was said."""
+    w, reports = watch
+    state = LocalJob(hosts=("hosts",)).state(cached_path=None)
+    pm = state.hosts.spawn_procs(per_host={"gpus": 4}, name="stragslow")
+    try:
+        m = pm.spawn("stepper", Stepper)
+        m.pid.call().get(timeout=120)
+        assert m.work.call([1.2, 1.3, 1.4, 2.0]).get(timeout=60).values() == [0, 1, 2, 3]
+        looked = w.node.run_sync(_check_and_count(w))
+        assert looked == 0 and not reports.texts and not [
+            r for r in w.reports if r.mesh == "stepper"]
+    finally:
+        pm.stop().get(timeout=60)
+
+
+async def _check_and_count(w) -> int:
+    """One more look (the finished call is forgotten); the calls still watched."""
+    w.check(time.monotonic())
+    return len(w.watched)

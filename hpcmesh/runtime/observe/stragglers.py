@@ -389,8 +389,10 @@ class StragglerWatch:
         loop's thread)."""
         incoming = self.incoming
         while incoming:
-            t0, out, futs, targets, st, endpoint = incoming.popleft()
-            w = _Watched(t0, out, futs, targets, st, endpoint)
+            e = incoming.popleft()
+            if e[1] is not None and e[1].done():     # the common case: finished already
+                continue
+            w = _Watched(*e)
             if not w.done():
                 self.watched.append(w)
         keep = []

@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable
 
 from ..shapes import Point
+from .timeseries import timeseries_document
 
 #: Calls per second are counted over this window.
 RATE_WINDOW_S = 10
@@ -96,6 +97,7 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
         counts[p["new_status"]] = counts.get(p["new_status"], 0) + 1
     names = {m["id"]: m["given_name"] for m in meshes}
     return {"generated_us": now_us, "job": job, "meshes": grid, "endpoints": endpoints,
+            "timeseries": timeseries_document(q, now_us, names),
             "failures": failures, "logs": list(reversed(logs)), "processes": counts,
             "stragglers": straggler_reports(late),
             "proc_meshes": process_heatmaps(

@@ -64,13 +64,14 @@ def main() -> None:
             t0 = time.perf_counter_ns()
             all4.call(1).get()
             lat4.append(time.perf_counter_ns() - t0)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         futs = [all4.call(1) for _ in range(args.pipelined)]
         for f in futs:
             f.get()
         rate = args.pipelined / (time.perf_counter() - t0)
+        cpu = (time.process_time() - c0) / args.pipelined * 1e6
         return {"call_one": statistics.median(lat1) / 1e3, "call4": statistics.median(lat4) / 1e3,
-                "pipelined4": rate}
+                "pipelined4": rate, "cpu4": cpu}
 
     runs: dict = {False: [], True: []}
     for r in range(args.rounds):
@@ -82,7 +83,8 @@ def main() -> None:
           "| workload | off | on | on/off (median of pairs) |\n|---|---|---|---|")
     for key, label, unit in (("call_one", "call_one .get(), median", "µs"),
                              ("call4", "call() over 4 .get(), median", "µs"),
-                             ("pipelined4", "pipelined call() over 4", "calls/s")):
+                             ("pipelined4", "pipelined call() over 4", "calls/s"),
+                             ("cpu4", "controller CPU a pipelined call() over 4", "µs")):
         off = statistics.median(b[key] for b in runs[False])
         on = statistics.median(b[key] for b in runs[True])
         paired = statistics.median(a[key] / b[key] for a, b in zip(runs[True], runs[False]))

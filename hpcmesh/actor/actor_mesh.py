@@ -366,11 +366,12 @@ class Endpoint(Generic[P, R]):
                 name, payload = self._name, (args, kwargs)
                 futs = [node.call_actor(t, st.actor_id, name, payload, r, ext)
                         for r, t in targets]
-                out = gather(futs, lambda vals: ValueMesh(result_shape, vals),
-                             node.poll_for_rest)
-                if (w := _stragglers.WATCH) is not None:
-                    w.watch(out, futs, targets, st, name)
-                return out
+                # the straggler watch (runtime/observe/stragglers.py) until the result is made
+                w = _stragglers.WATCH
+                key = w.watch(futs, targets, st, name) if w is not None else None
+                return gather(futs, lambda vals: ValueMesh(result_shape, vals) if key is None
+                              else w.ended(key, ValueMesh(result_shape, vals)),
+                              node.poll_for_rest)
         mesh = self._mesh
         members, ext = self._members()
         result_shape = Shape.from_extent(mesh._shape.extent)
@@ -382,11 +383,12 @@ class Endpoint(Generic[P, R]):
 
         def go() -> Future:
             futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
-            out = gather(futs, lambda vals: ValueMesh(result_shape, vals),
-                         current_or_client_node().poll_for_rest)
-            if (w := _stragglers.WATCH) is not None:
-                w.watch(out, futs, [(r, st.nodes[g]) for r, g in members], st, self._name)
-            return out
+            w = _stragglers.WATCH
+            key = None if w is None else \
+                w.watch(futs, [(r, st.nodes[g]) for r, g in members], st, self._name)
+            return gather(futs, lambda vals: ValueMesh(result_shape, vals) if key is None
+                          else w.ended(key, ValueMesh(result_shape, vals)),
+                          current_or_client_node().poll_for_rest)
         return mesh._when_ready(go)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
@@ -466,9 +468,8 @@ class Endpoint(Generic[P, R]):
                     continue
                 f.add_done_callback(stream._on_done)
                 sent.append((f, (r, mesh._state.nodes[g])))
-            if (w := _stragglers.WATCH) is not None and sent:
-                w.watch(None, [f for f, _ in sent], [t for _, t in sent], mesh._state,
-                        self._name)
+            if (w := _stragglers.WATCH) is not None and sent:   # until the tick sees it end
+                w.watch([f for f, _ in sent], [t for _, t in sent], mesh._state, self._name)
             out = Future()
             out.set_result(None)
             return out

@@ -3,7 +3,8 @@
 A call() to 256 actors where 255 answered and one is stuck in a collective would wait
 silently; the controller is the one place that sees every member without a collective.
 So every ``call()``/``stream()`` the controller makes is noted here (``watch``: a clock
-read and a deque append, on the caller's thread; no timer, no callback per call), and one
+read and a dict entry, on the caller's thread, taken out again by ``ended`` when the
+call's result is made; no timer, no callback per call), and one
 controller-wide timer on the runtime loop (every ``HPCMESH_STRAGGLER_TICK_S``) looks at
 the calls still outstanding:
 
@@ -19,11 +20,10 @@ in the ``stragglers`` telemetry table, and ``WATCH.reports`` (the admin tree, th
 dashboard). The stacks come as the admin view gets them: the process's event loop
 (``admin_stacks``), else ``py-spy dump`` or faulthandler through its host agent.
 
-A call that finishes before the next tick costs nothing more. Answer times are exact for
-members that answer after the tick that first saw their call (a done callback is added
-then, to slow calls only); those that answered before it count as answering at that tick,
-an upper bound, so the relative threshold never fires early. A finished call is dropped
-at the next tick: its results stay referenced until then (at most one tick).
+A call that finishes costs nothing more. Answer times are exact for members that answer after
+the first tick that saw their call at least a tick old (a done callback is added then, to
+slow calls only); those that answered before count as answering then, an upper bound, so
+the relative threshold never fires early.
 """
 
 from __future__ import annotations
@@ -325,24 +325,31 @@ class Report:
 
 
 # -- the watch ------------------------------------------------------------------------------
-class _Watched:
-    """One outstanding call the ticks look at."""
-    __slots__ = ("t0", "out", "futs", "targets", "st", "endpoint", "answered", "report")
+def _settled(futs: list) -> bool:
+    """Has the call of these member Futures ended: all answered, or one failed (its
+    gather fails with it)?"""
+    for f in futs:
+        if f.done():
+            if f.exception() is not None:
+                return True
+        else:
+            return False
+    return True
 
-    def __init__(self, t0, out, futs, targets, st, endpoint):
+
+class _Watched:
+    """One outstanding call at least a tick old: the ticks look at it."""
+    __slots__ = ("key", "t0", "futs", "targets", "st", "endpoint", "answered", "report")
+
+    def __init__(self, key, t0, futs, targets, st, endpoint):
+        self.key = key
         self.t0 = t0
-        self.out = out
         self.futs = futs
         self.targets = targets          # [(rank in the view, NodeRef)], as futs
         self.st = st                    # the actor mesh's state (name, actor_id, ...)
         self.endpoint = endpoint
         self.answered: list[float | None] | None = None    # seconds, per member
         self.report: Report | None = None
-
-    def done(self) -> bool:
-        if self.out is not None:
-            return self.out.done()
-        return all(f.done() for f in self.futs)
 
 
 class StragglerWatch:
@@ -352,8 +359,11 @@ class StragglerWatch:
         self.runtime = runtime          # the ClientRuntime: its node and process records
         self.node = runtime.node
         self.settings = settings
-        self.incoming: collections.deque = collections.deque()
-        self.watched: list[_Watched] = []
+        #: key -> (t0, member Futures, targets, mesh state, endpoint): every call not yet
+        #: known to have ended (a dict: any thread adds, a call's end takes its own out)
+        self.live: dict[int, tuple] = {}
+        self._keys = itertools.count()
+        self.slow: dict[int, _Watched] = {}     # those at least a tick old
         self.reports: collections.deque[Report] = collections.deque(maxlen=REPORTS_KEPT)
         self.busy: dict[str, _Watched] = {}     # actor mesh id -> its reported call
         self.on_report: list[Callable[[Report], None]] = []
@@ -363,9 +373,23 @@ class StragglerWatch:
         self.node.call_soon(self._arm)
 
     # -- any thread ------------------------------------------------------------------
-    def watch(self, out, futs: list, targets: list, st: Any, endpoint: str) -> None:
-        """A call() just sent (``out``: its gathered Future, None for a stream)."""
-        self.incoming.append((time.monotonic(), out, futs, targets, st, endpoint))
+    def watch(self, futs: list, targets: list, st: Any, endpoint: str) -> int:
+        """A call() just sent to ``targets`` (``[(rank, NodeRef)]``), its member Futures
+        ``futs``; its key, for ``ended`` when its result is made.
+
+        Finished calls must leave at once, not at the next tick: a second of finished
+        calls (their Futures and results) held until then made the garbage collector
+        promote and traverse them, which cost a pipelined call() ~10 % of its CPU
+        (``benchmarks/bench_stragglers.py``)."""
+        key = next(self._keys)
+        self.live[key] = (time.monotonic(), futs, targets, st, endpoint)
+        return key
+
+    def ended(self, key: int, value: Any) -> Any:
+        """The call of ``key`` has its result ``value`` (returned): it is no longer
+        watched. (A call that failed leaves at the next tick.)"""
+        self.live.pop(key, None)
+        return value
 
     def close(self) -> None:
         self.closed = True
@@ -387,23 +411,21 @@ class StragglerWatch:
     def check(self, now: float) -> None:
         """One look at every outstanding call (the timer's; a test may call it on the
         loop's thread)."""
-        incoming = self.incoming
-        while incoming:
-            e = incoming.popleft()
-            if e[1] is not None and e[1].done():     # the common case: finished already
+        live, slow, tick = self.live, self.slow, self.settings.tick_s
+        for key, e in list(live.items()):
+            if key in slow or now - e[0] < tick:     # not slow yet: a burst in flight
                 continue
-            w = _Watched(*e)
-            if not w.done():
-                self.watched.append(w)
-        keep = []
-        for w in self.watched:
-            if w.done():
+            if _settled(e[1]):                      # failed, or a stream's: ended
+                live.pop(key, None)
+                continue
+            slow[key] = _Watched(key, *e)
+        for key, w in list(slow.items()):
+            if key not in live or _settled(w.futs):
+                live.pop(key, None)
+                del slow[key]
                 self._finished(w, now)
-                continue
-            keep.append(w)
-            if w.report is None:
+            elif w.report is None:
                 self._look(w, now)
-        self.watched = keep
 
     def _finished(self, w: _Watched, now: float) -> None:
         if w.report is not None:

@@ -398,7 +398,8 @@ def test_members_blocking_their_event_loop_are_named_from_outside(watch, tmp_pat
 
 def test_calls_slow_alike_are_neither_stragglers_nor_hangs(watch):
     """Every member past the floor (1 s), none past 3 x the median nor the hang (3 s): the
-    call is slow, nobody is late; it finishes and nothing was said."""
+    call is slow, nobody is late; it finishes and nothing was said. A stream() with one
+    member late is named."""
     w, reports = watch
     state = LocalJob(hosts=("hosts",)).state(cached_path=None)
     pm = state.hosts.spawn_procs(per_host={"gpus": 4}, name="stragslow")
@@ -409,6 +410,16 @@ def test_calls_slow_alike_are_neither_stragglers_nor_hangs(watch):
         looked = w.node.run_sync(_check_and_count(w))
         assert looked == 0 and not reports.texts and not [
             r for r in w.reports if r.mesh == "stepper"]
+
+        # a stream() is watched as a call() is
+        stream = m.step.stream([1])
+        text = wait_until(lambda: reports.texts and reports.texts[0], 1.0 + 5,
+                          "the stream's straggler")
+        assert "1 of its 4 members have not answered" in text and "blocked_in_step" in text
+        _release(m)
+        assert sorted(f.get(timeout=60) for f in stream) == [0, 1, 2, 3]
+        wait_until(lambda: w.node.run_sync(_check_and_count(w)) == 0, 10,
+                   "the stream forgotten once it ended")
     finally:
         pm.stop().get(timeout=60)
 

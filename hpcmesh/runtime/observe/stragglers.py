@@ -16,12 +16,12 @@ Either is reported once per call (and once per actor mesh while that call is
 outstanding: pipelined calls stuck behind the same member say nothing new), with each
 laggard's point, host, pid, how long it has waited and its stacks, **grouped by identical
 stack** (``60 members: wait at train.py:57 (in step)``): a log warning, a row per laggard
-in the ``stragglers`` telemetry table, and ``WATCH.reports`` (the admin tree, the
-dashboard). The stacks come as the admin view gets them: the process's event loop
+in the ``stragglers`` telemetry table (the dashboard rings the late processes on its
+hosts x gpus grid from it), and ``WATCH.reports`` (the admin tree). The stacks come as the admin view gets them: the process's event loop
 (``admin_stacks``), else ``py-spy dump`` or faulthandler through its host agent.
 
-A call that finishes costs nothing more. Answer times are exact for members that answer after
-the first tick that saw their call at least a tick old (a done callback is added then, to
+A call that finishes costs nothing more. Answer times are exact for members that answer
+after the first tick that saw their call at least a tick old (a done callback is added then, to
 slow calls only); those that answered before count as answering then, an upper bound, so
 the relative threshold never fires early.
 """
@@ -286,8 +286,9 @@ class Report:
             n = len(g.members)
             lines.append(f"  {n} member{'s' if n != 1 else ''}: {g.headline}")
             for lg in g.members[:MEMBERS_SHOWN]:
+                source = f", {lg.source}" if lg.source else ""
                 lines.append(f"    {lg.point} (process {lg.process}, host {lg.host}, pid "
-                             f"{lg.pid}, {lg.waited_s:.1f} s{', ' + lg.source if lg.source else ''})")
+                             f"{lg.pid}, {lg.waited_s:.1f} s{source})")
             if n > MEMBERS_SHOWN:
                 lines.append(f"    ... and {n - MEMBERS_SHOWN} more")
             lines += ["      " + s for s in g.stack.splitlines()]

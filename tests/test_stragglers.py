@@ -186,6 +186,14 @@ def test_bad_settings_are_named():
         Settings.from_env({"HPCMESH_STRAGGLERS": "maybe"})
     assert Settings.from_env({}) == Settings()
     assert not Settings.from_env({"HPCMESH_STRAGGLERS": "0"}).enabled
+    assert Settings.from_env({"HPCMESH_HANG_AFTER_S": "inf"}).hang_s == float("inf")
+    with pytest.raises(ValueError, match="HPCMESH_STRAGGLER_AFTER_S .* and finite"):
+        Settings.from_env({"HPCMESH_STRAGGLER_AFTER_S": "inf"})
+    # configure() takes them as the watch reads them
+    from hpcmesh.config import KEYS
+    assert KEYS["hang_after_s"].check(float("inf")) == "inf"
+    with pytest.raises(ValueError, match="configure.straggler_tick_s=0"):
+        KEYS["straggler_tick_s"].check(0)
 
 
 # -- real processes ------------------------------------------------------------------------------
@@ -354,7 +362,8 @@ def test_the_dashboard_marks_the_straggler_on_the_hosts_by_gpus_grid(watch, tmp_
 
 
 def test_the_dashboard_document_marks_only_members_of_calls_not_finished():
-    from hpcmesh.telemetry.dashboard import newest_straggler_rows, straggler_reports
+    from hpcmesh.telemetry.dashboard import (newest_straggler_rows, straggler_reports,
+                                             with_straggler_marks)
 
     def row(rid, kind, process=None, group=0, size=1, waited=5.0):
         return {"report_id": rid, "timestamp_us": 10 - rid, "kind": kind, "mesh": "w",
@@ -368,6 +377,11 @@ def test_the_dashboard_document_marks_only_members_of_calls_not_finished():
     assert [(r["id"], r["finished_after_s"]) for r in reps] == [(2, 9.0), (1, None)]
     assert [(g["count"], g["points"]) for g in reps[1]["groups"]] == [
         (2, ["gpus=1", "gpus=2"]), (1, ["gpus=4"])]
+    ts = with_straggler_marks({"since_us": 8, "marks": [
+        {"timestamp_us": 7, "kind": "failure", "text": "x"}]}, rows)
+    assert [(m["kind"], m["text"]) for m in ts["marks"]] == [
+        ("failure", "x"), ("straggler", "straggler: 1 late in w.step (h0)"),
+        ("hang", "hang: 3 late in w.step (h0)")]
 
 
 def test_members_blocking_their_event_loop_are_named_from_outside(watch, tmp_path):

@@ -97,13 +97,29 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
         counts[p["new_status"]] = counts.get(p["new_status"], 0) + 1
     names = {m["id"]: m["given_name"] for m in meshes}
     return {"generated_us": now_us, "job": job, "meshes": grid, "endpoints": endpoints,
-            "timeseries": timeseries_document(q, now_us, names),
+            "timeseries": with_straggler_marks(timeseries_document(q, now_us, names), late),
             "failures": failures, "logs": list(reversed(logs)), "processes": counts,
             "stragglers": straggler_reports(late),
             "proc_meshes": process_heatmaps(
                 procs, [m for m in all_meshes if m["kind"] == "proc"],
                 [dict(a, mesh=names.get(a["mesh_id"]), **_stats(by_actor.get(a["id"], {})))
                  for a in actors], late)}
+
+
+def with_straggler_marks(ts: dict, rows: list[dict]) -> dict:
+    """The plots' ``marks`` with one more per straggler or hang report (``rows``: the
+    ``stragglers`` table's) within their window."""
+    late: dict[int, list[dict]] = {}
+    for r in rows:
+        if r["kind"] != "finished" and r["timestamp_us"] >= ts["since_us"]:
+            late.setdefault(r["report_id"], []).append(r)
+    marks = []
+    for rs in late.values():
+        biggest = min(rs, key=lambda r: r["stack_group"])
+        marks.append({"timestamp_us": rs[0]["timestamp_us"], "kind": rs[0]["kind"],
+                      "text": f"{rs[0]['kind']}: {len(rs)} late in {rs[0]['mesh']}."
+                              f"{rs[0]['endpoint']} ({biggest['headline']})"})
+    return dict(ts, marks=sorted(ts["marks"] + marks, key=lambda m: m["timestamp_us"]))
 
 
 def newest_straggler_rows(rows: list[dict]) -> dict[str, dict]:

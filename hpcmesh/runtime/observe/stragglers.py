@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import os
@@ -38,7 +39,7 @@ import statistics
 import sysconfig
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ...settings import env_flag, env_number
 from . import telemetry_recorder as _tel
@@ -149,7 +150,13 @@ def is_runtime_frame(f: Frame) -> bool:
     """hpcmesh's own code or the standard library: not where a user looks for their bug.
     Paths may be whole (the event loop, faulthandler) or short (py-spy: ``threading.py``,
     ``hpcmesh/runtime/actor_host.py``)."""
-    path = f.file
+    return _runtime_path(f.file)
+
+
+@functools.lru_cache(maxsize=4096)
+def _runtime_path(path: str) -> bool:
+    """(A report of 1,024 members asks about the same few dozen files some 100,000 times:
+    each answer is a few file-system calls, once.)"""
     if path.startswith("<"):      # <frozen os> is Python's; <dynamic-code>, <string>: the user's
         return path.startswith("<frozen")
     if "site-packages" in path or "dist-packages" in path:
@@ -368,7 +375,6 @@ class StragglerWatch:
         self.slow: dict[int, _Watched] = {}     # those at least a tick old
         self.reports: collections.deque[Report] = collections.deque(maxlen=REPORTS_KEPT)
         self.busy: dict[str, _Watched] = {}     # actor mesh id -> its reported call
-        self.on_report: list[Callable[[Report], None]] = []
         self.closed = False
         self._timer = None
         self._tasks: set = set()
@@ -495,11 +501,6 @@ class StragglerWatch:
         if (rec := _tel.RECORDER) is not None:
             for row in report.rows():
                 rec.add("stragglers", row)
-        for cb in list(self.on_report):
-            try:
-                cb(report)
-            except Exception:  # noqa: BLE001 - a listener's bug is its own
-                log.exception("straggler report listener failed")
 
     async def _stacks(self, lg: Laggard, rec: Any) -> None:
         """``lg``'s stacks: from its event loop, else py-spy, else faulthandler (through

@@ -17,6 +17,7 @@ from proc_helpers import wait_until
 
 from hpcmesh.actor import Actor, current_rank, endpoint
 from hpcmesh.admin.server import admin_endpoint, stop_admin
+from hpcmesh.admin.top import process_rows
 from hpcmesh.job import LocalJob
 from hpcmesh.runtime.client import client_runtime
 from hpcmesh.runtime.observe.introspect import find_pyspy
@@ -236,6 +237,10 @@ def test_one_blocked_actor_of_eight_is_named_with_its_point_host_pid_and_stack(w
         assert g["members"][0]["point"] == "gpus=5" and "blocked_in_step" in g["stack"]
         marked = [p for h in tree["hosts"] for p in h["processes"] if p.get("straggler")]
         assert [p["pid"] for p in marked] == [pids[5]]
+        # hpcmesh top's rows say it
+        (row,) = [r for r in process_rows(tree) if r["late"]]
+        assert row["pid"] == pids[5] and row["late"].startswith("straggler ")
+        assert f" s: wait at {HERE}:" in row["late"]
 
         # the telemetry table has its row
         def row():

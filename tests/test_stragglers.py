@@ -314,7 +314,7 @@ def test_the_dashboard_marks_the_straggler_on_the_hosts_by_gpus_grid(watch, tmp_
     """The page (headless Chromium, as tests/test_dashboard.py): the late process's cell
     on its process mesh's heatmap is marked, the report listed with its stack's headline;
     a screenshot a person can check (copied to ``$HPCMESH_TEST_ARTIFACTS``)."""
-    from test_dashboard import _browser, _quit, _require_browser, screenshot
+    from test_dashboard import _browser, _quit, _require_browser
     _require_browser()
     monkeypatch.setenv("SE_OFFLINE", "true")
     from selenium.webdriver.common.by import By
@@ -325,45 +325,50 @@ def test_the_dashboard_marks_the_straggler_on_the_hosts_by_gpus_grid(watch, tmp_
         TelemetryConfig(include_dashboard=True, dashboard_port=0))
     state = job.state(cached_path=None)
     pm = state.hosts.spawn_procs(per_host={"gpus": 4}, name="stragdash")
-    driver = profile = None
     try:
         m = pm.spawn("stepper", Stepper)
         m.pid.call().get(timeout=120)
         fut = m.step.call([2])
         wait_until(lambda: reports.texts, 1.0 + 5, "the straggler warning")
         driver, profile = _browser(tmp_path)
-        driver.get(state.dashboard_url)
-        cells = 'div.procmesh[data-mesh="stragdash"] .hc[data-key]'
-
-        def shown(d):
-            late = d.find_elements(By.CSS_SELECTOR, cells + ".late")
-            listed = d.find_element(By.ID, "stragglers").text
-            return (len(d.find_elements(By.CSS_SELECTOR, cells)) == 4 and len(late) == 1
-                    and late[0].get_attribute("data-rank") == "2"
-                    and "blocked_in_step" in listed and "stepper.step" in listed)
         try:
-            WebDriverWait(driver, 30, poll_frequency=0.2).until(shown)
-        except Exception:
-            print("page text:", driver.find_element(By.TAG_NAME, "body").text)
-            raise
-        late = driver.find_element(By.CSS_SELECTOR, cells + ".late")
-        assert "straggler: step waited" in late.get_attribute("title")
-        (actor,) = driver.find_elements(By.CSS_SELECTOR,
-                                        'div.mesh[data-mesh="stepper"] td.cell.late')
-        assert actor.get_attribute("data-rank") == "2" and "straggler" in actor.text
-        screenshot(driver, tmp_path, "dashboard-straggler.png")
-        _release(m)
-        assert fut.get(timeout=60).values() == [0, 1, 2, 3]
-        # its call finished: the mark goes, the report says when
-        WebDriverWait(driver, 30, poll_frequency=0.2).until(
-            lambda d: not d.find_elements(By.CSS_SELECTOR, ".late")
-            and "finished after" in d.find_element(By.ID, "stragglers").text)
-    finally:
-        try:
-            if driver is not None:
-                _quit(driver, profile)
+            _the_page_marks_it(driver, state.dashboard_url, tmp_path)
+            _release(m)
+            assert fut.get(timeout=60).values() == [0, 1, 2, 3]
+            # its call finished: the mark goes, the report says when
+            WebDriverWait(driver, 30, poll_frequency=0.2).until(
+                lambda d: not d.find_elements(By.CSS_SELECTOR, ".late")
+                and "finished after" in d.find_element(By.ID, "stragglers").text)
         finally:
-            pm.stop().get(timeout=60)
+            _quit(driver, profile)
+    finally:
+        pm.stop().get(timeout=60)
+
+
+def _the_page_marks_it(driver, url: str, tmp_path) -> None:
+    """gpus=2 ringed on the process heatmap and the actor grid, the report listed."""
+    from test_dashboard import screenshot
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    driver.get(url)
+    cells = 'div.procmesh[data-mesh="stragdash"] .hc[data-key]'
+
+    def shown(d):
+        late = d.find_elements(By.CSS_SELECTOR, cells + ".late")
+        listed = d.find_element(By.ID, "stragglers").text
+        return (len(d.find_elements(By.CSS_SELECTOR, cells)) == 4 and len(late) == 1
+                and late[0].get_attribute("data-rank") == "2"
+                and "blocked_in_step" in listed and "stepper.step" in listed)
+    try:
+        WebDriverWait(driver, 30, poll_frequency=0.2).until(shown)
+    except Exception:
+        print("page text:", driver.find_element(By.TAG_NAME, "body").text)
+        raise
+    late = driver.find_element(By.CSS_SELECTOR, cells + ".late")
+    assert "straggler: step waited" in late.get_attribute("title")
+    (actor,) = driver.find_elements(By.CSS_SELECTOR, 'div.mesh[data-mesh="stepper"] td.cell.late')
+    assert actor.get_attribute("data-rank") == "2" and "straggler" in actor.text
+    screenshot(driver, tmp_path, "dashboard-straggler.png")
 
 
 def test_the_dashboard_document_marks_only_members_of_calls_not_finished():

@@ -2,7 +2,7 @@
 
 A LocalJob with telemetry and the dashboard, an actor mesh over two processes, calls (one
 endpoint raises), one process SIGKILLed; then the page must show the mesh as a grid with one
-failed and one spawned cell, the failure with its signal, the endpoints and the actors' log
+failed and one spawned cell, the failure with its signal and its class, the endpoints and the actors' log
 lines. Needs ``chromium`` and ``chromium-driver`` (scripts/system-packages.sh) and selenium
 (the ``dev`` extra): skipped without them, except under CI (``CI`` set), where it fails.
 """
@@ -134,6 +134,9 @@ def test_the_dashboard_renders_a_failed_and_a_spawned_actor(tmp_path, monkeypatc
             return (status == ["failed", "spawned"] and ranks == ["0", "1"]
                     and "SIGKILL" in failures
                     and d.find_elements(By.CSS_SELECTOR, "#failures tr.failure")
+                    # its class (SPEC §12) in a column of its own
+                    and d.find_elements(By.CSS_SELECTOR,
+                                        '#failures td.failure-class[data-class="signal"]')
                     and all(e in endpoints for e in ("ping", "boom", "say"))
                     and LOG_LINE in logs and plotted(d))
 
@@ -160,6 +163,7 @@ def test_the_dashboard_renders_a_failed_and_a_spawned_actor(tmp_path, monkeypatc
                                      f'div.mesh[data-mesh="{MESH}"] td.cell[data-status="failed"]')
         assert failed.get_attribute("data-rank") == "1" and str(victim) in failed.text
         assert "SIGKILL" in (failed.get_attribute("title") or "")
+        assert (failed.get_attribute("title") or "").startswith("[signal] ")
         screenshot(driver, tmp_path, "dashboard.png")
     finally:
         try:

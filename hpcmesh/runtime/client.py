@@ -23,7 +23,8 @@ from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
 from .observe import stragglers, telemetry_recorder
-from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, describe_exit
+from .errors import (AGENT_EXITED, HOST_LOST, USER_EXCEPTION, MeshFailure, SupervisionError,
+                     describe_exit, exit_class)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
@@ -250,26 +251,31 @@ class ClientRuntime:
         await asyncio.sleep(0)       # its folds are delivered here on the loop, in order
         self.flush_logs()
 
-    def _on_exit(self, name: str, pid: int, returncode: int | None, host: str) -> None:
+    def _on_exit(self, name: str, pid: int, returncode: int | None, host: str,
+                 oom: str = "") -> None:
+        """A process ended (``oom``: the agent's word that the OOM killer ended it)."""
         rec = self.procs.get(name)
         if rec is None or rec.failure is not None:     # (lost with its host already)
             return
         status = describe_exit(returncode)
-        self._record_exit(rec, pid, host, status)
         if rec.stopping:
+            self._record_exit(rec, pid, host, status)
             if rec.node is not None:
                 self.node.fail_peer(rec.node.node_id, self._stopped(rec, host, pid, status))
             return
+        cls = exit_class(returncode, bool(oom))
+        why = f"{status}; {oom}" if oom else status
+        self._record_exit(rec, pid, host, why, cls)
         where = f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} (pid {pid})"
         if rec.node is None:
             tail = log_tail(rec.log_paths.get("stderr"), 10)
             exc = SupervisionError(
-                f"{where} exited before it connected back ({status})" +
+                f"{where} exited before it connected back ({why})" +
                 (f"; last stderr lines:\n{tail}" if tail else ""),
-                rec.mesh_name, rec.point, host, pid, status)
+                rec.mesh_name, rec.point, host, pid, status, cls)
         else:
-            exc = SupervisionError(f"{where} died: {status}", rec.mesh_name, rec.point, host,
-                                   pid, status)
+            exc = SupervisionError(f"{where} died: {why}", rec.mesh_name, rec.point, host,
+                                   pid, status, cls)
         self.flush_logs(rec.mesh_name)      # what it printed last comes before its failure
         self._fail(rec, exc)
         if rec.owner is not None or rec.node is not None:
@@ -358,7 +364,7 @@ class ClientRuntime:
                 f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} ({pid(rec)}) "
                 f"was lost with its host: {agent}", rec.mesh_name, rec.point, host, rec.pid,
                 LOST_STATUS, HOST_LOST)
-            self._record_exit(rec, rec.pid, host, LOST_STATUS)
+            self._record_exit(rec, rec.pid, host, LOST_STATUS, HOST_LOST)
             self._fail(rec, exc)
             meshes.setdefault((rec.mesh_name, id(rec.owner)), []).append(rec)
         for (mesh, _), lost in meshes.items():
@@ -372,20 +378,22 @@ class ClientRuntime:
                 LOST_STATUS, HOST_LOST)
             self.report_failure(owner, MeshFailure(mesh, error))
 
-    def _record_exit(self, rec: ProcRecord, pid: int, host: str, status: str) -> None:
+    def _record_exit(self, rec: ProcRecord, pid: int, host: str, status: str,
+                     failure_class: str | None = None) -> None:
         """The telemetry of a process's end: its own row, and one per actor it hosted
-        (those cannot say so themselves)."""
+        (those cannot say so themselves), with the failure's class."""
         tel = telemetry_recorder.RECORDER
         if tel is None:
             return
         ended = "stopped" if rec.stopping else "failed"
         why = (f"process {rec.label} of mesh {rec.mesh_name} on host {host} (pid {pid}) "
                f"{'was stopped' if rec.stopping else 'died'}: {status}")
-        tel.process_status(rec.name, rec.mesh_name, rec.label, host, pid, ended, why)
+        tel.process_status(rec.name, rec.mesh_name, rec.label, host, pid, ended, why,
+                           failure_class)
         for actor_id, st in list(self._actor_meshes.items()):
             names = st.proc_names
             if rec.name in names:
-                tel.status(f"{actor_id}.{names.index(rec.name)}", ended, why)
+                tel.status(f"{actor_id}.{names.index(rec.name)}", ended, why, failure_class)
 
     # -- the actor meshes this process spawned ------------------------------------
     def track_actor_mesh(self, mesh: TrackedActorMesh, owner: Any = None) -> None:
@@ -437,6 +445,7 @@ class ClientRuntime:
         async def offer() -> None:
             handled = False
             why = ""
+            cls = failure.reason or USER_EXCEPTION   # the cause below, unless its handler raised
             if handler is not None:
                 try:
                     if inspect.iscoroutinefunction(handler):
@@ -447,9 +456,11 @@ class ClientRuntime:
                 except Exception as e:  # noqa: BLE001 - a failing handler does not handle it
                     log.exception("__supervise__ of %s raised", owner.class_name)
                     why = f" (__supervise__ raised {type(e).__name__}: {e})"
+                    cls = USER_EXCEPTION
             if not handled:
                 host.fail_actor(f"it did not handle the failure of mesh {failure.mesh_name!r} "
-                                f"that it owns{why}: {failure.report()}")
+                                f"that it owns{why}: {failure.error.message}",
+                                failure_class=cls)
         self.node.call_soon(lambda: self.node.loop.create_task(offer()))
 
     def end_descendants(self, owner) -> None:

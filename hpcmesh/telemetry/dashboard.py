@@ -32,9 +32,10 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
                    "WHERE kind IN ('actor', 'proc') ORDER BY timestamp_us")
     meshes = [m for m in all_meshes if m["kind"] == "actor"]
     actors = q("""
-        SELECT a.id, a.mesh_id, a.rank, a.process, a.host, a.pid, s.new_status, s.reason
+        SELECT a.id, a.mesh_id, a.rank, a.process, a.host, a.pid, s.new_status, s.reason,
+               s.failure_class
         FROM actors a LEFT JOIN (
-            SELECT actor_id, new_status, reason,
+            SELECT actor_id, new_status, reason, failure_class,
                    ROW_NUMBER() OVER (PARTITION BY actor_id ORDER BY timestamp_us DESC) AS rn
             FROM actor_status_events) s
         ON s.actor_id = a.id AND s.rn = 1""")
@@ -60,6 +61,7 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
             s = by_actor.get(a["id"], {})
             cells.append({"rank": a["rank"], "actor_id": a["id"],
                           "status": a["new_status"] or "unknown", "reason": a["reason"],
+                          "failure_class": a["failure_class"],
                           "host": a["host"], "pid": a["pid"], "calls": s.get("calls", 0),
                           "errors": s.get("errors", 0),
                           "rate": (s.get("recent") or 0) / RATE_WINDOW_S,
@@ -78,18 +80,20 @@ def dashboard_document(q: Callable[[str], list[dict]], job: Any = None) -> dict:
                approx_percentile_cont(duration_us, 0.99) AS p99_us
         FROM messages GROUP BY endpoint ORDER BY calls DESC LIMIT 50""")
     failures = q("""
-        SELECT s.timestamp_us, COALESCE(a.full_name, s.actor_id) AS what, s.reason
+        SELECT s.timestamp_us, COALESCE(a.full_name, s.actor_id) AS what, s.failure_class,
+               s.reason
         FROM actor_status_events s LEFT JOIN actors a ON a.id = s.actor_id
         WHERE s.new_status = 'failed'
         UNION ALL
-        SELECT timestamp_us, CONCAT('process ', label, ' of ', mesh) AS what, reason
+        SELECT timestamp_us, CONCAT('process ', label, ' of ', mesh) AS what, failure_class,
+               reason
         FROM process_status_events WHERE new_status = 'failed'
         ORDER BY timestamp_us DESC LIMIT 30""")
     logs = q("SELECT timestamp_us, source, level, message FROM events "
              "ORDER BY timestamp_us DESC LIMIT 60")
     procs = q("""
-        SELECT process, mesh, label, host, pid, new_status, reason FROM (
-            SELECT process, mesh, label, host, pid, new_status, reason,
+        SELECT process, mesh, label, host, pid, new_status, reason, failure_class FROM (
+            SELECT process, mesh, label, host, pid, new_status, reason, failure_class,
                    ROW_NUMBER() OVER (PARTITION BY process ORDER BY timestamp_us DESC) AS rn
             FROM process_status_events) WHERE rn = 1""")
     counts: dict[str, int] = {}
@@ -214,6 +218,7 @@ def process_heatmaps(procs: list[dict], proc_meshes: list[dict],
             cells.append({
                 "process": p["process"], "label": p["label"], "host": p["host"],
                 "pid": p["pid"], "status": p["new_status"], "reason": p["reason"],
+                "failure_class": p.get("failure_class"),
                 "rank": _rank(coords[p["process"]], extent),
                 "calls": sum(a["calls"] for a in mine), "errors": sum(a["errors"] for a in mine),
                 "rate": sum(a["rate"] for a in mine),

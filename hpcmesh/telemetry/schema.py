@@ -38,6 +38,10 @@ class Table:
 
 
 TS = ("timestamp_us", "int64", "when, in microseconds since the Unix epoch (wall clock)")
+#: SPEC §12: what kind of failure it was, so that a user can tell their bug from the cluster's
+FAILURE_CLASS = ("failure_class", "string",
+                 "the failure's class: user exception, out of memory, host lost, ended by Slurm, "
+                 "signal or collective timeout (None where nothing failed)")
 
 TABLES: dict[str, Table] = {t.name: t for t in (
     Table("meshes", "one row per mesh created: proc meshes and actor meshes", (
@@ -64,7 +68,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         TS,
         ("actor_id", "string", "actors.id"),
         ("new_status", "string", "spawned, failed or stopped"),
-        ("reason", "string", "why (None for spawned)"))),
+        ("reason", "string", "why (None for spawned)"),
+        FAILURE_CLASS)),
     Table("process_status_events", "status changes of processes, as the controller sees "
           "them: running (connected), stopped, failed (with its exit status or signal)", (
         TS,
@@ -74,7 +79,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         ("host", "string", "its host"),
         ("pid", "int64", "its pid"),
         ("new_status", "string", "running, stopped or failed"),
-        ("reason", "string", "how it ended")), from_source=False),
+        ("reason", "string", "how it ended"),
+        FAILURE_CLASS), from_source=False),
     Table("messages", "one row per call an actor handled (the receiving side)", (
         TS,
         ("to_actor_id", "string", "the actor that handled it (actors.id)"),

@@ -556,13 +556,16 @@ class Recorder:
               host: str, pid: int | None) -> None:
         self.add("actors", (now_us(), actor_id, mesh_id, rank, full_name, process, host, pid))
 
-    def status(self, actor_id: str, new_status: str, reason: str | None = None) -> None:
-        self.add("actor_status_events", (now_us(), actor_id, new_status, reason))
+    def status(self, actor_id: str, new_status: str, reason: str | None = None,
+               failure_class: str | None = None) -> None:
+        self.add("actor_status_events", (now_us(), actor_id, new_status, reason,
+                                         failure_class or None))
 
     def process_status(self, process: str, mesh_name: str, label: str, host: str,
-                       pid: int | None, new_status: str, reason: str | None = None) -> None:
+                       pid: int | None, new_status: str, reason: str | None = None,
+                       failure_class: str | None = None) -> None:
         self.add("process_status_events", (now_us(), process, mesh_name, label, host, pid,
-                                           new_status, reason))
+                                           new_status, reason, failure_class or None))
 
     def event(self, level: str, source: str, message: str) -> None:
         """A log line or another notable fact (``events``)."""

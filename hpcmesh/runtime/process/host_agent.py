@@ -33,6 +33,7 @@ from ..observe.introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, re
 from ..observe.log_fold import TimedFolders
 from ..messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
 from ..node import Node, NodeRef, PortRef
+from .oom import OomWatch
 from .zygote import ZygoteClient, ZygoteProcess
 
 log = logging.getLogger("hpcmesh.agent")
@@ -61,6 +62,7 @@ class _Proc:
     fold: tuple | None = None   # (events, group, window): its lines are folded there
     same_secret: bool = True    # started under this agent's secret: the agent can dial it
     node_id: str | None = None  # its node, once this agent has called it (telemetry)
+    oom_start: tuple | None = None  # its memory cgroup's OOM kill count at start (oom.py)
 
 
 def process_cap_message(label: str, host: str, why: str) -> str:
@@ -87,6 +89,7 @@ class HostAgent:
         # reports them too (bounded: the oldest are forgotten first)
         self.exited: dict[str, int | None] = {}
         self._by_pid: dict[int, _Proc] = {}      # zygote-forked processes, by pid
+        self._oom = OomWatch()                   # which SIGKILLs were the OOM killer's
         self._zygote: ZygoteClient | None = None
         self._zygote_env: dict[str, str] = {}
         if env_flag("HPCMESH_ZYGOTE", True):
@@ -217,7 +220,8 @@ class HostAgent:
                 if popen is None:
                     popen = self._exec(cmd, env, label)
                 p = _Proc(name, popen, events, exit_actions=bootstrap_vars[EXIT_ACTIONS_VAR],
-                          forward=forward, same_secret=secret_hex == self.node.secret.hex())
+                          forward=forward, same_secret=secret_hex == self.node.secret.hex(),
+                          oom_start=self._oom.started(popen.pid))
                 started.append(p)      # first: a failure while watching it still kills it
                 self._watch(p, log_dir)
                 out.append((name, popen.pid, {s: f.name for s, f in p.logs.items()}))
@@ -484,13 +488,15 @@ class HostAgent:
         if p.exited.is_set():
             return
         p.exited.set()
-        log.info("process %s (pid %d) ended: %s", p.name, p.popen.pid, describe_exit(p.returncode))
+        oom = self._oom.ended(p.oom_start, p.returncode)
+        log.info("process %s (pid %d) ended: %s%s", p.name, p.popen.pid,
+                 describe_exit(p.returncode), f"; {oom}" if oom else "")
         if p.fold is not None:
             self._folds.flush(p.fold)    # its last lines come before its exit
         if p.events is not None:
             try:
                 self.node.send(p.events.node, deliver_msg(p.events.port_id, (
-                    EVENT_EXIT, p.name, p.popen.pid, p.returncode, self.hostname)))
+                    EVENT_EXIT, p.name, p.popen.pid, p.returncode, self.hostname, oom)))
             except Exception:  # noqa: BLE001
                 pass
         self.procs.pop(p.name, None)

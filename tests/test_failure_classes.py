@@ -122,6 +122,43 @@ def test_a_process_killed_with_kill_9_is_a_signal(unhandled_faults):
         procs.stop().get(timeout=30)
 
 
+class Parent(Actor):
+    """Owns a mesh of its own; ``raising``: its ``__supervise__`` raises instead of handling."""
+
+    def __init__(self, raising: bool = False):
+        if raising:
+            self.__supervise__ = self._raise
+
+    @staticmethod
+    def _raise(failure) -> bool:
+        raise RuntimeError("a bug in __supervise__")
+
+    @endpoint
+    async def start(self) -> int:
+        self.kids = this_host().spawn_procs({"gpus": 1}, name="kid_procs").spawn("kids", Faulty)
+        return (await self.kids.pid.call_one())
+
+
+def test_an_owner_that_does_not_handle_a_failure_below_it_fails_with_that_class(
+        unhandled_faults):
+    """The owner's failure is the cluster's when what failed below it was (here a signal);
+    its own code's when its ``__supervise__`` raised."""
+    procs = this_host().spawn_procs({"gpus": 1}, name="parent_procs")
+    try:
+        for raising, mesh_name, cls in ((False, "parents", SIGNAL),
+                                        (True, "raising_parents", USER_EXCEPTION)):
+            parent = procs.spawn(mesh_name, Parent, raising)
+            kid = parent.start.call_one().get(timeout=60)
+            before = len(unhandled_faults)
+            os.kill(kid, signal.SIGKILL)
+            failure = _failures_of(unhandled_faults, before, mesh_name)[0]
+            _says(failure, cls)
+            report = failure.report()
+            assert "killed by SIGKILL" in report and report.count("failure class:") == 1, report
+    finally:
+        procs.stop().get(timeout=30)
+
+
 # -- out of memory ----------------------------------------------------------------------------
 class Hog(Actor):
     @endpoint
@@ -267,10 +304,14 @@ def test_a_process_past_its_memory_limit_is_out_of_memory_and_a_kill_9_is_not(
 class Member(Actor):
     @endpoint
     def join(self) -> bool:
-        """Every member forms the groups (torch's world and the pairs along gpus)."""
+        """Every member forms the groups (torch's world and the pairs along gpus) and
+        reduces once along gpus through torch itself (so gloo's pairs are connected)."""
+        import torch
+        import torch.distributed as dist
         from hpcmesh import collectives
-        collectives.process_group("gpus")
-        return True
+        t = torch.ones(1)
+        dist.all_reduce(t, group=collectives.process_group("gpus"))
+        return t.item() == 2
 
     @endpoint
     def lonely_all_reduce(self) -> None:
@@ -309,7 +350,7 @@ def test_a_collective_that_times_out_is_a_collective_timeout(unhandled_faults):
         with pytest.raises(ActorError) as ei:
             mesh.slice(pairs=1, gpus=0).lonely_torch_all_reduce.call_one().get(timeout=60)
         assert ei.value.reason == COLLECTIVE_TIMEOUT, str(ei.value)
-        assert "Timed out" in str(ei.value), str(ei.value)
+        assert "gloo" in str(ei.value), str(ei.value)        # torch's own error
         # broadcast: nobody can be told, the actor fails, with the class
         before = len(unhandled_faults)
         mesh.slice(pairs=2, gpus=0).lonely_all_reduce.broadcast()
@@ -325,6 +366,9 @@ def test_a_collective_that_times_out_is_a_collective_timeout(unhandled_faults):
 def test_torch_collective_timeout_texts_are_recognized_and_other_errors_are_not():
     gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
                         "Timed out waiting 3000ms for recv operation to complete")
+    connect = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.h:311] "
+                           "Connect timeout [none]")
+    assert failure_class_of(connect) == COLLECTIVE_TIMEOUT
     nccl = RuntimeError("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
                         "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600035 milliseconds")
     assert failure_class_of(gloo) == failure_class_of(nccl) == COLLECTIVE_TIMEOUT

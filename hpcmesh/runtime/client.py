@@ -63,6 +63,7 @@ class ProcRecord:
     on_failure: Callable | None = None
     owner: Any = None            # ActorInstance that spawned this process (None: the client)
     stop_reason: str = ""        # why it ends on purpose (stopping), where not a stop()
+    stop_class: str = ""         # that, as a class (AGENT_EXITED, ENDED_BY_SLURM; errors.py)
 
 
 def _listen_addresses(node_id_unix: str) -> list[str]:
@@ -259,7 +260,7 @@ class ClientRuntime:
             return
         status = describe_exit(returncode)
         if rec.stopping:
-            self._record_exit(rec, pid, host, status)
+            self._record_exit(rec, pid, host, status, rec.stop_class)
             if rec.node is not None:
                 self.node.fail_peer(rec.node.node_id, self._stopped(rec, host, pid, status))
             return
@@ -298,12 +299,11 @@ class ClientRuntime:
             self.node.fail_peer(rec.node.node_id, exc)
 
     @staticmethod
-    def _stopped(rec: ProcRecord, host: str, pid: int | None, status: str,
-                 reason: str = "") -> SupervisionError:
-        """What calls to a process that ended on purpose raise."""
+    def _stopped(rec: ProcRecord, host: str, pid: int | None, status: str) -> SupervisionError:
+        """What calls to a process that ended on purpose raise (with the class of why)."""
         why = f": {rec.stop_reason}" if rec.stop_reason else ""
         return SupervisionError(f"process {rec.label} of mesh {rec.mesh_name} was stopped{why}",
-                                rec.mesh_name, rec.point, host, pid, status, reason)
+                                rec.mesh_name, rec.point, host, pid, status, rec.stop_class)
 
     # -- host agents that end ---------------------------------------------------------
     def _live_on(self, agent_id: str) -> list[ProcRecord]:
@@ -319,8 +319,9 @@ class ClientRuntime:
         for rec in self._live_on(agent_id):
             rec.stopping = True
             rec.stop_reason = f"its host agent on {host} exited ({reason})"
+            rec.stop_class = AGENT_EXITED
             self._fail_waiters(rec, self._stopped(
-                rec, host, rec.pid, f"killed by its host agent ({reason})", AGENT_EXITED))
+                rec, host, rec.pid, f"killed by its host agent ({reason})"))
 
     def _on_peer_closed(self, node, peer_id: str, exc: BaseException | None) -> None:
         """The last connection to a peer closed. If it is an agent with live processes of

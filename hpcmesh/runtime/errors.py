@@ -56,9 +56,11 @@ FAILURE_CLASS_ATTR = "failure_class"
 #: How torch.distributed's own collectives say they timed out, for code that calls them
 #: directly (hpcmesh.collectives raises CollectiveTimeoutError): gloo's transport
 #: ("[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv
-#: operation to complete"), ``Work.wait(timeout)`` ("Operation timed out!"), NCCL's watchdog
-#: ("Watchdog caught collective operation timeout: WorkNCCL(...)").
-_TORCH_TIMEOUT_TEXTS = (("gloo", "Timed out waiting"), ("", "Operation timed out!"),
+#: operation to complete"; "[.../gloo/transport/tcp/pair.h:311] Connect timeout", a peer
+#: that never connected to the group), ``Work.wait(timeout)`` ("Operation timed out!"),
+#: NCCL's watchdog ("Watchdog caught collective operation timeout: WorkNCCL(...)").
+_TORCH_TIMEOUT_TEXTS = (("gloo", "Timed out waiting"), ("gloo", "Connect timeout"),
+                        ("", "Operation timed out!"),
                         ("", "Watchdog caught collective operation timeout"))
 
 

@@ -41,7 +41,8 @@ TS = ("timestamp_us", "int64", "when, in microseconds since the Unix epoch (wall
 #: SPEC §12: what kind of failure it was, so that a user can tell their bug from the cluster's
 FAILURE_CLASS = ("failure_class", "string",
                  "the failure's class: user exception, out of memory, host lost, ended by Slurm, "
-                 "signal or collective timeout (None where nothing failed)")
+                 "signal or collective timeout; for a process stopped because its host agent "
+                 "or its job ended, why (agent exited, ended by Slurm); None otherwise")
 
 TABLES: dict[str, Table] = {t.name: t for t in (
     Table("meshes", "one row per mesh created: proc meshes and actor meshes", (

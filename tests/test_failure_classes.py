@@ -22,6 +22,7 @@ from hpcmesh.actor import (Actor, ActorError, MeshFailure, SupervisionError, con
 from hpcmesh.job import ProcessJob
 from hpcmesh.runtime.errors import (COLLECTIVE_TIMEOUT, ENDED_BY_SLURM, HOST_LOST,
                                     OUT_OF_MEMORY, SIGNAL, USER_EXCEPTION, failure_class_of)
+from hpcmesh.runtime.process.oom import memory_cgroup_mounts
 
 #: SPEC §3: a dead process fails what is pending on it within 5 s; the margin is for a
 #: loaded test machine.
@@ -180,15 +181,9 @@ class Hog(Actor):
 def _memory_cgroup(limit: int) -> tuple[str, str]:
     """A new memory cgroup with ``limit`` bytes (as root; v1 beside the test's own memory
     cgroup, v2 under the root): (its folder, the file its processes are written to)."""
-    mounts = {}
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            pre, _, post = line.partition(" - ")
-            fields, rest = pre.split(), post.split()
-            if rest[0] == "cgroup" and "memory" in rest[2].split(","):
-                mounts["v1"] = (fields[3], fields[4])
-            elif rest[0] == "cgroup2":
-                mounts.setdefault("v2", (fields[3], fields[4]))
+    mounts: dict[str, tuple[str, str]] = {}
+    for kind, root, point in memory_cgroup_mounts():
+        mounts.setdefault(kind, (root, point))
     name = f"hpcmesh-oom-test-{os.getpid()}"
     if "v1" in mounts:
         with open("/proc/self/cgroup") as f:
@@ -466,3 +461,30 @@ def test_the_telemetry_tables_and_the_dashboard_say_each_failures_class(stop_tel
         assert cell["failure_class"] == SIGNAL
     finally:
         procs.stop().get(timeout=30)
+
+
+def test_each_oom_kill_counted_explains_one_sigkill_only(tmp_path):
+    """Pure: the cgroup mounts are read from mountinfo (v2, and v1 only with its memory
+    controller); a count that went up since a process started explains one SIGKILL, not a
+    second one, and never an exit status or another signal."""
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "30 25 0:26 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw\n"
+        "35 25 0:31 / /sys/fs/cgroup/memory rw,relatime shared:14 - cgroup cgroup rw,memory\n"
+        "36 25 0:32 / /sys/fs/cgroup/cpu rw,relatime shared:15 - cgroup cgroup rw,cpu\n"
+        "40 25 0:40 / /proc rw,relatime - proc proc rw\n")
+    assert memory_cgroup_mounts(str(mountinfo)) == [
+        ("v2", "/", "/sys/fs/cgroup/unified"), ("v1", "/", "/sys/fs/cgroup/memory")]
+
+    from hpcmesh.runtime.process.oom import OomWatch
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    watch = OomWatch()
+    start = (str(events), 1)
+    assert watch.ended(start, -signal.SIGKILL) == ""             # nothing new: a kill -9
+    events.write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n")
+    assert watch.ended(start, 1) == "" and watch.ended(start, -signal.SIGTERM) == ""
+    assert "OOM killer" in watch.ended(start, -signal.SIGKILL)
+    assert watch.ended(start, -signal.SIGKILL) == ""             # claimed already
+    events.write_text("oom_kill 3\n")
+    assert "OOM killer" in watch.ended(start, 128 + signal.SIGKILL)   # through a shell

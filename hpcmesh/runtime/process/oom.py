@@ -23,7 +23,7 @@ log = logging.getLogger("hpcmesh.agent")
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 
-def _mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str, str]]:
+def memory_cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str, str]]:
     """(kind, root, mount point) of the cgroup mounts: kind ``v2``, or ``v1`` for a v1
     hierarchy with the memory controller."""
     out = []
@@ -97,7 +97,7 @@ class OomWatch:
     def started(self, pid: int) -> tuple[str, int] | None:
         """Read when process ``pid`` starts: its counter file and the count then."""
         if self._mounts is None:
-            self._mounts = _mounts()
+            self._mounts = memory_cgroup_mounts()
         path = counter_file(pid, self._mounts)
         count = oom_kills(path)
         if path is None or count is None:

@@ -358,6 +358,46 @@ def test_a_collective_that_times_out_is_a_collective_timeout(unhandled_faults):
         procs.stop().get(timeout=30)
 
 
+class Aborter(Actor):
+    @endpoint
+    def abort(self, say_nccl: bool) -> None:
+        """Abort the process; ``say_nccl``: first say on stderr what NCCL's watchdog says
+        when a collective timed out and it takes the process down (torch 2.x's words)."""
+        import sys
+        if say_nccl:
+            print("[rank0]:[E1206 12:00:00.000000000 ProcessGroupNCCL.cpp:632] [Rank 0] "
+                  "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+                  "OpType=ALLREDUCE, NumelIn=2, NumelOut=2, Timeout(ms)=2000) ran for 2003 "
+                  "milliseconds before timing out.", file=sys.stderr)
+            print("[rank0]:[E1206 12:00:00.000000001 ProcessGroupNCCL.cpp:1664] To avoid "
+                  "data inconsistency, we are taking the entire process down.",
+                  file=sys.stderr)
+            for i in range(200):        # the abort's C++ stack trace follows
+                print(f"frame #{i}: 0x7f00000{i:04x} in /usr/lib/libc10.so", file=sys.stderr)
+        sys.stderr.flush()
+        os.abort()
+
+
+def test_a_process_that_nccls_watchdog_took_down_is_a_collective_timeout(unhandled_faults):
+    """NCCL's watchdog does not raise: it aborts the process (SIGABRT) after saying why on
+    its stderr. No GPU here: the process says NCCL's words and aborts as NCCL does; one that
+    aborts without them is a signal."""
+    procs = this_host().spawn_procs({"gpus": 2}, name="watchdog_procs")
+    try:
+        mesh = procs.spawn("aborters", Aborter)
+        mesh.initialized.get(timeout=60)
+        before = len(unhandled_faults)
+        mesh.slice(gpus=0).abort.broadcast(True)
+        failure = _failures_of(unhandled_faults, before, "watchdog_procs")[0]
+        _says(failure, COLLECTIVE_TIMEOUT)
+        assert "killed by SIGABRT" in failure.report() and "NCCL's watchdog" in failure.report()
+        mesh.slice(gpus=1).abort.broadcast(False)
+        second = _failures_of(unhandled_faults, before, "watchdog_procs", 2)[1]
+        _says(second, SIGNAL)
+    finally:
+        procs.stop().get(timeout=30)
+
+
 def test_torch_collective_timeout_texts_are_recognized_and_other_errors_are_not():
     gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
                         "Timed out waiting 3000ms for recv operation to complete")

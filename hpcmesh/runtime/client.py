@@ -253,8 +253,9 @@ class ClientRuntime:
         self.flush_logs()
 
     def _on_exit(self, name: str, pid: int, returncode: int | None, host: str,
-                 oom: str = "") -> None:
-        """A process ended (``oom``: the agent's word that the OOM killer ended it)."""
+                 cause: tuple[str, str] | None = None) -> None:
+        """A process ended. ``cause``: (failure class, why) where its agent could tell what
+        ended it (the OOM killer, NCCL's watchdog)."""
         rec = self.procs.get(name)
         if rec is None or rec.failure is not None:     # (lost with its host already)
             return
@@ -264,8 +265,8 @@ class ClientRuntime:
             if rec.node is not None:
                 self.node.fail_peer(rec.node.node_id, self._stopped(rec, host, pid, status))
             return
-        cls = exit_class(returncode, bool(oom))
-        why = f"{status}; {oom}" if oom else status
+        cls = cause[0] if cause else exit_class(returncode)
+        why = f"{status}; {cause[1]}" if cause else status
         self._record_exit(rec, pid, host, why, cls)
         where = f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} (pid {pid})"
         if rec.node is None:

@@ -59,9 +59,9 @@ FAILURE_CLASS_ATTR = "failure_class"
 #: operation to complete"; "[.../gloo/transport/tcp/pair.h:311] Connect timeout", a peer
 #: that never connected to the group), ``Work.wait(timeout)`` ("Operation timed out!"),
 #: NCCL's watchdog ("Watchdog caught collective operation timeout: WorkNCCL(...)").
+NCCL_WATCHDOG_TIMEOUT = "Watchdog caught collective operation timeout"
 _TORCH_TIMEOUT_TEXTS = (("gloo", "Timed out waiting"), ("gloo", "Connect timeout"),
-                        ("", "Operation timed out!"),
-                        ("", "Watchdog caught collective operation timeout"))
+                        ("", "Operation timed out!"), ("", NCCL_WATCHDOG_TIMEOUT))
 
 
 def failure_class_of(exc: BaseException) -> str:
@@ -121,12 +121,10 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
-def exit_class(returncode: int | None, oom: bool = False) -> str:
-    """The failure class of a process that ended on its own with ``returncode``: the OOM
-    killer's (``oom``: its host agent saw the kill counted), another signal's, or its own
-    code's (an exit status: it exited, or could not start); "" where nobody saw it end."""
-    if oom:
-        return OUT_OF_MEMORY
+def exit_class(returncode: int | None) -> str:
+    """The failure class of a process that ended on its own with ``returncode``, where its
+    host agent saw no cause (the OOM killer, NCCL's watchdog): a signal's, or its own code's
+    (an exit status: it exited, or could not start); "" where nobody saw it end."""
     if returncode is None:
         return ""
     return SIGNAL if returncode < 0 else USER_EXCEPTION

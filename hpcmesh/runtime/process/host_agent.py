@@ -27,7 +27,9 @@ from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, B
 from ...private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
 from ...settings import env_flag
 from . import placement
-from ..errors import SupervisionError, describe_exit
+from ..errors import (COLLECTIVE_TIMEOUT, NCCL_WATCHDOG_TIMEOUT, OUT_OF_MEMORY, SupervisionError,
+                      describe_exit)
+from ...log_tail import log_tail
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env, gpu_indexes
 from ..observe.introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
 from ..observe.log_fold import TimedFolders
@@ -44,6 +46,9 @@ EXITED_KEPT = 4096
 #: Drains of this host's processes that answered after their collection gave up, kept for
 #: the next one (``telemetry_drain_host``), at most this many per process running here.
 LATE_DRAINS_PER_PROC = 2
+#: How much of the end of a process's stderr is read for NCCL's watchdog message (the C++
+#: stack trace of the abort follows it).
+WATCHDOG_TAIL_BYTES = 65536
 
 
 @dataclass
@@ -488,15 +493,15 @@ class HostAgent:
         if p.exited.is_set():
             return
         p.exited.set()
-        oom = self._oom.ended(p.oom_start, p.returncode)
+        cause = self._exit_cause(p)
         log.info("process %s (pid %d) ended: %s%s", p.name, p.popen.pid,
-                 describe_exit(p.returncode), f"; {oom}" if oom else "")
+                 describe_exit(p.returncode), f"; {cause[1]}" if cause else "")
         if p.fold is not None:
             self._folds.flush(p.fold)    # its last lines come before its exit
         if p.events is not None:
             try:
                 self.node.send(p.events.node, deliver_msg(p.events.port_id, (
-                    EVENT_EXIT, p.name, p.popen.pid, p.returncode, self.hostname, oom)))
+                    EVENT_EXIT, p.name, p.popen.pid, p.returncode, self.hostname, cause)))
             except Exception:  # noqa: BLE001
                 pass
         self.procs.pop(p.name, None)
@@ -504,6 +509,20 @@ class HostAgent:
         self.exited[p.name] = p.returncode
         while len(self.exited) > EXITED_KEPT:
             self.exited.pop(next(iter(self.exited)))
+
+    def _exit_cause(self, p: _Proc) -> tuple[str, str] | None:
+        """(failure class, why) of a death by a signal that this host can explain: the
+        kernel's OOM killer (``oom.py``), or NCCL's watchdog, which aborts a process whose
+        collective timed out and says so on its stderr; None for any other end."""
+        oom = self._oom.ended(p.oom_start, p.returncode)
+        if oom:
+            return OUT_OF_MEMORY, oom
+        if p.returncode is not None and p.returncode < 0 and "stderr" in p.logs and \
+                NCCL_WATCHDOG_TIMEOUT in log_tail(p.logs["stderr"].name, 1000,
+                                                  max_bytes=WATCHDOG_TAIL_BYTES):
+            return COLLECTIVE_TIMEOUT, "NCCL's watchdog took it down: a collective timed out " \
+                "(its stderr says so)"
+        return None
 
     async def dump_stacks(self, name: str, tool: str = "faulthandler", native: bool = False) -> str:
         """The admin view's fallbacks when a process's loop does not answer: its stacks as

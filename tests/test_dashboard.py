@@ -348,8 +348,9 @@ def test_the_plots_are_rates_per_bucket_from_the_tables():
                                 (t0, 1, "u1", "H100", 50.0, 1, 2, "agent", "node1", 9)])
     store.append("process_status_events", [
         (t0 + b, "p1", "procs", "gpus=1", "node2", 12, "failed",
-         "process gpus=1 of mesh procs on host node2 (pid 12) died: killed by SIGKILL"),
-        (old, "p9", "procs", "gpus=9", "node9", 19, "failed", "long ago")])
+         "process gpus=1 of mesh procs on host node2 (pid 12) died: killed by SIGKILL",
+         "signal"),
+        (old, "p9", "procs", "gpus=9", "node9", 19, "failed", "long ago", "signal")])
     engine = QueryEngine(store)
     ts = timeseries_document(lambda sql: engine.query(sql).to_pylist(), now, {"m1": "train"})
     assert ts["calls"] == [{"name": "train", "points": [[t0, 15 / BUCKET_S],
@@ -361,4 +362,5 @@ def test_the_plots_are_rates_per_bucket_from_the_tables():
     assert host["gpu"] == [[t0, 40.0]]
     assert [(m["kind"], m["timestamp_us"]) for m in ts["marks"]] == [("failure", t0 + b)]
     assert "gpus=1" in ts["marks"][0]["text"] and "SIGKILL" in ts["marks"][0]["text"]
+    assert ts["marks"][0]["text"].startswith("[signal] ")     # its class (SPEC §12)
     assert ts["since_us"] <= t0 and ts["now_us"] == now

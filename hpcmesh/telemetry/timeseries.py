@@ -64,11 +64,14 @@ def timeseries_document(q: Callable[[str], list[dict]], now_us: int,
 
 
 def _marks(q: Callable[[str], list[dict]], since: int) -> list[dict]:
-    """``[{"timestamp_us", "kind", "text"}]``: failures of processes, and the job's own
-    events (requeued, preempted...) when its telemetry has a ``job_events`` table."""
+    """``[{"timestamp_us", "kind", "text"}]``: failures of processes (their class first),
+    and the job's own events (requeued, preempted...) when its telemetry has a
+    ``job_events`` table."""
     marks = [{"timestamp_us": r["timestamp_us"], "kind": "failure",
-              "text": r["reason"] or f"process {r['label']} of {r['mesh']} failed"}
-             for r in q(f"SELECT timestamp_us, mesh, label, reason FROM process_status_events "
+              "text": (f"[{r['failure_class']}] " if r["failure_class"] else "") +
+                      (r["reason"] or f"process {r['label']} of {r['mesh']} failed")}
+             for r in q(f"SELECT timestamp_us, mesh, label, reason, failure_class "
+                        f"FROM process_status_events "
                         f"WHERE new_status = 'failed' AND timestamp_us >= {since} "
                         f"ORDER BY timestamp_us LIMIT 200")]
     if "job_events" in TABLES:

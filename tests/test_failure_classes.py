@@ -528,3 +528,14 @@ def test_each_oom_kill_counted_explains_one_sigkill_only(tmp_path):
     assert watch.ended(start, -signal.SIGKILL) == ""             # claimed already
     events.write_text("oom_kill 3\n")
     assert "OOM killer" in watch.ended(start, 128 + signal.SIGKILL)   # through a shell
+
+    # a kill nobody here claimed (another program in the cgroup) goes stale: it explains
+    # no kill -9 a while later
+    watch.track(str(events), 3)
+    events.write_text("oom_kill 4\n")
+    watch.age()                     # (every AGE_S)
+    assert "OOM killer" in watch.ended(start, -signal.SIGKILL)     # fresh: explains one
+    events.write_text("oom_kill 5\n")
+    watch.age()
+    watch.age()
+    assert watch.ended(start, -signal.SIGKILL) == ""               # counted two ages ago

@@ -35,7 +35,7 @@ from ..observe.introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, re
 from ..observe.log_fold import TimedFolders
 from ..messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
 from ..node import Node, NodeRef, PortRef
-from .oom import OomWatch
+from .oom import AGE_S as OOM_AGE_S, OomWatch
 from .zygote import ZygoteClient, ZygoteProcess
 
 log = logging.getLogger("hpcmesh.agent")
@@ -95,6 +95,7 @@ class HostAgent:
         self.exited: dict[str, int | None] = {}
         self._by_pid: dict[int, _Proc] = {}      # zygote-forked processes, by pid
         self._oom = OomWatch()                   # which SIGKILLs were the OOM killer's
+        node.call_soon(self._age_oom)
         self._zygote: ZygoteClient | None = None
         self._zygote_env: dict[str, str] = {}
         if env_flag("HPCMESH_ZYGOTE", True):
@@ -509,6 +510,11 @@ class HostAgent:
         self.exited[p.name] = p.returncode
         while len(self.exited) > EXITED_KEPT:
             self.exited.pop(next(iter(self.exited)))
+
+    def _age_oom(self) -> None:
+        """The OOM kills counted are fresh for ``oom.AGE_S`` only (see oom.py)."""
+        self._oom.age()
+        self.node.loop.call_later(OOM_AGE_S, self._age_oom)
 
     def _exit_cause(self, p: _Proc) -> tuple[str, str] | None:
         """(failure class, why) of a death by a signal that this host can explain: the

@@ -7,7 +7,10 @@ it *before* it sends the SIGKILL, so once the parent sees the death the count is
 host agent reads the count of each process's cgroup when it starts it; a process that then
 dies of SIGKILL while the count went up was the OOM killer's (a cgroup limit, Slurm's
 ``ConstrainRAMSpace``, or the whole node out of memory). Each kill counted is given to one
-death only. A process that moves itself to another cgroup after it started is not followed.
+death only, and only while it is fresh (``AGE_S``): a cgroup shared with other programs (a
+login node's session) may count a kill of one of them that nobody here claims, which must
+not explain a kill -9 an hour later. A process that moves itself to another cgroup after it
+started is not followed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ log = logging.getLogger("hpcmesh.agent")
 #: Return codes of a death by SIGKILL: killed itself (Popen's ``-9``), or a shell that ran it
 #: without ``exec`` and passed the signal on as its exit status (128 + 9).
 KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
+#: ``OomWatch.age`` runs this often: a kill counted before its last run is too old to
+#: explain a death (the kernel counts a kill just before the SIGKILL, and the death is seen
+#: within milliseconds of it), one counted since then is fresh.
+AGE_S = 5.0
 
 
 def memory_cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str, str]]:
@@ -92,7 +99,21 @@ class OomWatch:
 
     def __init__(self) -> None:
         self._mounts: list | None = None
-        self._claimed: dict[str, int] = {}     # counter file -> kills given to a death
+        self._claimed: dict[str, int] = {}     # counter file -> kills given to a death or old
+        self._last: dict[str, int] = {}        # counter file -> its count at the last age()
+
+    def age(self) -> None:
+        """Every ``AGE_S``: the kills counted before the previous call explain no death."""
+        for path, claimed in list(self._claimed.items()):
+            before = self._last.get(path)
+            if before is not None and before > claimed:
+                self._claimed[path] = before
+            now = oom_kills(path)
+            if now is None:          # the cgroup is gone (its processes with it)
+                del self._claimed[path]
+                self._last.pop(path, None)
+            else:
+                self._last[path] = now
 
     def started(self, pid: int) -> tuple[str, int] | None:
         """Read when process ``pid`` starts: its counter file and the count then."""
@@ -102,6 +123,11 @@ class OomWatch:
         count = oom_kills(path)
         if path is None or count is None:
             return None
+        return self.track(path, count)
+
+    def track(self, path: str, count: int) -> tuple[str, int]:
+        """A process starts in the cgroup of counter file ``path``, which counts ``count``
+        now: what ``ended`` takes for it."""
         self._claimed.setdefault(path, count)
         return path, count
 

@@ -124,15 +124,29 @@ def test_a_process_killed_with_kill_9_is_a_signal(unhandled_faults):
 
 
 class Parent(Actor):
-    """Owns a mesh of its own; ``raising``: its ``__supervise__`` raises instead of handling."""
+    """Owns a mesh of its own; ``supervise``: its ``__supervise__`` raises ("raise") or
+    handles ("handle") a failure there, instead of having none."""
 
-    def __init__(self, raising: bool = False):
-        if raising:
-            self.__supervise__ = self._raise
+    def __init__(self, supervise: str = ""):
+        self.handled: list = []
+        if supervise:
+            self.__supervise__ = getattr(self, f"_{supervise}")
 
     @staticmethod
     def _raise(failure) -> bool:
         raise RuntimeError("a bug in __supervise__")
+
+    def _handle(self, failure) -> bool:
+        self.handled.append(failure.reason)
+        return True
+
+    @endpoint
+    def seen(self) -> list:
+        return self.handled
+
+    @endpoint
+    async def call_kid(self) -> int:
+        return await self.kids.pid.call_one()
 
     @endpoint
     async def start(self) -> int:
@@ -146,9 +160,9 @@ def test_an_owner_that_does_not_handle_a_failure_below_it_fails_with_that_class(
     its own code's when its ``__supervise__`` raised."""
     procs = this_host().spawn_procs({"gpus": 1}, name="parent_procs")
     try:
-        for raising, mesh_name, cls in ((False, "parents", SIGNAL),
-                                        (True, "raising_parents", USER_EXCEPTION)):
-            parent = procs.spawn(mesh_name, Parent, raising)
+        for supervise, mesh_name, cls in (("", "parents", SIGNAL),
+                                          ("raise", "raising_parents", USER_EXCEPTION)):
+            parent = procs.spawn(mesh_name, Parent, supervise)
             kid = parent.start.call_one().get(timeout=60)
             before = len(unhandled_faults)
             os.kill(kid, signal.SIGKILL)
@@ -156,6 +170,15 @@ def test_an_owner_that_does_not_handle_a_failure_below_it_fails_with_that_class(
             _says(failure, cls)
             report = failure.report()
             assert "killed by SIGKILL" in report and report.count("failure class:") == 1, report
+        # one that handled it, then calls the dead kid and lets the error out: its caller's
+        # ActorError has the kid's class
+        parent = procs.spawn("handling_parents", Parent, "handle")
+        os.kill(parent.start.call_one().get(timeout=60), signal.SIGKILL)
+        assert wait_until(lambda: parent.seen.call_one().get(timeout=60), BOUND_S,
+                          "the parent handles its kid's death") == [SIGNAL]
+        with pytest.raises(ActorError) as ei:
+            parent.call_kid.call_one().get(timeout=60)
+        assert ei.value.reason == SIGNAL and "SupervisionError" in str(ei.value), str(ei.value)
     finally:
         procs.stop().get(timeout=30)
 

@@ -22,12 +22,12 @@ from typing import Any, Union
 import torch
 import torch.distributed as dist
 
+from ..runtime.errors import COLLECTIVE_TIMEOUT, failure_class_of
 from ..runtime.torch_store import tcp_store
 from ..settings import (COLLECTIVE_TIMEOUT_VAR, DEFAULT_COLLECTIVE_TIMEOUT_S,
                         MAX_COLLECTIVE_TIMEOUT_S, collective_timeout, env_flag)
 from . import world as world_mod
 from .check import describe_fingerprint, fingerprint, resolve_op, validate_reduce
-from ..runtime.errors import COLLECTIVE_TIMEOUT, failure_class_of
 from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from .groups import Dims, GroupSpec, compute_group, extent_items, format_extent
 

@@ -64,16 +64,27 @@ _TORCH_TIMEOUT_TEXTS = (("gloo", "Timed out waiting"), ("gloo", "Connect timeout
                         ("", "Operation timed out!"), ("", NCCL_WATCHDOG_TIMEOUT))
 
 
+#: The classes of failures (SPEC §12): AGENT_EXITED is a stop, not one of them.
+FAILURE_CLASSES = (USER_EXCEPTION, OUT_OF_MEMORY, HOST_LOST, ENDED_BY_SLURM, SIGNAL,
+                   COLLECTIVE_TIMEOUT)
+
+
 def failure_class_of(exc: BaseException) -> str:
     """The class of a failure ``exc`` raised by user code caused: the class it (or an
-    exception it was raised from) says it is, a torch collective's timeout by its text, else
-    ``USER_EXCEPTION``. Reads no module: torch stays unimported."""
+    exception it was raised from) says it is (a ``failure_class`` attribute; an ActorError's
+    or SupervisionError's ``reason``: a failed call to another actor, not caught), a torch
+    collective's timeout by its text, else ``USER_EXCEPTION``. Reads no module: torch stays
+    unimported."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         said = getattr(e, FAILURE_CLASS_ATTR, None)
         if isinstance(said, str) and said:
+            return said
+        said = getattr(e, "reason", None) if isinstance(e, (ActorError, SupervisionError)) \
+            else None
+        if said in FAILURE_CLASSES:
             return said
         if isinstance(e, RuntimeError):
             text = str(e)

@@ -486,13 +486,20 @@ def stop_telemetry_after():
     yield
     from hpcmesh.telemetry.server import stop_telemetry
     stop_telemetry()
+    from hpcmesh.admin.server import stop_admin
+    stop_admin()
 
 
 def test_the_telemetry_tables_and_the_dashboard_say_each_failures_class(stop_telemetry_after):
+    import json
+    import urllib.request
+
+    from hpcmesh.admin.server import admin_endpoint
     from hpcmesh.job import LocalJob
     from hpcmesh.telemetry.dashboard import dashboard_document
 
-    state = LocalJob(hosts=("hosts",)).enable_telemetry().state(cached_path=None)
+    state = LocalJob(hosts=("hosts",)).enable_telemetry().enable_admin().state(
+        cached_path=None)
 
     def rows(sql: str) -> list[dict]:
         return state.query_engine.query(sql).to_pylist()
@@ -528,6 +535,12 @@ def test_the_telemetry_tables_and_the_dashboard_say_each_failures_class(stop_tel
         cell = next(c for m in doc["proc_meshes"] if m["name"] == "telcls_procs"
                     for c in m["cells"] if c["pid"] == victim)
         assert cell["failure_class"] == SIGNAL
+        # and the admin view's tree
+        with urllib.request.urlopen(admin_endpoint(state.admin_url, "/api/tree"),
+                                    timeout=10) as r:
+            tree = json.loads(r.read())
+        (proc,) = [p for h in tree["hosts"] for p in h["processes"] if p["pid"] == victim]
+        assert proc["status"] == "failed" and proc["failure_class"] == SIGNAL, proc
     finally:
         procs.stop().get(timeout=30)
 

@@ -48,7 +48,9 @@ def collect_tree(rt: ClientRuntime, timeout: float = LOOP_TIMEOUT_S) -> dict:
                                 connected=connected, stopping=rec.stopping)
         procs.append({"name": rec.name, "label": rec.label, "mesh": rec.mesh_name,
                       "point": rec.point, "host": rec.host, "pid": rec.pid, "status": status,
-                      "error": str(rec.failure) if rec.failure is not None else None})
+                      "error": str(rec.failure) if rec.failure is not None else None,
+                      "failure_class": (rec.failure.reason or None) if rec.failure is not None
+                      else None})
         if status == "running":
             asks[rec.name] = node.rpc(rec.node, "admin_actors")
     deadline = time.monotonic() + timeout

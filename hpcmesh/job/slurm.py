@@ -770,7 +770,10 @@ class SlurmJob(JobTrait):
         self._live_watched = key
         from ..runtime.client import client_runtime
         ids, known = tuple(self._ids()), self.restart_count
-        client_runtime().watch_job_ends(
+        unwatch = self.__dict__.get("_live_unwatch")
+        if unwatch is not None:
+            unwatch()           # the agents of the run before: gone, or this run's
+        self._live_unwatch = client_runtime().watch_job_ends(
             agent_ids, lambda what: self._explain_end(what, ids, known, key[0]))
 
     def _slurm_view(self, ids: Sequence[str], known: int) -> tuple[JobEvent, bool] | None:
@@ -868,10 +871,13 @@ class SlurmJob(JobTrait):
         returned Event to stop watching."""
         stop = threading.Event()
         seen = len(self.notices() or [])
+        run_seen = self.restart_count
 
         def run() -> None:
-            nonlocal seen
+            nonlocal seen, run_seen
             while not stop.wait(interval):
+                if self.restart_count != run_seen:   # requeued: the new run's notices
+                    seen, run_seen = 0, self.restart_count
                 got = self.notices() or []
                 for n in got[seen:]:
                     try:

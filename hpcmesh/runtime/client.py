@@ -401,7 +401,7 @@ class ClientRuntime:
 
     # -- jobs a scheduler may end as a whole (SPEC §12) ------------------------------
     def watch_job_ends(self, agent_ids, explain: Callable[[str], SupervisionError | None]
-                       ) -> None:
+                       ) -> Callable[[], None]:
         """These host agents are one job's, which its scheduler may end, requeue or preempt
         as a whole. When one of them, or a process on one, ends unasked, ``explain(what)``
         is asked before anything is reported, on a thread of its own (it may ask the
@@ -409,13 +409,19 @@ class ClientRuntime:
         the job itself moved, and every process on these agents ends with it
         (:meth:`end_with_job`), no fault reported; None means it did not, and what happened
         is reported as it would have been. Calls pending on a process that ended wait for
-        that answer."""
+        that answer. Returns the undo."""
         group = JobAgents(frozenset(agent_ids), explain)
 
         def add() -> None:
             for agent_id in group.agent_ids:
                 self._job_agents[agent_id] = group
+
+        def remove() -> None:
+            for agent_id in group.agent_ids:
+                if self._job_agents.get(agent_id) is group:
+                    del self._job_agents[agent_id]
         self.node.call_soon(add)
+        return lambda: self.node.call_soon(remove)
 
     def end_with_job(self, agent_ids, error: SupervisionError) -> None:
         """The job of these agents ended, was requeued or preempted: every process on them

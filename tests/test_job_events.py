@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from ci_gate import import_or_skip
 from proc_helpers import wait_gone, wait_until
 
 from hpcmesh.actor import Actor, SupervisionError, endpoint, this_host
@@ -182,3 +183,22 @@ def _dead(w) -> bool:
     except SupervisionError:
         return True
     return False
+
+
+def test_job_events_reach_the_telemetry_tables(monkeypatch):
+    import_or_skip("pyarrow")
+    import_or_skip("datafusion")
+    from hpcmesh.telemetry.engine import QueryEngine
+    from hpcmesh.telemetry.store import TelemetryStore
+    recorder = telemetry_recorder.Recorder()
+    monkeypatch.setattr(telemetry_recorder, "RECORDER", recorder)
+    JobEvents().tell(JobEvent(TIME_LIMIT, "42", "Slurm says COMPLETING, reason TimeLimit",
+                              1_700_000_000.5, 0))
+    rows = recorder.drain()["tables"]["job_events"]      # what the collector takes
+    store = TelemetryStore(retention_secs=1e12)
+    store.append("job_events", rows)
+    got = QueryEngine(store).query(
+        "SELECT timestamp_us, kind, job_id, restart, reason FROM job_events").to_pylist()
+    assert got == [{"timestamp_us": 1_700_000_000_500_000, "kind": "time_limit",
+                    "job_id": "42", "restart": 0,
+                    "reason": "Slurm says COMPLETING, reason TimeLimit"}]

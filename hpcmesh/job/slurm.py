@@ -31,6 +31,15 @@ the controller calls ``job.notices()`` or ``job.watch_notices(callback)``, and
 can then tell actors to checkpoint through an endpoint. ``requeue: true`` makes
 the job requeue-able; after a requeue the agents come back (restart count in
 their token) and ``job.state()`` connects to the new ones.
+
+Job events (SPEC §12): the job's agents are registered with the runtime
+(``watch_job_ends``), so an end of one of them or of a process on one is first
+explained here from Slurm's view (``_explain_end``: squeue's state and reason,
+scontrol's restart count). If the job itself moved (requeued, preempted, timed
+out, cancelled, ended), every process of the run ends with it, no MeshFailure:
+calls on the old meshes raise SupervisionError(reason=ENDED_BY_SLURM) saying
+what to do, and one :class:`~hpcmesh.job.events.JobEvent` goes to
+``job.watch_events`` callbacks, the log and telemetry.
 """
 
 from __future__ import annotations
@@ -721,6 +730,8 @@ class SlurmJob(JobTrait):
         return d
 
     # -- job events (SPEC §12): the job itself moved ---------------------------------
+    _live_carried = ("_live_events",)       # watchers set before state() found the cache
+
     @property
     def _events(self) -> JobEvents:
         events = self.__dict__.get("_live_events")

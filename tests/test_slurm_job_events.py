@@ -18,6 +18,7 @@ import pytest
 
 from hpcmesh.job.slurm import squeue_jobs
 from test_slurm_e2e import PREFIX, PY, REPO, _listed, cluster  # noqa: F401 - cluster: a fixture
+from test_slurm_queue import _wait_state
 
 pytestmark = pytest.mark.slurm
 
@@ -90,16 +91,6 @@ def _run(*argv: str) -> None:
     subprocess.run(list(argv), capture_output=True, text=True, timeout=30, check=True)
 
 
-def _wait_state(jid: str, states: set[str], timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rec = squeue_jobs([jid]).get(jid)
-        if rec is not None and rec.state in states:
-            return rec.state
-        time.sleep(0.2)
-    raise AssertionError(f"job {jid} not {states} within {timeout} s: {squeue_jobs([jid])}")
-
-
 def _clean(output: str) -> None:
     """Nothing reached the default unhandled_fault_hook, nothing was interrupted."""
     for bad in ("Unhandled hpcmesh error", "KeyboardInterrupt", "Traceback"):
@@ -133,7 +124,7 @@ def test_requeue_with_the_default_hook_checkpoints_and_resumes(cluster):
         client.wait_for(rf"^job event: Slurm job {jid} was requeued", 60, after=mark)
         # the requeued job waits for its begin time (Slurm's 2 minutes); as an admin would,
         # let it start now
-        _wait_state(jid, {"PENDING"}, 60)
+        assert _wait_state(jid, {"PENDING"}, 60), squeue_jobs([jid])
         _run("scontrol", "update", f"jobid={jid}", "StartTime=now")
         resumed = int(client.wait_for(r"^resumed from step (\d+) .*\(restart 1\)", 240,
                                       after=mark).group(1))
@@ -189,4 +180,4 @@ def test_time_limit_tells_the_program_which_exits_cleanly(cluster):
     finally:
         client.stop()
     # Slurm winds the job up (COMPLETING) and ends it TIMEOUT: nothing of it runs on
-    assert _wait_state(jid, {"TIMEOUT"}, 60) == "TIMEOUT"
+    assert _wait_state(jid, {"TIMEOUT"}, 60) == "TIMEOUT", squeue_jobs([jid])

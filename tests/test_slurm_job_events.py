@@ -20,7 +20,8 @@ from hpcmesh.job.slurm import squeue_jobs
 from test_slurm_e2e import PREFIX, PY, REPO, _listed, cluster  # noqa: F401 - cluster: a fixture
 from test_slurm_queue import _wait_state
 
-pytestmark = pytest.mark.slurm
+# each waits in a queue other jobs of the cluster share, then for Slurm's own clock
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 EXAMPLE = os.path.join(REPO, "examples", "slurm_requeue.py")
 

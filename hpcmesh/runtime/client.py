@@ -428,7 +428,7 @@ class ClientRuntime:
         is gone with it, on purpose as far as supervision goes (no MeshFailure), and calls
         to them fail now, later ones at once, with ``error``'s words. Again with newer
         words (the job's final state, once Slurm has it), it rewords what they raise."""
-        self.node.call_soon(self._end_with_job, frozenset(agent_ids), error)
+        self.node.call_soon(self._end_with_job, frozenset(agent_ids), error, True)
 
     def _held_for_job(self, agent_id: str, what: str, report: Callable[[], None]) -> bool:
         """(loop) ``report`` is what the runtime would do about ``what``, which happened on
@@ -463,14 +463,17 @@ class ClientRuntime:
         group.ended = verdict
         self._end_with_job(group.agent_ids, verdict)
 
-    def _end_with_job(self, agent_ids: frozenset, error: SupervisionError) -> None:
+    def _end_with_job(self, agent_ids: frozenset, error: SupervisionError,
+                      reword: bool = False) -> None:
+        """(loop) ``end_with_job``; ``reword``: those that ended with the job already get
+        ``error``'s words too."""
         for rec in list(self.procs.values()):
             if rec.agent.node_id not in agent_ids:
                 continue
             first = rec.failure is None and not rec.stopping
-            if not first and not (rec.failure is not None and rec.failure.reason ==
-                                  ENDED_BY_SLURM and rec.node is not None):
-                continue        # stopped on purpose, or failed for a reason of its own
+            if not first and not (reword and rec.failure is not None and rec.failure.reason
+                                  == ENDED_BY_SLURM and rec.node is not None):
+                continue        # stopped on purpose, failed for a reason of its own, or done
             host = rec.host or self._agents.get(rec.agent.node_id, {}).get("host", "?")
             status = error.exit_status or "ended with its job"
             if first:

@@ -182,3 +182,26 @@ def test_time_limit_tells_the_program_which_exits_cleanly(cluster):
         client.stop()
     # Slurm winds the job up (COMPLETING) and ends it TIMEOUT: nothing of it runs on
     assert _wait_state(jid, {"TIMEOUT"}, 60) == "TIMEOUT", squeue_jobs([jid])
+
+
+def test_a_job_with_no_processes_still_tells_its_end(cluster):
+    # nothing runs on the agents, so no process's end asks Slurm: watch_events' own look does
+    import queue
+    from test_slurm_e2e import _job
+    job = _job("evidle", cluster, grace=30)
+    job.state(cached_path=None)
+    events: queue.Queue = queue.Queue()
+    stop = job.watch_events(events.put, interval=0.5)
+    jid = job.job_id
+    try:
+        t0 = time.monotonic()
+        _run("scancel", jid)
+        event = events.get(timeout=30)
+        assert (event.kind, event.job_id, event.comes_back) == ("cancelled", jid, False), event
+        assert "CANCELLED" in event.reason and time.monotonic() - t0 < 30
+        with pytest.raises(ValueError, match="interval"):
+            job.watch_events(events.put, interval=0)
+    finally:
+        stop.set()
+        job.kill()
+    assert not _listed(jid)

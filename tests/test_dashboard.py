@@ -351,6 +351,7 @@ def test_the_plots_are_rates_per_bucket_from_the_tables():
          "process gpus=1 of mesh procs on host node2 (pid 12) died: killed by SIGKILL",
          "signal"),
         (old, "p9", "procs", "gpus=9", "node9", 19, "failed", "long ago", "signal")])
+    store.append("job_events", [(t0 + 1, "requeued", "16", 1, "Slurm says PENDING")])
     engine = QueryEngine(store)
     ts = timeseries_document(lambda sql: engine.query(sql).to_pylist(), now, {"m1": "train"})
     assert ts["calls"] == [{"name": "train", "points": [[t0, 15 / BUCKET_S],
@@ -360,7 +361,10 @@ def test_the_plots_are_rates_per_bucket_from_the_tables():
     assert host["cpu"] == [[t0, 70.0], [t0 + b, 5.0]]     # (50+70)/2 + 10, then 5
     assert host["rss"] == [[t0, 1200], [t0 + b, 10]]
     assert host["gpu"] == [[t0, 40.0]]
-    assert [(m["kind"], m["timestamp_us"]) for m in ts["marks"]] == [("failure", t0 + b)]
+    assert [(m["kind"], m["timestamp_us"]) for m in ts["marks"]] == [("job", t0 + 1),
+                                                                       ("failure", t0 + b)]
+    assert ts["marks"][0]["text"] == "Slurm job 16 requeued (Slurm says PENDING)"
+    ts["marks"].pop(0)
     assert "gpus=1" in ts["marks"][0]["text"] and "SIGKILL" in ts["marks"][0]["text"]
     assert ts["marks"][0]["text"].startswith("[signal] ")     # its class (SPEC §12)
     assert ts["since_us"] <= t0 and ts["now_us"] == now

@@ -195,6 +195,9 @@ class ActorHost:
         self._extents: dict[tuple, Extent] = {}
         self._contexts: dict[tuple, Context] = {}
         self.stopped = False
+        # stopped without a word to the calls in flight (its process was told to end by a
+        # signal): their callers learn why from the process's end, which supervision reads
+        self.stopped_quietly = False
         self.fault: SupervisionError | None = None   # the actor failed: see fail_actor()
         # this actor in the telemetry tables (``actors.id``): its mesh and rank there
         self.telemetry_id = f"{instance.actor_id}.{getattr(instance.rank, 'rank', 0)}"
@@ -546,6 +549,8 @@ class ActorHost:
             if self.fault is not None:      # cancelled by fail_actor()
                 self._refuse(endpoint, origin, reply)
                 return
+            if self.stopped_quietly:
+                return
             self._fail(endpoint, origin, reply, RuntimeError(
                 f"actor {self.instance.mesh_name} was stopped before {shown_name(endpoint)} "
                 f"finished"))
@@ -687,10 +692,12 @@ class ActorHost:
         log.error("a broadcast to %s.%s could not run: %s", self.cls.__name__, endpoint, err)
 
     # -- lifecycle -------------------------------------------------------------------
-    async def stop(self) -> None:
-        """Run the actor's ``__cleanup__`` (if any) and release its thread."""
+    async def stop(self, quietly: bool = False) -> None:
+        """Run the actor's ``__cleanup__`` (if any) and release its thread. ``quietly``:
+        the calls in flight get no answer (see ``stopped_quietly``)."""
         try:
             self.stopped = True
+            self.stopped_quietly = quietly
             if (rec := _tel.RECORDER) is not None and self.fault is None:
                 rec.status(self.telemetry_id, "stopped", "stopped by its owner")
             cleanup = getattr(self.obj, "__cleanup__", None)

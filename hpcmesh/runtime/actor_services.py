@@ -92,12 +92,12 @@ class ActorServices:
             await self.node.loop.run_in_executor(host.executor(), serve_store, instance)
         return os.getpid()
 
-    async def stop_actors(self, actor_ids: list[str]) -> int:
+    async def stop_actors(self, actor_ids: list[str], quietly: bool = False) -> int:
         n = 0
         for aid in actor_ids:
             host = self.node.actors.pop(aid, None)
             if host is not None:
-                await host.stop()
+                await host.stop(quietly)
                 n += 1
         return n
 

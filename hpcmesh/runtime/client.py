@@ -23,8 +23,8 @@ from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
 from .observe import stragglers, telemetry_recorder
-from .errors import (AGENT_EXITED, HOST_LOST, USER_EXCEPTION, MeshFailure, SupervisionError,
-                     describe_exit, exit_class)
+from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, USER_EXCEPTION, MeshFailure,
+                     SupervisionError, describe_exit, exit_class)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
@@ -64,6 +64,7 @@ class ProcRecord:
     owner: Any = None            # ActorInstance that spawned this process (None: the client)
     stop_reason: str = ""        # why it ends on purpose (stopping), where not a stop()
     stop_class: str = ""         # that, as a class (AGENT_EXITED, ENDED_BY_SLURM; errors.py)
+    ended_with_job: bool = False  # its job's scheduler ended it (end_with_job)
 
 
 def _listen_addresses(node_id_unix: str) -> list[str]:
@@ -83,6 +84,17 @@ def _listen_addresses(node_id_unix: str) -> list[str]:
     for h in hosts:
         addrs.append(f"tcp://[{h}]:0" if ":" in h else f"tcp://{h}:0")
     return addrs
+
+
+@dataclass(eq=False)
+class JobAgents:
+    """The host agents of one job that its scheduler may end, requeue or preempt as a
+    whole (``ClientRuntime.watch_job_ends``), and what is known of that so far."""
+    agent_ids: frozenset
+    explain: Callable[[str], "SupervisionError | None"]
+    held: list = field(default_factory=list)    # what to report if the job did not move
+    asking: bool = False
+    ended: SupervisionError | None = None       # the job moved: why, in its words
 
 
 class TrackedActorMesh(Protocol):
@@ -136,6 +148,8 @@ class ClientRuntime:
         # host agent node id -> its hello (name, host, pid): to name it once it is gone
         self._agents: dict[str, dict] = {}
         self._agent_checks: set = set()      # the tasks asking agents whether they live
+        # host agent node id -> the job it belongs to, where watch_job_ends was asked
+        self._job_agents: dict[str, JobAgents] = {}
         self.lease_grace = env_number("HPCMESH_LEASE_GRACE", 10, finite=True)
         self._print_lock = threading.Lock()
         # (mesh name, window) -> what hosts folded, folded across hosts
@@ -253,11 +267,17 @@ class ClientRuntime:
         self.flush_logs()
 
     def _on_exit(self, name: str, pid: int, returncode: int | None, host: str,
-                 cause: tuple[str, str] | None = None) -> None:
+                 cause: tuple[str, str] | None = None, *, judged: bool = False) -> None:
         """A process ended. ``cause``: (failure class, why) where its agent could tell what
-        ended it (the OOM killer, NCCL's watchdog)."""
+        ended it (the OOM killer, NCCL's watchdog); ``judged``: the job's scheduler was
+        already asked whether the job itself moved (``watch_job_ends``)."""
         rec = self.procs.get(name)
         if rec is None or rec.failure is not None:     # (lost with its host already)
+            return
+        if not rec.stopping and not judged and self._held_for_job(
+                rec.agent.node_id, f"process {rec.label} of mesh {rec.mesh_name!r} on host "
+                f"{host} (pid {pid}) ended: {describe_exit(returncode)}",
+                lambda: self._on_exit(name, pid, returncode, host, cause, judged=True)):
             return
         status = describe_exit(returncode)
         if rec.stopping:
@@ -313,10 +333,16 @@ class ClientRuntime:
         return [r for r in self.procs.values() if r.agent.node_id == agent_id
                 and not r.stopping and r.failure is None]
 
-    def _on_agent_exit(self, agent_id: str, host: str, reason: str) -> None:
+    def _on_agent_exit(self, agent_id: str, host: str, reason: str, *,
+                       judged: bool = False) -> None:
         """An agent says it is ending on purpose (a stop signal, its lease, its HostMesh's
         shutdown) and takes its processes: their end is no lost host, and no failure to
-        supervise (the job's lifecycle, SPEC §12); calls to them fail now, saying why."""
+        supervise (the job's lifecycle, SPEC §12); calls to them fail now, saying why (an
+        agent of a watched job: once its job said whether it moved)."""
+        if not judged and self._live_on(agent_id) and self._held_for_job(
+                agent_id, f"the host agent on {host} is ending ({reason})",
+                lambda: self._on_agent_exit(agent_id, host, reason, judged=True)):
+            return
         for rec in self._live_on(agent_id):
             rec.stopping = True
             rec.stop_reason = f"its host agent on {host} exited ({reason})"
@@ -347,12 +373,16 @@ class ClientRuntime:
             self._host_lost(agent.node_id, f"its connection closed ({closed or 'closed'}) "
                             f"and it did not answer a new one ({why})")
 
-    def _host_lost(self, agent_id: str, why: str) -> None:
+    def _host_lost(self, agent_id: str, why: str, *, judged: bool = False) -> None:
         """Agent ``agent_id`` is gone: its processes are lost with it (they end by
         themselves, their parent gone). Every call pending on each fails now; each owner is
         told once per mesh (its ``__supervise__``, else ``unhandled_fault_hook``)."""
         recs = self._live_on(agent_id)
         if not recs:
+            return
+        if not judged and self._held_for_job(
+                agent_id, f"the host agent of {recs[0].host or '?'} is gone: {why}",
+                lambda: self._host_lost(agent_id, why, judged=True)):
             return
         info = self._agents.get(agent_id)
         host = recs[0].host or (info or {}).get("host", "?")
@@ -379,6 +409,96 @@ class ClientRuntime:
                 f"of the mesh with it ({which}): {agent}", mesh, None, host, None,
                 LOST_STATUS, HOST_LOST)
             self.report_failure(owner, MeshFailure(mesh, error))
+
+    # -- jobs a scheduler may end as a whole (SPEC §12) ------------------------------
+    def watch_job_ends(self, agent_ids, explain: Callable[[str], SupervisionError | None]
+                       ) -> Callable[[], None]:
+        """These host agents are one job's, which its scheduler may end, requeue or preempt
+        as a whole. When one of them, or a process on one, ends unasked, ``explain(what)``
+        is asked before anything is reported, on a thread of its own (it may ask the
+        scheduler, and should answer within a second or two): a SupervisionError back means
+        the job itself moved, and every process on these agents ends with it
+        (:meth:`end_with_job`), no fault reported; None means it did not, and what happened
+        is reported as it would have been. Calls pending on a process that ended wait for
+        that answer. Returns the undo."""
+        group = JobAgents(frozenset(agent_ids), explain)
+
+        def add() -> None:
+            for agent_id in group.agent_ids:
+                self._job_agents[agent_id] = group
+
+        def remove() -> None:
+            for agent_id in group.agent_ids:
+                if self._job_agents.get(agent_id) is group:
+                    del self._job_agents[agent_id]
+        self.node.call_soon(add)
+        return lambda: self.node.call_soon(remove)
+
+    def end_with_job(self, agent_ids, error: SupervisionError) -> None:
+        """The job of these agents ended, was requeued or preempted: every process on them
+        is gone with it, on purpose as far as supervision goes (no MeshFailure), and calls
+        to them fail now, later ones at once, with ``error``'s words. Again with newer
+        words (the job's final state, once Slurm has it), it rewords what they raise."""
+        self.node.call_soon(self._end_with_job, frozenset(agent_ids), error, True)
+
+    def _held_for_job(self, agent_id: str, what: str, report: Callable[[], None]) -> bool:
+        """(loop) ``report`` is what the runtime would do about ``what``, which happened on
+        ``agent_id``. On a watched job's agent it waits for the job's answer (True)."""
+        group = self._job_agents.get(agent_id)
+        if group is None or self._closing:
+            return False
+        if group.ended is not None:
+            self._end_with_job(group.agent_ids, group.ended)
+            return True
+        group.held.append(report)
+        if not group.asking:
+            group.asking = True
+            threading.Thread(target=self._ask_job, args=(group, what), daemon=True,
+                             name="hpcmesh-job-ends").start()
+        return True
+
+    def _ask_job(self, group: JobAgents, what: str) -> None:
+        try:
+            verdict = group.explain(what)
+        except Exception:  # noqa: BLE001 - cannot tell: report it as a fault, as before
+            log.exception("could not tell whether the job moved (%s)", what)
+            verdict = None
+        self.node.call_soon(self._job_verdict, group, verdict)
+
+    def _job_verdict(self, group: JobAgents, verdict: SupervisionError | None) -> None:
+        held, group.held, group.asking = group.held, [], False
+        if verdict is None:
+            for report in held:
+                report()
+            return
+        group.ended = verdict
+        self._end_with_job(group.agent_ids, verdict)
+
+    def _end_with_job(self, agent_ids: frozenset, error: SupervisionError,
+                      reword: bool = False) -> None:
+        """(loop) ``end_with_job``; ``reword``: those that ended with the job already get
+        ``error``'s words too."""
+        for rec in list(self.procs.values()):
+            if rec.agent.node_id not in agent_ids:
+                continue
+            first = rec.failure is None and not rec.stopping
+            if not first and not (reword and rec.ended_with_job and rec.node is not None):
+                continue        # stopped on purpose, failed for a reason of its own, or done
+            host = rec.host or self._agents.get(rec.agent.node_id, {}).get("host", "?")
+            status = error.exit_status or "ended with its job"
+            cls = error.reason or ENDED_BY_SLURM    # (Slurm's OUT_OF_MEMORY, NODE_FAIL say more)
+            if first:
+                rec.stopping = rec.ended_with_job = True
+                rec.stop_reason = error.message
+                rec.stop_class = cls
+                self._record_exit(rec, rec.pid, host, f"{status}: {error.message}", cls)
+            self._fail(rec, SupervisionError(
+                f"{error.message} (process {rec.label} of mesh {rec.mesh_name!r} on host "
+                f"{host})", rec.mesh_name, rec.point, host, rec.pid, status, cls))
+        for agent_id in agent_ids:
+            group = self._job_agents.get(agent_id)
+            if group is not None:
+                group.ended = error     # what happens on its agents later is this too
 
     def _record_exit(self, rec: ProcRecord, pid: int, host: str, status: str,
                      failure_class: str | None = None) -> None:

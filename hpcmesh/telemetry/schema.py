@@ -82,6 +82,16 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         ("new_status", "string", "running, stopped or failed"),
         ("reason", "string", "how it ended"),
         FAILURE_CLASS), from_source=False),
+    Table("job_events", "the job itself moved (SPEC §12): Slurm requeued, preempted, "
+          "timed out, cancelled or ended it, or it runs again after a requeue; its processes' "
+          "ends are then this one row, not a failure each", (
+        TS,
+        ("kind", "string", "requeued, preempted, time_limit, cancelled, ended or "
+                           "running-again"),
+        ("job_id", "string", "the Slurm job"),
+        ("restart", "int64", "which run of the job (Slurm's restart count) it is about"),
+        ("reason", "string", "what Slurm said: state, reason, restart count")),
+          from_source=False),
     Table("messages", "one row per call an actor handled (the receiving side)", (
         TS,
         ("to_actor_id", "string", "the actor that handled it (actors.id)"),

@@ -76,8 +76,7 @@ def _marks(q: Callable[[str], list[dict]], since: int) -> list[dict]:
                         f"ORDER BY timestamp_us LIMIT 200")]
     if "job_events" in TABLES:
         marks += [{"timestamp_us": r["timestamp_us"], "kind": "job",
-                   "text": " ".join(str(v) for k, v in r.items()
-                                    if k != "timestamp_us" and v not in (None, ""))}
-                  for r in q(f"SELECT * FROM job_events WHERE timestamp_us >= {since} "
-                             f"ORDER BY timestamp_us LIMIT 200")]
+                   "text": f"Slurm job {r['job_id']} {r['kind']} ({r['reason']})"}
+                  for r in q(f"SELECT timestamp_us, job_id, kind, reason FROM job_events "
+                             f"WHERE timestamp_us >= {since} ORDER BY timestamp_us LIMIT 200")]
     return sorted(marks, key=lambda m: m["timestamp_us"])

@@ -51,7 +51,7 @@ DEFAULT_BUFFER_ROWS = 100_000
 
 #: The tables a process records into as tuples (the collector adds the rest).
 TABLES = ("meshes", "actors", "actor_status_events", "process_status_events", "events",
-          "spans", "stragglers")
+          "spans", "stragglers", "job_events")
 #: Those it records as numbers (``KeyedLog``; ``drain`` hands them out as ``KeyedRows``):
 #: per table, the columns a row's numbers become, each with what to divide it by (the
 #: clock's nanoseconds become the table's microseconds) and the number, if any, it is
@@ -570,6 +570,12 @@ class Recorder:
     def event(self, level: str, source: str, message: str) -> None:
         """A log line or another notable fact (``events``)."""
         self.add("events", (now_us(), level, source, message))
+
+    def job_event(self, kind: str, job_id: str, restart: int, reason: str,
+                  timestamp_us: int | None = None) -> None:
+        """The job itself moved: requeued, preempted, ... (``job_events``; SPEC §12)."""
+        self.add("job_events", (now_us() if timestamp_us is None else timestamp_us, kind,
+                                job_id, restart, reason))
 
     def span(self, start_us: int, span_id: str, parent_span_id: str | None, name: str,
              duration_us: int, status: str, error: str | None, actor_id: str | None,

@@ -55,3 +55,16 @@ def test_a_stopped_mesh_fails_with_mesh_stopped_error_that_travels():
     back = pickle.loads(pickle.dumps(ei.value))       # errors cross processes
     assert type(back) is MeshStoppedError and str(back) == str(ei.value)
     assert back.mesh == ei.value.mesh == "echo_for_stop"
+
+
+def test_supervision_error_is_a_runtime_error_and_an_hpcmesh_error():
+    """Monarch's SupervisionError is a RuntimeError: Monarch programs catch it with
+    ``except RuntimeError`` / ``pytest.raises(RuntimeError)`` (issue 32 item 2)."""
+    from hpcmesh.runtime.errors import SupervisionError
+    err = SupervisionError("The actor A a{} and all its descendants have failed: x", "a",
+                           None, "node1", 42, "killed by SIGKILL", "signal")
+    assert isinstance(err, RuntimeError) and isinstance(err, HpcmeshError)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is SupervisionError and isinstance(back, RuntimeError)
+    assert (back.message, back.host, back.pid, back.reason) == (err.message, "node1", 42,
+                                                               "signal")

@@ -49,9 +49,10 @@ COLLECTIVE_TIMEOUT = "collective timeout"  # a collective (NCCL/gloo) gave up wa
 
 
 @dataclasses.dataclass(eq=False, repr=False)
-class SupervisionError(_FieldsError):
+class SupervisionError(_FieldsError, RuntimeError):
     """A process (or the connection to it) died; pending work addressed to it fails with this.
-    ``reason``: one of the words above, for whoever sorts failures by cause."""
+    ``reason``: one of the words above, for whoever sorts failures by cause. A RuntimeError
+    too, as Monarch's is: Monarch programs catch it with ``except RuntimeError``."""
 
     message: str
     mesh: str = ""
@@ -65,10 +66,10 @@ class SupervisionError(_FieldsError):
         return self.message
 
 
-class MeshStoppedError(SupervisionError, RuntimeError):
+class MeshStoppedError(SupervisionError):
     """A mesh (or the actor a call was for) was stopped: it takes no new messages. The one
     "stopped" error: a call to a stopped actor mesh, to an actor stopped on its process,
-    a spawn on a stopped ProcMesh. A SupervisionError (work addressed to it fails) and a
+    a spawn on a stopped ProcMesh. A SupervisionError (work addressed to it fails), hence a
     RuntimeError (what it was before it had a type of its own)."""
 
 

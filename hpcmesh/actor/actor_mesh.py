@@ -466,21 +466,21 @@ class Endpoint(Generic[P, R]):
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            for r, g in members:
+            for i, (r, g) in enumerate(members):
                 try:
                     f = mesh._send(g, r, ext, self._name, payload, True)
                 except BaseException as e:  # noqa: BLE001
-                    stream._push_error(e)
+                    stream._push_error(e, i)
                     continue
-                f.add_done_callback(stream._on_done)
+                stream._sent(i, f)
             out = Future()
             out.set_result(None)
             return out
 
         def not_started(f: Future) -> None:
             if f.exception() is not None:      # the mesh never came up: every item fails
-                for _ in members:
-                    stream._push_error(f.exception())
+                for i in range(len(members)):
+                    stream._push_error(f.exception(), i)
         mesh._when_ready(go).add_done_callback(not_started)
         return stream
 
@@ -559,9 +559,34 @@ class ResultStream(Generic[R]):
         self._cond = threading.Condition()
         self._async_waiters: list[tuple] = []  # (loop, asyncio.Future) to wake on arrival
         self._slots: dict[int, Future] = {}    # arrival index -> Future given out before it
+        self._ranked: list[Future] | None = None   # in_mesh_order()'s, once asked for
+        self._sent_futures: list[Future | None] = [None] * n  # member i's, once sent
 
     def __len__(self) -> int:
         return self._n
+
+    def in_mesh_order(self) -> list[Future]:
+        """One Future per member, in mesh order (rank 0 first), each settled when that
+        member's result arrives: for a fold that must not depend on arrival order
+        (``Accumulator``)."""
+        with self._cond:
+            if self._ranked is None:
+                self._ranked = [Future() for _ in range(self._n)]
+                sent = [(i, f) for i, f in enumerate(self._sent_futures) if f is not None]
+            else:
+                sent = []
+        for i, f in sent:
+            forward(f, self._ranked[i])
+        return self._ranked
+
+    def _sent(self, i: int, f: Future) -> None:
+        """Member ``i``'s call went out as ``f``."""
+        with self._cond:
+            self._sent_futures[i] = f
+            ranked = self._ranked
+        if ranked is not None:
+            forward(f, ranked[i])
+        f.add_done_callback(self._on_done)
 
     def _on_done(self, f: Future) -> None:
         with self._cond:
@@ -577,10 +602,11 @@ class ResultStream(Generic[R]):
             except RuntimeError:   # that loop is closed: nobody is waiting any more
                 pass
 
-    def _push_error(self, exc: BaseException) -> None:
+    def _push_error(self, exc: BaseException, i: int) -> None:
+        """Member ``i``'s call failed before it went out."""
         f = Future()
         f.set_exception(exc)
-        self._on_done(f)
+        self._sent(i, f)
 
     def __iter__(self):
         try:

@@ -112,8 +112,62 @@ def test_concurrent_module_and_decorator():
         async def b(self, port) -> None:
             port.send(2)
     assert getattr(C.a, ENDPOINT_ATTR).concurrent and getattr(C.b, ENDPOINT_ATTR).concurrent
-    with pytest.raises(TypeError, match="needs an async def"):
+    with pytest.raises(ValueError, match="^concurrent_endpoint can only wrap async endpoints "
+                                         "\\(.*lambda.* is a plain def"):
         concurrent_endpoint(lambda self: 1)
+
+
+def test_concurrent_endpoint_over_endpoint_is_refused_with_monarchs_words():
+    """Monarch's ValueError: options go to @concurrent_endpoint itself (issue 32 item 7)."""
+    for options in ({}, {"explicit_response_port": True}):
+        with pytest.raises(ValueError, match="^concurrent_endpoint does not wrap @endpoint; "
+                                             "pass endpoint options to @concurrent_endpoint "
+                                             "\\(.*work is an @endpoint already"):
+            class Twice(Actor):
+                @concurrent_endpoint(**options)
+                @endpoint
+                async def work(self) -> int:
+                    return 1
+
+
+def test_mixing_sync_and_async_endpoints_warns_once_per_class():
+    """Monarch refuses such a class at spawn; hpcmesh runs it (its sync endpoints on the
+    actor's thread) and says so once per class, in a category one can silence."""
+    import warnings
+    from hpcmesh.actor import MonarchDifferenceWarning
+
+    class Mixed(Actor):
+        @endpoint
+        def plain(self) -> str:
+            return "def"
+
+        @endpoint
+        async def coro(self) -> str:
+            return "async def"
+
+    class AllAsync(Actor):
+        @endpoint
+        async def coro(self) -> str:
+            return "async def"
+
+    procs = this_proc()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = procs.spawn("mixed_once", Mixed)
+        second = procs.spawn("mixed_twice", Mixed)
+        alone = procs.spawn("all_async", AllAsync)
+    try:
+        mixed = [w for w in caught if issubclass(w.category, MonarchDifferenceWarning)]
+        assert len(mixed) == 1, [str(w.message) for w in caught]
+        text = str(mixed[0].message)
+        assert text.startswith(f"{Mixed} mixes both async and sync endpoints (sync: ['plain'] "
+                               f"async: ['coro'])") and "Monarch refuses" in text
+        assert mixed[0].filename == __file__          # points at the spawn() call
+        assert (first.plain.call_one().get(timeout=30), second.coro.call_one().get(timeout=30),
+                alone.coro.call_one().get(timeout=30)) == ("def", "async def", "async def")
+    finally:
+        for m in (first, second, alone):
+            m.stop().get(timeout=30)
 
 
 def test_send_checks_its_arguments():

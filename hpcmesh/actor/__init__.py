@@ -10,7 +10,7 @@ from ..runtime.future import Future
 from ..shapes import Extent, Point
 from .accumulator import Accumulator
 from .channel import Channel, Port, PortReceiver
-from .endpoint import Actor, as_endpoint, concurrent_endpoint, endpoint
+from .endpoint import Actor, MonarchDifferenceWarning, as_endpoint, concurrent_endpoint, endpoint
 from .actor_mesh import ActorMesh, Endpoint, send
 from .controllers import get_or_spawn_controller
 from .host_mesh import HostMesh, attach_to_workers, shutdown_context, this_host
@@ -32,6 +32,7 @@ __all__ = [
     "Accumulator", "current_actor_name", "this_proc", "MeshFailure", "unhandled_fault_hook",
     "Endpoint", "concurrent_endpoint", "concurrent", "send", "get_or_spawn_controller",
     "shutdown_context", "returns_future", "run_worker_loop_until_shutdown", "as_endpoint",
+    "MonarchDifferenceWarning",
 ]
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import warnings
+import weakref
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Literal, ParamSpec,
                     Protocol, TypeVar, overload)
 
@@ -120,12 +122,56 @@ def concurrent_endpoint(fn: Callable | None = None, *, propagate: Any = None,
     Calls start in the order they were sent."""
 
     def mark(f: Callable) -> Any:
+        # Monarch's words first (programs match on them), then which method
+        if getattr(f, ENDPOINT_ATTR, None) is not None:
+            raise ValueError(f"concurrent_endpoint does not wrap @endpoint; pass endpoint "
+                             f"options to @concurrent_endpoint ({_qualname(f)} is an "
+                             f"@endpoint already: drop that decorator)")
         if not inspect.iscoroutinefunction(f):
-            raise TypeError(f"@concurrent_endpoint needs an async def: {f.__qualname__} is "
-                            f"a plain def (its calls could not run at once on one thread)")
+            raise ValueError(f"concurrent_endpoint can only wrap async endpoints "
+                             f"({_qualname(f)} is a plain def: its calls could not run at "
+                             f"once on one thread)")
         return endpoint(f, concurrent=True, propagate=propagate,
                         explicit_response_port=explicit_response_port)
     return mark(fn) if fn is not None else mark
+
+
+def _qualname(f: Any) -> str:
+    return getattr(f, "__qualname__", None) or type(f).__name__
+
+
+class MonarchDifferenceWarning(UserWarning):
+    """hpcmesh runs something Monarch 0.7 refuses (a class mixing sync and async
+    endpoints): fine here, an error there. Silence it with
+    ``warnings.filterwarnings("ignore", category=MonarchDifferenceWarning)``."""
+
+
+_warned_mixed: "weakref.WeakSet[type]" = weakref.WeakSet()
+
+
+def warn_if_mixed(cls: type, stacklevel: int = 3) -> None:
+    """Once per class: a class with both ``def`` and ``async def`` endpoints spawns here,
+    where Monarch refuses it at spawn with a ValueError. It is allowed on purpose:
+    hpcmesh runs the sync ones on the actor's own thread, one message at a time with the
+    async ones, so none stalls the event loop (in Monarch a sync one would run on the
+    loop, and one that waits would deadlock it). The warning is for code that must also
+    run under Monarch."""
+    if cls in _warned_mixed:
+        return
+    sync, coro = [], []
+    for name in dir(cls):
+        info = getattr(getattr(cls, name, None), ENDPOINT_ATTR, None)
+        if info is not None:
+            (coro if info.is_async else sync).append(name)
+    if not (sync and coro):
+        return
+    _warned_mixed.add(cls)
+    warnings.warn(
+        f"{cls} mixes both async and sync endpoints (sync: {sync} async: {coro}). hpcmesh "
+        f"runs the sync ones on the actor's own thread, one message at a time with the "
+        f"async ones, so this is safe here; Monarch refuses such a class at spawn with a "
+        f"ValueError: make them all def or all async def for code that must run under "
+        f"Monarch too", MonarchDifferenceWarning, stacklevel=stacklevel)
 
 
 def _answering_through_port(f: Callable, is_async: bool) -> Callable:

@@ -25,7 +25,7 @@ from ..runtime.observe.spans import start_span
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization
-from .endpoint import ENDPOINT_ATTR, check_endpoint_names
+from .endpoint import ENDPOINT_ATTR, check_endpoint_names, warn_if_mixed
 
 from .actor_mesh import ActorMesh, ActorMeshState, stop_actor_mesh
 from .mesh_view import MeshView, as_asyncio, chain, chain_any, spawning_actor
@@ -107,6 +107,7 @@ class ProcMesh(MeshView):
         if not isinstance(actor_class, type):
             raise TypeError(f"spawn() needs an actor class, got {type(actor_class).__name__}")
         check_endpoint_names(actor_class)
+        warn_if_mixed(actor_class)
         if (args or kwargs) and not on_runtime_thread():
             # Fail now on unpicklable arguments, and wait here (not later on the runtime's
             # loop) for actor meshes passed as arguments to finish starting.

@@ -16,13 +16,14 @@ import threading
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
 from ..runtime.observe import telemetry_recorder as _tel
+from ..runtime.actor_host import shown_name
 from ..runtime.client import current_or_client_node
-from ..runtime.errors import MeshStoppedError, SupervisionError
+from ..runtime.errors import MeshStoppedError, SupervisionError, describe_actor, stopped_call
 from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
 from ..runtime.messages import call_msg
 from ..runtime.node import NodeRef
 from ..runtime.observe.spans import start_span
-from ..shapes import Shape
+from ..shapes import Extent, Point, Shape
 from ..transport import serialization
 from ..transport.framing import FrameError
 from ..transport.serialization import is_plain
@@ -57,6 +58,19 @@ class ActorMeshState:
         self.failed: BaseException | None = None
         self.owner = None           # the actor that spawned this mesh (None: the client)
         self.pending: list[tuple[Callable[[], Future], Future]] = []
+        #: ``module.Class`` and the mesh's extent, for messages (set by the spawner)
+        self.class_path = class_name
+        self.extent: Extent | None = None
+
+    def describe_member(self, proc_name: str) -> str | None:
+        """The actor this mesh has in process ``proc_name``, as Monarch's messages name it
+        (``<train.Counter counters{'gpus': 1/2}>``); None if it has none there."""
+        try:
+            i = self.proc_names.index(proc_name)
+        except ValueError:
+            return None
+        return describe_actor(self.class_path, self.name,
+                              Point(i, self.extent) if self.extent is not None else None)
 
     def open(self, nodes: list[NodeRef] | None, exc: BaseException | None) -> None:
         """The spawn finished (``exc`` if it failed): send or fail the waiting calls."""
@@ -83,10 +97,19 @@ class ActorMeshState:
                 forward(inner, out)
 
 
-def stop_actor_mesh(st: ActorMeshState, reason: str) -> Future:
+def proc_mesh_stopped(actor_mesh: str, proc_mesh: str) -> MeshStoppedError:
+    """What calls to an actor mesh whose processes were stopped raise: Monarch's words,
+    then which proc mesh."""
+    return MeshStoppedError(f"actor mesh is stopped due to proc mesh shutdown (proc mesh "
+                            f"{proc_mesh!r} of actor mesh {actor_mesh!r} was stopped)",
+                            actor_mesh)
+
+
+def stop_actor_mesh(st: ActorMeshState, reason: str,
+                    error: MeshStoppedError | None = None) -> Future:
     """Stop the actors of one actor mesh on every process that hosts them, then fail later
-    calls to it with a SupervisionError naming ``reason``. A Future of None (a member whose
-    process is gone already counts as stopped)."""
+    calls to it with a SupervisionError naming ``reason`` (or with ``error``). A Future of
+    None (a member whose process is gone already counts as stopped)."""
     node = current_or_client_node()
 
     def stop_all() -> Future:
@@ -94,7 +117,8 @@ def stop_actor_mesh(st: ActorMeshState, reason: str) -> Future:
                        for n in dict.fromkeys(st.nodes)])
 
     def mark(f: Future) -> Future:
-        st.failed = MeshStoppedError(f"actor mesh {st.name!r} was stopped: {reason}", st.name)
+        st.failed = error or MeshStoppedError(f"actor mesh {st.name!r} was stopped: {reason}",
+                                              st.name)
         if f.exception() is not None and not isinstance(f.exception(), SupervisionError):
             return failed(f.exception())
         return completed(None)
@@ -214,11 +238,17 @@ class ActorMesh(MeshView, Generic[T]):
                 raise
         return fut
 
-    def _when_ready(self, fn: Callable[[], Future]) -> Future:
+    def _when_ready(self, fn: Callable[[], Future], endpoint: str | None = None) -> Future:
         """Run ``fn`` now if the mesh is up, else queue it (in call order) until it is.
-        Arguments were pickled by the caller already, so a queued ``fn`` cannot fail on them."""
+        Arguments were pickled by the caller already, so a queued ``fn`` cannot fail on them.
+        ``endpoint``: the call's, for the error of a call to a stopped mesh."""
         st = self._state
         if st.failed is not None:     # spawn failed, or a failure below it went unhandled
+            if endpoint is not None and isinstance(st.failed, MeshStoppedError):
+                members, _ = self._members()
+                actor = st.describe_member(st.proc_names[members[0][1]]) if members else None
+                return failed(stopped_call(shown_name(endpoint), actor or repr(st.name),
+                                           st.failed))
             return failed(st.failed)
         if st.live:
             return fn()
@@ -227,7 +257,7 @@ class ActorMesh(MeshView, Generic[T]):
             if not st.live and st.failed is None:
                 st.pending.append((fn, out))
                 return out
-        return self._when_ready(fn)
+        return self._when_ready(fn, endpoint)
 
 
 def rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes, shape,
@@ -367,7 +397,8 @@ class Endpoint(Generic[P, R]):
         if st.live and self._route is None:
             self._route = (current_or_client_node(), st.nodes[g], st, st.actor_id, ext)
         payload = mesh._payload(self._name, args, kwargs)
-        return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True))
+        return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True),
+                                self._name)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every member; a Future of a ValueMesh with this mesh's extent."""
@@ -396,7 +427,7 @@ class Endpoint(Generic[P, R]):
             futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
             return gather(futs, lambda vals: ValueMesh(result_shape, vals),
                           current_or_client_node().poll_for_rest)
-        return mesh._when_ready(go)
+        return mesh._when_ready(go, self._name)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every member without waiting; failures are reported through supervision.
@@ -453,7 +484,7 @@ class Endpoint(Generic[P, R]):
                     if load == 0:
                         break
             return mesh._send(best[1], best[2], ext, self._name, payload, True)
-        return mesh._when_ready(go)
+        return mesh._when_ready(go, self._name)
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> "ResultStream[R]":
         """Call every member; the results in arrival order: ``async for`` gives the values,
@@ -481,7 +512,7 @@ class Endpoint(Generic[P, R]):
             if f.exception() is not None:      # the mesh never came up: every item fails
                 for i in range(len(members)):
                     stream._push_error(f.exception(), i)
-        mesh._when_ready(go).add_done_callback(not_started)
+        mesh._when_ready(go, self._name).add_done_callback(not_started)
         return stream
 
     def __call__(self, *args, **kwargs):
@@ -532,7 +563,7 @@ def send(endpoint: Endpoint[P, R], args: tuple, kwargs: dict, port=None,
         for r, g in members:
             mesh._send(g, r, ext, name, payload, True).add_done_callback(answer)
         return completed(None)
-    mesh._when_ready(go).add_done_callback(
+    mesh._when_ready(go, name).add_done_callback(
         lambda f: f.exception() is not None and port.exception(f.exception()))
 
 

@@ -10,6 +10,7 @@ import weakref
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Literal, ParamSpec,
                     Protocol, TypeVar, overload)
 
+from ..errors import HpcmeshError
 from ..runtime import actor_host
 from ..runtime.actor_host import AS_ENDPOINT, AS_ENDPOINT_PORT, ENDPOINT_ATTR, EndpointInfo
 from ..runtime.messages import ANSWERED_THROUGH_PORT
@@ -140,7 +141,7 @@ def _qualname(f: Any) -> str:
     return getattr(f, "__qualname__", None) or type(f).__name__
 
 
-class MonarchDifferenceWarning(UserWarning):
+class MonarchDifferenceWarning(HpcmeshError, UserWarning):
     """hpcmesh runs something Monarch 0.7 refuses (a class mixing sync and async
     endpoints): fine here, an error there. Silence it with
     ``warnings.filterwarnings("ignore", category=MonarchDifferenceWarning)``."""

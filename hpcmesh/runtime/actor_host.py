@@ -26,7 +26,7 @@ from typing import Any
 from .asyncio_internals import enter_task, leave_task
 from .context import ActorInstance, Context, current_context_var
 from .errors import (ActorError, MeshFailure, MeshStoppedError, SupervisionError, actor_failed,
-                     call_failed, describe_actor)
+                     call_failed, class_path, describe_actor)
 from ..shapes import Extent, Point
 from ..transport import serialization
 from .messages import (EVENT_ACTOR_FAULT, BatchShare, ReplyNotSent, call_msg, decode_args,
@@ -606,7 +606,7 @@ class ActorHost:
         if self.fault is not None:
             return
         inst = self.instance
-        self.fault = actor_failed(describe_actor(self.cls.__name__, inst.mesh_name, inst.rank),
+        self.fault = actor_failed(describe_actor(class_path(self.cls), inst.mesh_name, inst.rank),
                                   reason, inst.mesh_name, inst.rank)
         if (rec := _tel.RECORDER) is not None:
             rec.status(self.telemetry_id, "failed", reason)
@@ -676,7 +676,8 @@ class ActorHost:
               exc: BaseException) -> None:
         err = exc if isinstance(exc, ActorError) and exc.point is not None else ActorError(
             type(exc).__qualname__, describe_exception(exc, with_type=False),
-            format_exception(exc), self.instance.rank, self.cls.__name__, shown_name(endpoint))
+            format_exception(exc), self.instance.rank, self.cls.__name__, shown_name(endpoint),
+            self.instance.mesh_name)
         if reply is not None:
             self.node.reply_to(origin, reply, failure(err))
             return

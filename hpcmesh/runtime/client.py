@@ -23,7 +23,8 @@ from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
 from .observe import telemetry_recorder
-from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, describe_exit
+from .errors import (AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, describe_exit,
+                     process_exit_words)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
@@ -91,6 +92,9 @@ class TrackedActorMesh(Protocol):
     class_name: str
     proc_names: list[str]           # the processes its actors run in, one per actor
     nodes: list[NodeRef] | None     # the actors' nodes, once they are up
+
+    def describe_member(self, proc_name: str) -> str | None:
+        """Its actor in that process, as failure messages name it; None if none."""
 
 
 class ClientRuntime:
@@ -265,13 +269,28 @@ class ClientRuntime:
                 (f"; last stderr lines:\n{tail}" if tail else ""),
                 rec.mesh_name, rec.point, host, pid, status)
         else:
-            exc = SupervisionError(f"{where} died: {status}", rec.mesh_name, rec.point, host,
-                                   pid, status)
+            exc = SupervisionError(self._died_message(rec, returncode, host, pid, status),
+                                   rec.mesh_name, rec.point, host, pid, status)
         self.flush_logs(rec.mesh_name)      # what it printed last comes before its failure
         self._fail(rec, exc)
         if rec.owner is not None or rec.node is not None:
             # one that never connected fails the spawn: whoever waits for it is told
             self.report_failure(rec.owner, MeshFailure(rec.mesh_name, exc, rec.point))
+
+    def _died_message(self, rec: ProcRecord, returncode: int | None, host: str, pid: int,
+                      status: str) -> str:
+        """A process died. With actors of this runtime's on it: Monarch's words for the
+        (first) actor, then hpcmesh's facts (which process, host, pid, how) and the other
+        actors that were there; else the facts alone."""
+        actors = [a for a in (m.describe_member(rec.name) for m in self.actor_meshes())
+                  if a is not None]
+        if not actors:
+            return f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} (pid {pid}) " \
+                   f"died: {status}"
+        others = f"; also on it: {', '.join(actors[1:])}" if len(actors) > 1 else ""
+        return (f"The actor {actors[0]} and all its descendants have failed: "
+                f"{process_exit_words(returncode)} (process {rec.label} of mesh "
+                f"{rec.mesh_name!r} on host {host}, pid {pid}: {status}{others})")
 
     def _fail(self, rec: ProcRecord, exc: SupervisionError) -> None:
         """``rec``'s process failed: it is gone for good, and what waits on it fails."""

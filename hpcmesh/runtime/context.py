@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..shapes import Extent, Point
+from .errors import describe_actor
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +44,8 @@ class ActorInstance:
         if not self.actor_id:
             return "<root>"
         module = type(self.actor).__module__ if self.actor is not None else ""
-        cls = f"{module}.{self.class_name}" if module else self.class_name
-        return f"<{cls} {self.mesh_name}{self.rank!r}>"
+        return describe_actor(f"{module}.{self.class_name}" if module else self.class_name,
+                              self.mesh_name, self.rank)
 
     def abort(self, reason: str | None = None) -> None:
         """Fail this actor, as Monarch's ``Instance.abort``: the call in progress (the one

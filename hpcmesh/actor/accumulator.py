@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
+from ..runtime.client import current_or_client_node
 from ..runtime.future import Future
 from .actor_mesh import Endpoint, ResultStream
 
@@ -39,14 +40,25 @@ class Accumulator(Generic[P, R, A]):
         """Start the call now (a failure to start it raises here); the Future settles
         once every result is folded in."""
         stream = self._endpoint.stream(*args, **kwargs)
-        results = stream.in_mesh_order() if isinstance(stream, ResultStream) else list(stream)
         out: Future[A] = Future()
-        self._fold(results, 0, self._identity, out)
+        poll = None
+        if isinstance(stream, ResultStream):
+            results = stream.in_mesh_order()
+            if len(results) > 1:
+                poll = current_or_client_node().poll_for_rest
+        else:
+            results = list(stream)
+        self._fold(results, 0, self._identity, out, poll)
         return out
 
-    def _fold(self, results: list, i: int, value: Any, out: Future) -> None:
+    def _fold(self, results: list, i: int, value: Any, out: Future,
+              poll: Callable[[Future], None] | None = None, woken: bool = False) -> None:
         """Combine ``results[i:]`` into ``value`` as far as they have arrived; wait for
-        the first that has not (no thread blocks, nothing recurses per result)."""
+        the first that has not (no thread blocks, nothing recurses per result). ``poll``:
+        once woken by a reply, keep polling for the others, as call() does."""
+        if woken and poll is not None:
+            poll(out)
+            poll = None
         while i < len(results):
             f = results[i]
             if not isinstance(f, Future):
@@ -56,7 +68,7 @@ class Accumulator(Generic[P, R, A]):
                 return
             if not f.done():
                 f.add_done_callback(lambda _f, i=i, value=value:
-                                    self._fold(results, i, value, out))
+                                    self._fold(results, i, value, out, poll, True))
                 return
             if f.exception() is not None:
                 out.set_exception(f.exception())

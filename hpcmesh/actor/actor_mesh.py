@@ -491,8 +491,22 @@ class Endpoint(Generic[P, R]):
         ``for`` gives settled Futures (as Monarch's ``stream`` does)."""
         if _tel.RECORDER is not None:
             self._note_sent("stream")
+        routes = self._routes
+        if routes is not None and not kwargs and is_plain(args):
+            # call()'s fast path (a live mesh, builtin arguments): Accumulator streams
+            node, st, targets, ext, _ = routes
+            if st.failed is None:
+                stream = ResultStream(len(targets))
+                name, payload = self._name, (args, kwargs)
+                for i, (r, t) in enumerate(targets):
+                    stream._sent(i, node.call_actor(t, st.actor_id, name, payload, r, ext))
+                return stream
         mesh = self._mesh
         members, ext = self._members()
+        st = mesh._state
+        if st.live and self._routes is None:
+            self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members],
+                            ext, Shape.from_extent(mesh._shape.extent))
         stream = ResultStream(len(members))
         payload = mesh._payload(self._name, args, kwargs)
 
@@ -602,6 +616,9 @@ class ResultStream(Generic[R]):
         (``Accumulator``)."""
         with self._cond:
             if self._ranked is None:
+                if None not in self._sent_futures:     # all sent (a live mesh): these
+                    self._ranked = list(self._sent_futures)
+                    return self._ranked
                 self._ranked = [Future() for _ in range(self._n)]
                 sent = [(i, f) for i, f in enumerate(self._sent_futures) if f is not None]
             else:
@@ -615,7 +632,7 @@ class ResultStream(Generic[R]):
         with self._cond:
             self._sent_futures[i] = f
             ranked = self._ranked
-        if ranked is not None:
+        if ranked is not None and ranked[i] is not f:
             forward(f, ranked[i])
         f.add_done_callback(self._on_done)
 

@@ -170,6 +170,44 @@ def test_mixing_sync_and_async_endpoints_warns_once_per_class():
             m.stop().get(timeout=30)
 
 
+def test_hooks_of_the_other_kind_are_named_as_monarch_names_them():
+    """Monarch also refuses a hook that is not of its endpoints' kind."""
+    from hpcmesh.actor.endpoint import monarch_refusal
+
+    class SyncAsyncCleanup(Actor):
+        @endpoint
+        def a(self) -> None: ...
+
+        async def __cleanup__(self, exc) -> None: ...
+
+    class AsyncSyncCleanup(Actor):
+        @endpoint
+        async def a(self) -> None: ...
+
+        def __cleanup__(self, exc) -> None: ...
+
+    class SyncAsyncSupervise(Actor):
+        @endpoint
+        def a(self) -> None: ...
+
+        async def __supervise__(self, failure) -> None: ...
+
+    class AllSync(Actor):
+        @endpoint
+        def a(self) -> None: ...
+
+        def __cleanup__(self, exc) -> None: ...
+
+        def __supervise__(self, failure) -> None: ...
+    assert monarch_refusal(SyncAsyncCleanup) == (
+        f"{SyncAsyncCleanup} has sync endpoints, but an async __cleanup__ (sync: ['a'])")
+    assert monarch_refusal(AsyncSyncCleanup) == (
+        f"{AsyncSyncCleanup} has async endpoints, but a synchronous __cleanup__ (async: ['a'])")
+    assert monarch_refusal(SyncAsyncSupervise) == (
+        f"{SyncAsyncSupervise} has sync endpoints, but an async __supervise__ (sync: ['a'])")
+    assert monarch_refusal(AllSync) is None and monarch_refusal(Actor) is None
+
+
 def test_send_checks_its_arguments():
     with pytest.raises(TypeError, match="endpoint of an actor mesh"):
         send(print, (), {})

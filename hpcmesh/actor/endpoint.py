@@ -150,29 +150,45 @@ class MonarchDifferenceWarning(HpcmeshError, UserWarning):
 _warned_mixed: "weakref.WeakSet[type]" = weakref.WeakSet()
 
 
-def warn_if_mixed(cls: type, stacklevel: int = 3) -> None:
-    """Once per class: a class with both ``def`` and ``async def`` endpoints spawns here,
-    where Monarch refuses it at spawn with a ValueError. It is allowed on purpose:
-    hpcmesh runs the sync ones on the actor's own thread, one message at a time with the
-    async ones, so none stalls the event loop (in Monarch a sync one would run on the
-    loop, and one that waits would deadlock it). The warning is for code that must also
-    run under Monarch."""
-    if cls in _warned_mixed:
-        return
+def monarch_refusal(cls: type) -> str | None:
+    """Why Monarch 0.7 would refuse ``cls`` at spawn (its ValueError's first words), or
+    None: its endpoints mix ``def`` and ``async def``, or a hook (``__cleanup__``,
+    ``__supervise__``) is not of its endpoints' kind."""
     sync, coro = [], []
     for name in dir(cls):
         info = getattr(getattr(cls, name, None), ENDPOINT_ATTR, None)
         if info is not None:
             (coro if info.is_async else sync).append(name)
-    if not (sync and coro):
+    if sync and coro:
+        return f"{cls} mixes both async and sync endpoints (sync: {sync} async: {coro})"
+    hooks = {h: inspect.iscoroutinefunction(getattr(cls, h))
+             for h in ("__cleanup__", "__supervise__") if callable(getattr(cls, h, None))}
+    for hook, is_async in hooks.items():
+        if sync and is_async:
+            return f"{cls} has sync endpoints, but an async {hook} (sync: {sync})"
+    if coro and hooks.get("__cleanup__") is False:
+        return f"{cls} has async endpoints, but a synchronous __cleanup__ (async: {coro})"
+    return None
+
+
+def warn_if_mixed(cls: type, stacklevel: int = 3) -> None:
+    """Once per class: a class Monarch refuses at spawn with a ValueError (sync and async
+    endpoints mixed, or a hook of the other kind) spawns here. It is allowed on purpose:
+    hpcmesh runs sync endpoints and hooks on the actor's own thread and async ones on its
+    event loop, one message at a time, so none stalls the loop (in Monarch a sync one
+    would run on the loop, and one that waits would deadlock it). The warning is for code
+    that must also run under Monarch."""
+    if cls in _warned_mixed:
+        return
+    why = monarch_refusal(cls)
+    if why is None:
         return
     _warned_mixed.add(cls)
     warnings.warn(
-        f"{cls} mixes both async and sync endpoints (sync: {sync} async: {coro}). hpcmesh "
-        f"runs the sync ones on the actor's own thread, one message at a time with the "
-        f"async ones, so this is safe here; Monarch refuses such a class at spawn with a "
-        f"ValueError: make them all def or all async def for code that must run under "
-        f"Monarch too", MonarchDifferenceWarning, stacklevel=stacklevel)
+        f"{why}. hpcmesh runs sync endpoints and hooks on the actor's own thread, one "
+        f"message at a time with the async ones, so this is safe here; Monarch refuses such "
+        f"a class at spawn with a ValueError: make them all def or all async def for code "
+        f"that must run under Monarch too", MonarchDifferenceWarning, stacklevel=stacklevel)
 
 
 def _answering_through_port(f: Callable, is_async: bool) -> Callable:

@@ -216,7 +216,7 @@ class ActorMesh(MeshView, Generic[T]):
         node = current_or_client_node()
         target = st.nodes[g]
         if reply:
-            fut, port_id = node.reply_future(target)
+            fut, port_id = node.reply_future(target, st.actor_id, endpoint)
         else:
             fut, port_id = None, None
         args, bufs = payload
@@ -233,7 +233,7 @@ class ActorMesh(MeshView, Generic[T]):
         except (SupervisionError, ConnectionError) as e:
             if port_id is not None:
                 node.close_port(port_id)
-                fut.set_exception(e)
+                fut.set_exception(node.ports.failed_call(e, st.actor_id, endpoint))
             else:
                 raise
         return fut

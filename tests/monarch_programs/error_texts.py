@@ -101,13 +101,18 @@ if __name__ == "__main__":
 
     os.kill(victims.pid.call().get(timeout=60).item(gpus=1), signal.SIGKILL)
     print("killed process reported:", wait_for_report(r"victims\{'gpus': 1/2\}", KILLED))
-    print("call to its actor:", raised(victims.slice(gpus=1).ping.call_one(), ACTOR_FAILED,
+    print("call to its actor:", raised(victims.slice(gpus=1).ping.call_one(),
+                                       r"^Endpoint call victims\.ping\(\) failed, " +
+                                       ACTOR_FAILED,
                                        r"__main__\.Worker victims\{'gpus': 1/2\}", KILLED))
 
-    print("process exits:", raised(exiter.exit.call_one(3), ACTOR_FAILED,
+    print("process exits:", raised(exiter.exit.call_one(3),
+                                   r"^Endpoint call exiter\.exit\(\) failed, " + ACTOR_FAILED,
                                    r"exiter\{'gpus': 0/1\}",
                                    "the process this actor was running on exited with "
                                    "non-zero code 3"))
+    print("then:", raised(exiter.ping.call_one(),
+                          r"^Endpoint call exiter\.ping\(\) failed, " + ACTOR_FAILED))
 
     top.kill_nest.call_one().get(timeout=60)
     print("nested process killed:", wait_for_report(r"(nested|logger-.*)\{'a_dim': 0/1\}",

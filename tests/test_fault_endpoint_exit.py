@@ -4,6 +4,7 @@ or KeyboardInterrupt inside an endpoint fails that actor, as in Monarch, not the
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -23,6 +24,10 @@ class Quitter(Actor):
     @endpoint
     def exit_sync(self, code: int) -> None:
         sys.exit(code)
+
+    @endpoint
+    async def die(self, code: int) -> None:
+        os._exit(code)
 
     @endpoint
     async def ping(self) -> str:
@@ -58,25 +63,14 @@ def test_per_host_that_is_not_a_mapping_says_what_it_takes(bad):
         this_host().spawn_procs(per_host=bad)
 
 
-class Dier(Actor):
-    @endpoint
-    async def die(self, code: int) -> None:
-        import os
-        os._exit(code)
-
-    @endpoint
-    async def ping(self) -> str:
-        return "pong"
-
-
 def test_calls_to_an_actor_whose_process_died_say_so_in_monarchs_words():
     """The call that was waiting when its process exited, and one made after, each name
     themselves and the actor there first, then the process's facts (issue 32 item 3)."""
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     try:
-        diers = procs.spawn("diers", Dier)
+        diers = procs.spawn("diers", Quitter)
         one = diers.slice(gpus=1)
-        words = (r"The actor <test_fault_endpoint_exit\.Dier diers\{'gpus': 1/2\}> and all its "
+        words = (r"The actor <test_fault_endpoint_exit\.Quitter diers\{'gpus': 1/2\}> and all its "
                  r"descendants have failed: the process this actor was running on exited with "
                  r"non-zero code 7 \(process gpus=1 of mesh '\w+' on host \S+, pid \d+: exit "
                  r"code 7\)$")

@@ -174,38 +174,28 @@ def test_hooks_of_the_other_kind_are_named_as_monarch_names_them():
     """Monarch also refuses a hook that is not of its endpoints' kind."""
     from hpcmesh.actor.endpoint import monarch_refusal
 
-    class SyncAsyncCleanup(Actor):
-        @endpoint
-        def a(self) -> None: ...
+    def coro():         # a fresh function each time: @endpoint marks the one it gets
+        async def f(self, *args) -> None: ...
+        return f
 
-        async def __cleanup__(self, exc) -> None: ...
+    def plain():
+        def f(self, *args) -> None: ...
+        return f
 
-    class AsyncSyncCleanup(Actor):
-        @endpoint
-        async def a(self) -> None: ...
-
-        def __cleanup__(self, exc) -> None: ...
-
-    class SyncAsyncSupervise(Actor):
-        @endpoint
-        def a(self) -> None: ...
-
-        async def __supervise__(self, failure) -> None: ...
-
-    class AllSync(Actor):
-        @endpoint
-        def a(self) -> None: ...
-
-        def __cleanup__(self, exc) -> None: ...
-
-        def __supervise__(self, failure) -> None: ...
-    assert monarch_refusal(SyncAsyncCleanup) == (
-        f"{SyncAsyncCleanup} has sync endpoints, but an async __cleanup__ (sync: ['a'])")
-    assert monarch_refusal(AsyncSyncCleanup) == (
-        f"{AsyncSyncCleanup} has async endpoints, but a synchronous __cleanup__ (async: ['a'])")
-    assert monarch_refusal(SyncAsyncSupervise) == (
-        f"{SyncAsyncSupervise} has sync endpoints, but an async __supervise__ (sync: ['a'])")
-    assert monarch_refusal(AllSync) is None and monarch_refusal(Actor) is None
+    def probe(endpoint_fn, **hooks) -> type:
+        return type("Probe", (Actor,), {"a": endpoint(endpoint_fn()),
+                                        **{h: fn() for h, fn in hooks.items()}})
+    for cls, words in [
+            (probe(plain, __cleanup__=coro), "has sync endpoints, but an async __cleanup__ "
+                                             "(sync: ['a'])"),
+            (probe(coro, __cleanup__=plain), "has async endpoints, but a synchronous "
+                                             "__cleanup__ (async: ['a'])"),
+            (probe(plain, __supervise__=coro), "has sync endpoints, but an async "
+                                               "__supervise__ (sync: ['a'])")]:
+        assert monarch_refusal(cls) == f"{cls} {words}"
+    assert monarch_refusal(probe(plain, __cleanup__=plain, __supervise__=plain)) is None
+    assert monarch_refusal(probe(coro, __cleanup__=coro)) is None
+    assert monarch_refusal(Actor) is None
 
 
 def test_send_checks_its_arguments():

@@ -12,7 +12,7 @@ POINT = Point(1, Extent({"gpus": 2}))
 
 @pytest.mark.parametrize("err, fields", [
     (ActorError("KeyError", "'k'", point=POINT, endpoint="get"),
-     ("KeyError", "'k'", "", POINT, "", "get")),
+     ("KeyError", "'k'", "", POINT, "", "get", "", "")),
     (SupervisionError("gone", "workers", POINT, pid=42, reason="host lost"),
      ("gone", "workers", POINT, "", 42, "", "host lost")),
     (MeshStoppedError("stopped", mesh="echo"), ("stopped", "echo", None, "", None, "", "")),

@@ -55,3 +55,44 @@ def test_a_stopped_mesh_fails_with_mesh_stopped_error_that_travels():
     back = pickle.loads(pickle.dumps(ei.value))       # errors cross processes
     assert type(back) is MeshStoppedError and str(back) == str(ei.value)
     assert back.mesh == ei.value.mesh == "echo_for_stop"
+
+
+def test_supervision_error_is_a_runtime_error_and_an_hpcmesh_error():
+    """Monarch's SupervisionError is a RuntimeError: Monarch programs catch it with
+    ``except RuntimeError`` / ``pytest.raises(RuntimeError)`` (issue 32 item 2)."""
+    from hpcmesh.runtime.errors import SupervisionError
+    err = SupervisionError("The actor A a{} and all its descendants have failed: x", "a",
+                           None, "node1", 42, "killed by SIGKILL", "signal")
+    assert isinstance(err, RuntimeError) and isinstance(err, HpcmeshError)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is SupervisionError and isinstance(back, RuntimeError)
+    assert (back.message, back.host, back.pid, back.reason) == (err.message, "node1", 42,
+                                                               "signal")
+
+
+def test_failure_texts_lead_with_monarchs_words():
+    """Programs match on Monarch's words (issue 32 item 3); hpcmesh's facts come after."""
+    from hpcmesh.runtime.errors import (ActorError, MeshStoppedError, class_path,
+                                        describe_actor, process_exit_words, stopped_call)
+    from hpcmesh.shapes import Extent, Point
+    err = ActorError("ValueError", "boom", "", Point(1, Extent({"gpus": 2})), "Worker", "step",
+                     mesh="workers")
+    assert str(err) == "Actor call workers.step failed: ValueError: boom in Worker.step at " \
+                       "{'gpus': 1/2}"
+    back = pickle.loads(pickle.dumps(err))
+    assert back.mesh == "workers" and str(back) == str(err)
+    assert class_path(HpcmeshError) == "hpcmesh.errors.HpcmeshError"
+    assert describe_actor("train.Worker", "workers", Point(1, Extent({"gpus": 2}))) == \
+        "<train.Worker workers{'gpus': 1/2}>"
+    assert [process_exit_words(c) for c in (-9, 3, 0, None)] == [
+        "the process this actor was running on failed: Killed(sig=9)",
+        "the process this actor was running on exited with non-zero code 3",
+        "the process this actor was running on exited with code 0",
+        "the process this actor was running on failed: unknown exit status"]
+    stopped = stopped_call("step", "<train.Worker workers{'gpus': 0/2}>",
+                           MeshStoppedError("actor mesh 'workers' was stopped: by the client",
+                                            "workers"))
+    assert isinstance(stopped, MeshStoppedError) and stopped.mesh == "workers"
+    assert str(stopped) == ("Endpoint call workers.step() failed, Supervision event: actor "
+                            "<train.Worker workers{'gpus': 0/2}> has status: stopped: actor "
+                            "mesh 'workers' was stopped: by the client")

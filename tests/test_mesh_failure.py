@@ -48,9 +48,12 @@ _PROGRAM = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("fault, hook, words", [
-    ("boom", "default", ["The actor Doomed doomed{'gpus': 0/1} and all its descendants have "
-                         "failed", "ValueError: nobody was told", "broadcast()"]),
-    ("die", "default", ["doomed_procs", "exit code 7"]),
+    ("boom", "default", ["The actor <__main__.Doomed doomed{'gpus': 0/1}> and all its "
+                         "descendants have failed", "ValueError: nobody was told",
+                         "broadcast()"]),
+    ("die", "default", ["The actor <__main__.Doomed doomed{'gpus': 0/1}> and all its "
+                        "descendants have failed: the process this actor was running on "
+                        "exited with non-zero code 7", "doomed_procs", "exit code 7"]),
     ("boom", "raising hook", ["unhandled_fault_hook raised RuntimeError: my hook gave up"]),
 ])
 def test_an_unhandled_fault_ends_the_client_as_in_monarch(tmp_path, fault, hook, words):
@@ -106,8 +109,9 @@ def test_no_call_waits_for_a_failed_actor(procs, unhandled_faults):
     t0 = time.monotonic()
     for f in [running, *queued]:
         with pytest.raises(SupervisionError, match=r"Endpoint call stuck\.\w+\(\) failed, The "
-                           r"actor Stuck stuck\{'gpus': 0/2\} and all its descendants have "
-                           r"failed: ValueError: failed while calls were queued"):
+                           r"actor <test_mesh_failure\.Stuck stuck\{'gpus': 0/2\}> and all "
+                           r"its descendants have failed: ValueError: failed while calls "
+                           r"were queued"):
             f.get(timeout=10)
     assert time.monotonic() - t0 < 5
     with pytest.raises(SupervisionError, match="stuck"):

@@ -112,8 +112,90 @@ def test_concurrent_module_and_decorator():
         async def b(self, port) -> None:
             port.send(2)
     assert getattr(C.a, ENDPOINT_ATTR).concurrent and getattr(C.b, ENDPOINT_ATTR).concurrent
-    with pytest.raises(TypeError, match="needs an async def"):
+    with pytest.raises(ValueError, match="^concurrent_endpoint can only wrap async endpoints "
+                                         "\\(.*lambda.* is a plain def"):
         concurrent_endpoint(lambda self: 1)
+
+
+def test_concurrent_endpoint_over_endpoint_is_refused_with_monarchs_words():
+    """Monarch's ValueError: options go to @concurrent_endpoint itself (issue 32 item 7)."""
+    for options in ({}, {"explicit_response_port": True}):
+        with pytest.raises(ValueError, match="^concurrent_endpoint does not wrap @endpoint; "
+                                             "pass endpoint options to @concurrent_endpoint "
+                                             "\\(.*work is an @endpoint already"):
+            class Twice(Actor):
+                @concurrent_endpoint(**options)
+                @endpoint
+                async def work(self) -> int:
+                    return 1
+
+
+def test_mixing_sync_and_async_endpoints_warns_once_per_class():
+    """Monarch refuses such a class at spawn; hpcmesh runs it (its sync endpoints on the
+    actor's thread) and says so once per class, in a category one can silence."""
+    import warnings
+    from hpcmesh.actor import MonarchDifferenceWarning
+
+    class Mixed(Actor):
+        @endpoint
+        def plain(self) -> str:
+            return "def"
+
+        @endpoint
+        async def coro(self) -> str:
+            return "async def"
+
+    class AllAsync(Actor):
+        @endpoint
+        async def coro(self) -> str:
+            return "async def"
+
+    procs = this_proc()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = procs.spawn("mixed_once", Mixed)
+        second = procs.spawn("mixed_twice", Mixed)
+        alone = procs.spawn("all_async", AllAsync)
+    try:
+        mixed = [w for w in caught if issubclass(w.category, MonarchDifferenceWarning)]
+        assert len(mixed) == 1, [str(w.message) for w in caught]
+        text = str(mixed[0].message)
+        assert text.startswith(f"{Mixed} mixes both async and sync endpoints (sync: ['plain'] "
+                               f"async: ['coro'])") and "Monarch refuses" in text
+        assert mixed[0].filename == __file__          # points at the spawn() call
+        assert (first.plain.call_one().get(timeout=30), second.coro.call_one().get(timeout=30),
+                alone.coro.call_one().get(timeout=30)) == ("def", "async def", "async def")
+    finally:
+        for m in (first, second, alone):
+            m.stop().get(timeout=30)
+
+
+def test_hooks_of_the_other_kind_are_named_as_monarch_names_them():
+    """Monarch also refuses a hook that is not of its endpoints' kind."""
+    from hpcmesh.actor.endpoint import monarch_refusal
+
+    def coro():         # a fresh function each time: @endpoint marks the one it gets
+        async def f(self, *args) -> None: ...
+        return f
+
+    def plain():
+        def f(self, *args) -> None: ...
+        return f
+
+    def probe(endpoint_fn, **hooks) -> type:
+        return type("Probe", (Actor,), {"a": endpoint(endpoint_fn()),
+                                        **{h: fn() for h, fn in hooks.items()}})
+    for cls, words in [
+            (probe(plain, __cleanup__=coro), "has sync endpoints, but an async __cleanup__ "
+                                             "(sync: ['a'])"),
+            (probe(coro, __cleanup__=plain), "has async endpoints, but a synchronous "
+                                             "__cleanup__ (async: ['a'])"),
+            (probe(plain, __supervise__=coro), "has sync endpoints, but an async "
+                                               "__supervise__ (sync: ['a'])")]:
+        assert monarch_refusal(cls) == f"{cls} {words}"
+    assert monarch_refusal(probe(plain, __cleanup__=plain, __supervise__=plain)) is None
+    assert monarch_refusal(probe(coro, __cleanup__=coro)) is None
+    assert monarch_refusal(Actor) is None
 
 
 def test_send_checks_its_arguments():

@@ -54,7 +54,9 @@ def test_actors_spawned_on_this_proc_run_in_this_process():
     assert not pm.stopped
     assert pm.stop().get(timeout=10) == {pm.records[0].name: 0}
     assert pm.stopped
-    with pytest.raises(SupervisionError, match="'local' was stopped: the this_proc\\(\\) mesh"):
+    with pytest.raises(SupervisionError, match="Endpoint call local.incr\\(\\) failed, .* "
+                       "actor mesh is stopped due to proc mesh shutdown \\(proc mesh "
+                       "'this_proc' of actor mesh 'local' was stopped\\)"):
         local.incr.call_one().get(timeout=10)
     with pytest.raises(RuntimeError, match="has been stopped"):
         pm.spawn("again", Local)

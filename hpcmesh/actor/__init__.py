@@ -10,14 +10,15 @@ from ..runtime.future import Future
 from ..shapes import Extent, Point
 from .accumulator import Accumulator
 from .channel import Channel, Port, PortReceiver
-from .endpoint import Actor, as_endpoint, concurrent_endpoint, endpoint
+from .endpoint import Actor, MonarchDifferenceWarning, as_endpoint, concurrent_endpoint, endpoint
 from .actor_mesh import ActorMesh, Endpoint, send
 from .controllers import get_or_spawn_controller
 from .host_mesh import HostMesh, attach_to_workers, shutdown_context, this_host
 from .proc_mesh import ProcMesh, this_proc
 from .returns_future import returns_future
 from .value_mesh import ValueMesh
-from . import concurrent
+from . import concurrent, config
+from .actor_logs import install_actor_log_prefix
 from ..runtime.process.worker import run_worker_loop_forever, run_worker_loop_until_shutdown
 # a module attribute a program replaces (hpcmesh.actor.unhandled_fault_hook = f), as in Monarch:
 # the runtime reads it from here, at each failure, through the reader registered below
@@ -32,7 +33,11 @@ __all__ = [
     "Accumulator", "current_actor_name", "this_proc", "MeshFailure", "unhandled_fault_hook",
     "Endpoint", "concurrent_endpoint", "concurrent", "send", "get_or_spawn_controller",
     "shutdown_context", "returns_future", "run_worker_loop_until_shutdown", "as_endpoint",
+    "MonarchDifferenceWarning", "config",
 ]
+
+
+install_actor_log_prefix()     # Monarch's [actor=...] on the logging records of actors
 
 
 def _installed_fault_hook():

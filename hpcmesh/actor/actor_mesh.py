@@ -16,14 +16,15 @@ import threading
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
 from ..runtime.observe import telemetry_recorder as _tel
+from ..runtime.actor_host import shown_name
 from ..runtime.observe import stragglers as _stragglers
 from ..runtime.client import current_or_client_node
-from ..runtime.errors import MeshStoppedError, SupervisionError
+from ..runtime.errors import MeshStoppedError, SupervisionError, describe_actor, stopped_call
 from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
 from ..runtime.messages import call_msg
 from ..runtime.node import NodeRef
 from ..runtime.observe.spans import start_span
-from ..shapes import Shape
+from ..shapes import Extent, Point, Shape
 from ..transport import serialization
 from ..transport.framing import FrameError
 from ..transport.serialization import is_plain
@@ -58,6 +59,19 @@ class ActorMeshState:
         self.failed: BaseException | None = None
         self.owner = None           # the actor that spawned this mesh (None: the client)
         self.pending: list[tuple[Callable[[], Future], Future]] = []
+        #: ``module.Class`` and the mesh's extent, for messages (set by the spawner)
+        self.class_path = class_name
+        self.extent: Extent | None = None
+
+    def describe_member(self, proc_name: str) -> str | None:
+        """The actor this mesh has in process ``proc_name``, as Monarch's messages name it
+        (``<train.Counter counters{'gpus': 1/2}>``); None if it has none there."""
+        try:
+            i = self.proc_names.index(proc_name)
+        except ValueError:
+            return None
+        return describe_actor(self.class_path, self.name,
+                              Point(i, self.extent) if self.extent is not None else None)
 
     def open(self, nodes: list[NodeRef] | None, exc: BaseException | None) -> None:
         """The spawn finished (``exc`` if it failed): send or fail the waiting calls."""
@@ -84,10 +98,19 @@ class ActorMeshState:
                 forward(inner, out)
 
 
-def stop_actor_mesh(st: ActorMeshState, reason: str) -> Future:
+def proc_mesh_stopped(actor_mesh: str, proc_mesh: str) -> MeshStoppedError:
+    """What calls to an actor mesh whose processes were stopped raise: Monarch's words,
+    then which proc mesh."""
+    return MeshStoppedError(f"actor mesh is stopped due to proc mesh shutdown (proc mesh "
+                            f"{proc_mesh!r} of actor mesh {actor_mesh!r} was stopped)",
+                            actor_mesh)
+
+
+def stop_actor_mesh(st: ActorMeshState, reason: str,
+                    error: MeshStoppedError | None = None) -> Future:
     """Stop the actors of one actor mesh on every process that hosts them, then fail later
-    calls to it with a SupervisionError naming ``reason``. A Future of None (a member whose
-    process is gone already counts as stopped)."""
+    calls to it with a SupervisionError naming ``reason`` (or with ``error``). A Future of
+    None (a member whose process is gone already counts as stopped)."""
     node = current_or_client_node()
 
     def stop_all() -> Future:
@@ -95,7 +118,8 @@ def stop_actor_mesh(st: ActorMeshState, reason: str) -> Future:
                        for n in dict.fromkeys(st.nodes)])
 
     def mark(f: Future) -> Future:
-        st.failed = MeshStoppedError(f"actor mesh {st.name!r} was stopped: {reason}", st.name)
+        st.failed = error or MeshStoppedError(f"actor mesh {st.name!r} was stopped: {reason}",
+                                              st.name)
         if f.exception() is not None and not isinstance(f.exception(), SupervisionError):
             return failed(f.exception())
         return completed(None)
@@ -193,7 +217,7 @@ class ActorMesh(MeshView, Generic[T]):
         node = current_or_client_node()
         target = st.nodes[g]
         if reply:
-            fut, port_id = node.reply_future(target)
+            fut, port_id = node.reply_future(target, st.actor_id, endpoint)
         else:
             fut, port_id = None, None
         args, bufs = payload
@@ -210,16 +234,22 @@ class ActorMesh(MeshView, Generic[T]):
         except (SupervisionError, ConnectionError) as e:
             if port_id is not None:
                 node.close_port(port_id)
-                fut.set_exception(e)
+                fut.set_exception(node.ports.failed_call(e, st.actor_id, endpoint))
             else:
                 raise
         return fut
 
-    def _when_ready(self, fn: Callable[[], Future]) -> Future:
+    def _when_ready(self, fn: Callable[[], Future], endpoint: str | None = None) -> Future:
         """Run ``fn`` now if the mesh is up, else queue it (in call order) until it is.
-        Arguments were pickled by the caller already, so a queued ``fn`` cannot fail on them."""
+        Arguments were pickled by the caller already, so a queued ``fn`` cannot fail on them.
+        ``endpoint``: the call's, for the error of a call to a stopped mesh."""
         st = self._state
         if st.failed is not None:     # spawn failed, or a failure below it went unhandled
+            if endpoint is not None and isinstance(st.failed, MeshStoppedError):
+                members, _ = self._members()
+                actor = st.describe_member(st.proc_names[members[0][1]]) if members else None
+                return failed(stopped_call(shown_name(endpoint), actor or repr(st.name),
+                                           st.failed))
             return failed(st.failed)
         if st.live:
             return fn()
@@ -228,7 +258,7 @@ class ActorMesh(MeshView, Generic[T]):
             if not st.live and st.failed is None:
                 st.pending.append((fn, out))
                 return out
-        return self._when_ready(fn)
+        return self._when_ready(fn, endpoint)
 
 
 def rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes, shape,
@@ -352,7 +382,8 @@ class Endpoint(Generic[P, R]):
         if st.live and self._route is None:
             self._route = (current_or_client_node(), st.nodes[g], st, st.actor_id, ext)
         payload = mesh._payload(self._name, args, kwargs)
-        return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True))
+        return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True),
+                                self._name)
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every member; a Future of a ValueMesh with this mesh's extent."""
@@ -389,7 +420,7 @@ class Endpoint(Generic[P, R]):
             return gather(futs, lambda vals: ValueMesh(result_shape, vals) if key is None
                           else w.ended(key, ValueMesh(result_shape, vals)),
                           current_or_client_node().poll_for_rest)
-        return mesh._when_ready(go)
+        return mesh._when_ready(go, self._name)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every member without waiting; failures are reported through supervision.
@@ -446,27 +477,45 @@ class Endpoint(Generic[P, R]):
                     if load == 0:
                         break
             return mesh._send(best[1], best[2], ext, self._name, payload, True)
-        return mesh._when_ready(go)
+        return mesh._when_ready(go, self._name)
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> "ResultStream[R]":
         """Call every member; the results in arrival order: ``async for`` gives the values,
         ``for`` gives settled Futures (as Monarch's ``stream`` does)."""
         if _tel.RECORDER is not None:
             self._note_sent("stream")
+        routes = self._routes
+        if routes is not None and not kwargs and is_plain(args):
+            # call()'s fast path (a live mesh, builtin arguments): Accumulator streams
+            node, st, targets, ext, _ = routes
+            if st.failed is None:
+                stream = ResultStream(len(targets))
+                name, payload = self._name, (args, kwargs)
+                futs = [node.call_actor(t, st.actor_id, name, payload, r, ext)
+                        for r, t in targets]
+                for i, f in enumerate(futs):
+                    stream._sent(i, f)
+                if (w := _stragglers.WATCH) is not None:    # until the tick sees it end
+                    w.watch(futs, targets, st, name)
+                return stream
         mesh = self._mesh
         members, ext = self._members()
+        st = mesh._state
+        if st.live and self._routes is None:
+            self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members],
+                            ext, Shape.from_extent(mesh._shape.extent))
         stream = ResultStream(len(members))
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
             sent = []
-            for r, g in members:
+            for i, (r, g) in enumerate(members):
                 try:
                     f = mesh._send(g, r, ext, self._name, payload, True)
                 except BaseException as e:  # noqa: BLE001
-                    stream._push_error(e)
+                    stream._push_error(e, i)
                     continue
-                f.add_done_callback(stream._on_done)
+                stream._sent(i, f)
                 sent.append((f, (r, mesh._state.nodes[g])))
             if (w := _stragglers.WATCH) is not None and sent:   # until the tick sees it end
                 w.watch([f for f, _ in sent], [t for _, t in sent], mesh._state, self._name)
@@ -476,9 +525,9 @@ class Endpoint(Generic[P, R]):
 
         def not_started(f: Future) -> None:
             if f.exception() is not None:      # the mesh never came up: every item fails
-                for _ in members:
-                    stream._push_error(f.exception())
-        mesh._when_ready(go).add_done_callback(not_started)
+                for i in range(len(members)):
+                    stream._push_error(f.exception(), i)
+        mesh._when_ready(go, self._name).add_done_callback(not_started)
         return stream
 
     def __call__(self, *args, **kwargs):
@@ -529,7 +578,7 @@ def send(endpoint: Endpoint[P, R], args: tuple, kwargs: dict, port=None,
         for r, g in members:
             mesh._send(g, r, ext, name, payload, True).add_done_callback(answer)
         return completed(None)
-    mesh._when_ready(go).add_done_callback(
+    mesh._when_ready(go, name).add_done_callback(
         lambda f: f.exception() is not None and port.exception(f.exception()))
 
 
@@ -556,9 +605,37 @@ class ResultStream(Generic[R]):
         self._cond = threading.Condition()
         self._async_waiters: list[tuple] = []  # (loop, asyncio.Future) to wake on arrival
         self._slots: dict[int, Future] = {}    # arrival index -> Future given out before it
+        self._ranked: list[Future] | None = None   # in_mesh_order()'s, once asked for
+        self._sent_futures: list[Future | None] = [None] * n  # member i's, once sent
 
     def __len__(self) -> int:
         return self._n
+
+    def in_mesh_order(self) -> list[Future]:
+        """One Future per member, in mesh order (rank 0 first), each settled when that
+        member's result arrives: for a fold that must not depend on arrival order
+        (``Accumulator``)."""
+        with self._cond:
+            if self._ranked is None:
+                if None not in self._sent_futures:     # all sent (a live mesh): these
+                    self._ranked = list(self._sent_futures)
+                    return self._ranked
+                self._ranked = [Future() for _ in range(self._n)]
+                sent = [(i, f) for i, f in enumerate(self._sent_futures) if f is not None]
+            else:
+                sent = []
+        for i, f in sent:
+            forward(f, self._ranked[i])
+        return self._ranked
+
+    def _sent(self, i: int, f: Future) -> None:
+        """Member ``i``'s call went out as ``f``."""
+        with self._cond:
+            self._sent_futures[i] = f
+            ranked = self._ranked
+        if ranked is not None and ranked[i] is not f:
+            forward(f, ranked[i])
+        f.add_done_callback(self._on_done)
 
     def _on_done(self, f: Future) -> None:
         with self._cond:
@@ -574,10 +651,11 @@ class ResultStream(Generic[R]):
             except RuntimeError:   # that loop is closed: nobody is waiting any more
                 pass
 
-    def _push_error(self, exc: BaseException) -> None:
+    def _push_error(self, exc: BaseException, i: int) -> None:
+        """Member ``i``'s call failed before it went out."""
         f = Future()
         f.set_exception(exc)
-        self._on_done(f)
+        self._sent(i, f)
 
     def __iter__(self):
         try:

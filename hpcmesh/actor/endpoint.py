@@ -5,9 +5,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import warnings
+import weakref
 from typing import (TYPE_CHECKING, Any, Awaitable, Callable, Concatenate, Literal, ParamSpec,
                     Protocol, TypeVar, overload)
 
+from ..errors import HpcmeshError
 from ..runtime import actor_host
 from ..runtime.actor_host import AS_ENDPOINT, AS_ENDPOINT_PORT, ENDPOINT_ATTR, EndpointInfo
 from ..runtime.messages import ANSWERED_THROUGH_PORT
@@ -120,12 +123,72 @@ def concurrent_endpoint(fn: Callable | None = None, *, propagate: Any = None,
     Calls start in the order they were sent."""
 
     def mark(f: Callable) -> Any:
+        # Monarch's words first (programs match on them), then which method
+        if getattr(f, ENDPOINT_ATTR, None) is not None:
+            raise ValueError(f"concurrent_endpoint does not wrap @endpoint; pass endpoint "
+                             f"options to @concurrent_endpoint ({_qualname(f)} is an "
+                             f"@endpoint already: drop that decorator)")
         if not inspect.iscoroutinefunction(f):
-            raise TypeError(f"@concurrent_endpoint needs an async def: {f.__qualname__} is "
-                            f"a plain def (its calls could not run at once on one thread)")
+            raise ValueError(f"concurrent_endpoint can only wrap async endpoints "
+                             f"({_qualname(f)} is a plain def: its calls could not run at "
+                             f"once on one thread)")
         return endpoint(f, concurrent=True, propagate=propagate,
                         explicit_response_port=explicit_response_port)
     return mark(fn) if fn is not None else mark
+
+
+def _qualname(f: Any) -> str:
+    return getattr(f, "__qualname__", None) or type(f).__name__
+
+
+class MonarchDifferenceWarning(HpcmeshError, UserWarning):
+    """hpcmesh runs something Monarch 0.7 refuses (a class mixing sync and async
+    endpoints): fine here, an error there. Silence it with
+    ``warnings.filterwarnings("ignore", category=MonarchDifferenceWarning)``."""
+
+
+_warned_mixed: "weakref.WeakSet[type]" = weakref.WeakSet()
+
+
+def monarch_refusal(cls: type) -> str | None:
+    """Why Monarch 0.7 would refuse ``cls`` at spawn (its ValueError's first words), or
+    None: its endpoints mix ``def`` and ``async def``, or a hook (``__cleanup__``,
+    ``__supervise__``) is not of its endpoints' kind."""
+    sync, coro = [], []
+    for name in dir(cls):
+        info = getattr(getattr(cls, name, None), ENDPOINT_ATTR, None)
+        if info is not None:
+            (coro if info.is_async else sync).append(name)
+    if sync and coro:
+        return f"{cls} mixes both async and sync endpoints (sync: {sync} async: {coro})"
+    hooks = {h: inspect.iscoroutinefunction(getattr(cls, h))
+             for h in ("__cleanup__", "__supervise__") if callable(getattr(cls, h, None))}
+    for hook, is_async in hooks.items():
+        if sync and is_async:
+            return f"{cls} has sync endpoints, but an async {hook} (sync: {sync})"
+    if coro and hooks.get("__cleanup__") is False:
+        return f"{cls} has async endpoints, but a synchronous __cleanup__ (async: {coro})"
+    return None
+
+
+def warn_if_mixed(cls: type, stacklevel: int = 3) -> None:
+    """Once per class: a class Monarch refuses at spawn with a ValueError (sync and async
+    endpoints mixed, or a hook of the other kind) spawns here. It is allowed on purpose:
+    hpcmesh runs sync endpoints and hooks on the actor's own thread and async ones on its
+    event loop, one message at a time, so none stalls the loop (in Monarch a sync one
+    would run on the loop, and one that waits would deadlock it). The warning is for code
+    that must also run under Monarch."""
+    if cls in _warned_mixed:
+        return
+    why = monarch_refusal(cls)
+    if why is None:
+        return
+    _warned_mixed.add(cls)
+    warnings.warn(
+        f"{why}. hpcmesh runs sync endpoints and hooks on the actor's own thread, one "
+        f"message at a time with the async ones, so this is safe here; Monarch refuses such "
+        f"a class at spawn with a ValueError: make them all def or all async def for code "
+        f"that must run under Monarch too", MonarchDifferenceWarning, stacklevel=stacklevel)
 
 
 def _answering_through_port(f: Callable, is_async: bool) -> Callable:

@@ -18,16 +18,16 @@ from ..runtime.actor_services import ActorServices
 from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.client import ProcRecord, current_or_client_node, existing_client_runtime
 from ..runtime.context import Rendezvous
-from ..runtime.errors import HOST_LOST, MeshStoppedError
+from ..runtime.errors import HOST_LOST, MeshStoppedError, class_path
 from ..runtime.future import Future, completed, gather, on_runtime_thread
 from ..runtime.node import Node, NodeRef
 from ..runtime.observe.spans import start_span
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization
-from .endpoint import ENDPOINT_ATTR, check_endpoint_names
+from .endpoint import ENDPOINT_ATTR, check_endpoint_names, warn_if_mixed
 
-from .actor_mesh import ActorMesh, ActorMeshState, stop_actor_mesh
+from .actor_mesh import ActorMesh, ActorMeshState, proc_mesh_stopped, stop_actor_mesh
 from .mesh_view import MeshView, as_asyncio, chain, chain_any, spawning_actor
 
 #: Seconds ProcMesh.stop() waits for a clean exit before SIGTERM, then SIGKILL (read at each
@@ -107,6 +107,7 @@ class ProcMesh(MeshView):
         if not isinstance(actor_class, type):
             raise TypeError(f"spawn() needs an actor class, got {type(actor_class).__name__}")
         check_endpoint_names(actor_class)
+        warn_if_mixed(actor_class)
         if (args or kwargs) and not on_runtime_thread():
             # Fail now on unpicklable arguments, and wait here (not later on the runtime's
             # loop) for actor meshes passed as arguments to finish starting.
@@ -125,6 +126,7 @@ class ProcMesh(MeshView):
         state = ActorMeshState(actor_id, name, actor_class.__name__, endpoints,
                                 [r.name for r in recs], recs, methods)
         state.owner = spawning_actor()
+        state.class_path, state.extent = class_path(actor_class), extent
         if rt is not None:
             rt.track_actor_mesh(state, state.owner)
         if self._state.in_this_process:
@@ -186,13 +188,21 @@ class ProcMesh(MeshView):
             if grace is None else float(grace)
         if st.in_this_process:        # our own process: stop the actors spawned on it
             st.stopped = True
-            return gather([stop_actor_mesh(am, "the this_proc() mesh it was spawned on was "
-                                                "stopped") for am in st.actor_meshes],
+            return gather([stop_actor_mesh(am, "", proc_mesh_stopped(am.name, st.name))
+                           for am in st.actor_meshes],
                           lambda _: {r.name: 0 for r in recs})
         for r in recs:
             r.stopping = True
         if self._shape.nelem == len(st.records):
             st.stopped = True
+        rt = existing_client_runtime()
+        stopping = {r.name for r in recs}
+        for am in rt.actor_meshes() if rt is not None else ():
+            # an actor mesh all of whose processes stop: later calls to it fail at once,
+            # saying so (one with live members left is not the mesh's failure)
+            if (isinstance(am, ActorMeshState) and am.failed is None and am.proc_names
+                    and stopping.issuperset(am.proc_names)):
+                am.failed = proc_mesh_stopped(am.name, st.name)
 
         async def stop_all():
             loop = asyncio.get_running_loop()

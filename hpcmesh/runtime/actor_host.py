@@ -26,7 +26,7 @@ from typing import Any
 from .asyncio_internals import enter_task, leave_task
 from .context import ActorInstance, Context, current_context_var
 from .errors import (USER_EXCEPTION, ActorError, MeshFailure, MeshStoppedError, SupervisionError,
-                     actor_failed, call_failed, describe_actor, failure_class_of)
+                     actor_failed, call_failed, class_path, describe_actor, failure_class_of)
 from ..shapes import Extent, Point
 from ..transport import serialization
 from .messages import (EVENT_ACTOR_FAULT, BatchShare, ReplyNotSent, call_msg, decode_args,
@@ -614,7 +614,7 @@ class ActorHost:
         if self.fault is not None:
             return
         inst = self.instance
-        self.fault = actor_failed(describe_actor(self.cls.__name__, inst.mesh_name, inst.rank),
+        self.fault = actor_failed(describe_actor(class_path(self.cls), inst.mesh_name, inst.rank),
                                   reason, inst.mesh_name, inst.rank, failure_class)
         if (rec := _tel.RECORDER) is not None:
             rec.status(self.telemetry_id, "failed", reason, failure_class)
@@ -685,7 +685,7 @@ class ActorHost:
         err = exc if isinstance(exc, ActorError) and exc.point is not None else ActorError(
             type(exc).__qualname__, describe_exception(exc, with_type=False),
             format_exception(exc), self.instance.rank, self.cls.__name__, shown_name(endpoint),
-            failure_class_of(exc))
+            failure_class_of(exc), self.instance.mesh_name)
         if reply is not None:
             self.node.reply_to(origin, reply, failure(err))
             return

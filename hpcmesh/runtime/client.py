@@ -21,10 +21,10 @@ from ..settings import check_process_settings, env_number
 from ..shapes import Point
 from ..transport.addresses import new_secret
 from . import actor_host
-from .actor_host import ActorThread
+from .actor_host import ActorThread, shown_name
 from .observe import stragglers, telemetry_recorder
 from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, USER_EXCEPTION, MeshFailure,
-                     SupervisionError, describe_exit, exit_class)
+                     SupervisionError, describe_exit, exit_class, process_exit_words)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
@@ -106,6 +106,9 @@ class TrackedActorMesh(Protocol):
     proc_names: list[str]           # the processes its actors run in, one per actor
     nodes: list[NodeRef] | None     # the actors' nodes, once they are up
 
+    def describe_member(self, proc_name: str) -> str | None:
+        """Its actor in that process, as failure messages name it; None if none."""
+
 
 class ClientRuntime:
     """One per process that owns meshes; created on first use.
@@ -140,6 +143,10 @@ class ClientRuntime:
             weakref.WeakValueDictionary()
         self._hook_thread: ActorThread | None = None
         self._closing = False
+        # id of the error a dead process's calls fail with -> (it, its ProcRecord, its
+        # return code): to name each call it fails (``_name_failed_call``)
+        self._dead: dict[int, tuple[SupervisionError, ProcRecord, int | None]] = {}
+        self.node.ports.name_call = self._name_failed_call
         actor_host.on_actor_failed.append(self.end_descendants)
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
@@ -296,13 +303,49 @@ class ClientRuntime:
                 (f"; last stderr lines:\n{tail}" if tail else ""),
                 rec.mesh_name, rec.point, host, pid, status, cls)
         else:
-            exc = SupervisionError(f"{where} died: {why}", rec.mesh_name, rec.point, host,
-                                   pid, status, cls)
+            exc = SupervisionError(self._died_message(rec, returncode, host, pid, why),
+                                   rec.mesh_name, rec.point, host, pid, status, cls)
+            self._dead[id(exc)] = (exc, rec, returncode)
         self.flush_logs(rec.mesh_name)      # what it printed last comes before its failure
         self._fail(rec, exc)
         if rec.owner is not None or rec.node is not None:
             # one that never connected fails the spawn: whoever waits for it is told
             self.report_failure(rec.owner, MeshFailure(rec.mesh_name, exc, rec.point))
+
+    def _died_message(self, rec: ProcRecord, returncode: int | None, host: str, pid: int,
+                      status: str, actors: list[str] | None = None) -> str:
+        """A process died. With actors of this runtime's on it (or ``actors``): Monarch's
+        words for the first, then hpcmesh's facts (which process, host, pid, how) and the
+        other actors that were there; else the facts alone."""
+        if actors is None:
+            actors = [a for a in (m.describe_member(rec.name) for m in self.actor_meshes())
+                      if a is not None]
+        if not actors:
+            return f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} (pid {pid}) " \
+                   f"died: {status}"
+        others = f"; also on it: {', '.join(actors[1:])}" if len(actors) > 1 else ""
+        return (f"The actor {actors[0]} and all its descendants have failed: "
+                f"{process_exit_words(returncode)} (process {rec.label} of mesh "
+                f"{rec.mesh_name!r} on host {host}, pid {pid}: {status}{others})")
+
+    def _name_failed_call(self, exc: BaseException, actor_id: str,
+                          endpoint: str) -> BaseException:
+        """The error of a call to ``endpoint`` of actor mesh ``actor_id`` that ``exc``
+        fails: where ``exc`` is a process's death and this runtime tracks that mesh,
+        Monarch's "Endpoint call m.ep() failed, The actor <that mesh's actor there> ...";
+        else ``exc``."""
+        dead = self._dead.get(id(exc))
+        mesh = self._actor_meshes.get(actor_id)
+        if dead is None or dead[0] is not exc or mesh is None:
+            return exc
+        _, rec, returncode = dead
+        actor = mesh.describe_member(rec.name)
+        if actor is None:
+            return exc
+        text = self._died_message(rec, returncode, exc.host, exc.pid, exc.exit_status, [actor])
+        return SupervisionError(f"Endpoint call {mesh.name}.{shown_name(endpoint)}() failed, "
+                                f"{text}", exc.mesh, exc.point, exc.host, exc.pid,
+                                exc.exit_status, exc.reason)
 
     def _fail(self, rec: ProcRecord, exc: SupervisionError) -> None:
         """``rec``'s process failed: it is gone for good, and what waits on it fails."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..shapes import Extent, Point
+from .errors import describe_actor
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,16 @@ class ActorInstance:
     @property
     def extent(self) -> Extent:
         return self.rank.extent
+
+    def __str__(self) -> str:
+        """As Monarch prints an actor instance (its log prefix ``[actor=...]`` shows it):
+        ``<module.Class mesh{'gpus': 1/2}>``, without Monarch's ``<root>.`` path of
+        owners; ``<root>`` on the client."""
+        if not self.actor_id:
+            return "<root>"
+        module = type(self.actor).__module__ if self.actor is not None else ""
+        return describe_actor(f"{module}.{self.class_name}" if module else self.class_name,
+                              self.mesh_name, self.rank)
 
     def abort(self, reason: str | None = None) -> None:
         """Fail this actor, as Monarch's ``Instance.abort``: the call in progress (the one

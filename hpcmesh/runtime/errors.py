@@ -30,11 +30,15 @@ class ActorError(_FieldsError):
     #: the failure class (SPEC §12) of what it raised: ``USER_EXCEPTION``, or
     #: ``COLLECTIVE_TIMEOUT`` for a collective that gave up waiting (``failure_class_of``)
     reason: str = ""
+    mesh: str = ""
 
     def __str__(self) -> str:
+        # Monarch's words first ("Actor call <mesh>.<endpoint> failed"), then what raised
+        call = (f"Actor call {self.mesh}.{self.endpoint} failed: "
+                if self.mesh and self.endpoint else "")
         where = f" in {self.actor}.{self.endpoint}" if self.actor else ""
         at = f" at {self.point!r}" if self.point is not None else ""
-        text = f"{self.remote_type}: {self.message}{where}{at}"
+        text = f"{call}{self.remote_type}: {self.message}{where}{at}"
         if self.traceback_text:
             text += "\n\nRemote traceback:\n" + self.traceback_text.rstrip()
         return text
@@ -95,9 +99,10 @@ def failure_class_of(exc: BaseException) -> str:
 
 
 @dataclasses.dataclass(eq=False, repr=False)
-class SupervisionError(_FieldsError):
+class SupervisionError(_FieldsError, RuntimeError):
     """A process (or the connection to it) died; pending work addressed to it fails with this.
-    ``reason``: one of the words above, for whoever sorts failures by cause."""
+    ``reason``: one of the words above, for whoever sorts failures by cause. A RuntimeError
+    too, as Monarch's is: Monarch programs catch it with ``except RuntimeError``."""
 
     message: str
     mesh: str = ""
@@ -111,10 +116,10 @@ class SupervisionError(_FieldsError):
         return self.message
 
 
-class MeshStoppedError(SupervisionError, RuntimeError):
+class MeshStoppedError(SupervisionError):
     """A mesh (or the actor a call was for) was stopped: it takes no new messages. The one
     "stopped" error: a call to a stopped actor mesh, to an actor stopped on its process,
-    a spawn on a stopped ProcMesh. A SupervisionError (work addressed to it fails) and a
+    a spawn on a stopped ProcMesh. A SupervisionError (work addressed to it fails), hence a
     RuntimeError (what it was before it had a type of its own)."""
 
 
@@ -193,10 +198,28 @@ class MeshFailure:
     __repr__ = __str__
 
 
-def describe_actor(class_name: str, mesh_name: str, point) -> str:
-    """``Counter counters{'gpus': 1/2}``: an actor as failure messages name it."""
-    return f"{class_name} {mesh_name}{point!r}" if point is not None else \
-        f"{class_name} {mesh_name}"
+def class_path(cls: type) -> str:
+    """``train.Counter``: a class as Monarch's messages name it (module and name)."""
+    return f"{cls.__module__}.{cls.__name__}"
+
+
+def describe_actor(class_path: str, mesh_name: str, point) -> str:
+    """``<train.Counter counters{'gpus': 1/2}>``: an actor as failure messages name it, in
+    Monarch's words (without Monarch's ``<root>.`` path of the actors that own it)."""
+    return f"<{class_path} {mesh_name}{point!r}>" if point is not None else \
+        f"<{class_path} {mesh_name}>"
+
+
+def process_exit_words(returncode: int | None) -> str:
+    """How Monarch says that an actor's process ended: ``the process this actor was
+    running on failed: Killed(sig=9)`` / ``... exited with non-zero code 3``."""
+    if returncode is None:
+        return "the process this actor was running on failed: unknown exit status"
+    if returncode < 0:
+        return f"the process this actor was running on failed: Killed(sig={-returncode})"
+    if returncode > 0:
+        return f"the process this actor was running on exited with non-zero code {returncode}"
+    return "the process this actor was running on exited with code 0"
 
 
 def actor_failed(who: str, reason: str, mesh_name: str, point=None,
@@ -212,3 +235,13 @@ def call_failed(endpoint_name: str, fault: SupervisionError) -> SupervisionError
     return SupervisionError(f"Endpoint call {fault.mesh}.{endpoint_name}() failed, "
                             f"{fault.message}", fault.mesh, fault.point, fault.host, fault.pid,
                             fault.exit_status, fault.reason)
+
+
+def stopped_call(endpoint_name: str, actor: str, stopped: SupervisionError) -> "MeshStoppedError":
+    """A call to a stopped actor mesh: Monarch's wording (``... has status: ... stopped``),
+    naming the call and an actor it was for, then why it was stopped."""
+    return MeshStoppedError(f"Endpoint call {stopped.mesh}.{endpoint_name}() failed, "
+                            f"Supervision event: actor {actor} has status: stopped: "
+                            f"{stopped.message}", stopped.mesh, stopped.point, stopped.host,
+                            stopped.pid, stopped.exit_status, stopped.reason)
+

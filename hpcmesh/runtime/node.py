@@ -173,9 +173,11 @@ class Node:
     def close_port(self, port: PortRef | int) -> None:
         self.ports.close(port if isinstance(port, int) else port.port_id)
 
-    def reply_future(self, peer: NodeRef | str | None) -> tuple[Future, int]:
+    def reply_future(self, peer: NodeRef | str | None, actor_id: str | None = None,
+                     endpoint: str | None = None) -> tuple[Future, int]:
         """A one-shot reply port (its id is returned) whose first delivery resolves a
-        Future; the Future fails if ``peer`` dies first.
+        Future; the Future fails if ``peer`` dies first (naming the endpoint call
+        ``actor_id``, ``endpoint`` it is for, if given: ``PortTable.failed_call``).
 
         Callable from any thread. ``peer`` is the node expected to answer (a NodeRef,
         or a node id of a node already known). ``port_ref(id)`` names the port for a
@@ -186,7 +188,7 @@ class Node:
             p = self._peers.get(peer)
         else:
             p = self._peers.get(peer.node_id) or self.peers.peer(peer)
-        return self.ports.expect_reply(p)
+        return self.ports.expect_reply(p, actor_id, endpoint)
 
     def port_ref(self, port_id: int) -> PortRef:
         return PortRef(NodeRef(self.node_id, self.addresses), port_id)
@@ -256,7 +258,7 @@ class Node:
         if conn is not None and not p.backlog:
             fut = Future()
             pid = next(self._port_ids)
-            self._replies[pid] = (fut, p)
+            self._replies[pid] = (fut, p, actor_id, endpoint)
             inflight = p.inflight
             inflight.add(pid)
             # twin of call_msg(): written out, as every pipelined call passes here and two
@@ -279,13 +281,13 @@ class Node:
                 return fut
             except ConnectionClosed:
                 self.close_port(pid)    # nothing was written: take the general path
-        fut, pid = self.reply_future(target)
+        fut, pid = self.reply_future(target, actor_id, endpoint)
         try:
             self.send(target, call_msg(actor_id, endpoint, payload, pid, rank, extent_items),
                       buffers=[])
         except (SupervisionError, ConnectionError) as e:
             self.close_port(pid)
-            fut.set_exception(e)
+            fut.set_exception(self.ports.failed_call(e, actor_id, endpoint))
         except FrameError as e:
             self.close_port(pid)
             fut.set_exception(serialization.SerializationError(

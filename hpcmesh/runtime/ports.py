@@ -24,8 +24,21 @@ if TYPE_CHECKING:
 class PortTable:
     def __init__(self) -> None:
         self.callbacks: dict[int, tuple[Callable[[Any], None], bool]] = {}
-        self.replies: dict[int, tuple[Future, Peer | None]] = {}
+        #: pid -> (Future, the peer expected to answer, and, for an endpoint call, its
+        #: actor id and endpoint: what a failure that is not the endpoint's is told)
+        self.replies: dict[int, tuple[Future, Peer | None, str | None, str | None]] = {}
         self.ids = itertools.count(1)
+        #: ``name_call(exc, actor_id, endpoint)``: the error a call fails with when its
+        #: peer is lost with ``exc`` (the runtime's owner names the call in it, as
+        #: Monarch's "Endpoint call m.ep() failed, ..."); None: ``exc`` as it is
+        self.name_call: Callable[[BaseException, str, str], BaseException] | None = None
+
+    def failed_call(self, exc: BaseException, actor_id: str | None,
+                    endpoint: str | None) -> BaseException:
+        """``exc`` as the call (``actor_id``, ``endpoint``) that it fails should raise it."""
+        if actor_id is None or self.name_call is None:
+            return exc
+        return self.name_call(exc, actor_id, endpoint)
 
     def open(self, callback: Callable[[Any], None], once: bool = False) -> int:
         pid = next(self.ids)
@@ -38,12 +51,14 @@ class PortTable:
         if reply is not None and reply[1] is not None:
             reply[1].inflight.discard(pid)
 
-    def expect_reply(self, peer: Peer | None) -> tuple[Future, int]:
+    def expect_reply(self, peer: Peer | None, actor_id: str | None = None,
+                     endpoint: str | None = None) -> tuple[Future, int]:
         """A one-shot reply port and the Future its first delivery resolves; the Future
-        fails at once if ``peer`` is known lost already."""
+        fails at once if ``peer`` is known lost already. ``actor_id``, ``endpoint``: the
+        endpoint call it is for, named in the error of a lost peer (``failed_call``)."""
         fut = Future()
         pid = next(self.ids)
-        self.replies[pid] = (fut, peer)
+        self.replies[pid] = (fut, peer, actor_id, endpoint)
         if peer is not None:
             peer.inflight.add(pid)
             # Checked after registering: either the loop's fail_inflight sees this port, or
@@ -51,7 +66,7 @@ class PortTable:
             if peer.lost is not None and peer.conn is None:
                 peer.inflight.discard(pid)
                 if self.replies.pop(pid, None) is not None:
-                    fut.set_exception(peer.lost)
+                    fut.set_exception(self.failed_call(peer.lost, actor_id, endpoint))
         return fut, pid
 
     def deliver(self, port_id: int, value: Any) -> None:
@@ -59,11 +74,12 @@ class PortTable:
         closed already drops it (a late reply: nobody waits any more)."""
         reply = self.replies.pop(port_id, None)
         if reply is not None:
-            fut, p = reply
+            fut, p, actor_id, endpoint = reply
             if p is not None:
                 p.inflight.discard(port_id)
             if type(value) is Failure:
-                fut.set_exception(value.exc)
+                fut.set_exception(value.exc if actor_id is None else
+                                  self.failed_call(value.exc, actor_id, endpoint))
             else:
                 fut.set_result(value)
             return

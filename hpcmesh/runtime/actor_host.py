@@ -218,6 +218,17 @@ class ActorHost:
             self._methods[name] = m
         return m
 
+    async def between_calls(self) -> None:
+        """Wait until the sync endpoint running on the actor's thread, if any, has returned
+        (it answers first): a failure below this actor that it does not handle fails it
+        between its messages, not inside one, as in Monarch. Async endpoints, which share
+        the loop, are interleaved with instead: one suspended when it comes fails."""
+        if self._executor is not None:
+            try:
+                await asyncio.wrap_future(self._executor.submit(lambda: None))
+            except RuntimeError:        # stopped meanwhile: its thread is shut down
+                pass
+
     def executor(self) -> "ActorThread":
         if self._executor is None:
             self._executor = ActorThread(f"actor-{self.cls.__name__}")

@@ -23,7 +23,8 @@ from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
 from .observe import telemetry_recorder
-from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, describe_exit
+from .errors import (AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, actor_failed,
+                     describe_actor, describe_exit)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
@@ -91,6 +92,7 @@ class TrackedActorMesh(Protocol):
     class_name: str
     proc_names: list[str]           # the processes its actors run in, one per actor
     nodes: list[NodeRef] | None     # the actors' nodes, once they are up
+    failed: BaseException | None    # set once it was stopped (or its spawn failed)
 
 
 class ClientRuntime:
@@ -123,6 +125,9 @@ class ClientRuntime:
         # actors of a process that cannot be asked): see track_actor_mesh
         self._actor_meshes: weakref.WeakValueDictionary[str, TrackedActorMesh] = \
             weakref.WeakValueDictionary()
+        # process name -> the actor meshes on it that an actor here spawned on processes
+        # somebody else owns (their exits come here too: watch_processes)
+        self._watched: dict[str, list[tuple[TrackedActorMesh, Any, Point]]] = {}
         self._hook_thread: ActorThread | None = None
         self._closing = False
         actor_host.on_actor_failed.append(self.end_descendants)
@@ -247,9 +252,13 @@ class ClientRuntime:
         await asyncio.sleep(0)       # its folds are delivered here on the loop, in order
         self.flush_logs()
 
-    def _on_exit(self, name: str, pid: int, returncode: int | None, host: str) -> None:
+    def _on_exit(self, name: str, pid: int, returncode: int | None, host: str,
+                 stop_asked: bool = False) -> None:
         rec = self.procs.get(name)
-        if rec is None or rec.failure is not None:     # (lost with its host already)
+        if rec is None:
+            self._watched_exit(name, pid, returncode, host, stop_asked)
+            return
+        if rec.failure is not None:     # (lost with its host already)
             return
         status = describe_exit(returncode)
         self._record_exit(rec, pid, host, status)
@@ -395,6 +404,49 @@ class ClientRuntime:
             self._owners[mesh.actor_id] = owner
         self._actor_meshes[mesh.actor_id] = mesh
 
+    def watch_processes(self, mesh: TrackedActorMesh, records: list[ProcRecord],
+                        extent: Any, owner: Any) -> None:
+        """``owner`` (an actor of this process) spawned ``mesh`` on processes somebody else
+        owns (a ProcMesh it was given), one actor on each of ``records``, in order: it owns
+        the actor mesh, so a process of it that dies is offered to its ``__supervise__``, as
+        its actors' failures are (``extent``: the actor mesh's). Their host agents tell
+        this process of their exits too."""
+        by_agent: dict[str, tuple[NodeRef, list[str]]] = {}
+        for i, rec in enumerate(records):
+            if rec.name in self.procs:      # ours: its exit comes here anyway
+                continue
+            self._watched.setdefault(rec.name, []).append((mesh, owner, Point(i, extent)))
+            by_agent.setdefault(rec.agent.node_id, (rec.agent, []))[1].append(rec.name)
+
+        def ended(f: Future) -> None:
+            if f.exception() is None:       # (an agent without the service: MPI ranks)
+                for name, code in f.value().items():
+                    self._watched_exit(name, None, code, "", False)
+        for agent, names in by_agent.values():
+            self.node.rpc(agent, "watch_procs", names, self.events).add_done_callback(ended)
+
+    def _watched_exit(self, name: str, pid: int | None, returncode: int | None, host: str,
+                      stop_asked: bool) -> None:
+        """A process that actors of this process spawned actors on ended (``watch_processes``):
+        unless it was stopped (by its owner), each such actor mesh that still runs failed
+        there, and its owner's ``__supervise__`` is offered that."""
+        watched = self._watched.pop(name, [])
+        if stop_asked or returncode == 0 or self._closing:
+            return      # stopped on purpose: a clean exit, or the agent was asked to
+        status = describe_exit(returncode)
+        for mesh, owner, point in watched:
+            if mesh.failed is not None:     # stopped already
+                continue
+            where = f"process {name}" + (f" on host {host}" if host else "") + \
+                (f" (pid {pid})" if pid is not None else "")
+            why = actor_failed(describe_actor(mesh.class_name, mesh.name, point),
+                               f"the process this actor was running on died: {status} "
+                               f"({where})", mesh.name, point)
+            exc = SupervisionError(why.message, mesh.name, point, host, pid, status)
+            if mesh.nodes is not None:      # calls to it pending here fail now, saying why
+                self.node.fail_peer(mesh.nodes[point.rank].node_id, exc)
+            self.report_failure(owner, MeshFailure(mesh.name, exc, point))
+
     def actor_meshes(self) -> list[TrackedActorMesh]:
         """The actor meshes tracked here that somebody still holds."""
         return list(self._actor_meshes.values())
@@ -444,6 +496,8 @@ class ClientRuntime:
                 except Exception as e:  # noqa: BLE001 - a failing handler does not handle it
                     log.exception("__supervise__ of %s raised", owner.class_name)
                     why = f" (__supervise__ raised {type(e).__name__}: {e})"
+            else:           # (a sync handler ran on the actor's thread, after that call)
+                await host.between_calls()
             if not handled:
                 host.fail_actor(f"it did not handle the failure of mesh {failure.mesh_name!r} "
                                 f"that it owns{why}: {failure.report()}")

@@ -220,6 +220,23 @@ def test_host_mesh_stop_and_initialized():
     assert all(r.stopping for r in procs.records)
 
 
+def test_host_mesh_stop_stops_what_was_spawned_through_it():
+    # every this_host() is the one host mesh of this client; a pickled copy owns nothing
+    import pickle
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        procs.spawn("c", Counter).incr.call(1).get(timeout=30)
+        copy = pickle.loads(pickle.dumps(this_host()))
+        copy.stop().get(timeout=30)
+        assert not any(r.stopping for r in procs.records)
+        with pytest.raises(RuntimeError, match="only the HostMesh .* may shut them down"):
+            copy.shutdown()
+        this_host().stop().get(timeout=30)
+        assert all(r.stopping for r in procs.records)
+    finally:
+        procs.stop().get(timeout=30)
+
+
 def test_shutdown_context_in_a_fresh_process(tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text(

@@ -23,8 +23,8 @@ from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
 from .observe import telemetry_recorder
-from .errors import (AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, actor_failed,
-                     describe_actor, describe_exit)
+from .errors import (AGENT_EXITED, HOST_LOST, MeshFailure, MeshStoppedError,
+                     SupervisionError, actor_failed, describe_actor, describe_exit)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
@@ -131,6 +131,7 @@ class ClientRuntime:
         self._hook_thread: ActorThread | None = None
         self._closing = False
         actor_host.on_actor_failed.append(self.end_descendants)
+        actor_host.on_actor_stopped.append(self.stop_descendants)
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
@@ -522,6 +523,47 @@ class ClientRuntime:
         for agent, names in by_agent.values():
             self.node.rpc(agent, "stop_procs", names, 0.0)
 
+    async def stop_descendants(self, owner, grace: float | None = None) -> None:
+        """An actor that is stopped stops what it spawned, as in Monarch: its actor meshes
+        (their ``__cleanup__`` runs; later calls raise that they were stopped), then its
+        processes, cleanly (as ``ProcMesh.stop()``: they get ``grace`` seconds, default
+        ``HPCMESH_STOP_GRACE``, before SIGTERM). On the event loop; bounded by the grace."""
+        grace = env_number("HPCMESH_STOP_GRACE", 5.0, finite=True) if grace is None else grace
+        calls = []
+        for actor_id, who in list(self._owners.items()):
+            if who is not owner:
+                continue
+            del self._owners[actor_id]
+            state = self._actor_meshes.get(actor_id)
+            if state is None or state.nodes is None or state.failed is not None:
+                continue
+            state.failed = MeshStoppedError(
+                f"actor mesh {state.name!r} was stopped: the actor that spawned it, "
+                f"{owner.mesh_name}, was stopped", state.name)
+            calls += [self.node.rpc(n, "stop_actors", [actor_id])
+                      for n in dict.fromkeys(state.nodes)]
+        recs = [r for r in self.procs.values()
+                if r.owner is owner and not r.stopping and r.failure is None]
+        for r in recs:
+            r.stopping = True
+            r.stop_reason = f"the actor that spawned it, {owner.mesh_name}, was stopped"
+        calls += [self.node.rpc(r.node, "stop") for r in recs if r.node is not None]
+        if calls:
+            await asyncio.wait([asyncio.ensure_future(self._settled(c)) for c in calls],
+                               timeout=grace)
+        by_agent: dict[str, tuple] = {}
+        for r in recs:
+            by_agent.setdefault(r.agent.node_id, (r.agent, []))[1].append(r.name)
+        for agent, names in by_agent.values():   # what did not exit gets SIGTERM, SIGKILL
+            self.node.rpc(agent, "stop_procs", names, 0.0)
+
+    @staticmethod
+    async def _settled(f: Future) -> None:
+        try:
+            await f
+        except Exception:  # noqa: BLE001 - gone already: stopped all the same
+            pass
+
     # -- shutdown ---------------------------------------------------------------------
     def shutdown(self) -> None:
         """Kill what the local agent started, close the node. Runs at interpreter exit."""
@@ -537,6 +579,8 @@ class ClientRuntime:
                     pass
         if self.end_descendants in actor_host.on_actor_failed:
             actor_host.on_actor_failed.remove(self.end_descendants)
+        if self.stop_descendants in actor_host.on_actor_stopped:
+            actor_host.on_actor_stopped.remove(self.stop_descendants)
         if self._local_agent is not None:
             self._local_agent.kill_all()
         if self._follower is not None:

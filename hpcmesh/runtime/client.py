@@ -548,14 +548,18 @@ class ClientRuntime:
             r.stopping = True
             r.stop_reason = f"the actor that spawned it, {owner.mesh_name}, was stopped"
         calls += [self.node.rpc(r.node, "stop") for r in recs if r.node is not None]
+        loop = self.node.loop
+        deadline = loop.time() + grace
         if calls:
             await asyncio.wait([asyncio.ensure_future(self._settled(c)) for c in calls],
                                timeout=grace)
         by_agent: dict[str, tuple] = {}
         for r in recs:
             by_agent.setdefault(r.agent.node_id, (r.agent, []))[1].append(r.name)
-        for agent, names in by_agent.values():   # what did not exit gets SIGTERM, SIGKILL
-            self.node.rpc(agent, "stop_procs", names, 0.0)
+        left = max(0.0, deadline - loop.time())
+        for agent, names in by_agent.values():
+            # they exit (finalizers run) within what is left of the grace, else SIGTERM
+            self.node.rpc(agent, "stop_procs", names, left)
 
     @staticmethod
     async def _settled(f: Future) -> None:

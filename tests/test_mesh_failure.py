@@ -277,3 +277,49 @@ def test_a_child_failure_fails_a_sync_parent_between_its_calls(procs, unhandled_
             parent.ping.call_one().get(timeout=10)
     finally:
         kid_procs.stop().get(timeout=30)
+
+
+class Marks(Actor):
+    def __init__(self, path: str):
+        self.path = path
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def __cleanup__(self, exc) -> None:
+        with open(self.path, "a") as f:
+            f.write("cleanup\n")
+
+
+class Forgetful(Actor):
+    """Spawns an actor mesh on processes it was given and keeps no reference to it."""
+
+    @endpoint
+    async def spawn_and_forget(self, given, path: str) -> str:
+        mesh = given.spawn("forgotten", Marks, path)
+        return await mesh.ping.call_one()
+
+    @endpoint
+    async def boom(self) -> None:
+        raise ValueError("the owner fails")
+
+
+@pytest.mark.parametrize("how", ["stopped", "failed"])
+def test_an_actor_takes_the_meshes_it_spawned_on_given_processes_along(
+        procs, unhandled_faults, tmp_path, how):
+    # what an actor spawned ends with it, also on processes it was given (their owner is
+    # the client) and when it no longer holds the mesh (Monarch's recursive stop)
+    given = this_host().spawn_procs(per_host={"gpus": 1})
+    path = tmp_path / "cleanup"
+    try:
+        owner = procs.slice(gpus=0).spawn(f"forgetful_{how}", Forgetful)
+        assert owner.spawn_and_forget.call_one(given, str(path)).get(timeout=60) == "pong"
+        if how == "stopped":
+            owner.stop().get(timeout=30)
+        else:
+            owner.boom.broadcast()
+        wait_until(lambda: path.exists() and path.read_text() == "cleanup\n", 20,
+                   "the forgotten mesh's __cleanup__ runs")
+    finally:
+        given.stop().get(timeout=30)

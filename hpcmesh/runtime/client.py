@@ -126,7 +126,8 @@ class ClientRuntime:
         self._actor_meshes: weakref.WeakValueDictionary[str, TrackedActorMesh] = \
             weakref.WeakValueDictionary()
         # process name -> the actor meshes on it that an actor here spawned on processes
-        # somebody else owns (their exits come here too: watch_processes)
+        # somebody else owns (their exits come here too: watch_processes); it also keeps
+        # their record, so that they are stopped with their owner when nobody holds them
         self._watched: dict[str, list[tuple[TrackedActorMesh, Any, Point]]] = {}
         self._hook_thread: ActorThread | None = None
         self._closing = False
@@ -533,7 +534,6 @@ class ClientRuntime:
         for actor_id, who in list(self._owners.items()):
             if who is not owner:
                 continue
-            del self._owners[actor_id]
             state = self._actor_meshes.get(actor_id)
             if state is None or state.nodes is None or state.failed is not None:
                 continue

@@ -185,13 +185,14 @@ class Guardian(Actor):
         self.seen: list = []
 
     @endpoint
-    async def adopt(self, kid_procs) -> list:
-        self.kids = kid_procs.spawn("kids", Kid)
-        return list((await self.kids.pid.call()).values())
+    async def adopt(self, kid_procs, name: str = "kids") -> list:
+        self.kids = getattr(self, "kids", {})
+        self.kids[name] = kid_procs.spawn(name, Kid)
+        return list((await self.kids[name].pid.call()).values())
 
     @endpoint
-    async def kill(self, gpus: int) -> None:
-        self.kids.slice(gpus=gpus).die.broadcast()
+    async def kill(self, gpus: int, name: str = "kids") -> None:
+        self.kids[name].slice(gpus=gpus).die.broadcast()
 
     @endpoint
     async def seen_failures(self) -> list:
@@ -208,11 +209,13 @@ def test_an_actor_supervises_its_actors_on_processes_it_was_given(procs, unhandl
     # it on; its processes' host agents tell it of their deaths (they belong to the client)
     given = this_host().spawn_procs(per_host={"gpus": 2}, name="given")
     stopped = this_host().spawn_procs(per_host={"gpus": 2}, name="given_then_stopped")
+    canary = this_host().spawn_procs(per_host={"gpus": 1}, name="given_canary")
     try:
         guardian = procs.slice(gpus=0).spawn("guardian", Guardian)
         calm = procs.slice(gpus=1).spawn("calm", Guardian)
         pids = guardian.adopt.call_one(given).get(timeout=60)
-        calm.adopt.call_one(stopped).get(timeout=60)
+        calm.adopt.call_one(stopped, "on_stopped").get(timeout=60)
+        calm.adopt.call_one(canary, "on_canary").get(timeout=60)
         guardian.kill.call_one(1).get(timeout=10)
         wait_until(lambda: guardian.seen_failures.call_one().get(timeout=10), 20,
                    "the owner's __supervise__ hears of the death")
@@ -222,14 +225,17 @@ def test_an_actor_supervises_its_actors_on_processes_it_was_given(procs, unhandl
         wait_until(lambda: any(f.mesh_name == "given" for f in unhandled_faults), 10,
                    "the processes' owner is told")
         stopped.stop().get(timeout=30)      # stopped by their owner: no failure of its actors
-        wait_until(lambda: not any(_alive(p) for p in stopped.pids), 10, "stopped")
-        time.sleep(0.5)     # sleep: a wrong report of the stop would come in meanwhile
-        assert calm.seen_failures.call_one().get(timeout=10) == []
-        assert not any(f.mesh_name.startswith(("guardian", "calm", "kids"))
+        # the canary's death is told after the stop's exits (one agent, in order): once it
+        # is in, a wrong report of the stop would be too
+        calm.kill.call_one(0, "on_canary").get(timeout=10)
+        wait_until(lambda: calm.seen_failures.call_one().get(timeout=10), 20,
+                   "the canary's death is told")
+        assert [f[0] for f in calm.seen_failures.call_one().get(timeout=10)] == ["on_canary"]
+        assert not any(f.mesh_name.startswith(("guardian", "calm", "kids", "on_"))
                        for f in unhandled_faults)
     finally:
-        given.stop().get(timeout=30)
-        stopped.stop().get(timeout=30)
+        for p in (given, stopped, canary):
+            p.stop().get(timeout=30)
 
 
 class Flaky(Actor):

@@ -174,9 +174,10 @@ class ProcMesh(MeshView):
         return cast(TActor, ActorMesh(state, Shape.from_extent(extent)))
 
     def stop(self, grace: float | None = None) -> Future:
-        """Stop the processes cleanly (actors' ``__cleanup__`` runs); whatever has not exited
-        after ``grace`` seconds (default 5, ``HPCMESH_STOP_GRACE``) gets SIGTERM, then
-        SIGKILL. A Future of {process name: exit code}."""
+        """Stop the processes cleanly (actors' ``__cleanup__`` runs, then Python's own exit:
+        atexit and finalizers run, as in Monarch); whatever has not exited after ``grace``
+        seconds (default 5, ``HPCMESH_STOP_GRACE``) gets SIGTERM, then SIGKILL. A Future of
+        {process name: exit code}."""
         if _tel.RECORDER is None:
             return self._stop(grace)
         # telemetry's span: until every process has exited (or been given up on)

@@ -172,3 +172,166 @@ def test_a_failed_actor_takes_its_descendants_with_it(procs, unhandled_faults):
     reported = [f for f in unhandled_faults[before:]]
     # the owner's failure is reported; its descendants' stopping is no failure of its own
     assert [f.mesh_name for f in reported] == ["spawner"], [str(f) for f in reported]
+
+
+class Kid(Actor):
+    @endpoint
+    def die(self) -> None:
+        os._exit(7)
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Guardian(Actor):
+    """Spawns actors on processes the client gave it, and handles their failures."""
+
+    def __init__(self):
+        self.seen: list = []
+
+    @endpoint
+    async def adopt(self, kid_procs, name: str = "kids") -> list:
+        self.kids = getattr(self, "kids", {})
+        self.kids[name] = kid_procs.spawn(name, Kid)
+        return list((await self.kids[name].pid.call()).values())
+
+    @endpoint
+    async def kill(self, gpus: int, name: str = "kids") -> None:
+        self.kids[name].slice(gpus=gpus).die.broadcast()
+
+    @endpoint
+    async def seen_failures(self) -> list:
+        return [(f.mesh_name, f.point.rank, f.exit_status, f.pid, "and all its descendants "
+                 "have failed" in f.report()) for f in self.seen]
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.seen.append(failure)
+        return True
+
+
+def test_an_actor_supervises_its_actors_on_processes_it_was_given(procs, unhandled_faults):
+    # SPEC §3: the owner is the actor that spawned the mesh, whatever ProcMesh it spawned
+    # it on; its processes' host agents tell it of their deaths (they belong to the client)
+    given = this_host().spawn_procs(per_host={"gpus": 2}, name="given")
+    stopped = this_host().spawn_procs(per_host={"gpus": 2}, name="given_then_stopped")
+    canary = this_host().spawn_procs(per_host={"gpus": 1}, name="given_canary")
+    try:
+        guardian = procs.slice(gpus=0).spawn("guardian", Guardian)
+        calm = procs.slice(gpus=1).spawn("calm", Guardian)
+        pids = guardian.adopt.call_one(given).get(timeout=60)
+        calm.adopt.call_one(stopped, "on_stopped").get(timeout=60)
+        calm.adopt.call_one(canary, "on_canary").get(timeout=60)
+        guardian.kill.call_one(1).get(timeout=10)
+        wait_until(lambda: guardian.seen_failures.call_one().get(timeout=10), 20,
+                   "the owner's __supervise__ hears of the death")
+        assert guardian.seen_failures.call_one().get(timeout=10) == [
+            ("kids", 1, "exit code 7", pids[1], True)]
+        # the client owns the processes: it is told of the death of one, as ever
+        wait_until(lambda: any(f.mesh_name == "given" for f in unhandled_faults), 10,
+                   "the processes' owner is told")
+        stopped.stop().get(timeout=30)      # stopped by their owner: no failure of its actors
+        # the canary's death is told after the stop's exits (one agent, in order): once it
+        # is in, a wrong report of the stop would be too
+        calm.kill.call_one(0, "on_canary").get(timeout=10)
+        wait_until(lambda: calm.seen_failures.call_one().get(timeout=10), 20,
+                   "the canary's death is told")
+        assert [f[0] for f in calm.seen_failures.call_one().get(timeout=10)] == ["on_canary"]
+        assert not any(f.mesh_name.startswith(("guardian", "calm", "kids", "on_"))
+                       for f in unhandled_faults)
+    finally:
+        for p in (given, stopped, canary):
+            p.stop().get(timeout=30)
+
+
+class Flaky(Actor):
+    @endpoint
+    def boom(self) -> None:
+        raise ValueError("child went wrong")
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+class SyncParent(Actor):
+    """A sync actor with no __supervise__ whose call outlives its child's failure."""
+
+    def __init__(self, kid_procs):
+        self.kid = kid_procs.spawn("flaky", Flaky)
+
+    @endpoint
+    def trigger(self) -> str:
+        self.kid.boom.broadcast()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                self.kid.ping.call_one().get(timeout=10)
+            except SupervisionError:    # the child's failure reached this process before
+                return "sent"
+        return "the child never failed"
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+
+def test_a_child_failure_fails_a_sync_parent_between_its_calls(procs, unhandled_faults):
+    # Monarch: the sync parent hears of it after its running call returned; that call
+    # returns to its caller, the failure goes to supervision (unhandled_fault_hook)
+    kid_procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        parent = procs.slice(gpus=0).spawn("sync_parent", SyncParent, kid_procs)
+        assert parent.trigger.call_one().get(timeout=60) == "sent"
+        wait_until(lambda: any(f.mesh_name == "sync_parent" for f in unhandled_faults), 10,
+                   "the parent's failure reaches the hook")
+        with pytest.raises(SupervisionError, match="child went wrong"):
+            parent.ping.call_one().get(timeout=10)
+    finally:
+        kid_procs.stop().get(timeout=30)
+
+
+class Marks(Actor):
+    def __init__(self, path: str):
+        self.path = path
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def __cleanup__(self, exc) -> None:
+        with open(self.path, "a") as f:
+            f.write("cleanup\n")
+
+
+class Forgetful(Actor):
+    """Spawns an actor mesh on processes it was given and keeps no reference to it."""
+
+    @endpoint
+    async def spawn_and_forget(self, given, path: str) -> str:
+        mesh = given.spawn("forgotten", Marks, path)
+        return await mesh.ping.call_one()
+
+    @endpoint
+    async def boom(self) -> None:
+        raise ValueError("the owner fails")
+
+
+@pytest.mark.parametrize("how", ["stopped", "failed"])
+def test_an_actor_takes_the_meshes_it_spawned_on_given_processes_along(
+        procs, unhandled_faults, tmp_path, how):
+    # what an actor spawned ends with it, also on processes it was given (their owner is
+    # the client) and when it no longer holds the mesh (Monarch's recursive stop)
+    given = this_host().spawn_procs(per_host={"gpus": 1})
+    path = tmp_path / "cleanup"
+    try:
+        owner = procs.slice(gpus=0).spawn(f"forgetful_{how}", Forgetful)
+        assert owner.spawn_and_forget.call_one(given, str(path)).get(timeout=60) == "pong"
+        if how == "stopped":
+            owner.stop().get(timeout=30)
+        else:
+            owner.boom.broadcast()
+        wait_until(lambda: path.exists() and path.read_text() == "cleanup\n", 20,
+                   "the forgotten mesh's __cleanup__ runs")
+    finally:
+        given.stop().get(timeout=30)

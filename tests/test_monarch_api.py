@@ -302,6 +302,40 @@ def test_host_mesh_stop_and_initialized():
     assert all(r.stopping for r in procs.records)
 
 
+class AsksForAController(Actor):
+    @endpoint
+    async def ask(self, name: str) -> int:
+        registry = await ha.get_or_spawn_controller(name, Counter)
+        return await registry.incr.call_one(1)
+
+
+def test_a_controller_asked_for_by_an_actor_outlives_it():
+    # the singleton is the controller's: the actor that asked first does not own it, so
+    # stopping that actor (which stops what it owns) leaves it to the others
+    asker = ha.this_proc().spawn("asker", AsksForAController)
+    assert asker.ask.call_one("shared_registry").get(timeout=30) == 1
+    asker.stop().get(timeout=30)
+    registry = ha.get_or_spawn_controller("shared_registry", Counter).get(timeout=30)
+    assert registry.incr.call_one(1).get(timeout=30) == 2
+
+
+def test_host_mesh_stop_stops_what_was_spawned_through_it():
+    # every this_host() is the one host mesh of this client; a pickled copy owns nothing
+    import pickle
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        procs.spawn("c", Counter).incr.call(1).get(timeout=30)
+        copy = pickle.loads(pickle.dumps(this_host()))
+        copy.stop().get(timeout=30)
+        assert not any(r.stopping for r in procs.records)
+        with pytest.raises(RuntimeError, match="only the HostMesh .* may shut them down"):
+            copy.shutdown()
+        this_host().stop().get(timeout=30)
+        assert all(r.stopping for r in procs.records)
+    finally:
+        procs.stop().get(timeout=30)
+
+
 def test_shutdown_context_in_a_fresh_process(tmp_path):
     prog = tmp_path / "p.py"
     prog.write_text(

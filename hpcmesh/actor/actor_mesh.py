@@ -163,7 +163,8 @@ class ActorMesh(MeshView, Generic[T]):
 
     def stop(self, reason: str = "stopped by the client") -> Future:
         """Stop every actor of this actor mesh (the whole mesh, whatever this view selects):
-        their ``__cleanup__`` runs, their processes go on. Later calls raise a
+        their calls in progress are cancelled, then their ``__cleanup__`` runs, and what
+        they spawned is stopped too (as in Monarch); their processes go on. Later calls raise a
         ``SupervisionError`` naming the mesh and ``reason``. A Future of None."""
         if _tel.RECORDER is None:
             return stop_actor_mesh(self._state, reason)

@@ -8,6 +8,7 @@ import os
 import threading
 from typing import Any, TypeVar
 
+from ..runtime.context import current_context_var
 from ..runtime.future import Future
 from ..runtime.node import Node, NodeRef, current_node
 from ..transport import serialization
@@ -53,6 +54,12 @@ def _local(name: str, actor_class: type, args: tuple, kwargs: dict) -> Future:
     with _lock:
         ready = _controllers.get(name)
         if ready is None:
-            mesh = this_proc().spawn(name, actor_class, *args, **kwargs)
+            # the controller's, whoever asked first: an actor of this process that asks
+            # does not own it (its stop or failure would take everybody's controller)
+            token = current_context_var.set(None)
+            try:
+                mesh = this_proc().spawn(name, actor_class, *args, **kwargs)
+            finally:
+                current_context_var.reset(token)
             ready = _controllers[name] = mesh.initialized
     return ready

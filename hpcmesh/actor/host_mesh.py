@@ -60,6 +60,22 @@ class HostMesh(MeshTrait):
         self._shape = shape
         self.name = name
         self._python: str | None = None     # see with_python_executable
+        # the processes spawned through this mesh and its views: what its stop() stops
+        self._spawned: set[str] = set()
+        # a copy that travelled (pickled) is no owner: only the owner shuts the hosts down
+        self._owner = True
+
+    def _same_owner(self, mesh: "HostMesh") -> "HostMesh":
+        """``mesh`` (a view of this one: a slice, another interpreter) as this mesh's: the
+        processes spawned through either are stopped by either's ``stop()``."""
+        mesh._spawned = self.__dict__.setdefault("_spawned", set())
+        mesh._owner = self.__dict__.get("_owner", False)
+        return mesh
+
+    def __getstate__(self):
+        """A copy elsewhere spawned nothing and owns nothing (Monarch: only the owner may
+        shut a host mesh down)."""
+        return {**self.__dict__, "_spawned": set(), "_owner": False}
 
     @classmethod
     def from_hosts(cls, hosts: Sequence[HostRef], name: str = "hosts", **kw: Any) -> Self:
@@ -78,7 +94,7 @@ class HostMesh(MeshTrait):
     def _new_with_shape(self, shape: Shape) -> "HostMesh":
         mesh = HostMesh(self._hosts, shape, self.name)
         mesh._python = self.__dict__.get("_python")
-        return mesh
+        return self._same_owner(mesh)
 
     def with_python_executable(self, path: str) -> "HostMesh":
         """This mesh, but its processes start with the interpreter at ``path`` on each host
@@ -171,6 +187,7 @@ class HostMesh(MeshTrait):
             rec.host = host.hostname
             records.append(rec)
             rt.procs[rec.name] = rec
+            self.__dict__.setdefault("_spawned", set()).add(rec.name)
             by_host.setdefault(i // per, []).append((rec.name, cmd, point_label(point), i))
         first_agent = self._hosts[host_ranks[0]].agent
 
@@ -235,16 +252,23 @@ class HostMesh(MeshTrait):
         return completed(True)
 
     def stop(self) -> Future:
-        """Stop every process this controller started on these hosts (as ``ProcMesh.stop``
-        does: ``__cleanup__`` runs); the host agents go on, ready for new processes or a
-        new controller. A Future of None."""
-        return _stop_procs_on({h.agent.node_id for h in self.refs}).then(lambda _: None)
+        """Stop the processes spawned through this mesh (any view of it) on these hosts (as
+        ``ProcMesh.stop`` does: ``__cleanup__`` runs), not those another HostMesh of the
+        same hosts spawned (as in Monarch); the host agents go on, ready for new processes
+        or a new controller. A Future of None."""
+        return _stop_procs_on({h.agent.node_id for h in self.refs},
+                              names=self.__dict__.get("_spawned", set())).then(lambda _: None)
 
     def shutdown(self) -> Future:
         """``stop()``, then end the host agents themselves: they exit (an agent started by
         ``run_worker_loop_until_shutdown`` returns from it) and take no new controller.
-        ``this_host()``'s agent lives in this process: there this is ``stop()``. A Future
-        of None."""
+        ``this_host()``'s agent lives in this process: there this is ``stop()``. Only the
+        owner may: a copy of the mesh that was pickled (passed to an actor, say) raises a
+        RuntimeError, as in Monarch. A Future of None."""
+        if not self.__dict__.get("_owner", False):
+            raise RuntimeError(
+                f"shutdown() of host mesh {self.name!r}: this copy of it was unpickled, and "
+                f"only the HostMesh its hosts were given to (its owner) may shut them down")
         rt = client_runtime()
         agents = [h.agent for h in self.refs if h.agent.node_id != rt.node.node_id]
 
@@ -296,11 +320,13 @@ def show_spawn_progress(loop: asyncio.AbstractEventLoop, records: list[ProcRecor
     loop.call_later(SPAWN_PROGRESS_AFTER_S, tick)
 
 
-def _stop_procs_on(agent_ids: set[str], grace: float | None = None) -> Future:
-    """Stop the live processes this controller started through the agents ``agent_ids``."""
+def _stop_procs_on(agent_ids: set[str], grace: float | None = None,
+                   names: set[str] | None = None) -> Future:
+    """Stop the live processes this controller started through the agents ``agent_ids``
+    (of those, the ones named in ``names`` if given)."""
     rt = client_runtime()
     recs = [r for r in rt.procs.values() if r.agent.node_id in agent_ids and not r.stopping
-            and r.failure is None]
+            and r.failure is None and (names is None or r.name in names)]
     if not recs:
         return completed({})
     mesh = ProcMesh.from_records("host-procs", recs, Extent({"procs": len(recs)}), None)
@@ -353,7 +379,17 @@ def this_host() -> HostMesh:
     """The local host as a HostMesh with no dimensions."""
     rt = client_runtime()
     ref = HostRef(rt.local_agent(), socket.gethostname())
-    return HostMesh([ref], Shape.from_extent(Extent({})), "this_host")
+    mesh = HostMesh([ref], Shape.from_extent(Extent({})), "this_host")
+    # every this_host() of one client is the same host mesh: one's stop() stops what
+    # another spawned, as Monarch's one this_host() does
+    owner = _this_hosts.get(rt.node.node_id)
+    if owner is None:
+        owner = _this_hosts[rt.node.node_id] = mesh
+    return owner._same_owner(mesh)
+
+
+#: the client's node id -> its first this_host(): whose processes every later one shares
+_this_hosts: dict[str, HostMesh] = {}
 
 
 def use_tls(ca) -> None:

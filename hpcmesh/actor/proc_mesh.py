@@ -16,7 +16,8 @@ from typing import TypeVar, cast
 
 from ..runtime.actor_services import ActorServices
 from ..runtime.observe import telemetry_recorder as _tel
-from ..runtime.client import ProcRecord, current_or_client_node, existing_client_runtime
+from ..runtime.client import (ProcRecord, client_runtime, current_or_client_node,
+                              existing_client_runtime)
 from ..runtime.context import Rendezvous
 from ..runtime.errors import HOST_LOST, MeshStoppedError, class_path
 from ..runtime.future import Future, completed, gather, on_runtime_thread
@@ -120,15 +121,18 @@ class ProcMesh(MeshView):
         actor_id = uuid.uuid4().hex
         recs = [self._state.records[g] for g in self._shape.ranks()]
         extent = self._shape.extent
-        rt = existing_client_runtime()
+        owner = spawning_actor()
+        # An actor owns what it spawns, on any processes (SPEC §3): its process's runtime
+        # hears of their failures and offers them to its __supervise__.
+        rt = existing_client_runtime() if owner is None else client_runtime()
         supervisor = rt.events if rt is not None else None
         methods = frozenset(n for n in dir(actor_class) if not n.startswith("__")) - endpoints
         state = ActorMeshState(actor_id, name, actor_class.__name__, endpoints,
                                 [r.name for r in recs], recs, methods)
-        state.owner = spawning_actor()
+        state.owner = owner
         state.class_path, state.extent = class_path(actor_class), extent
         if rt is not None:
-            rt.track_actor_mesh(state, state.owner)
+            rt.track_actor_mesh(state, owner)
         if self._state.in_this_process:
             self._state.actor_meshes.append(state)
         sp = None
@@ -159,6 +163,10 @@ class ProcMesh(MeshView):
 
         ready.add_done_callback(lambda f: state.open(
             f.value() if f.exception() is None else None, f.exception()))
+        if owner is not None and not self._state.in_this_process:
+            # processes somebody else owns die without telling this one: ask their agents
+            ready.add_done_callback(lambda f: f.exception() is None and rt.watch_processes(
+                state, recs, extent, owner))
         if _tel.RECORDER is not None:
             ready.add_done_callback(lambda f: f.exception() is None and _record_actors(
                 actor_id, name, recs))
@@ -168,9 +176,10 @@ class ProcMesh(MeshView):
         return cast(TActor, ActorMesh(state, Shape.from_extent(extent)))
 
     def stop(self, grace: float | None = None) -> Future:
-        """Stop the processes cleanly (actors' ``__cleanup__`` runs); whatever has not exited
-        after ``grace`` seconds (default 5, ``HPCMESH_STOP_GRACE``) gets SIGTERM, then
-        SIGKILL. A Future of {process name: exit code}."""
+        """Stop the processes cleanly (actors' ``__cleanup__`` runs, then Python's own exit:
+        atexit and finalizers run, as in Monarch); whatever has not exited after ``grace``
+        seconds (default 5, ``HPCMESH_STOP_GRACE``) gets SIGTERM, then SIGKILL. A Future of
+        {process name: exit code}."""
         if _tel.RECORDER is None:
             return self._stop(grace)
         # telemetry's span: until every process has exited (or been given up on)

@@ -45,7 +45,7 @@ class AgentHostMesh(HostMesh):
         mesh = type(self)(self._hosts, shape, self.name,
                           default_per_host=self.default_per_host, job=self._job)
         mesh._python = self.__dict__.get("_python")
-        return mesh
+        return self._same_owner(mesh)
 
     @property
     def job(self):
@@ -62,7 +62,7 @@ class AgentHostMesh(HostMesh):
                                    gpu_binding=gpu_binding)
 
     def __getstate__(self):
-        d = dict(self.__dict__)
+        d = super().__getstate__()
         d["_job"] = None
         return d
 

@@ -48,6 +48,9 @@ response_port_wrapper: Any = None
 #: Called with the ActorInstance of every actor of this process that fails (``fail_actor``),
 #: on the event loop: the client runtime of the process ends what that actor spawned.
 on_actor_failed: list = []
+#: Awaited with the ActorInstance of every actor of this process that is stopped, after its
+#: ``__cleanup__``: the client runtime of the process stops what that actor spawned.
+on_actor_stopped: list = []
 #: A mailbox with a backlog gives the event loop a turn after this many messages.
 _YIELD_EVERY = 128
 
@@ -220,6 +223,17 @@ class ActorHost:
                     f"Decorate the method with @endpoint.")
             self._methods[name] = m
         return m
+
+    async def between_calls(self) -> None:
+        """Wait until the sync endpoint running on the actor's thread, if any, has returned
+        (it answers first): a failure below this actor that it does not handle fails it
+        between its messages, not inside one, as in Monarch. Async endpoints, which share
+        the loop, are interleaved with instead: one suspended when it comes fails."""
+        if self._executor is not None:
+            try:
+                await asyncio.wrap_future(self._executor.submit(lambda: None))
+            except RuntimeError:        # stopped meanwhile: its thread is shut down
+                pass
 
     def executor(self) -> "ActorThread":
         if self._executor is None:
@@ -693,13 +707,20 @@ class ActorHost:
 
     # -- lifecycle -------------------------------------------------------------------
     async def stop(self, quietly: bool = False) -> None:
-        """Run the actor's ``__cleanup__`` (if any) and release its thread. ``quietly``:
-        the calls in flight get no answer (see ``stopped_quietly``)."""
+        """Cancel the actor's calls in progress, then run its ``__cleanup__`` (if any), as
+        Monarch orders them (what a cancelled call's ``finally`` does comes before the
+        cleanup), and release its thread. ``quietly``: the calls in flight get no answer
+        (see ``stopped_quietly``)."""
         try:
             self.stopped = True
             self.stopped_quietly = quietly
             if (rec := _tel.RECORDER) is not None and self.fault is None:
                 rec.status(self.telemetry_id, "stopped", "stopped by its owner")
+            tasks = list(self._tasks) + ([self._runner] if self._runner is not None else [])
+            for t in tasks:
+                t.cancel()
+            if tasks:   # let them see the cancellation (a pending task must not be dropped)
+                await asyncio.wait(tasks, timeout=1.0)
             cleanup = getattr(self.obj, "__cleanup__", None)
             if cleanup is not None:
                 token = current_context_var.set(Context(self.instance, self.instance.rank))
@@ -712,13 +733,13 @@ class ActorHost:
                     log.exception("__cleanup__ of %s failed", self.cls.__name__)
                 finally:
                     current_context_var.reset(token)
-            tasks = list(self._tasks) + ([self._runner] if self._runner is not None else [])
-            for t in tasks:
-                t.cancel()
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
-            if tasks:   # let them see the cancellation (a pending task must not be dropped)
-                await asyncio.wait(tasks, timeout=1.0)
+            for stop_descendants in list(on_actor_stopped):
+                try:
+                    await stop_descendants(self.instance)
+                except Exception:  # noqa: BLE001 - this actor is stopped all the same
+                    log.exception("could not stop what %s spawned", self.instance.mesh_name)
         finally:    # (however the cleanup ends): its calls' rows to the log, once
             rows, self._telemetry_rows = self._telemetry_rows, None
             if rows is not None:

@@ -24,7 +24,8 @@ from . import actor_host
 from .actor_host import ActorThread, shown_name
 from .observe import stragglers, telemetry_recorder
 from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, USER_EXCEPTION, MeshFailure,
-                     SupervisionError, describe_exit, exit_class, process_exit_words)
+                     MeshStoppedError, SupervisionError, actor_failed, describe_actor,
+                     describe_exit, exit_class, process_exit_words)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
@@ -105,6 +106,7 @@ class TrackedActorMesh(Protocol):
     class_name: str
     proc_names: list[str]           # the processes its actors run in, one per actor
     nodes: list[NodeRef] | None     # the actors' nodes, once they are up
+    failed: BaseException | None    # set once it was stopped (or its spawn failed)
 
     def describe_member(self, proc_name: str) -> str | None:
         """Its actor in that process, as failure messages name it; None if none."""
@@ -141,6 +143,10 @@ class ClientRuntime:
         # actors of a process that cannot be asked): see track_actor_mesh
         self._actor_meshes: weakref.WeakValueDictionary[str, TrackedActorMesh] = \
             weakref.WeakValueDictionary()
+        # process name -> the actor meshes on it that an actor here spawned on processes
+        # somebody else owns (their exits come here too: watch_processes); it also keeps
+        # their record, so that they are stopped with their owner when nobody holds them
+        self._watched: dict[str, list[tuple[TrackedActorMesh, Any, Point]]] = {}
         self._hook_thread: ActorThread | None = None
         self._closing = False
         # id of the error a dead process's calls fail with -> (it, its ProcRecord, its
@@ -148,6 +154,7 @@ class ClientRuntime:
         self._dead: dict[int, tuple[SupervisionError, ProcRecord, int | None]] = {}
         self.node.ports.name_call = self._name_failed_call
         actor_host.on_actor_failed.append(self.end_descendants)
+        actor_host.on_actor_stopped.append(self.stop_descendants)
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
@@ -274,17 +281,23 @@ class ClientRuntime:
         self.flush_logs()
 
     def _on_exit(self, name: str, pid: int, returncode: int | None, host: str,
-                 cause: tuple[str, str] | None = None, *, judged: bool = False) -> None:
+                 cause: tuple[str, str] | None = None, stop_asked: bool = False, *,
+                 judged: bool = False) -> None:
         """A process ended. ``cause``: (failure class, why) where its agent could tell what
-        ended it (the OOM killer, NCCL's watchdog); ``judged``: the job's scheduler was
-        already asked whether the job itself moved (``watch_job_ends``)."""
+        ended it (the OOM killer, NCCL's watchdog); ``stop_asked``: its agent was asked to
+        stop it (its end is on purpose); ``judged``: the job's scheduler was already asked
+        whether the job itself moved (``watch_job_ends``)."""
         rec = self.procs.get(name)
-        if rec is None or rec.failure is not None:     # (lost with its host already)
+        if rec is None:
+            self._watched_exit(name, pid, returncode, host, stop_asked)
+            return
+        if rec.failure is not None:     # (lost with its host already)
             return
         if not rec.stopping and not judged and self._held_for_job(
                 rec.agent.node_id, f"process {rec.label} of mesh {rec.mesh_name!r} on host "
                 f"{host} (pid {pid}) ended: {describe_exit(returncode)}",
-                lambda: self._on_exit(name, pid, returncode, host, cause, judged=True)):
+                lambda: self._on_exit(name, pid, returncode, host, cause, stop_asked,
+                                     judged=True)):
             return
         status = describe_exit(returncode)
         if rec.stopping:
@@ -571,6 +584,49 @@ class ClientRuntime:
             self._owners[mesh.actor_id] = owner
         self._actor_meshes[mesh.actor_id] = mesh
 
+    def watch_processes(self, mesh: TrackedActorMesh, records: list[ProcRecord],
+                        extent: Any, owner: Any) -> None:
+        """``owner`` (an actor of this process) spawned ``mesh`` on processes somebody else
+        owns (a ProcMesh it was given), one actor on each of ``records``, in order: it owns
+        the actor mesh, so a process of it that dies is offered to its ``__supervise__``, as
+        its actors' failures are (``extent``: the actor mesh's). Their host agents tell
+        this process of their exits too."""
+        by_agent: dict[str, tuple[NodeRef, list[str]]] = {}
+        for i, rec in enumerate(records):
+            if rec.name in self.procs:      # ours: its exit comes here anyway
+                continue
+            self._watched.setdefault(rec.name, []).append((mesh, owner, Point(i, extent)))
+            by_agent.setdefault(rec.agent.node_id, (rec.agent, []))[1].append(rec.name)
+
+        def ended(f: Future) -> None:
+            if f.exception() is None:       # (an agent without the service: MPI ranks)
+                for name, code in f.value().items():
+                    self._watched_exit(name, None, code, "", False)
+        for agent, names in by_agent.values():
+            self.node.rpc(agent, "watch_procs", names, self.events).add_done_callback(ended)
+
+    def _watched_exit(self, name: str, pid: int | None, returncode: int | None, host: str,
+                      stop_asked: bool) -> None:
+        """A process that actors of this process spawned actors on ended (``watch_processes``):
+        unless it was stopped (by its owner), each such actor mesh that still runs failed
+        there, and its owner's ``__supervise__`` is offered that."""
+        watched = self._watched.pop(name, [])
+        if stop_asked or returncode == 0 or self._closing:
+            return      # stopped on purpose: a clean exit, or the agent was asked to
+        status = describe_exit(returncode)
+        for mesh, owner, point in watched:
+            if mesh.failed is not None:     # stopped already
+                continue
+            where = f"process {name}" + (f" on host {host}" if host else "") + \
+                (f" (pid {pid})" if pid is not None else "")
+            why = actor_failed(describe_actor(mesh.class_name, mesh.name, point),
+                               f"the process this actor was running on died: {status} "
+                               f"({where})", mesh.name, point)
+            exc = SupervisionError(why.message, mesh.name, point, host, pid, status)
+            if mesh.nodes is not None:      # calls to it pending here fail now, saying why
+                self.node.fail_peer(mesh.nodes[point.rank].node_id, exc)
+            self.report_failure(owner, MeshFailure(mesh.name, exc, point))
+
     def actor_meshes(self) -> list[TrackedActorMesh]:
         """The actor meshes tracked here that somebody still holds."""
         return list(self._actor_meshes.values())
@@ -622,6 +678,8 @@ class ClientRuntime:
                     log.exception("__supervise__ of %s raised", owner.class_name)
                     why = f" (__supervise__ raised {type(e).__name__}: {e})"
                     cls = USER_EXCEPTION
+            else:           # (a sync handler ran on the actor's thread, after that call)
+                await host.between_calls()
             if not handled:
                 host.fail_actor(f"it did not handle the failure of mesh {failure.mesh_name!r} "
                                 f"that it owns{why}: {failure.error.message}",
@@ -647,6 +705,50 @@ class ClientRuntime:
         for agent, names in by_agent.values():
             self.node.rpc(agent, "stop_procs", names, 0.0)
 
+    async def stop_descendants(self, owner, grace: float | None = None) -> None:
+        """An actor that is stopped stops what it spawned, as in Monarch: its actor meshes
+        (their ``__cleanup__`` runs; later calls raise that they were stopped), then its
+        processes, cleanly (as ``ProcMesh.stop()``: they get ``grace`` seconds, default
+        ``HPCMESH_STOP_GRACE``, before SIGTERM). On the event loop; bounded by the grace."""
+        grace = env_number("HPCMESH_STOP_GRACE", 5.0, finite=True) if grace is None else grace
+        calls = []
+        for actor_id, who in list(self._owners.items()):
+            if who is not owner:
+                continue
+            state = self._actor_meshes.get(actor_id)
+            if state is None or state.nodes is None or state.failed is not None:
+                continue
+            state.failed = MeshStoppedError(
+                f"actor mesh {state.name!r} was stopped: the actor that spawned it, "
+                f"{owner.mesh_name}, was stopped", state.name)
+            calls += [self.node.rpc(n, "stop_actors", [actor_id])
+                      for n in dict.fromkeys(state.nodes)]
+        recs = [r for r in self.procs.values()
+                if r.owner is owner and not r.stopping and r.failure is None]
+        for r in recs:
+            r.stopping = True
+            r.stop_reason = f"the actor that spawned it, {owner.mesh_name}, was stopped"
+        calls += [self.node.rpc(r.node, "stop") for r in recs if r.node is not None]
+        loop = self.node.loop
+        deadline = loop.time() + grace
+        if calls:
+            await asyncio.wait([asyncio.ensure_future(self._settled(c)) for c in calls],
+                               timeout=grace)
+        by_agent: dict[str, tuple] = {}
+        for r in recs:
+            by_agent.setdefault(r.agent.node_id, (r.agent, []))[1].append(r.name)
+        left = max(0.0, deadline - loop.time())
+        for agent, names in by_agent.values():
+            # they exit (finalizers run) within what is left of the grace, else SIGTERM
+            self.node.rpc(agent, "stop_procs", names, left)
+
+    @staticmethod
+    async def _settled(f: Future) -> None:
+        try:
+            await f
+        except Exception:  # noqa: BLE001 - gone already: stopped all the same
+            pass
+
     # -- shutdown ---------------------------------------------------------------------
     def shutdown(self) -> None:
         """Kill what the local agent started, close the node. Runs at interpreter exit."""
@@ -664,6 +766,8 @@ class ClientRuntime:
             stragglers.stop()
         if self.end_descendants in actor_host.on_actor_failed:
             actor_host.on_actor_failed.remove(self.end_descendants)
+        if self.stop_descendants in actor_host.on_actor_stopped:
+            actor_host.on_actor_stopped.remove(self.stop_descendants)
         if self._local_agent is not None:
             self._local_agent.kill_all()
         if self._follower is not None:

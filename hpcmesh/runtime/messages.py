@@ -66,8 +66,9 @@ class PortRef:
 EVENT_LOG = "log"                          # (LOG, proc_name, stream, [lines])
 # (LOG_FOLDED, window, [(stream, text, count, [proc_name])]): alike lines a host folded
 EVENT_LOG_FOLDED = "log_folded"
-# (EXIT, proc_name, pid, returncode, hostname, cause): cause is (failure class, why) where the
-# agent could tell what ended it (the OOM killer, NCCL's watchdog), else None
+# (EXIT, proc_name, pid, returncode, hostname, cause, stop_asked): cause is (failure class,
+# why) where the agent could tell what ended it (the OOM killer, NCCL's watchdog), else None;
+# stop_asked: the agent was asked to stop it
 EVENT_EXIT = "exit"
 EVENT_ACTOR_FAULT = "actor_fault"          # (ACTOR_FAULT, actor_id, MeshFailure)
 EVENT_AGENT_EXIT = "agent_exit"            # (AGENT_EXIT, agent_node_id, hostname, reason)

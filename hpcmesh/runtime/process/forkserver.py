@@ -53,7 +53,9 @@ def _child(env: dict, cwd: str, out_fd: int, err_fd: int) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         sys.argv = [sys.argv[0]]
         from . import proc
-        proc.main()            # ends with os._exit
+        proc.main()            # ends with os._exit, or SystemExit(0) once stopped cleanly
+    except SystemExit:
+        raise       # up and out of this zygote's frames: the interpreter's exit (main())
     except BaseException:  # noqa: BLE001
         import traceback
         traceback.print_exc()
@@ -122,10 +124,14 @@ def _handle(sock: socket.socket, msg: tuple, reader: MessageReader) -> None:
 def main() -> None:
     fd = int(os.environ.pop(ZYGOTE_FD_VAR))
     sock = socket.socket(fileno=fd)
+    zygote = os.getpid()
     try:
         serve(sock)
     finally:
-        os._exit(0)
+        if os.getpid() == zygote:
+            os._exit(0)
+        # else a forked actor process stopped cleanly: its SystemExit goes on up, and
+        # Python's exit runs its finalizers (nothing of the zygote's is left to run)
 
 
 if __name__ == "__main__":

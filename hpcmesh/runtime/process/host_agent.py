@@ -68,6 +68,9 @@ class _Proc:
     same_secret: bool = True    # started under this agent's secret: the agent can dial it
     node_id: str | None = None  # its node, once this agent has called it (telemetry)
     oom_start: tuple | None = None  # its memory cgroup's OOM kill count at start (oom.py)
+    #: other owners' events ports (``watch_procs``): actors that spawned actors on it
+    watchers: list = field(default_factory=list)
+    stop_asked: bool = False    # stop_procs named it: its end is on purpose
 
 
 def process_cap_message(label: str, host: str, why: str) -> str:
@@ -105,6 +108,7 @@ class HostAgent:
             "spawn_procs": self.spawn_procs,
             "reserve_master_port": self.reserve_port,
             "stop_procs": self.stop_procs,
+            "watch_procs": self.watch_procs,
             "host_info": self.host_info,
             "dump_stacks": self.dump_stacks,
             "log_options": self.log_options,
@@ -499,11 +503,12 @@ class HostAgent:
                  describe_exit(p.returncode), f"; {cause[1]}" if cause else "")
         if p.fold is not None:
             self._folds.flush(p.fold)    # its last lines come before its exit
-        if p.events is not None:
+        for port in ([p.events] if p.events is not None else []) + p.watchers:
             try:
-                self.node.send(p.events.node, deliver_msg(p.events.port_id, (
-                    EVENT_EXIT, p.name, p.popen.pid, p.returncode, self.hostname, cause)))
-            except Exception:  # noqa: BLE001
+                self.node.send(port.node, deliver_msg(port.port_id, (
+                    EVENT_EXIT, p.name, p.popen.pid, p.returncode, self.hostname, cause,
+                    p.stop_asked)))
+            except Exception:  # noqa: BLE001 - that owner is gone
                 pass
         self.procs.pop(p.name, None)
         remove_stack_file(p.popen.pid)
@@ -543,11 +548,28 @@ class HostAgent:
             raise ValueError(f"no stack tool {tool!r}: py-spy or faulthandler")
         return await dump_stacks_by_signal(p.popen.pid)
 
+    def watch_procs(self, names: list[str], port: PortRef) -> dict:
+        """``port`` (the events port of an actor's process that spawned actors on these
+        processes, which it does not own) hears of their exits too, as their owner does:
+        that actor supervises its actors (SPEC §3). The processes of ``names`` that have
+        ended already: {name: exit code}, for the caller to report at once."""
+        ended = {}
+        for n in names:
+            p = self.procs.get(n)
+            if p is None or p.exited.is_set():
+                if n in self.exited:
+                    ended[n] = self.exited[n]
+            elif port not in p.watchers:
+                p.watchers.append(port)
+        return ended
+
     # -- stopping -------------------------------------------------------------------
     async def stop_procs(self, names: list[str], grace: float = 5.0) -> dict:
         """Stop processes: wait up to ``grace`` for them to exit (the controller has asked
         them to), then SIGTERM, then SIGKILL; returns their exit codes."""
         procs = [self.procs[n] for n in names if n in self.procs]
+        for p in procs:
+            p.stop_asked = True
         gone = {n: self.exited[n] for n in names if n not in self.procs and n in self.exited}
         await self._wait_exited(procs, grace)
         for sig, wait in ((signal.SIGTERM, min(max(grace, 0.5), 2.0)), (signal.SIGKILL, 5.0)):

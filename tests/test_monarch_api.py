@@ -89,7 +89,7 @@ def test_actor_is_no_mesh_at_run_time():
 def test_monarch_public_names_are_here():
     """Every public name of Monarch 0.7.0's monarch.actor, except those left out on
     purpose (see tests/monarch_programs/README.md)."""
-    left_out = {"ChannelTransport", "ProcId", "Uid", "config", "debug_controller",
+    left_out = {"ChannelTransport", "ProcId", "Uid", "debug_controller",
                 "enable_transport", "get_meter", "span", "traced", "start_worker_loop_forever",
                 "attach"}
     # recorded from torchmonarch 0.7.0 (``dir(monarch.actor)``), so CI needs no Monarch
@@ -378,3 +378,61 @@ def test_abort_in_a_concurrent_endpoint_and_in_init():
 def test_abort_on_the_client_is_refused():
     with pytest.raises(RuntimeError, match="the client is not an actor"):
         ha.context().actor_instance.abort("client")
+
+
+# -- issue 32 item 12: HostMesh's other names -----------------------------------------------
+def test_proc_bind_is_checked_and_wraps_the_command_as_monarch():
+    from hpcmesh.actor.host_mesh import bound_command, checked_proc_bind
+    with pytest.raises(ValueError, match=r"proc_bind length \(1\) must equal procs_per_host "
+                                         r"\(2\)"):
+        checked_proc_bind([{"cpus": "0"}], 2)
+    with pytest.raises(ValueError, match="has key 'cpu'; the keys are cpus, cpunodebind"):
+        checked_proc_bind([{"cpu": "0"}], 1)
+    with pytest.raises(ValueError, match="non-empty string"):
+        checked_proc_bind([{"cpus": 0}], 1)
+    with pytest.raises(TypeError, match="list of dicts"):
+        checked_proc_bind({"cpus": "0"}, 1)
+    cmd = ha.BootstrapCommand("/py", ["-m", "hpcmesh.runtime.proc"], {"A": "1"})
+    assert bound_command(cmd, {}) is cmd
+    both = bound_command(cmd, {"membind": "1", "cpus": "2-3", "cpunodebind": "0"})
+    assert both.argv() == ["numactl", "--cpunodebind=0", "--membind=1", "taskset", "-c",
+                           "2-3", "/py", "-m", "hpcmesh.runtime.proc"]
+    assert both.env == {"A": "1"}
+
+
+def test_a_failing_bootstrap_fails_the_mesh_and_what_is_spawned_on_it():
+    def broken() -> None:
+        raise OSError("no scratch space")
+    procs = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=broken)
+    try:
+        with pytest.raises(Exception, match="no scratch space"):
+            procs.spawn("c", Counter).incr.call_one(1).get(timeout=60)
+    finally:
+        procs.stop().get(timeout=30)
+    with pytest.raises(TypeError, match="takes a callable"):
+        this_host().spawn_procs(bootstrap="setup.sh")
+
+
+def test_proc_mesh_of_the_client_is_this_proc():
+    pm = ha.context().actor_instance.proc_mesh
+    assert isinstance(pm, ha.ProcMesh) and dict(pm.extent) == {}
+
+
+def test_a_shut_down_host_mesh_refuses_further_use():
+    from hpcmesh.job import ProcessJob
+    job = ProcessJob({"hosts": 1})
+    try:
+        hosts = job.state(cached_path=None).hosts
+
+        async def go():
+            async with hosts as entered:
+                assert entered is hosts and hosts.initialized.get(timeout=5) is True
+                async with hosts:
+                    pass                # shut down here; the outer exit does not again
+        asyncio.run(go())
+        for use in (lambda: hosts.spawn_procs(), lambda: hosts.initialized):
+            with pytest.raises(RuntimeError, match="HostMesh has already been shut down"):
+                use()
+        assert hosts.stream_logs is True and hosts.is_fake_in_process is False
+    finally:
+        job.kill()

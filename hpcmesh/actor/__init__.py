@@ -17,7 +17,7 @@ from .host_mesh import HostMesh, attach_to_workers, shutdown_context, this_host
 from .proc_mesh import ProcMesh, this_proc
 from .returns_future import returns_future
 from .value_mesh import ValueMesh
-from . import concurrent
+from . import concurrent, config
 from ..runtime.process.worker import run_worker_loop_forever, run_worker_loop_until_shutdown
 # a module attribute a program replaces (hpcmesh.actor.unhandled_fault_hook = f), as in Monarch:
 # the runtime reads it from here, at each failure, through the reader registered below
@@ -32,6 +32,7 @@ __all__ = [
     "Accumulator", "current_actor_name", "this_proc", "MeshFailure", "unhandled_fault_hook",
     "Endpoint", "concurrent_endpoint", "concurrent", "send", "get_or_spawn_controller",
     "shutdown_context", "returns_future", "run_worker_loop_until_shutdown", "as_endpoint",
+    "config",
 ]
 
 

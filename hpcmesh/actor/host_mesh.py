@@ -15,7 +15,7 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Self
+from typing import Any, Awaitable, Callable, Self
 
 from ..runtime.process.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime.observe import telemetry_recorder as _tel
@@ -33,7 +33,7 @@ from ..transport.addresses import parse_worker_address
 from ..transport.handshake import HandshakeBusy, HandshakeError
 from .controllers import offer_controllers
 from .mesh_view import chain, spawning_actor
-from .proc_mesh import ProcMesh, ProcMeshState
+from .proc_mesh import ProcMesh, ProcMeshState, run_bootstrap
 
 _mesh_counter = itertools.count()
 log = logging.getLogger("hpcmesh.actor")
@@ -119,15 +119,31 @@ class HostMesh(MeshTrait):
         return [self._hosts[g] for g in self._shape.ranks()]
 
     def spawn_procs(self, per_host: dict[str, int] | None = None,
+                    bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
+                    name: str | None = None, proc_bind: list[dict[str, str]] | None = None,
                     bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] |
-                    None = None, name: str | None = None, *,
+                    None = None, *,
                     forward_logs: bool = True, gpu_binding: str | None = None) -> "ProcMesh":
         """Start processes on every host of this mesh; per-host dims are appended.
+        Monarch's arguments, in Monarch's order:
+
+        ``bootstrap``: a callable (``def`` or ``async def``, no arguments) run once in each
+        new process before any actor is spawned there (``current_rank()`` is the process's
+        point); the mesh is ready once it returned everywhere, and fails with its error.
+        ``proc_bind``: one dict per process of a host (``len`` = processes per host), the
+        host's i-th process getting the i-th: ``cpus`` (``taskset -c``), ``cpunodebind``,
+        ``membind``, ``physcpubind`` (``numactl --KEY=VALUE``, which must be installed on
+        the hosts), the process started through those tools as Monarch's are.
+        ``bootstrap_command``: how each process is started (see ``BootstrapCommand``).
 
         ``gpu_binding`` (default ``$HPCMESH_GPU_BINDING``, else "host"): "host" gives every
         process its host's GPUs and LOCAL_RANK selects its own, as torchrun does; "process"
         pins each to its GPU (CUDA_VISIBLE_DEVICES=<it>, LOCAL_RANK=0). Either way
         HPCMESH_LOCAL_SLOT is its slot on the host (see ``hpcmesh.runtime.process.gpu_binding``)."""
+        self._check_not_shut_down()
+        if bootstrap is not None and not callable(bootstrap):
+            raise TypeError(f"spawn_procs(bootstrap=...) takes a callable run in each new "
+                            f"process before its actors, got {type(bootstrap).__name__}")
         binding = choose_binding(gpu_binding)
         if per_host is not None and not isinstance(per_host, Mapping):
             raise TypeError(f"per_host must be a mapping of dimension names to sizes, like "
@@ -152,6 +168,7 @@ class HostMesh(MeshTrait):
                          host_mesh=self.name) if _tel.RECORDER is not None else None)
         uid = uuid.uuid4().hex[:8]
         per = Extent(per_host).nelem
+        binds = checked_proc_bind(proc_bind, per)
         host_ranks = self._shape.ranks()
         member_places = places([i // per for i in range(extent.nelem)])
         records: list[ProcRecord] = []
@@ -165,6 +182,8 @@ class HostMesh(MeshTrait):
             if not isinstance(cmd, BootstrapCommand):
                 raise TypeError(f"bootstrap_command must be a BootstrapCommand or a callable "
                                 f"returning one; for {point_label(point)} got {type(cmd).__name__}")
+            if binds is not None:
+                cmd = bound_command(cmd, binds[i % per])
             host = self._hosts[host_ranks[i // per]]
             rec = ProcRecord(f"{mesh_name}-{uid}-{i}", mesh_name, point, host.agent,
                              point_label(point), forward_logs=forward_logs, owner=owner)
@@ -224,14 +243,45 @@ class HostMesh(MeshTrait):
         if (tel := _tel.RECORDER) is not None:
             tel.mesh(mesh_name, "proc", "ProcMesh", mesh_name, json.dumps(dict(extent)),
                      self.name)
+        mesh = ProcMesh(state, Shape.from_extent(extent))
+        if bootstrap is not None:
+            run_bootstrap(mesh, bootstrap)
         if sp is not None:
             sp.end_after(state.ready)
-        return ProcMesh(state, Shape.from_extent(extent))
+        return mesh
+
+    @property
+    def stream_logs(self) -> bool:
+        """Whether the output of the processes spawned here reaches this client (Monarch's
+        name): hpcmesh streams it by default (``spawn_procs(forward_logs=)``,
+        ``ProcMesh.logging_option``), so True; Monarch 0.7's hosts say False."""
+        return True
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Monarch's name for a mesh of hosts simulated inside the client's process:
+        hpcmesh's hosts are always real (``this_proc()`` runs actors in this process)."""
+        return False
+
+    def _check_not_shut_down(self) -> None:
+        if self.__dict__.get("_shut_down"):
+            raise RuntimeError("HostMesh has already been shut down")
+
+    async def __aenter__(self) -> Self:
+        """``async with hosts:``: the hosts are shut down (``shutdown()``) on leaving the
+        block, as in Monarch; using this mesh afterwards raises a RuntimeError."""
+        self._check_not_shut_down()
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if not self.__dict__.get("_shut_down"):     # nested blocks shut down once
+            await self.shutdown()
 
     @property
     def initialized(self) -> Future:
         """Resolves to True once the hosts are reachable (Monarch's ``initialized``): an
         hpcmesh HostMesh is made of agents it has reached already, so at once."""
+        self._check_not_shut_down()
         return completed(True)
 
     def stop(self) -> Future:
@@ -247,12 +297,58 @@ class HostMesh(MeshTrait):
         of None."""
         rt = client_runtime()
         agents = [h.agent for h in self.refs if h.agent.node_id != rt.node.node_id]
+        self._shut_down = True
 
         return chain(self.stop(), lambda: gather(
             [rt.node.rpc(a, "shutdown_agent") for a in agents])).then(lambda _: None)
 
     def __repr__(self) -> str:
         return f"HostMesh({dict(self.extent)}, hosts={self.hostnames})"
+
+
+#: proc_bind's keys (Monarch's): ``cpus`` through ``taskset -c``, the others through numactl.
+PROC_BIND_KEYS = ("cpus", "cpunodebind", "membind", "physcpubind")
+
+
+def checked_proc_bind(proc_bind, per_host: int) -> list[dict[str, str]] | None:
+    """``spawn_procs(proc_bind=)`` checked: one dict of str per process of a host."""
+    if proc_bind is None:
+        return None
+    if isinstance(proc_bind, (str, bytes, Mapping)) or not isinstance(proc_bind, Sequence):
+        raise TypeError(f"proc_bind is a list of dicts, one per process of a host, like "
+                        f"[{{'cpus': '0-7'}}, {{'cpus': '8-15'}}]; got {proc_bind!r}")
+    if len(proc_bind) != per_host:
+        raise ValueError(f"proc_bind length ({len(proc_bind)}) must equal procs_per_host "
+                         f"({per_host})")
+    out = []
+    for i, bind in enumerate(proc_bind):
+        if not isinstance(bind, Mapping):
+            raise TypeError(f"proc_bind[{i}] is a dict of {', '.join(PROC_BIND_KEYS)}; got "
+                            f"{bind!r}")
+        for k, v in bind.items():
+            if k not in PROC_BIND_KEYS:
+                # Monarch ignores a key it does not know: a typo would bind nothing, silently
+                raise ValueError(f"proc_bind[{i}] has key {k!r}; the keys are "
+                                 f"{', '.join(PROC_BIND_KEYS)}")
+            if not isinstance(v, str) or not v:
+                raise ValueError(f"proc_bind[{i}][{k!r}] is a non-empty string such as "
+                                 f"'0-3' or '0,2'; got {v!r}")
+        out.append(dict(bind))
+    return out
+
+
+def bound_command(cmd: BootstrapCommand, bind: Mapping[str, str]) -> BootstrapCommand:
+    """``cmd`` started through ``numactl`` and/or ``taskset`` as ``bind`` says (Monarch's
+    way); the same command when ``bind`` is empty."""
+    prefix = [f"--{k}={bind[k]}" for k in PROC_BIND_KEYS[1:] if k in bind]
+    if prefix:
+        prefix.insert(0, "numactl")
+    if "cpus" in bind:
+        prefix += ["taskset", "-c", bind["cpus"]]
+    if not prefix:
+        return cmd
+    return BootstrapCommand(prefix[0], [*prefix[1:], cmd.program, *cmd.args], cmd.env,
+                            cmd.inherit_env)
 
 
 def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:

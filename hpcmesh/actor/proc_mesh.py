@@ -5,6 +5,7 @@ actors on them, stop them.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -12,20 +13,21 @@ import pickle
 import socket
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import TypeVar, cast
+from typing import Any, Callable, TypeVar, cast
 
 from ..runtime.actor_services import ActorServices
 from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.client import ProcRecord, current_or_client_node, existing_client_runtime
+from ..runtime import context as _context
 from ..runtime.context import Rendezvous
 from ..runtime.errors import HOST_LOST, MeshStoppedError
-from ..runtime.future import Future, completed, gather, on_runtime_thread
+from ..runtime.future import Future, completed, failed, gather, on_runtime_thread
 from ..runtime.node import Node, NodeRef
 from ..runtime.observe.spans import start_span
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization
-from .endpoint import ENDPOINT_ATTR, check_endpoint_names
+from .endpoint import ENDPOINT_ATTR, Actor, check_endpoint_names, endpoint
 
 from .actor_mesh import ActorMesh, ActorMeshState, stop_actor_mesh
 from .mesh_view import MeshView, as_asyncio, chain, chain_any, spawning_actor
@@ -147,8 +149,12 @@ class ProcMesh(MeshView):
             def spawn_all(port_f: Future) -> Future:
                 rdv = Rendezvous(host, port_f.value(), actor_id) if port_f.exception() is None \
                     else None
+                # for context().actor_instance.proc_mesh: the processes are up (spawn()
+                # waits for them, not for a spawn_procs(bootstrap=) still running)
+                where = serialization.dumps(rebuild_proc_mesh(
+                    self._state.name, _places(self._state), self._state.hosts, self._shape))[0]
                 calls = [node.rpc(n, "spawn_actor", actor_id, name, cls_blob, args, kwargs,
-                                  Point(i, extent), rdv, supervisor)
+                                  Point(i, extent), rdv, supervisor, where)
                          for i, n in enumerate(nodes)]
                 return gather(calls).then(lambda _: nodes)
             return chain_any(node.rpc(nodes[0], "reserve_rendezvous_port", host), spawn_all)
@@ -353,9 +359,7 @@ class ProcMesh(MeshView):
             st.ready.get()
         elif st.ready.exception() is not None:
             raise st.ready.exception()
-        places = [(r.name, r.mesh_name, r.point, r.agent, r.label, r.node, r.pid, r.host)
-                  for r in st.records]
-        return rebuild_proc_mesh, (st.name, places, st.hosts, self._shape)
+        return rebuild_proc_mesh, (st.name, _places(st), st.hosts, self._shape)
 
     def __repr__(self) -> str:
         return f"ProcMesh({self.name!r}, {dict(self.extent)})"
@@ -387,6 +391,12 @@ def _record_actors(actor_id: str, name: str, recs: list[ProcRecord]) -> None:
             tel.actor(f"{actor_id}.{i}", actor_id, i, f"{name}[{i}]", r.name, r.host, r.pid)
 
 
+def _places(st: ProcMeshState) -> list[tuple]:
+    """Where each process of a mesh is: what travels of it (``rebuild_proc_mesh``)."""
+    return [(r.name, r.mesh_name, r.point, r.agent, r.label, r.node, r.pid, r.host)
+            for r in st.records]
+
+
 def rebuild_proc_mesh(name: str, places: list[tuple], hosts, shape: Shape) -> ProcMesh:
     """A ProcMesh unpickled in another process: its processes are up (``__reduce__``
     waited for them), so every member is ready."""
@@ -398,6 +408,34 @@ def rebuild_proc_mesh(name: str, places: list[tuple], hosts, shape: Shape) -> Pr
         records.append(rec)
     return ProcMesh(ProcMeshState(name, records, completed([r.node for r in records]), hosts),
                     shape)
+
+
+class _Bootstrap(Actor):
+    """Runs ``spawn_procs(bootstrap=...)``'s callable once in each new process (a sync
+    actor: the callable may block, or wait on Futures)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+
+    @endpoint
+    def run(self) -> None:
+        result = self.fn()
+        if inspect.isawaitable(result):
+            async def wait():
+                return await result
+            asyncio.run(wait())
+
+
+def run_bootstrap(mesh: ProcMesh, fn: Callable[[], Any]) -> None:
+    """Run ``fn`` on every process of ``mesh`` before anything else is spawned there: its
+    ready Future (what spawns wait for) becomes "the processes are up and ``fn`` returned
+    on each"; the helper actors are stopped either way."""
+    state = mesh._state
+    up = state.ready
+    setup = mesh.spawn("bootstrap", _Bootstrap, fn)
+    state.ready = chain_any(setup.run.call(), lambda ran: chain_any(
+        setup.stop("the bootstrap function ran"),
+        lambda _: failed(ran.exception()) if ran.exception() is not None else up))
 
 
 def _run_on_loop(node: Node, coro) -> Future:
@@ -448,3 +486,6 @@ def this_proc() -> ProcMesh:
     rec.host = socket.gethostname()
     rec.ready.set_result(node.ref)
     return ProcMesh.from_records("this_proc", [rec], Extent({}), None, in_this_process=True)
+
+
+_context.local_proc_mesh = this_proc     # the client's context().actor_instance.proc_mesh

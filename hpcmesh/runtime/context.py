@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..shapes import Extent, Point
+from ..transport import serialization
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,24 @@ class ActorInstance:
     extras: dict = field(default_factory=dict)
     #: ``abort_actor(reason)``: fails this actor (set by the runtime when it spawns one)
     abort_actor: Any = field(default=None, repr=False)
+    #: the ProcMesh it was spawned on, pickled by the spawner (see ``proc_mesh``)
+    proc_mesh_blob: bytes | None = field(default=None, repr=False)
+
+    @property
+    def proc_mesh(self) -> Any:
+        """The ProcMesh this actor was spawned on (Monarch's ``proc_mesh``): the view the
+        spawner spawned it on; on the client, ``this_proc()``. Unpickled on first use."""
+        pm = self.extras.get("proc_mesh")
+        if pm is None:
+            if self.proc_mesh_blob is not None:
+                pm = serialization.loads(self.proc_mesh_blob)
+            elif local_proc_mesh is not None and not self.actor_id:
+                pm = local_proc_mesh()
+            else:
+                raise RuntimeError(f"actor {self.mesh_name!r} was spawned without its proc "
+                                   f"mesh (by hand, not through ProcMesh.spawn)")
+            self.extras["proc_mesh"] = pm
+        return pm
 
     @property
     def extent(self) -> Extent:
@@ -52,6 +71,9 @@ class Context:
     actor_instance: ActorInstance
     message_rank: Point
 
+
+#: ``this_proc()``, which the actor layer registers: the client's ``proc_mesh``.
+local_proc_mesh: Callable[[], Any] | None = None
 
 #: The context of the endpoint (or constructor) running now; the runtime sets it around each
 #: call, ``context()`` reads it. None outside actors.

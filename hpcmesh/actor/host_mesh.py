@@ -26,6 +26,7 @@ from ..runtime.observe.introspect import ADMIN_URL_VARS
 from ..runtime.node import NodeRef
 from ..runtime.observe.spans import start_span
 from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
+from ..errors import HpcmeshError
 from ..progress import Progress
 from ..shapes import Extent, MeshTrait, Point, Shape, point_label
 from ..transport import tls
@@ -463,6 +464,11 @@ def use_tls(ca) -> None:
         os.environ.update(settings.env())
 
 
+class AttachFailed(HpcmeshError, ConnectionError, RuntimeError):
+    """No worker came to an address ``attach_to_workers`` was given (Monarch raises a
+    RuntimeError "attach failed: ..."; hpcmesh's attach errors were ConnectionErrors)."""
+
+
 def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes | None = None,
                       timeout: float = 30.0, ca: Any = None) -> HostMesh:
     """Connect to running host agents (``hpcmesh worker --listen ADDR``); a HostMesh over them.
@@ -470,9 +476,16 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
     ``ca``: TLS for TCP connections, as the agents were started with (``--ca``): a CA
     bundle path that certifies the agents, or ``"trust_all_connections"`` (encrypt,
     verify nothing). It applies to this client's connections from now on and to the
-    processes it starts."""
+    processes it starts. ``ca="trust_all_connections"`` without a ``secret`` attaches to
+    workers started the same way without one (Monarch's trust model: the worker accepts
+    any client; see ``tls.TRUST_ALL_KEY``).
+
+    A worker that is not listening yet (no socket file, connection refused) is waited for
+    until ``timeout``; then an ``AttachFailed`` (a ConnectionError and a RuntimeError,
+    "attach failed: ...", as Monarch's ``initialized`` raises)."""
     if ca is not None:
         use_tls(ca)
+    secret = secret or tls.trust_all_key(ca, None)
     if isinstance(workers, str):
         workers = [workers]
     rt = client_runtime()
@@ -488,6 +501,8 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
             # clients at once) turns new ones away: dial() tries again on its BUSY; a reset
             # (it closed us unread) is "busy" too, so try again until the timeout; every
             # other error is final.
+            # A worker not listening yet (no socket file, nothing on the port) is waited
+            # for the same way: Monarch's attach waits for workers that start later.
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             pause = 0.05
@@ -498,17 +513,25 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
                 except ConnectionResetError:
                     if loop.time() + pause >= deadline:
                         raise
+                except (ConnectionRefusedError, FileNotFoundError) as e:
+                    if loop.time() + pause >= deadline:
+                        raise AttachFailed(f"attach failed: cannot attach to host agent at "
+                                           f"{addr}: no worker listening there within "
+                                           f"{timeout:g} s ({os.strerror(e.errno)})") from None
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, 1.0)
 
         async def one(addr: str):
             try:
                 conn = await dial(addr)
+            except AttachFailed:
+                raise
             except HandshakeBusy as e:
                 raise ConnectionError(f"cannot attach to host agent at {addr}: {e}") from None
             except HandshakeError as e:
                 raise ConnectionError(f"cannot attach to host agent at {addr}: {e} (was it "
-                                      f"started with this job's secret?)") from None
+                                      f"started with this job's secret, or both with "
+                                      f"ca='trust_all_connections' and none?)") from None
             except (asyncio.TimeoutError, TimeoutError):
                 raise ConnectionError(f"cannot attach to host agent at {addr}: no hpcmesh "
                                       f"handshake within {timeout} s (is an hpcmesh worker "

@@ -24,6 +24,9 @@ from ..runtime.context import context
 CHUNK = 16 * 1024
 #: Seconds the remote shell gets after SIGHUP before SIGKILL, when this side goes away.
 STOP_GRACE_S = 1.0
+#: Seconds a shell may go on reading the input it was sent after the client's input
+#: ended (its foreground jobs are hung up meanwhile), before it is hung up itself.
+IDLE_SHELL_GRACE_S = 10.0
 
 
 def _exit_status(status: int) -> int:
@@ -112,15 +115,34 @@ class ShellActor(Actor):
 
     @endpoint
     def end_input(self) -> None:
-        """The client's input ended (a pipe's end, as Monarch's): ^D for the shell, which
-        ends it if it is waiting for a command; whatever still runs after STOP_GRACE_S
-        (a ``sleep 30`` in the foreground, which no ^D reaches) is hung up."""
+        """The client's input ended (a pipe's end): stop what runs, as Monarch does, but
+        let the shell finish reading what it was sent. It gets ^D, which ends it once it
+        waits for a command; a job in the terminal's foreground (a ``sleep 30``, which no
+        ^D reaches) is hung up (SIGHUP, SIGKILL after STOP_GRACE_S), now or when it comes
+        to the foreground; a shell still busy after IDLE_SHELL_GRACE_S is hung up too."""
+        import time
         if self.pid is None:
             return
         with contextlib.suppress(OSError):
             os.write(self.master, b"\x04")
-        if not self.ended.wait(STOP_GRACE_S):
-            self._hang_up()
+        deadline = time.monotonic() + IDLE_SHELL_GRACE_S
+        hung: dict[int, float] = {}       # foreground group -> when it was hung up
+        while not self.ended.wait(0.05):
+            try:
+                fg = os.tcgetpgrp(self.master)
+            except OSError:               # the terminal is gone: the shell is ending
+                continue
+            if fg > 1 and fg not in (self.pid, os.getpgrp()):
+                if fg not in hung:
+                    hung[fg] = time.monotonic()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(fg, signal.SIGHUP)
+                elif time.monotonic() - hung[fg] > STOP_GRACE_S:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(fg, signal.SIGKILL)
+            elif time.monotonic() > deadline:
+                self._hang_up()
+                return
 
     @endpoint
     def hang_up(self) -> None:

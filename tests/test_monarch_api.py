@@ -436,3 +436,44 @@ def test_a_shut_down_host_mesh_refuses_further_use():
         assert hosts.stream_logs is True and hosts.is_fake_in_process is False
     finally:
         job.kill()
+
+
+# -- issue 32 item 4: a pending ActorMesh travels ------------------------------------------
+class _Slow(Actor):
+    def __init__(self) -> None:
+        import time
+        time.sleep(1.0)             # still starting while it travels
+
+    @endpoint
+    def hello(self) -> str:
+        return "up"
+
+
+class _Hop(Actor):
+    @endpoint
+    async def make_and_pass(self, procs, hop, last) -> list:
+        mesh = procs.spawn("slow", _Slow)
+        assert not mesh.initialized.done()
+        return await hop.pass_on.call_one(mesh, last)
+
+    @endpoint
+    async def pass_on(self, mesh, last) -> list:
+        if last is not None:            # still pending here: it travels on from this actor
+            return await last.pass_on.call_one(mesh, None)
+        return sorted((await mesh.hello.call()).values())
+
+
+def test_a_pending_actor_mesh_travels_on_through_several_actors():
+    """A pending mesh re-sent by an actor that got it pending: the last receiver asks the
+    one before it, which answers once it has heard from the spawner."""
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    elsewhere = this_host().spawn_procs(per_host={"gpus": 3})
+    try:
+        a, b, c = (this_proc().spawn(n, _Hop) for n in ("a", "b", "c"))     # one process
+        assert a.make_and_pass.call_one(procs, b, c).get(timeout=60) == ["up", "up"]
+        hops = elsewhere.spawn("hops", _Hop)                                # three
+        a, b, c = (hops.slice(gpus=i) for i in range(3))
+        assert a.make_and_pass.call_one(procs, b, c).get(timeout=60) == ["up", "up"]
+    finally:
+        procs.stop().get(timeout=30)
+        elsewhere.stop().get(timeout=30)

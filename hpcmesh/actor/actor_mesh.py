@@ -264,7 +264,9 @@ def _offer_when_ready(st: ActorMeshState) -> NodeRef:
     """Let other processes ask this one for the processes of ``st`` once it is up; the
     reference they ask through."""
     node = current_or_client_node()
-    _TRAVELLED_PENDING[st.actor_id] = st.ready
+    # The first state of this mesh here stays the one to ask: a copy received pending and
+    # sent on from this process asks that one itself, and must not answer for it (a loop).
+    _TRAVELLED_PENDING.setdefault(st.actor_id, st.ready)
     node.services.setdefault(NODES_SERVICE, _nodes_when_ready)
     return node.ref
 

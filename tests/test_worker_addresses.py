@@ -228,6 +228,11 @@ def test_attach_to_a_worker_that_never_comes_fails_as_monarch(tmp_path, keep_tls
             attach_to_workers([addr], ca="trust_all_connections", timeout=1)
     assert time.monotonic() - start < 20
     assert issubclass(AttachFailed, RuntimeError) and issubclass(AttachFailed, ConnectionError)
+    # a reconnect to agents that were running tries their next address at once
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="No such file or directory") as failed:
+        attach_to_workers([f"ipc://{tmp_path}/gone.sock"], timeout=30, wait=False)
+    assert not isinstance(failed.value, AttachFailed) and time.monotonic() - start < 10
 
 
 def test_a_worker_with_a_secret_refuses_a_trust_all_client_without_it(tmp_path, keep_tls):

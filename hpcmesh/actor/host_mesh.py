@@ -470,7 +470,7 @@ class AttachFailed(HpcmeshError, ConnectionError, RuntimeError):
 
 
 def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes | None = None,
-                      timeout: float = 30.0, ca: Any = None) -> HostMesh:
+                      timeout: float = 30.0, ca: Any = None, wait: bool = True) -> HostMesh:
     """Connect to running host agents (``hpcmesh worker --listen ADDR``); a HostMesh over them.
 
     ``ca``: TLS for TCP connections, as the agents were started with (``--ca``): a CA
@@ -482,7 +482,8 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
 
     A worker that is not listening yet (no socket file, connection refused) is waited for
     until ``timeout``; then an ``AttachFailed`` (a ConnectionError and a RuntimeError,
-    "attach failed: ...", as Monarch's ``initialized`` raises)."""
+    "attach failed: ...", as Monarch's ``initialized`` raises). ``wait=False``: fail at once
+    instead (a reconnect to agents that were running, trying each of their addresses)."""
     if ca is not None:
         use_tls(ca)
     secret = secret or tls.trust_all_key(ca, None)
@@ -514,6 +515,8 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
                     if loop.time() + pause >= deadline:
                         raise
                 except (ConnectionRefusedError, FileNotFoundError) as e:
+                    if not wait:
+                        raise
                     if loop.time() + pause >= deadline:
                         raise AttachFailed(f"attach failed: cannot attach to host agent at "
                                            f"{addr}: no worker listening there within "

@@ -183,10 +183,15 @@ def _any_alive(groups: set[int]) -> bool:
 
 
 def _write_all(fd: int, data: bytes) -> None:
-    """All of ``data`` to ``fd`` (a BrokenPipeError when its reader has gone)."""
+    """All of ``data`` to ``fd`` (a BrokenPipeError when its reader has gone), waiting for
+    room when ``fd`` was left non-blocking by whoever started this process."""
+    import select
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [])
 
 
 def _window_size(fd: int) -> tuple[int, int]:

@@ -477,3 +477,115 @@ def test_a_pending_actor_mesh_travels_on_through_several_actors():
     finally:
         procs.stop().get(timeout=30)
         elsewhere.stop().get(timeout=30)
+
+
+# -- issue 32 item 12 follow-up: proc_mesh costs O(1) per spawned actor -----------------------
+def _spawn_payload_sizes(monkeypatch, n: int) -> list[int]:
+    """The encoded size of each ``spawn_actor`` request a spawn on a mesh of ``n``
+    processes sends (to processes that do not exist: the requests are caught here)."""
+    from hpcmesh.actor.proc_mesh import rebuild_proc_mesh
+    from hpcmesh.runtime.client import current_or_client_node
+    from hpcmesh.runtime.future import completed
+    from hpcmesh.runtime.messages import NodeRef
+    from hpcmesh.transport import serialization
+    node = current_or_client_node()
+    extent = Extent({"hosts": n // 2, "gpus": 2})
+    places = []
+    for i in range(n):
+        proc = NodeRef(f"{i:032x}", (f"tcp://10.0.{i // 250}.{i % 250}:4{i:04d}",))
+        agent = NodeRef(f"a{i // 2:031x}", (f"tcp://10.0.{i // 250}.{i % 250}:3000",))
+        places.append((f"procs-{i}", "procs", Point(i, extent), agent, str(i), proc,
+                       1000 + i, f"node{i // 2}"))
+    procs = rebuild_proc_mesh("procs", places, None, Shape.from_extent(extent))
+    sizes: list[int] = []
+
+    def rpc(target, service, *args):
+        if service == "spawn_actor":
+            sizes.append(len(serialization.dumps(args)[0]))
+            return completed(1234)
+        if service == "reserve_rendezvous_port":
+            return completed(29500)
+        raise AssertionError(f"unexpected service {service}")
+    monkeypatch.setattr(node, "rpc", rpc)
+    procs.spawn("c", Counter).initialized.get(timeout=10)
+    monkeypatch.undo()
+    assert len(sizes) == n
+    return sizes
+
+
+def test_the_spawn_request_does_not_grow_with_the_mesh(monkeypatch):
+    """Each process's spawn request carries where to ask for the proc mesh, not the mesh:
+    with the mesh inside it, one spawn moved n x (235 x n) bytes (16 GB at 1024 x 8)."""
+    small = max(_spawn_payload_sizes(monkeypatch, 2))
+    large = max(_spawn_payload_sizes(monkeypatch, 64))
+    assert large <= small + 8, (small, large)      # + 8: larger ranks pickle longer
+
+
+class _WhereAmI(Actor):
+    """Reads its proc_mesh from a sync endpoint, an async one, and spawns a child that
+    reads its own (the spawner then is this actor's process, not the client)."""
+
+    @endpoint
+    def sync_pids(self) -> list:
+        return ha.context().actor_instance.proc_mesh.pids
+
+    @endpoint
+    async def async_pids(self) -> list:
+        pm = ha.context().actor_instance.proc_mesh        # at once, on the event loop
+        return (await pm.initialized).pids
+
+    @endpoint
+    async def async_spawn_beside(self) -> list:
+        """spawn() on a mesh still being asked of the spawner waits for the answer."""
+        pm = ha.context().actor_instance.proc_mesh
+        beside = pm.spawn("beside", _WhereAmI)
+        return sorted((await beside.sync_pids.call()).values())
+
+    @endpoint
+    def spawn_child(self, procs) -> list:
+        self.child = procs.spawn("child", _WhereAmI)
+        return [self.child.sync_pids.call().get(timeout=60),
+                self.child.async_pids.call().get(timeout=60)]
+
+    @endpoint
+    def keep_child(self, procs) -> ActorMesh:
+        self.child = procs.spawn("child", _WhereAmI)
+        self.child.initialized.get(timeout=60)
+        return self.child
+
+
+def test_proc_mesh_from_sync_and_async_endpoints_and_from_an_actor_spawned_by_one():
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    others = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        pids = procs.initialized.get(timeout=60).pids
+        others.initialized.get(timeout=60)
+        where = procs.spawn("where", _WhereAmI)
+        assert list(where.sync_pids.call().get(timeout=60).values()) == [pids, pids]
+        assert list(where.async_pids.call().get(timeout=60).values()) == [pids, pids]
+        assert list(where.async_spawn_beside.call().get(timeout=60).values()) == \
+            [sorted([pids, pids])] * 2
+        # a view: the actors' proc_mesh is the view they were spawned on
+        one = procs.slice(gpus=1).spawn("one", _WhereAmI)
+        assert one.sync_pids.call_one().get(timeout=60) == [pids[1]]
+        # spawned by an actor: asked of that actor's process
+        child = where.slice(gpus=0).spawn_child.call_one(others).get(timeout=60)
+        assert [list(v.values()) for v in child] == [[others.pids]] * 2
+    finally:
+        procs.stop().get(timeout=30)
+        others.stop().get(timeout=30)
+
+
+def test_proc_mesh_whose_spawner_is_gone_names_it():
+    spawners = this_host().spawn_procs(per_host={"gpus": 1})
+    others = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        child = spawners.spawn("parent", _WhereAmI).keep_child.call_one(others).get(timeout=60)
+        spawners.stop().get(timeout=30)
+        with pytest.raises(Exception, match=r"proc mesh '[^']+' is asked of the process that "
+                                            r"spawned this actor, actor parent\[0\] in process"):
+            child.sync_pids.call_one().get(timeout=60)
+        with pytest.raises(Exception, match=r"actor parent\[0\] in process .* did not answer"):
+            child.async_pids.call_one().get(timeout=60)
+    finally:
+        others.stop().get(timeout=30)

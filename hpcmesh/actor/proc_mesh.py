@@ -13,6 +13,7 @@ import pickle
 import socket
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar, cast
 
 from ..runtime.actor_services import ActorServices
@@ -59,6 +60,7 @@ class ProcMeshState:
         self.stopped = False
         self.in_this_process = False    # this_proc(): stop() stops its actors, not the process
         self.actor_meshes: list = []    # the _ActorMeshStates spawned on it
+        self.offered_as: str | None = None  # its key in _SPAWNED_ON, once actors were spawned
 
 
 class ProcMesh(MeshView):
@@ -78,7 +80,20 @@ class ProcMesh(MeshView):
     def records(self) -> list[ProcRecord]:
         """The runtime's record of each process of this view, in order (a launcher that
         built the mesh with ``from_records`` finds its own records here)."""
-        return [self._state.records[g] for g in self._shape.ranks()]
+        return [self._known_records()[g] for g in self._shape.ranks()]
+
+    def _known_records(self) -> list[ProcRecord]:
+        """Every process of the mesh; for a mesh still being asked of the process that
+        spawned this actor (``proc_mesh`` read in an async endpoint), once the answer is
+        in (waited for off the event loop)."""
+        st = self._state
+        if not st.records and not (st.ready.done() and st.ready.exception() is None):
+            if not st.ready.done() and on_runtime_thread():
+                raise RuntimeError(f"proc mesh {st.name!r} is still being asked of the "
+                                   f"process that spawned this actor; `await "
+                                   f"proc_mesh.initialized` first")
+            st.ready.get()
+        return st.records
 
     @property
     def stopped(self) -> bool:
@@ -87,17 +102,17 @@ class ProcMesh(MeshView):
 
     @property
     def pids(self) -> list[int | None]:
-        return [self._state.records[g].pid for g in self._shape.ranks()]
+        return [self._known_records()[g].pid for g in self._shape.ranks()]
 
     @property
     def host_ids(self) -> list[str]:
         """Which host agent started each member of this view (equal ids: the same host), for
         numbering members per host the way torchrun does (``hpcmesh.spmd``)."""
-        return [self._state.records[g].agent.node_id for g in self._shape.ranks()]
+        return [self._known_records()[g].agent.node_id for g in self._shape.ranks()]
 
     @property
     def log_paths(self) -> list[dict]:
-        return [self._state.records[g].log_paths for g in self._shape.ranks()]
+        return [self._known_records()[g].log_paths for g in self._shape.ranks()]
 
     def spawn(self, name: str, actor_class: type[TActor], *args, **kwargs) -> TActor:
         """Place one ``actor_class(*args, **kwargs)`` on every process of this view; an
@@ -119,7 +134,10 @@ class ProcMesh(MeshView):
                     else serialization.dumps_by_value(actor_class))
         node = current_or_client_node()
         actor_id = uuid.uuid4().hex
-        recs = [self._state.records[g] for g in self._shape.ranks()]
+        # a mesh still being asked of this actor's spawner has no records yet: they are
+        # filled in below, before the actors are spawned (it is ready then)
+        fetching = not self._state.ready.done() and not self._state.records
+        recs = [] if fetching else [self._state.records[g] for g in self._shape.ranks()]
         extent = self._shape.extent
         rt = existing_client_runtime()
         supervisor = rt.events if rt is not None else None
@@ -140,7 +158,13 @@ class ProcMesh(MeshView):
                             actor_class=actor_class.__name__, proc_mesh=self._state.name,
                             extent=dict(extent))
 
+        # what each actor's context().actor_instance.proc_mesh asks this process for
+        where = self._source(state.owner, node)
+
         def start() -> Future:
+            if fetching:
+                recs[:] = [self._state.records[g] for g in self._shape.ranks()]
+                state.proc_names[:] = [r.name for r in recs]
             nodes = [r.node for r in recs]
             first = recs[0]
             host = (first.node.addresses[-1].removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
@@ -149,10 +173,6 @@ class ProcMesh(MeshView):
             def spawn_all(port_f: Future) -> Future:
                 rdv = Rendezvous(host, port_f.value(), actor_id) if port_f.exception() is None \
                     else None
-                # for context().actor_instance.proc_mesh: the processes are up (spawn()
-                # waits for them, not for a spawn_procs(bootstrap=) still running)
-                where = serialization.dumps(rebuild_proc_mesh(
-                    self._state.name, _places(self._state), self._state.hosts, self._shape))[0]
                 calls = [node.rpc(n, "spawn_actor", actor_id, name, cls_blob, args, kwargs,
                                   Point(i, extent), rdv, supervisor, where)
                          for i, n in enumerate(nodes)]
@@ -171,10 +191,29 @@ class ProcMesh(MeshView):
         state.ready = ready
         return cast(TActor, ActorMesh(state, Shape.from_extent(extent)))
 
+    def _source(self, owner, node: Node) -> "ProcMeshSource":
+        """Where actors spawned on this view find it: the same few names for 2 processes
+        as for 8,000. The view itself for actors in this very process (this_proc());
+        otherwise this process answers for it (``PROC_MESH_SERVICE``) until it is stopped."""
+        st = self._state
+        who = ("the client" if owner is None
+               else f"actor {owner.mesh_name}[{owner.rank.rank}]")
+        spawner = f"{who} in process {node.name or node.role} (pid {os.getpid()})"
+        if st.in_this_process:
+            return ProcMeshSource(node.ref, spawner, "", st.name, self._shape, self)
+        if st.offered_as is None:
+            st.offered_as = uuid.uuid4().hex
+            _SPAWNED_ON[st.offered_as] = st
+            node.services.setdefault(PROC_MESH_SERVICE, _proc_mesh_asked)
+        return ProcMeshSource(node.ref, spawner, st.offered_as, st.name, self._shape)
+
     def stop(self, grace: float | None = None) -> Future:
         """Stop the processes cleanly (actors' ``__cleanup__`` runs); whatever has not exited
         after ``grace`` seconds (default 5, ``HPCMESH_STOP_GRACE``) gets SIGTERM, then
         SIGKILL. A Future of {process name: exit code}."""
+        if not self._state.records and not self._state.ready.done():
+            # still being asked of this actor's spawner: which processes, once it answers
+            return chain(self._state.ready, lambda: self.stop(grace))
         if _tel.RECORDER is None:
             return self._stop(grace)
         # telemetry's span: until every process has exited (or been given up on)
@@ -199,6 +238,8 @@ class ProcMesh(MeshView):
             r.stopping = True
         if self._shape.nelem == len(st.records):
             st.stopped = True
+            if st.offered_as is not None:       # its actors' proc_mesh: asked no more
+                _SPAWNED_ON.pop(st.offered_as, None)
 
         async def stop_all():
             loop = asyncio.get_running_loop()
@@ -410,6 +451,77 @@ def rebuild_proc_mesh(name: str, places: list[tuple], hosts, shape: Shape) -> Pr
                     shape)
 
 
+@dataclass(frozen=True, slots=True)
+class ProcMeshSource:
+    """What a spawn request carries for ``context().actor_instance.proc_mesh``: who to ask
+    (``spawner``, described for errors by ``spawner_name``), the mesh's ``key`` there, and
+    the view's shape. The mesh itself is ~235 bytes a process: sent with each of n spawn
+    requests it made one spawn of n actors move n x n x 235 bytes (16 GB at 1024 x 8).
+    ``local``: the view itself, for an actor spawned in the spawner's own process."""
+    spawner: NodeRef
+    spawner_name: str
+    key: str
+    name: str
+    shape: Shape
+    local: Any = field(default=None, compare=False)
+
+
+#: Meshes that actors were spawned on from this process: key -> state, which those actors
+#: ask for (``PROC_MESH_SERVICE``) the first time they read ``proc_mesh``. Dropped when the
+#: whole mesh is stopped (its actors are gone then).
+_SPAWNED_ON: dict[str, ProcMeshState] = {}
+PROC_MESH_SERVICE = "proc_mesh_of_actor"
+#: How long a thread reading ``proc_mesh`` waits for the spawner's answer.
+PROC_MESH_WAIT = 60.0
+
+
+def _proc_mesh_asked(key: str, shape: Shape) -> ProcMesh:
+    """The service: the view ``shape`` of the mesh registered as ``key``, whose processes
+    are up (its actors were spawned), built apart from its own ``ready``, which a
+    ``spawn_procs(bootstrap=)`` still running holds back."""
+    st = _SPAWNED_ON.get(key)
+    if st is None:
+        raise MeshStoppedError("the proc mesh it was spawned on is no longer known here "
+                               "(stopped since?)", key)
+    return rebuild_proc_mesh(st.name, _places(st), st.hosts, shape)
+
+
+def find_proc_mesh(src: ProcMeshSource) -> ProcMesh:
+    """An actor's ``proc_mesh``, asked of its spawner: waited for off the event loop; on
+    it (an async endpoint), a mesh at once whose ``initialized``, ``spawn`` and ``stop``
+    wait for the answer (blocking the loop would stall the answer itself)."""
+    if src.local is not None:
+        return src.local
+    node = current_or_client_node()
+
+    def named(f: Future) -> Future:
+        if f.exception() is None:
+            return completed(f.value())
+        err = RuntimeError(f"context().actor_instance.proc_mesh: proc mesh {src.name!r} is "
+                           f"asked of the process that spawned this actor, {src.spawner_name}"
+                           f", which did not answer it: {type(f.exception()).__name__}: "
+                           f"{f.exception()}")
+        err.__cause__ = f.exception()
+        return failed(err)
+    asked = chain_any(node.rpc(src.spawner, PROC_MESH_SERVICE, src.key, src.shape), named)
+    if not on_runtime_thread():
+        try:
+            return asked.get(timeout=PROC_MESH_WAIT)
+        except TimeoutError:
+            raise RuntimeError(f"context().actor_instance.proc_mesh: proc mesh {src.name!r} "
+                               f"was asked of the process that spawned this actor, "
+                               f"{src.spawner_name}, which did not answer within "
+                               f"{PROC_MESH_WAIT:g} s") from None
+    st = ProcMeshState(src.name, [], Future(), None)
+
+    def fill(got: ProcMesh) -> list:
+        st.records[:] = got._state.records
+        st.hosts = got._state.hosts
+        return [r.node for r in st.records]
+    st.ready = asked.then(fill)
+    return ProcMesh(st, src.shape)
+
+
 class _Bootstrap(Actor):
     """Runs ``spawn_procs(bootstrap=...)``'s callable once in each new process (a sync
     actor: the callable may block, or wait on Futures)."""
@@ -489,3 +601,4 @@ def this_proc() -> ProcMesh:
 
 
 _context.local_proc_mesh = this_proc     # the client's context().actor_instance.proc_mesh
+_context.find_proc_mesh = find_proc_mesh   # an actor's

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..shapes import Extent, Point
-from ..transport import serialization
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,17 +31,20 @@ class ActorInstance:
     extras: dict = field(default_factory=dict)
     #: ``abort_actor(reason)``: fails this actor (set by the runtime when it spawns one)
     abort_actor: Any = field(default=None, repr=False)
-    #: the ProcMesh it was spawned on, pickled by the spawner (see ``proc_mesh``)
-    proc_mesh_blob: bytes | None = field(default=None, repr=False)
+    #: where to find the ProcMesh it was spawned on, as the spawner sent it: a reference
+    #: of a constant size, not the mesh (see ``proc_mesh``)
+    proc_mesh_source: Any = field(default=None, repr=False)
 
     @property
     def proc_mesh(self) -> Any:
         """The ProcMesh this actor was spawned on (Monarch's ``proc_mesh``): the view the
-        spawner spawned it on; on the client, ``this_proc()``. Unpickled on first use."""
+        spawner spawned it on; on the client, ``this_proc()``. Asked of the spawner's
+        process on first use (sending it with every spawn request made one spawn cost
+        n x n), then kept."""
         pm = self.extras.get("proc_mesh")
         if pm is None:
-            if self.proc_mesh_blob is not None:
-                pm = serialization.loads(self.proc_mesh_blob)
+            if self.proc_mesh_source is not None and find_proc_mesh is not None:
+                pm = find_proc_mesh(self.proc_mesh_source)
             elif local_proc_mesh is not None and not self.actor_id:
                 pm = local_proc_mesh()
             else:
@@ -74,6 +76,9 @@ class Context:
 
 #: ``this_proc()``, which the actor layer registers: the client's ``proc_mesh``.
 local_proc_mesh: Callable[[], Any] | None = None
+#: ``find_proc_mesh(source)``, which the actor layer registers: an actor's ``proc_mesh``
+#: from the reference its spawner sent.
+find_proc_mesh: Callable[[Any], Any] | None = None
 
 #: The context of the endpoint (or constructor) running now; the runtime sets it around each
 #: call, ``context()`` reads it. None outside actors.

@@ -480,9 +480,10 @@ def test_a_pending_actor_mesh_travels_on_through_several_actors():
 
 
 # -- issue 32 item 12 follow-up: proc_mesh costs O(1) per spawned actor -----------------------
-def _spawn_payload_sizes(monkeypatch, n: int) -> list[int]:
+def _spawn_payload_sizes(monkeypatch, n: int, listed: bool = False) -> list[int]:
     """The encoded size of each ``spawn_actor`` request a spawn on a mesh of ``n``
-    processes sends (to processes that do not exist: the requests are caught here)."""
+    processes sends (to processes that do not exist: the requests are caught here);
+    ``listed``: on a view that lists its members (half of them, not evenly spaced)."""
     from hpcmesh.actor.proc_mesh import rebuild_proc_mesh
     from hpcmesh.runtime.client import current_or_client_node
     from hpcmesh.runtime.future import completed
@@ -497,6 +498,11 @@ def _spawn_payload_sizes(monkeypatch, n: int) -> list[int]:
         places.append((f"procs-{i}", "procs", Point(i, extent), agent, str(i), proc,
                        1000 + i, f"node{i // 2}"))
     procs = rebuild_proc_mesh("procs", places, None, Shape.from_extent(extent))
+    if listed:
+        n //= 2
+        procs = procs._new_with_shape(Shape.from_ranks(["procs"], [n], [*range(n - 1),
+                                                                          2 * n - 1]))
+        assert procs._shape._explicit is not None       # (what this case is about)
     sizes: list[int] = []
 
     def rpc(target, service, *args):
@@ -516,9 +522,10 @@ def _spawn_payload_sizes(monkeypatch, n: int) -> list[int]:
 def test_the_spawn_request_does_not_grow_with_the_mesh(monkeypatch):
     """Each process's spawn request carries where to ask for the proc mesh, not the mesh:
     with the mesh inside it, one spawn moved n x (235 x n) bytes (16 GB at 1024 x 8)."""
-    small = max(_spawn_payload_sizes(monkeypatch, 2))
-    large = max(_spawn_payload_sizes(monkeypatch, 64))
-    assert large <= small + 8, (small, large)      # + 8: larger ranks pickle longer
+    for listed in (False, True):
+        small = max(_spawn_payload_sizes(monkeypatch, 8, listed))
+        large = max(_spawn_payload_sizes(monkeypatch, 128, listed))
+        assert large <= small + 8, (listed, small, large)   # + 8: larger ranks are longer
 
 
 class _WhereAmI(Actor):

@@ -11,6 +11,7 @@ import logging
 import os
 import pickle
 import socket
+import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -60,7 +61,8 @@ class ProcMeshState:
         self.stopped = False
         self.in_this_process = False    # this_proc(): stop() stops its actors, not the process
         self.actor_meshes: list = []    # the _ActorMeshStates spawned on it
-        self.offered_as: str | None = None  # its key in _SPAWNED_ON, once actors were spawned
+        # view shape -> its key in _SPAWNED_ON, for each view actors were spawned on
+        self.offered: dict[Shape, str] = {}
 
 
 class ProcMesh(MeshView):
@@ -199,13 +201,18 @@ class ProcMesh(MeshView):
         who = ("the client" if owner is None
                else f"actor {owner.mesh_name}[{owner.rank.rank}]")
         spawner = f"{who} in process {node.name or node.role} (pid {os.getpid()})"
+        extent = self._shape.extent
         if st.in_this_process:
-            return ProcMeshSource(node.ref, spawner, "", st.name, self._shape, self)
-        if st.offered_as is None:
-            st.offered_as = uuid.uuid4().hex
-            _SPAWNED_ON[st.offered_as] = st
-            node.services.setdefault(PROC_MESH_SERVICE, _proc_mesh_asked)
-        return ProcMeshSource(node.ref, spawner, st.offered_as, st.name, self._shape)
+            return ProcMeshSource(node.ref, spawner, "", st.name, extent, self)
+        # by a key, not the shape: a view of chosen members (flatten() of a strided one)
+        # lists them, and would make each request as long as the mesh again
+        with _OFFER_LOCK:
+            key = st.offered.get(self._shape)
+            if key is None:
+                key = st.offered[self._shape] = uuid.uuid4().hex
+                _SPAWNED_ON[key] = _Offered(st, self._shape)
+        node.services.setdefault(PROC_MESH_SERVICE, _proc_mesh_asked)
+        return ProcMeshSource(node.ref, spawner, key, st.name, extent)
 
     def stop(self, grace: float | None = None) -> Future:
         """Stop the processes cleanly (actors' ``__cleanup__`` runs); whatever has not exited
@@ -238,8 +245,9 @@ class ProcMesh(MeshView):
             r.stopping = True
         if self._shape.nelem == len(st.records):
             st.stopped = True
-            if st.offered_as is not None:       # its actors' proc_mesh: asked no more
-                _SPAWNED_ON.pop(st.offered_as, None)
+            with _OFFER_LOCK:                   # its actors' proc_mesh: asked no more
+                for key in st.offered.values():
+                    _SPAWNED_ON.pop(key, None)
 
         async def stop_all():
             loop = asyncio.get_running_loop()
@@ -454,36 +462,50 @@ def rebuild_proc_mesh(name: str, places: list[tuple], hosts, shape: Shape) -> Pr
 @dataclass(frozen=True, slots=True)
 class ProcMeshSource:
     """What a spawn request carries for ``context().actor_instance.proc_mesh``: who to ask
-    (``spawner``, described for errors by ``spawner_name``), the mesh's ``key`` there, and
-    the view's shape. The mesh itself is ~235 bytes a process: sent with each of n spawn
+    (``spawner``, described for errors by ``spawner_name``), the view's ``key`` there, its
+    name and extent. The mesh itself is ~235 bytes a process: sent with each of n spawn
     requests it made one spawn of n actors move n x n x 235 bytes (16 GB at 1024 x 8).
     ``local``: the view itself, for an actor spawned in the spawner's own process."""
     spawner: NodeRef
     spawner_name: str
     key: str
     name: str
-    shape: Shape
+    extent: Extent
     local: Any = field(default=None, compare=False)
+
+
+@dataclass
+class _Offered:
+    """A view actors were spawned on, and its answer to them, pickled once (every actor
+    of a spawn may ask for it)."""
+    state: ProcMeshState
+    shape: Shape
+    answer: bytes | None = None
 
 
 #: Meshes that actors were spawned on from this process: key -> state, which those actors
 #: ask for (``PROC_MESH_SERVICE``) the first time they read ``proc_mesh``. Dropped when the
 #: whole mesh is stopped (its actors are gone then).
-_SPAWNED_ON: dict[str, ProcMeshState] = {}
+_SPAWNED_ON: dict[str, _Offered] = {}
+_OFFER_LOCK = threading.Lock()
 PROC_MESH_SERVICE = "proc_mesh_of_actor"
 #: How long a thread reading ``proc_mesh`` waits for the spawner's answer.
 PROC_MESH_WAIT = 60.0
 
 
-def _proc_mesh_asked(key: str, shape: Shape) -> ProcMesh:
-    """The service: the view ``shape`` of the mesh registered as ``key``, whose processes
-    are up (its actors were spawned), built apart from its own ``ready``, which a
+def _proc_mesh_asked(key: str) -> bytes:
+    """The service: the view registered as ``key``, pickled. Its processes are up (actors
+    were spawned on it), so it is built apart from the mesh's own ``ready``, which a
     ``spawn_procs(bootstrap=)`` still running holds back."""
-    st = _SPAWNED_ON.get(key)
-    if st is None:
-        raise MeshStoppedError("the proc mesh it was spawned on is no longer known here "
+    offered = _SPAWNED_ON.get(key)
+    if offered is None:
+        raise MeshStoppedError("the proc mesh it was spawned on is no longer known there "
                                "(stopped since?)", key)
-    return rebuild_proc_mesh(st.name, _places(st), st.hosts, shape)
+    if offered.answer is None:
+        st = offered.state
+        offered.answer = serialization.dumps(rebuild_proc_mesh(
+            st.name, _places(st), st.hosts, offered.shape))[0]
+    return offered.answer
 
 
 def find_proc_mesh(src: ProcMeshSource) -> ProcMesh:
@@ -496,14 +518,14 @@ def find_proc_mesh(src: ProcMeshSource) -> ProcMesh:
 
     def named(f: Future) -> Future:
         if f.exception() is None:
-            return completed(f.value())
+            return completed(serialization.loads(f.value()))
         err = RuntimeError(f"context().actor_instance.proc_mesh: proc mesh {src.name!r} is "
                            f"asked of the process that spawned this actor, {src.spawner_name}"
                            f", which did not answer it: {type(f.exception()).__name__}: "
                            f"{f.exception()}")
         err.__cause__ = f.exception()
         return failed(err)
-    asked = chain_any(node.rpc(src.spawner, PROC_MESH_SERVICE, src.key, src.shape), named)
+    asked = chain_any(node.rpc(src.spawner, PROC_MESH_SERVICE, src.key), named)
     if not on_runtime_thread():
         try:
             return asked.get(timeout=PROC_MESH_WAIT)
@@ -512,14 +534,15 @@ def find_proc_mesh(src: ProcMeshSource) -> ProcMesh:
                                f"was asked of the process that spawned this actor, "
                                f"{src.spawner_name}, which did not answer within "
                                f"{PROC_MESH_WAIT:g} s") from None
+    # the view's own members, in order (its shape, which may list them, is not sent)
     st = ProcMeshState(src.name, [], Future(), None)
 
     def fill(got: ProcMesh) -> list:
-        st.records[:] = got._state.records
+        st.records[:] = got.records
         st.hosts = got._state.hosts
         return [r.node for r in st.records]
     st.ready = asked.then(fill)
-    return ProcMesh(st, src.shape)
+    return ProcMesh(st, Shape.from_extent(src.extent))
 
 
 class _Bootstrap(Actor):

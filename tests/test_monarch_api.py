@@ -542,6 +542,11 @@ class _WhereAmI(Actor):
         return (await pm.initialized).pids
 
     @endpoint
+    async def first_read_waits(self) -> bool:
+        """On the loop, the first read gives a mesh still waiting for the spawner."""
+        return not ha.context().actor_instance.proc_mesh.initialized.done()
+
+    @endpoint
     async def async_spawn_beside(self) -> list:
         """spawn() on a mesh still being asked of the spawner waits for the answer."""
         pm = ha.context().actor_instance.proc_mesh
@@ -567,11 +572,14 @@ def test_proc_mesh_from_sync_and_async_endpoints_and_from_an_actor_spawned_by_on
     try:
         pids = procs.initialized.get(timeout=60).pids
         others.initialized.get(timeout=60)
-        where = procs.spawn("where", _WhereAmI)
+        # each read first (a read keeps what it found)
+        where, a, b, c = (procs.spawn(n, _WhereAmI) for n in ("where", "a", "b", "c"))
         assert list(where.sync_pids.call().get(timeout=60).values()) == [pids, pids]
-        assert list(where.async_pids.call().get(timeout=60).values()) == [pids, pids]
-        assert list(where.async_spawn_beside.call().get(timeout=60).values()) == \
+        assert list(a.async_pids.call().get(timeout=60).values()) == [pids, pids]
+        assert list(b.async_spawn_beside.call().get(timeout=60).values()) == \
             [sorted([pids, pids])] * 2
+        assert list(c.first_read_waits.call().get(timeout=60).values()) == [True, True]
+        assert list(c.async_pids.call().get(timeout=60).values()) == [pids, pids]
         # a view: the actors' proc_mesh is the view they were spawned on
         one = procs.slice(gpus=1).spawn("one", _WhereAmI)
         assert one.sync_pids.call_one().get(timeout=60) == [pids[1]]
@@ -596,3 +604,24 @@ def test_proc_mesh_whose_spawner_is_gone_names_it():
             child.async_pids.call_one().get(timeout=60)
     finally:
         others.stop().get(timeout=30)
+
+
+def test_the_spawner_answers_for_each_view_once_until_the_mesh_stops():
+    """One entry per view spawned on, whichever copy of the mesh was used; none once the
+    mesh is stopped (its actors are gone: nobody asks any more)."""
+    from hpcmesh.actor.proc_mesh import _SPAWNED_ON, _identity
+    from hpcmesh.transport import serialization
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    mesh = _identity(procs.initialized.get(timeout=60)._state)
+
+    def entries() -> list:
+        return [o for o in _SPAWNED_ON.values() if o.mesh == mesh]
+    try:
+        copy = serialization.loads(serialization.dumps(procs)[0])
+        assert copy._state is not procs._state
+        for m in (procs, copy, procs.slice(gpus=1), copy.slice(gpus=1)):
+            m.spawn("c", Counter).initialized.get(timeout=60)
+        assert sorted(len(o.shape.ranks()) for o in entries()) == [1, 2]
+    finally:
+        procs.stop().get(timeout=30)
+    assert entries() == []

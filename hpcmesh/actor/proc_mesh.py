@@ -5,6 +5,7 @@ actors on them, stop them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import json
 import logging
@@ -61,8 +62,6 @@ class ProcMeshState:
         self.stopped = False
         self.in_this_process = False    # this_proc(): stop() stops its actors, not the process
         self.actor_meshes: list = []    # the _ActorMeshStates spawned on it
-        # view shape -> its key in _SPAWNED_ON, for each view actors were spawned on
-        self.offered: dict[Shape, str] = {}
 
 
 class ProcMesh(MeshView):
@@ -160,13 +159,12 @@ class ProcMesh(MeshView):
                             actor_class=actor_class.__name__, proc_mesh=self._state.name,
                             extent=dict(extent))
 
-        # what each actor's context().actor_instance.proc_mesh asks this process for
-        where = self._source(state.owner, node)
-
         def start() -> Future:
             if fetching:
                 recs[:] = [self._state.records[g] for g in self._shape.ranks()]
                 state.proc_names[:] = [r.name for r in recs]
+            # what each actor's context().actor_instance.proc_mesh asks this process for
+            where = self._source(state.owner, node)
             nodes = [r.node for r in recs]
             first = recs[0]
             host = (first.node.addresses[-1].removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
@@ -194,9 +192,10 @@ class ProcMesh(MeshView):
         return cast(TActor, ActorMesh(state, Shape.from_extent(extent)))
 
     def _source(self, owner, node: Node) -> "ProcMeshSource":
-        """Where actors spawned on this view find it: the same few names for 2 processes
-        as for 8,000. The view itself for actors in this very process (this_proc());
-        otherwise this process answers for it (``PROC_MESH_SERVICE``) until it is stopped."""
+        """Where actors spawned on this view find it (its processes are up): the same few
+        names for 2 processes as for 8,000. The view itself for actors in this very
+        process (this_proc()); otherwise this process answers for it
+        (``PROC_MESH_SERVICE``) until the mesh is stopped."""
         st = self._state
         who = ("the client" if owner is None
                else f"actor {owner.mesh_name}[{owner.rank.rank}]")
@@ -206,11 +205,12 @@ class ProcMesh(MeshView):
             return ProcMeshSource(node.ref, spawner, "", st.name, extent, self)
         # by a key, not the shape: a view of chosen members (flatten() of a strided one)
         # lists them, and would make each request as long as the mesh again
+        mesh = _identity(st)
         with _OFFER_LOCK:
-            key = st.offered.get(self._shape)
+            key = _KEY_OF.get((mesh, self._shape))
             if key is None:
-                key = st.offered[self._shape] = uuid.uuid4().hex
-                _SPAWNED_ON[key] = _Offered(st, self._shape)
+                key = _KEY_OF[mesh, self._shape] = uuid.uuid4().hex
+                _SPAWNED_ON[key] = _Offered(mesh, st, self._shape)
         node.services.setdefault(PROC_MESH_SERVICE, _proc_mesh_asked)
         return ProcMeshSource(node.ref, spawner, key, st.name, extent)
 
@@ -245,9 +245,7 @@ class ProcMesh(MeshView):
             r.stopping = True
         if self._shape.nelem == len(st.records):
             st.stopped = True
-            with _OFFER_LOCK:                   # its actors' proc_mesh: asked no more
-                for key in st.offered.values():
-                    _SPAWNED_ON.pop(key, None)
+            _forget(st)                         # its actors' proc_mesh: asked no more
 
         async def stop_all():
             loop = asyncio.get_running_loop()
@@ -478,6 +476,7 @@ class ProcMeshSource:
 class _Offered:
     """A view actors were spawned on, and its answer to them, pickled once (every actor
     of a spawn may ask for it)."""
+    mesh: tuple
     state: ProcMeshState
     shape: Shape
     answer: bytes | None = None
@@ -487,7 +486,28 @@ class _Offered:
 #: ask for (``PROC_MESH_SERVICE``) the first time they read ``proc_mesh``. Dropped when the
 #: whole mesh is stopped (its actors are gone then).
 _SPAWNED_ON: dict[str, _Offered] = {}
+#: (mesh, view) -> its key: one entry for copies of one mesh (an actor handed the same
+#: mesh by every call, spawning on each copy, keeps one)
+_KEY_OF: dict[tuple, str] = {}
 _OFFER_LOCK = threading.Lock()
+
+
+def _identity(st: ProcMeshState) -> tuple:
+    """Which mesh ``st`` is, whichever copy of it: its name and its processes' (a process
+    name is unique to one start; all of them, as an async endpoint's ``proc_mesh`` holds
+    only its view's)."""
+    names = hashlib.blake2b("\0".join(r.name for r in st.records).encode(), digest_size=16)
+    return st.name, names.digest(), len(st.records)
+
+
+def _forget(st: ProcMeshState) -> None:
+    """The mesh of ``st`` was stopped: its actors are gone, nobody asks for it any more."""
+    mesh = _identity(st)
+    with _OFFER_LOCK:
+        for key, offered in list(_SPAWNED_ON.items()):
+            if offered.mesh == mesh:
+                del _SPAWNED_ON[key]
+                _KEY_OF.pop((mesh, offered.shape), None)
 PROC_MESH_SERVICE = "proc_mesh_of_actor"
 #: How long a thread reading ``proc_mesh`` waits for the spawner's answer.
 PROC_MESH_WAIT = 60.0

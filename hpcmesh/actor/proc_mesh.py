@@ -479,11 +479,11 @@ class _Offered:
     mesh: tuple
     state: ProcMeshState
     shape: Shape
-    answer: bytes | None = None
+    answer: tuple[bytes, list[bytes]] | None = None
 
 
-#: Meshes that actors were spawned on from this process: key -> state, which those actors
-#: ask for (``PROC_MESH_SERVICE``) the first time they read ``proc_mesh``. Dropped when the
+#: The views that actors were spawned on from this process, by key, which those actors ask
+#: for (``PROC_MESH_SERVICE``) the first time they read ``proc_mesh``. Dropped when the
 #: whole mesh is stopped (its actors are gone then).
 _SPAWNED_ON: dict[str, _Offered] = {}
 #: (mesh, view) -> its key: one entry for copies of one mesh (an actor handed the same
@@ -508,12 +508,14 @@ def _forget(st: ProcMeshState) -> None:
             if offered.mesh == mesh:
                 del _SPAWNED_ON[key]
                 _KEY_OF.pop((mesh, offered.shape), None)
+
+
 PROC_MESH_SERVICE = "proc_mesh_of_actor"
 #: How long a thread reading ``proc_mesh`` waits for the spawner's answer.
 PROC_MESH_WAIT = 60.0
 
 
-def _proc_mesh_asked(key: str) -> bytes:
+def _proc_mesh_asked(key: str) -> tuple[bytes, list[bytes]]:
     """The service: the view registered as ``key``, pickled. Its processes are up (actors
     were spawned on it), so it is built apart from the mesh's own ``ready``, which a
     ``spawn_procs(bootstrap=)`` still running holds back."""
@@ -523,8 +525,9 @@ def _proc_mesh_asked(key: str) -> bytes:
                                "(stopped since?)", key)
     if offered.answer is None:
         st = offered.state
-        offered.answer = serialization.dumps(rebuild_proc_mesh(
-            st.name, _places(st), st.hosts, offered.shape))[0]
+        meta, bufs = serialization.dumps(rebuild_proc_mesh(
+            st.name, _places(st), st.hosts, offered.shape), f"proc mesh {st.name!r}")
+        offered.answer = meta, [bytes(b) for b in bufs]
     return offered.answer
 
 
@@ -538,7 +541,7 @@ def find_proc_mesh(src: ProcMeshSource) -> ProcMesh:
 
     def named(f: Future) -> Future:
         if f.exception() is None:
-            return completed(serialization.loads(f.value()))
+            return completed(serialization.loads(*f.value()))
         err = RuntimeError(f"context().actor_instance.proc_mesh: proc mesh {src.name!r} is "
                            f"asked of the process that spawned this actor, {src.spawner_name}"
                            f", which did not answer it: {type(f.exception()).__name__}: "

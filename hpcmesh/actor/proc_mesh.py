@@ -510,6 +510,14 @@ def _forget(st: ProcMeshState) -> None:
                 _KEY_OF.pop((mesh, offered.shape), None)
 
 
+def views_answered_for(mesh: ProcMesh) -> list[Shape]:
+    """The views of ``mesh`` (any copy of it) this process answers ``proc_mesh`` for: the
+    ones actors were spawned on from here, until the mesh is stopped."""
+    ident = _identity(mesh._state)
+    with _OFFER_LOCK:
+        return [o.shape for o in _SPAWNED_ON.values() if o.mesh == ident]
+
+
 PROC_MESH_SERVICE = "proc_mesh_of_actor"
 #: How long a thread reading ``proc_mesh`` waits for the spawner's answer.
 PROC_MESH_WAIT = 60.0

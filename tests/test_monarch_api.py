@@ -542,9 +542,15 @@ class _WhereAmI(Actor):
         return (await pm.initialized).pids
 
     @endpoint
-    async def first_read_waits(self) -> bool:
-        """On the loop, the first read gives a mesh still waiting for the spawner."""
-        return not ha.context().actor_instance.proc_mesh.initialized.done()
+    async def first_read_waits(self) -> tuple:
+        """On the loop, the first read gives a mesh still waiting for the spawner, whose
+        processes are not known yet."""
+        pm = ha.context().actor_instance.proc_mesh
+        try:
+            pm.pids
+        except RuntimeError as e:
+            return not pm.initialized.done(), str(e)
+        return not pm.initialized.done(), "pids known"
 
     @endpoint
     async def async_spawn_beside(self) -> list:
@@ -578,7 +584,9 @@ def test_proc_mesh_from_sync_and_async_endpoints_and_from_an_actor_spawned_by_on
         assert list(a.async_pids.call().get(timeout=60).values()) == [pids, pids]
         assert list(b.async_spawn_beside.call().get(timeout=60).values()) == \
             [sorted([pids, pids])] * 2
-        assert list(c.first_read_waits.call().get(timeout=60).values()) == [True, True]
+        assert list(c.first_read_waits.call().get(timeout=60).values()) == [
+            (True, f"proc mesh {procs.name!r} is still being asked of the process that "
+                   f"spawned this actor; `await proc_mesh.initialized` first")] * 2
         assert list(c.async_pids.call().get(timeout=60).values()) == [pids, pids]
         # a view: the actors' proc_mesh is the view they were spawned on
         one = procs.slice(gpus=1).spawn("one", _WhereAmI)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import typing
 
 import pytest
+from proc_helpers import wait_gone
 
 import hpcmesh.actor as ha
 from hpcmesh.actor import (Accumulator, Actor, ActorMesh, Channel, Endpoint, Future, Port,
@@ -89,7 +92,7 @@ def test_actor_is_no_mesh_at_run_time():
 def test_monarch_public_names_are_here():
     """Every public name of Monarch 0.7.0's monarch.actor, except those left out on
     purpose (see tests/monarch_programs/README.md)."""
-    left_out = {"ChannelTransport", "ProcId", "Uid", "config", "debug_controller",
+    left_out = {"ChannelTransport", "ProcId", "Uid", "debug_controller",
                 "enable_transport", "get_meter", "span", "traced", "start_worker_loop_forever",
                 "attach"}
     # recorded from torchmonarch 0.7.0 (``dir(monarch.actor)``), so CI needs no Monarch
@@ -494,3 +497,256 @@ def test_abort_in_a_concurrent_endpoint_and_in_init():
 def test_abort_on_the_client_is_refused():
     with pytest.raises(RuntimeError, match="the client is not an actor"):
         ha.context().actor_instance.abort("client")
+
+
+# -- issue 32 item 12: HostMesh's other names -----------------------------------------------
+def test_proc_bind_is_checked_and_wraps_the_command_as_monarch():
+    from hpcmesh.actor.host_mesh import bound_command, checked_proc_bind
+    with pytest.raises(ValueError, match=r"proc_bind length \(1\) must equal procs_per_host "
+                                         r"\(2\)"):
+        checked_proc_bind([{"cpus": "0"}], 2)
+    with pytest.raises(ValueError, match="has key 'cpu'; the keys are cpus, cpunodebind"):
+        checked_proc_bind([{"cpu": "0"}], 1)
+    with pytest.raises(ValueError, match="non-empty string"):
+        checked_proc_bind([{"cpus": 0}], 1)
+    with pytest.raises(TypeError, match="list of dicts"):
+        checked_proc_bind({"cpus": "0"}, 1)
+    cmd = ha.BootstrapCommand("/py", ["-m", "hpcmesh.runtime.proc"], {"A": "1"})
+    assert bound_command(cmd, {}) is cmd
+    both = bound_command(cmd, {"membind": "1", "cpus": "2-3", "cpunodebind": "0"})
+    assert both.argv() == ["numactl", "--cpunodebind=0", "--membind=1", "taskset", "-c",
+                           "2-3", "/py", "-m", "hpcmesh.runtime.proc"]
+    assert both.env == {"A": "1"}
+
+
+def test_a_failing_bootstrap_fails_the_mesh_and_what_is_spawned_on_it():
+    def broken() -> None:
+        raise OSError("no scratch space")
+    procs = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap=broken)
+    try:
+        with pytest.raises(Exception, match="no scratch space"):
+            procs.spawn("c", Counter).incr.call_one(1).get(timeout=60)
+    finally:
+        procs.stop().get(timeout=30)
+    with pytest.raises(TypeError, match="takes a callable"):
+        this_host().spawn_procs(bootstrap="setup.sh")
+
+
+def test_proc_mesh_of_the_client_is_this_proc():
+    pm = ha.context().actor_instance.proc_mesh
+    assert isinstance(pm, ha.ProcMesh) and dict(pm.extent) == {}
+
+
+def test_a_shut_down_host_mesh_refuses_further_use():
+    from hpcmesh.job import ProcessJob
+    job = ProcessJob({"hosts": 1})
+    try:
+        hosts = job.state(cached_path=None).hosts
+
+        async def go():
+            async with hosts as entered:
+                assert entered is hosts and hosts.initialized.get(timeout=5) is True
+                async with hosts:
+                    pass                # shut down here; the outer exit does not again
+        asyncio.run(go())
+        for use in (lambda: hosts.spawn_procs(), lambda: hosts.initialized):
+            with pytest.raises(RuntimeError, match="HostMesh has already been shut down"):
+                use()
+        assert hosts.stream_logs is True and hosts.is_fake_in_process is False
+    finally:
+        job.kill()
+
+
+# -- issue 32 item 4: a pending ActorMesh travels ------------------------------------------
+class _Slow(Actor):
+    def __init__(self) -> None:
+        import time
+        time.sleep(1.0)             # still starting while it travels
+
+    @endpoint
+    def hello(self) -> str:
+        return "up"
+
+
+class _Hop(Actor):
+    @endpoint
+    async def make_and_pass(self, procs, hop, last) -> list:
+        mesh = procs.spawn("slow", _Slow)
+        assert not mesh.initialized.done()
+        return await hop.pass_on.call_one(mesh, last)
+
+    @endpoint
+    async def pass_on(self, mesh, last) -> list:
+        if last is not None:            # still pending here: it travels on from this actor
+            return await last.pass_on.call_one(mesh, None)
+        return sorted((await mesh.hello.call()).values())
+
+
+def test_a_pending_actor_mesh_travels_on_through_several_actors():
+    """A pending mesh re-sent by an actor that got it pending: the last receiver asks the
+    one before it, which answers once it has heard from the spawner."""
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    elsewhere = this_host().spawn_procs(per_host={"gpus": 3})
+    try:
+        a, b, c = (this_proc().spawn(n, _Hop) for n in ("a", "b", "c"))     # one process
+        assert a.make_and_pass.call_one(procs, b, c).get(timeout=60) == ["up", "up"]
+        hops = elsewhere.spawn("hops", _Hop)                                # three
+        a, b, c = (hops.slice(gpus=i) for i in range(3))
+        assert a.make_and_pass.call_one(procs, b, c).get(timeout=60) == ["up", "up"]
+    finally:
+        procs.stop().get(timeout=30)
+        elsewhere.stop().get(timeout=30)
+
+
+# -- issue 32 item 12 follow-up: proc_mesh costs O(1) per spawned actor -----------------------
+def _spawn_payload_sizes(monkeypatch, n: int, listed: bool = False) -> list[int]:
+    """The encoded size of each ``spawn_actor`` request a spawn on a mesh of ``n``
+    processes sends (to processes that do not exist: the requests are caught here);
+    ``listed``: on a view whose shape lists its members (half of them, flattened: not
+    evenly spaced)."""
+    from hpcmesh.actor.proc_mesh import rebuild_proc_mesh
+    from hpcmesh.runtime.client import current_or_client_node
+    from hpcmesh.runtime.future import completed
+    from hpcmesh.runtime.messages import NodeRef
+    from hpcmesh.transport import serialization
+    node = current_or_client_node()
+    extent = Extent({"hosts": n // 4, "gpus": 4})
+    places = []
+    for i in range(n):
+        proc = NodeRef(f"{i:032x}", (f"tcp://10.0.{i // 250}.{i % 250}:4{i:04d}",))
+        agent = NodeRef(f"a{i // 4:031x}", (f"tcp://10.0.{i // 250}.{i % 250}:3000",))
+        places.append((f"procs-{i}", "procs", Point(i, extent), agent, str(i), proc,
+                       1000 + i, f"node{i // 4}"))
+    procs = rebuild_proc_mesh("procs", places, None, Shape.from_extent(extent))
+    if listed:
+        procs = procs.slice(gpus=slice(0, 2)).flatten("procs")
+        n //= 2
+    sizes: list[int] = []
+
+    def rpc(target, service, *args):
+        if service == "spawn_actor":
+            meta, bufs = serialization.dumps(args)         # (a large blob: out of band)
+            sizes.append(len(meta) + sum(memoryview(b).nbytes for b in bufs))
+            return completed(1234)
+        if service == "reserve_rendezvous_port":
+            return completed(29500)
+        raise AssertionError(f"unexpected service {service}")
+    monkeypatch.setattr(node, "rpc", rpc)
+    procs.spawn("c", Counter).initialized.get(timeout=10)
+    monkeypatch.undo()
+    assert len(sizes) == n
+    return sizes
+
+
+def test_the_spawn_request_does_not_grow_with_the_mesh(monkeypatch):
+    """Each process's spawn request carries where to ask for the proc mesh, not the mesh:
+    with the mesh inside it, one spawn moved n x (235 x n) bytes (16 GB at 1024 x 8)."""
+    for listed in (False, True):
+        small = max(_spawn_payload_sizes(monkeypatch, 8, listed))
+        large = max(_spawn_payload_sizes(monkeypatch, 128, listed))
+        assert large <= small + 8, (listed, small, large)   # + 8: larger ranks are longer
+
+
+class _WhereAmI(Actor):
+    """Reads its proc_mesh from a sync endpoint, an async one, and spawns a child that
+    reads its own (the spawner then is this actor's process, not the client)."""
+
+    @endpoint
+    def sync_pids(self) -> list:
+        return ha.context().actor_instance.proc_mesh.pids
+
+    @endpoint
+    async def async_pids(self) -> list:
+        pm = ha.context().actor_instance.proc_mesh        # at once, on the event loop
+        return (await pm.initialized).pids
+
+    @endpoint
+    async def first_read_waits(self) -> tuple:
+        """On the loop, the first read gives a mesh still waiting for the spawner, whose
+        processes are not known yet."""
+        pm = ha.context().actor_instance.proc_mesh
+        try:
+            pm.pids
+        except RuntimeError as e:
+            return not pm.initialized.done(), str(e)
+        return not pm.initialized.done(), "pids known"
+
+    @endpoint
+    async def async_spawn_beside(self) -> list:
+        """spawn() on a mesh still being asked of the spawner waits for the answer."""
+        pm = ha.context().actor_instance.proc_mesh
+        beside = pm.spawn("beside", _WhereAmI)
+        return sorted((await beside.sync_pids.call()).values())
+
+    @endpoint
+    def spawn_child(self, procs) -> list:
+        self.child = procs.spawn("child", _WhereAmI)
+        return [self.child.sync_pids.call().get(timeout=60),
+                self.child.async_pids.call().get(timeout=60)]
+
+    @endpoint
+    def keep_child(self, procs) -> ActorMesh:
+        self.child = procs.spawn("child", _WhereAmI)
+        self.child.initialized.get(timeout=60)
+        return self.child
+
+
+def test_proc_mesh_from_sync_and_async_endpoints_and_from_an_actor_spawned_by_one():
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    others = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        pids = procs.initialized.get(timeout=60).pids
+        others.initialized.get(timeout=60)
+        # each read first (a read keeps what it found)
+        where, a, b, c = (procs.spawn(n, _WhereAmI) for n in ("where", "a", "b", "c"))
+        assert list(where.sync_pids.call().get(timeout=60).values()) == [pids, pids]
+        assert list(a.async_pids.call().get(timeout=60).values()) == [pids, pids]
+        assert list(b.async_spawn_beside.call().get(timeout=60).values()) == \
+            [sorted([pids, pids])] * 2
+        assert list(c.first_read_waits.call().get(timeout=60).values()) == [
+            (True, f"proc mesh {procs.name!r} is still being asked of the process that "
+                   f"spawned this actor; `await proc_mesh.initialized` first")] * 2
+        assert list(c.async_pids.call().get(timeout=60).values()) == [pids, pids]
+        # a view: the actors' proc_mesh is the view they were spawned on
+        one = procs.slice(gpus=1).spawn("one", _WhereAmI)
+        assert one.sync_pids.call_one().get(timeout=60) == [pids[1]]
+        # spawned by an actor: asked of that actor's process
+        child = where.slice(gpus=0).spawn_child.call_one(others).get(timeout=60)
+        assert [list(v.values()) for v in child] == [[others.pids]] * 2
+    finally:
+        procs.stop().get(timeout=30)
+        others.stop().get(timeout=30)
+
+
+def test_proc_mesh_whose_spawner_is_gone_names_it():
+    spawners = this_host().spawn_procs(per_host={"gpus": 1})
+    others = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        child = spawners.spawn("parent", _WhereAmI).keep_child.call_one(others).get(timeout=60)
+        # the spawner's process dies (a stopped spawner would stop its child with it)
+        os.kill(spawners.pids[0], signal.SIGKILL)
+        assert not wait_gone(spawners.pids)
+        with pytest.raises(Exception, match=r"proc mesh '[^']+' is asked of the process that "
+                                            r"spawned this actor, actor parent\[0\] in process"):
+            child.sync_pids.call_one().get(timeout=60)
+        with pytest.raises(Exception, match=r"actor parent\[0\] in process .* did not answer"):
+            child.async_pids.call_one().get(timeout=60)
+    finally:
+        others.stop().get(timeout=30)
+
+
+def test_the_spawner_answers_for_each_view_once_until_the_mesh_stops():
+    """One entry per view spawned on, whichever copy of the mesh was used; none once the
+    mesh is stopped (its actors are gone: nobody asks any more)."""
+    from hpcmesh.actor.proc_mesh import views_answered_for
+    from hpcmesh.transport import serialization
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        copy = serialization.loads(*serialization.dumps(procs.initialized.get(timeout=60)))
+        assert copy is not procs and copy.pids == procs.pids
+        for m in (procs, copy, procs.slice(gpus=1), copy.slice(gpus=1)):
+            m.spawn("c", Counter).initialized.get(timeout=60)
+        assert sorted(v.ranks() for v in views_answered_for(copy)) == [[0, 1], [1]]
+    finally:
+        procs.stop().get(timeout=30)
+    assert views_answered_for(procs) == []

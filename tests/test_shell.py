@@ -38,6 +38,48 @@ def test_end_of_input_ends_the_shell(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_end_of_input_stops_the_foreground_process(tmp_path):
+    """Monarch's end of input: what still runs (a sleep, which no ^D reaches) is hung up,
+    and the shell's status says so (128 + SIGHUP)."""
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", CLIENT, str(tmp_path)], input="sleep 60\n",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 129, r.stdout + r.stderr
+    assert time.monotonic() - start < 30, "the sleep ran on after the end of input"
+
+
+BUFFERED_CLIENT = (
+    "import io, sys\n"
+    "from hpcmesh.job import shell\n"
+    "from hpcmesh.actor import this_host\n"
+    "sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, 'w', closefd=False),\n"
+    "                                                buffer_size=1 << 20))\n"
+    "try:\n"
+    "    shell(this_host())\n"
+    "except ConnectionError as e:\n"
+    "    print('failed with', type(e).__name__, file=sys.stderr)\n"
+    "    sys.exit(3)\n")
+
+
+def test_a_reader_gone_leaves_nothing_buffered_in_stdout():
+    """A broken pipe fails shell() (a ConnectionError, as Monarch's) and nothing of the
+    remote output is left in sys.stdout's buffer to fail again when Python exits."""
+    run = subprocess.Popen([sys.executable, "-c", BUFFERED_CLIENT], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        run.stdin.write(b"for i in $(seq 1 5000); do echo line $i; sleep 0.002; done\n")
+        run.stdin.flush()
+        assert run.stdout.read(200)
+        run.stdout.close()
+        err = run.stderr.read().decode()
+        assert run.wait(timeout=120) == 3, err
+    finally:
+        run.stdin.close()
+        if run.poll() is None:
+            run.kill()
+    assert "failed with BrokenPipeError" in err and "Exception ignored" not in err, err
+
+
 def _read_until(fd: int, needle: bytes | tuple[bytes, ...], timeout: float = 60) -> bytes:
     needles = needle if isinstance(needle, tuple) else (needle,)
     seen = b""
@@ -79,7 +121,8 @@ def test_from_a_terminal_raw_keys_window_size_and_status(tmp_path):
 
 def test_bad_input():
     two = HostMesh(this_host().refs * 2, Shape.from_extent(Extent({"hosts": 2})))
-    with pytest.raises(ValueError, match=r"HostMesh of one host, got \{'hosts': 2\}.*slice"):
+    with pytest.raises(ValueError, match=r"singleton HostMesh \(one host\), got "
+                                         r"\{'hosts': 2\}.*slice"):
         shell(two)
     r = subprocess.run([sys.executable, "-c", CLIENT, "/no/such/dir"], input="exit 0\n",
                        capture_output=True, text=True, timeout=120)

@@ -150,3 +150,98 @@ def test_a_worker_refuses_an_fd_that_is_not_a_listening_socket(tmp_path):
         os.close(w)
     assert p.returncode != 0
     assert f"fd {r} is not" in p.stderr, p.stderr
+
+
+# -- issue 32 item 6: Monarch's ca="trust_all_connections" workers, attach that waits ----------
+OPEN_WORKER = ("import sys\n"
+               "from hpcmesh.actor import run_worker_loop_forever\n"
+               "run_worker_loop_forever(address=sys.argv[1], ca='trust_all_connections',\n"
+               "                        grace=30)\n")
+
+
+@pytest.fixture
+def keep_tls():
+    """attach_to_workers(ca=...) turns TLS on for this client (and its environment) from
+    then on: put back what the other tests of this process run with."""
+    from hpcmesh.runtime.client import client_runtime
+    node = client_runtime().node
+    saved, saved_env = node.tls, os.environ.get("HPCMESH_TLS_CA")
+    yield
+    node.use_tls(saved)
+    if saved_env is None:
+        os.environ.pop("HPCMESH_TLS_CA", None)
+    else:
+        os.environ["HPCMESH_TLS_CA"] = saved_env
+
+
+def _no_secret_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HPCMESH_SECRET", "HPCMESH_SECRET_FILE", "HPCMESH_TLS_CA")}
+    env.update(extra)
+    return env
+
+
+def test_a_worker_without_a_secret_needs_the_explicit_trust_all_opt_in(tmp_path):
+    """No secret and no ca: refused, naming the opt-in; HPCMESH_TLS_CA=trust_all_connections
+    in the environment is not that opt-in (only the argument is)."""
+    code = ("from hpcmesh.actor import run_worker_loop_forever\n"
+            f"run_worker_loop_forever(address='ipc://{tmp_path}/w.sock')\n")
+    for env in (_no_secret_env(), _no_secret_env(HPCMESH_TLS_CA="trust_all_connections")):
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode != 0 and "needs the job secret" in r.stderr, r.stderr
+        assert "ca='trust_all_connections' without a secret accepts any client" in r.stderr
+
+
+def test_attach_waits_for_a_trust_all_worker_that_starts_later(tmp_path, keep_tls):
+    sock = f"ipc://{tmp_path}/late.sock"
+    agent = None
+    try:
+        def start_later() -> None:
+            nonlocal agent
+            agent = subprocess.Popen([sys.executable, "-c", OPEN_WORKER, sock],
+                                     env=_no_secret_env(), stderr=subprocess.PIPE)
+        import threading
+        threading.Timer(0.5, start_later).start()
+        hosts = attach_to_workers([sock], ca="trust_all_connections", timeout=60)
+        procs = hosts.spawn_procs()
+        try:
+            assert procs.spawn("pid", Pid).pid.call_one().get(timeout=60) > 0
+        finally:
+            procs.stop().get(timeout=30)
+        # the job secret stays the default: a client with one is refused by this worker
+        with pytest.raises(ConnectionError, match="this job's secret"):
+            attach_to_workers([sock], secret=os.urandom(32), timeout=10)
+    finally:
+        if agent is not None:
+            agent.terminate()
+            err = agent.communicate(timeout=30)[1].decode()
+            assert "any client that can reach this address may run code here" in err
+
+
+def test_attach_to_a_worker_that_never_comes_fails_as_monarch(tmp_path, keep_tls):
+    from hpcmesh.actor.host_mesh import AttachFailed
+    start = time.monotonic()
+    for addr in (f"ipc://{tmp_path}/never.sock", f"tcp://127.0.0.1:{_free_port()}"):
+        with pytest.raises(AttachFailed, match=r"^attach failed: cannot attach to host agent "
+                                               r"at .*: no worker listening there within 1 s"):
+            attach_to_workers([addr], ca="trust_all_connections", timeout=1)
+    assert time.monotonic() - start < 20
+    assert issubclass(AttachFailed, RuntimeError) and issubclass(AttachFailed, ConnectionError)
+    # a reconnect to agents that were running tries their next address at once
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match="No such file or directory") as failed:
+        attach_to_workers([f"ipc://{tmp_path}/gone.sock"], timeout=30, wait=False)
+    assert not isinstance(failed.value, AttachFailed) and time.monotonic() - start < 10
+
+
+def test_a_worker_with_a_secret_refuses_a_trust_all_client_without_it(tmp_path, keep_tls):
+    secret = os.urandom(32)
+    agent, told = _worker(tmp_path, f"ipc://{tmp_path}/w.sock", secret)
+    try:
+        with pytest.raises(ConnectionError, match="ca='trust_all_connections' and none"):
+            attach_to_workers([told], ca="trust_all_connections", timeout=10)
+        assert _use(told, secret) > 0
+    finally:
+        agent.terminate()
+        agent.wait(30)

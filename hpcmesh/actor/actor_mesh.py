@@ -118,6 +118,7 @@ def stop_actor_mesh(st: ActorMeshState, reason: str,
                        for n in dict.fromkeys(st.nodes)])
 
     def mark(f: Future) -> Future:
+        _TRAVELLED_PENDING.pop(st.actor_id, None)
         st.failed = error or MeshStoppedError(f"actor mesh {st.name!r} was stopped: {reason}",
                                               st.name)
         if f.exception() is not None and not isinstance(f.exception(), SupervisionError):
@@ -189,8 +190,12 @@ class ActorMesh(MeshView, Generic[T]):
         st = self._state
         if st.nodes is None:
             if on_runtime_thread():
-                raise RuntimeError(f"actor mesh {st.name!r} is not initialized yet; "
-                                   f"`await mesh.initialized` before passing it to another actor")
+                # Waiting here would stall the loop that brings the actors up: what travels
+                # is where to ask for them (this process), and the receiver's calls wait
+                # for the answer as ours wait for the spawn (Monarch's pending mesh).
+                return rebuild_pending_actor_mesh, (
+                    st.actor_id, st.name, st.class_name, sorted(st.endpoints), st.proc_names,
+                    _offer_when_ready(st), self._shape, sorted(st.methods))
             st.ready.get()      # a mesh passed right after spawn(): wait until it is up
         return rebuild_actor_mesh, (st.actor_id, st.name, st.class_name, sorted(st.endpoints),
                                      st.proc_names, st.nodes, self._shape, sorted(st.methods))
@@ -270,6 +275,43 @@ def rebuild_actor_mesh(actor_id, name, class_name, endpoints, proc_names, nodes,
     st.live = True
     st.ready = Future()
     st.ready.set_result(st.nodes)
+    return ActorMesh(st, shape)
+
+
+#: Meshes that left this process while still starting: actor id -> their ``ready`` Future,
+#: which the receivers ask for (``actor_mesh_nodes``). Dropped when the mesh is stopped.
+_TRAVELLED_PENDING: dict[str, Future] = {}
+NODES_SERVICE = "actor_mesh_nodes"
+
+
+async def _nodes_when_ready(actor_id: str) -> list[NodeRef]:
+    ready = _TRAVELLED_PENDING.get(actor_id)
+    if ready is None:
+        raise MeshStoppedError(f"actor mesh {actor_id[:8]} is no longer known to the process "
+                               f"that sent it while it was starting (stopped since?)", actor_id)
+    return list(await ready)
+
+
+def _offer_when_ready(st: ActorMeshState) -> NodeRef:
+    """Let other processes ask this one for the processes of ``st`` once it is up; the
+    reference they ask through."""
+    node = current_or_client_node()
+    # The first state of this mesh here stays the one to ask: a copy received pending and
+    # sent on from this process asks that one itself, and must not answer for it (a loop).
+    _TRAVELLED_PENDING.setdefault(st.actor_id, st.ready)
+    node.services.setdefault(NODES_SERVICE, _nodes_when_ready)
+    return node.ref
+
+
+def rebuild_pending_actor_mesh(actor_id, name, class_name, endpoints, proc_names, asked: NodeRef,
+                               shape, methods=()):
+    """An actor mesh that was still starting when it was sent: its calls are queued (as the
+    sender's would be) until the process that sent it says where its actors are."""
+    st = ActorMeshState(actor_id, name, class_name, set(endpoints), proc_names, None,
+                        frozenset(methods))
+    st.ready = current_or_client_node().rpc(asked, NODES_SERVICE, actor_id)
+    st.ready.add_done_callback(lambda f: st.open(
+        f.value() if f.exception() is None else None, f.exception()))
     return ActorMesh(st, shape)
 
 

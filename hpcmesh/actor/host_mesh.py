@@ -15,7 +15,7 @@ import os
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Self
+from typing import Any, Awaitable, Callable, Self
 
 from ..runtime.process.bootstrap import BootstrapCommand, default_bootstrap_cmd
 from ..runtime.observe import telemetry_recorder as _tel
@@ -26,6 +26,7 @@ from ..runtime.observe.introspect import ADMIN_URL_VARS
 from ..runtime.node import NodeRef
 from ..runtime.observe.spans import start_span
 from ..runtime.torchrun_env import MemberPlace, places, torchrun_env
+from ..errors import HpcmeshError
 from ..progress import Progress
 from ..shapes import Extent, MeshTrait, Point, Shape, point_label
 from ..transport import tls
@@ -33,7 +34,7 @@ from ..transport.addresses import parse_worker_address
 from ..transport.handshake import HandshakeBusy, HandshakeError
 from .controllers import offer_controllers
 from .mesh_view import chain, spawning_actor
-from .proc_mesh import ProcMesh, ProcMeshState
+from .proc_mesh import ProcMesh, ProcMeshState, run_bootstrap
 
 _mesh_counter = itertools.count()
 log = logging.getLogger("hpcmesh.actor")
@@ -135,15 +136,31 @@ class HostMesh(MeshTrait):
         return [self._hosts[g] for g in self._shape.ranks()]
 
     def spawn_procs(self, per_host: dict[str, int] | None = None,
+                    bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
+                    name: str | None = None, proc_bind: list[dict[str, str]] | None = None,
                     bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] |
-                    None = None, name: str | None = None, *,
+                    None = None, *,
                     forward_logs: bool = True, gpu_binding: str | None = None) -> "ProcMesh":
         """Start processes on every host of this mesh; per-host dims are appended.
+        Monarch's arguments, in Monarch's order:
+
+        ``bootstrap``: a callable (``def`` or ``async def``, no arguments) run once in each
+        new process before any actor is spawned there (``current_rank()`` is the process's
+        point); the mesh is ready once it returned everywhere, and fails with its error.
+        ``proc_bind``: one dict per process of a host (``len`` = processes per host), the
+        host's i-th process getting the i-th: ``cpus`` (``taskset -c``), ``cpunodebind``,
+        ``membind``, ``physcpubind`` (``numactl --KEY=VALUE``, which must be installed on
+        the hosts), the process started through those tools as Monarch's are.
+        ``bootstrap_command``: how each process is started (see ``BootstrapCommand``).
 
         ``gpu_binding`` (default ``$HPCMESH_GPU_BINDING``, else "host"): "host" gives every
         process its host's GPUs and LOCAL_RANK selects its own, as torchrun does; "process"
         pins each to its GPU (CUDA_VISIBLE_DEVICES=<it>, LOCAL_RANK=0). Either way
         HPCMESH_LOCAL_SLOT is its slot on the host (see ``hpcmesh.runtime.process.gpu_binding``)."""
+        self._check_not_shut_down()
+        if bootstrap is not None and not callable(bootstrap):
+            raise TypeError(f"spawn_procs(bootstrap=...) takes a callable run in each new "
+                            f"process before its actors, got {type(bootstrap).__name__}")
         binding = choose_binding(gpu_binding)
         if per_host is not None and not isinstance(per_host, Mapping):
             raise TypeError(f"per_host must be a mapping of dimension names to sizes, like "
@@ -168,6 +185,7 @@ class HostMesh(MeshTrait):
                          host_mesh=self.name) if _tel.RECORDER is not None else None)
         uid = uuid.uuid4().hex[:8]
         per = Extent(per_host).nelem
+        binds = checked_proc_bind(proc_bind, per)
         host_ranks = self._shape.ranks()
         member_places = places([i // per for i in range(extent.nelem)])
         records: list[ProcRecord] = []
@@ -181,6 +199,8 @@ class HostMesh(MeshTrait):
             if not isinstance(cmd, BootstrapCommand):
                 raise TypeError(f"bootstrap_command must be a BootstrapCommand or a callable "
                                 f"returning one; for {point_label(point)} got {type(cmd).__name__}")
+            if binds is not None:
+                cmd = bound_command(cmd, binds[i % per])
             host = self._hosts[host_ranks[i // per]]
             rec = ProcRecord(f"{mesh_name}-{uid}-{i}", mesh_name, point, host.agent,
                              point_label(point), forward_logs=forward_logs, owner=owner)
@@ -241,14 +261,45 @@ class HostMesh(MeshTrait):
         if (tel := _tel.RECORDER) is not None:
             tel.mesh(mesh_name, "proc", "ProcMesh", mesh_name, json.dumps(dict(extent)),
                      self.name)
+        mesh = ProcMesh(state, Shape.from_extent(extent))
+        if bootstrap is not None:
+            run_bootstrap(mesh, bootstrap)
         if sp is not None:
             sp.end_after(state.ready)
-        return ProcMesh(state, Shape.from_extent(extent))
+        return mesh
+
+    @property
+    def stream_logs(self) -> bool:
+        """Whether the output of the processes spawned here reaches this client (Monarch's
+        name): hpcmesh streams it by default (``spawn_procs(forward_logs=)``,
+        ``ProcMesh.logging_option``), so True; Monarch 0.7's hosts say False."""
+        return True
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Monarch's name for a mesh of hosts simulated inside the client's process:
+        hpcmesh's hosts are always real (``this_proc()`` runs actors in this process)."""
+        return False
+
+    def _check_not_shut_down(self) -> None:
+        if self.__dict__.get("_shut_down"):
+            raise RuntimeError("HostMesh has already been shut down")
+
+    async def __aenter__(self) -> Self:
+        """``async with hosts:``: the hosts are shut down (``shutdown()``) on leaving the
+        block, as in Monarch; using this mesh afterwards raises a RuntimeError."""
+        self._check_not_shut_down()
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if not self.__dict__.get("_shut_down"):     # nested blocks shut down once
+            await self.shutdown()
 
     @property
     def initialized(self) -> Future:
         """Resolves to True once the hosts are reachable (Monarch's ``initialized``): an
         hpcmesh HostMesh is made of agents it has reached already, so at once."""
+        self._check_not_shut_down()
         return completed(True)
 
     def stop(self) -> Future:
@@ -271,12 +322,58 @@ class HostMesh(MeshTrait):
                 f"only the HostMesh its hosts were given to (its owner) may shut them down")
         rt = client_runtime()
         agents = [h.agent for h in self.refs if h.agent.node_id != rt.node.node_id]
+        self._shut_down = True
 
         return chain(self.stop(), lambda: gather(
             [rt.node.rpc(a, "shutdown_agent") for a in agents])).then(lambda _: None)
 
     def __repr__(self) -> str:
         return f"HostMesh({dict(self.extent)}, hosts={self.hostnames})"
+
+
+#: proc_bind's keys (Monarch's): ``cpus`` through ``taskset -c``, the others through numactl.
+PROC_BIND_KEYS = ("cpus", "cpunodebind", "membind", "physcpubind")
+
+
+def checked_proc_bind(proc_bind, per_host: int) -> list[dict[str, str]] | None:
+    """``spawn_procs(proc_bind=)`` checked: one dict of str per process of a host."""
+    if proc_bind is None:
+        return None
+    if isinstance(proc_bind, (str, bytes, Mapping)) or not isinstance(proc_bind, Sequence):
+        raise TypeError(f"proc_bind is a list of dicts, one per process of a host, like "
+                        f"[{{'cpus': '0-7'}}, {{'cpus': '8-15'}}]; got {proc_bind!r}")
+    if len(proc_bind) != per_host:
+        raise ValueError(f"proc_bind length ({len(proc_bind)}) must equal procs_per_host "
+                         f"({per_host})")
+    out = []
+    for i, bind in enumerate(proc_bind):
+        if not isinstance(bind, Mapping):
+            raise TypeError(f"proc_bind[{i}] is a dict of {', '.join(PROC_BIND_KEYS)}; got "
+                            f"{bind!r}")
+        for k, v in bind.items():
+            if k not in PROC_BIND_KEYS:
+                # Monarch ignores a key it does not know: a typo would bind nothing, silently
+                raise ValueError(f"proc_bind[{i}] has key {k!r}; the keys are "
+                                 f"{', '.join(PROC_BIND_KEYS)}")
+            if not isinstance(v, str) or not v:
+                raise ValueError(f"proc_bind[{i}][{k!r}] is a non-empty string such as "
+                                 f"'0-3' or '0,2'; got {v!r}")
+        out.append(dict(bind))
+    return out
+
+
+def bound_command(cmd: BootstrapCommand, bind: Mapping[str, str]) -> BootstrapCommand:
+    """``cmd`` started through ``numactl`` and/or ``taskset`` as ``bind`` says (Monarch's
+    way); the same command when ``bind`` is empty."""
+    prefix = [f"--{k}={bind[k]}" for k in PROC_BIND_KEYS[1:] if k in bind]
+    if prefix:
+        prefix.insert(0, "numactl")
+    if "cpus" in bind:
+        prefix += ["taskset", "-c", bind["cpus"]]
+    if not prefix:
+        return cmd
+    return BootstrapCommand(prefix[0], [*prefix[1:], cmd.program, *cmd.args], cmd.env,
+                            cmd.inherit_env)
 
 
 def _call_on(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
@@ -403,16 +500,29 @@ def use_tls(ca) -> None:
         os.environ.update(settings.env())
 
 
+class AttachFailed(HpcmeshError, ConnectionError, RuntimeError):
+    """No worker came to an address ``attach_to_workers`` was given (Monarch raises a
+    RuntimeError "attach failed: ..."; hpcmesh's attach errors were ConnectionErrors)."""
+
+
 def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes | None = None,
-                      timeout: float = 30.0, ca: Any = None) -> HostMesh:
+                      timeout: float = 30.0, ca: Any = None, wait: bool = True) -> HostMesh:
     """Connect to running host agents (``hpcmesh worker --listen ADDR``); a HostMesh over them.
 
     ``ca``: TLS for TCP connections, as the agents were started with (``--ca``): a CA
     bundle path that certifies the agents, or ``"trust_all_connections"`` (encrypt,
     verify nothing). It applies to this client's connections from now on and to the
-    processes it starts."""
+    processes it starts. ``ca="trust_all_connections"`` without a ``secret`` attaches to
+    workers started the same way without one (Monarch's trust model: the worker accepts
+    any client; see ``tls.TRUST_ALL_KEY``).
+
+    A worker that is not listening yet (no socket file, connection refused) is waited for
+    until ``timeout``; then an ``AttachFailed`` (a ConnectionError and a RuntimeError,
+    "attach failed: ...", as Monarch's ``initialized`` raises). ``wait=False``: fail at once
+    instead (a reconnect to agents that were running, trying each of their addresses)."""
     if ca is not None:
         use_tls(ca)
+    secret = secret or tls.trust_all_key(ca, None)
     if isinstance(workers, str):
         workers = [workers]
     rt = client_runtime()
@@ -428,6 +538,8 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
             # clients at once) turns new ones away: dial() tries again on its BUSY; a reset
             # (it closed us unread) is "busy" too, so try again until the timeout; every
             # other error is final.
+            # A worker not listening yet (no socket file, nothing on the port) is waited
+            # for the same way: Monarch's attach waits for workers that start later.
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             pause = 0.05
@@ -438,17 +550,27 @@ def attach_to_workers(workers: list[str], *, name: str = "hosts", secret: bytes 
                 except ConnectionResetError:
                     if loop.time() + pause >= deadline:
                         raise
+                except (ConnectionRefusedError, FileNotFoundError) as e:
+                    if not wait:
+                        raise
+                    if loop.time() + pause >= deadline:
+                        raise AttachFailed(f"attach failed: cannot attach to host agent at "
+                                           f"{addr}: no worker listening there within "
+                                           f"{timeout:g} s ({os.strerror(e.errno)})") from None
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, 1.0)
 
         async def one(addr: str):
             try:
                 conn = await dial(addr)
+            except AttachFailed:
+                raise
             except HandshakeBusy as e:
                 raise ConnectionError(f"cannot attach to host agent at {addr}: {e}") from None
             except HandshakeError as e:
                 raise ConnectionError(f"cannot attach to host agent at {addr}: {e} (was it "
-                                      f"started with this job's secret?)") from None
+                                      f"started with this job's secret, or both with "
+                                      f"ca='trust_all_connections' and none?)") from None
             except (asyncio.TimeoutError, TimeoutError):
                 raise ConnectionError(f"cannot attach to host agent at {addr}: no hpcmesh "
                                       f"handshake within {timeout} s (is an hpcmesh worker "

@@ -5,28 +5,33 @@ actors on them, stop them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import inspect
 import json
 import logging
 import os
 import pickle
 import socket
+import threading
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import TypeVar, cast
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar, cast
 
 from ..runtime.actor_services import ActorServices
 from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.client import (ProcRecord, client_runtime, current_or_client_node,
                               existing_client_runtime)
+from ..runtime import context as _context
 from ..runtime.context import Rendezvous
 from ..runtime.errors import HOST_LOST, MeshStoppedError, class_path
-from ..runtime.future import Future, completed, gather, on_runtime_thread
+from ..runtime.future import Future, completed, failed, gather, on_runtime_thread
 from ..runtime.node import Node, NodeRef
 from ..runtime.observe.spans import start_span
 from ..settings import env_number
 from ..shapes import Extent, MeshTrait, Point, Shape
 from ..transport import serialization
-from .endpoint import ENDPOINT_ATTR, check_endpoint_names, warn_if_mixed
+from .endpoint import ENDPOINT_ATTR, Actor, check_endpoint_names, endpoint, warn_if_mixed
 
 from .actor_mesh import ActorMesh, ActorMeshState, proc_mesh_stopped, stop_actor_mesh
 from .mesh_view import MeshView, as_asyncio, chain, chain_any, spawning_actor
@@ -77,7 +82,20 @@ class ProcMesh(MeshView):
     def records(self) -> list[ProcRecord]:
         """The runtime's record of each process of this view, in order (a launcher that
         built the mesh with ``from_records`` finds its own records here)."""
-        return [self._state.records[g] for g in self._shape.ranks()]
+        return [self._known_records()[g] for g in self._shape.ranks()]
+
+    def _known_records(self) -> list[ProcRecord]:
+        """Every process of the mesh; for a mesh still being asked of the process that
+        spawned this actor (``proc_mesh`` read in an async endpoint), once the answer is
+        in (waited for off the event loop)."""
+        st = self._state
+        if not st.records and not (st.ready.done() and st.ready.exception() is None):
+            if not st.ready.done() and on_runtime_thread():
+                raise RuntimeError(f"proc mesh {st.name!r} is still being asked of the "
+                                   f"process that spawned this actor; `await "
+                                   f"proc_mesh.initialized` first")
+            st.ready.get()
+        return st.records
 
     @property
     def stopped(self) -> bool:
@@ -86,17 +104,17 @@ class ProcMesh(MeshView):
 
     @property
     def pids(self) -> list[int | None]:
-        return [self._state.records[g].pid for g in self._shape.ranks()]
+        return [self._known_records()[g].pid for g in self._shape.ranks()]
 
     @property
     def host_ids(self) -> list[str]:
         """Which host agent started each member of this view (equal ids: the same host), for
         numbering members per host the way torchrun does (``hpcmesh.spmd``)."""
-        return [self._state.records[g].agent.node_id for g in self._shape.ranks()]
+        return [self._known_records()[g].agent.node_id for g in self._shape.ranks()]
 
     @property
     def log_paths(self) -> list[dict]:
-        return [self._state.records[g].log_paths for g in self._shape.ranks()]
+        return [self._known_records()[g].log_paths for g in self._shape.ranks()]
 
     def spawn(self, name: str, actor_class: type[TActor], *args, **kwargs) -> TActor:
         """Place one ``actor_class(*args, **kwargs)`` on every process of this view; an
@@ -119,7 +137,10 @@ class ProcMesh(MeshView):
                     else serialization.dumps_by_value(actor_class))
         node = current_or_client_node()
         actor_id = uuid.uuid4().hex
-        recs = [self._state.records[g] for g in self._shape.ranks()]
+        # a mesh still being asked of this actor's spawner has no records yet: they are
+        # filled in below, before the actors are spawned (it is ready then)
+        fetching = not self._state.ready.done() and not self._state.records
+        recs = [] if fetching else [self._state.records[g] for g in self._shape.ranks()]
         extent = self._shape.extent
         owner = spawning_actor()
         # An actor owns what it spawns, on any processes (SPEC §3): its process's runtime
@@ -145,6 +166,11 @@ class ProcMesh(MeshView):
                             extent=dict(extent))
 
         def start() -> Future:
+            if fetching:
+                recs[:] = [self._state.records[g] for g in self._shape.ranks()]
+                state.proc_names[:] = [r.name for r in recs]
+            # what each actor's context().actor_instance.proc_mesh asks this process for
+            where = self._source(state.owner, node)
             nodes = [r.node for r in recs]
             first = recs[0]
             host = (first.node.addresses[-1].removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
@@ -154,7 +180,7 @@ class ProcMesh(MeshView):
                 rdv = Rendezvous(host, port_f.value(), actor_id) if port_f.exception() is None \
                     else None
                 calls = [node.rpc(n, "spawn_actor", actor_id, name, cls_blob, args, kwargs,
-                                  Point(i, extent), rdv, supervisor)
+                                  Point(i, extent), rdv, supervisor, where)
                          for i, n in enumerate(nodes)]
                 return gather(calls).then(lambda _: nodes)
             return chain_any(node.rpc(nodes[0], "reserve_rendezvous_port", host), spawn_all)
@@ -175,11 +201,37 @@ class ProcMesh(MeshView):
         state.ready = ready
         return cast(TActor, ActorMesh(state, Shape.from_extent(extent)))
 
+    def _source(self, owner, node: Node) -> "ProcMeshSource":
+        """Where actors spawned on this view find it (its processes are up): the same few
+        names for 2 processes as for 8,000. The view itself for actors in this very
+        process (this_proc()); otherwise this process answers for it
+        (``PROC_MESH_SERVICE``) until the mesh is stopped."""
+        st = self._state
+        who = ("the client" if owner is None
+               else f"actor {owner.mesh_name}[{owner.rank.rank}]")
+        spawner = f"{who} in process {node.name or node.role} (pid {os.getpid()})"
+        extent = self._shape.extent
+        if st.in_this_process:
+            return ProcMeshSource(node.ref, spawner, "", st.name, extent, self)
+        # by a key, not the shape: a view of chosen members (flatten() of a strided one)
+        # lists them, and would make each request as long as the mesh again
+        mesh = _identity(st)
+        with _OFFER_LOCK:
+            key = _KEY_OF.get((mesh, self._shape))
+            if key is None:
+                key = _KEY_OF[mesh, self._shape] = uuid.uuid4().hex
+                _SPAWNED_ON[key] = _Offered(mesh, st, self._shape)
+        node.services.setdefault(PROC_MESH_SERVICE, _proc_mesh_asked)
+        return ProcMeshSource(node.ref, spawner, key, st.name, extent)
+
     def stop(self, grace: float | None = None) -> Future:
         """Stop the processes cleanly (actors' ``__cleanup__`` runs, then Python's own exit:
         atexit and finalizers run, as in Monarch); whatever has not exited after ``grace``
         seconds (default 5, ``HPCMESH_STOP_GRACE``) gets SIGTERM, then SIGKILL. A Future of
         {process name: exit code}."""
+        if not self._state.records and not self._state.ready.done():
+            # still being asked of this actor's spawner: which processes, once it answers
+            return chain(self._state.ready, lambda: self.stop(grace))
         if _tel.RECORDER is None:
             return self._stop(grace)
         # telemetry's span: until every process has exited (or been given up on)
@@ -204,6 +256,7 @@ class ProcMesh(MeshView):
             r.stopping = True
         if self._shape.nelem == len(st.records):
             st.stopped = True
+            _forget(st)                         # its actors' proc_mesh: asked no more
         rt = existing_client_runtime()
         stopping = {r.name for r in recs}
         for am in rt.actor_meshes() if rt is not None else ():
@@ -372,9 +425,7 @@ class ProcMesh(MeshView):
             st.ready.get()
         elif st.ready.exception() is not None:
             raise st.ready.exception()
-        places = [(r.name, r.mesh_name, r.point, r.agent, r.label, r.node, r.pid, r.host)
-                  for r in st.records]
-        return rebuild_proc_mesh, (st.name, places, st.hosts, self._shape)
+        return rebuild_proc_mesh, (st.name, _places(st), st.hosts, self._shape)
 
     def __repr__(self) -> str:
         return f"ProcMesh({self.name!r}, {dict(self.extent)})"
@@ -406,6 +457,12 @@ def _record_actors(actor_id: str, name: str, recs: list[ProcRecord]) -> None:
             tel.actor(f"{actor_id}.{i}", actor_id, i, f"{name}[{i}]", r.name, r.host, r.pid)
 
 
+def _places(st: ProcMeshState) -> list[tuple]:
+    """Where each process of a mesh is: what travels of it (``rebuild_proc_mesh``)."""
+    return [(r.name, r.mesh_name, r.point, r.agent, r.label, r.node, r.pid, r.host)
+            for r in st.records]
+
+
 def rebuild_proc_mesh(name: str, places: list[tuple], hosts, shape: Shape) -> ProcMesh:
     """A ProcMesh unpickled in another process: its processes are up (``__reduce__``
     waited for them), so every member is ready."""
@@ -417,6 +474,153 @@ def rebuild_proc_mesh(name: str, places: list[tuple], hosts, shape: Shape) -> Pr
         records.append(rec)
     return ProcMesh(ProcMeshState(name, records, completed([r.node for r in records]), hosts),
                     shape)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcMeshSource:
+    """What a spawn request carries for ``context().actor_instance.proc_mesh``: who to ask
+    (``spawner``, described for errors by ``spawner_name``), the view's ``key`` there, its
+    name and extent. The mesh itself is ~235 bytes a process: sent with each of n spawn
+    requests it made one spawn of n actors move n x n x 235 bytes (16 GB at 1024 x 8).
+    ``local``: the view itself, for an actor spawned in the spawner's own process."""
+    spawner: NodeRef
+    spawner_name: str
+    key: str
+    name: str
+    extent: Extent
+    local: Any = field(default=None, compare=False)
+
+
+@dataclass
+class _Offered:
+    """A view actors were spawned on, and its answer to them, pickled once (every actor
+    of a spawn may ask for it)."""
+    mesh: tuple
+    state: ProcMeshState
+    shape: Shape
+    answer: tuple[bytes, list[bytes]] | None = None
+
+
+#: The views that actors were spawned on from this process, by key, which those actors ask
+#: for (``PROC_MESH_SERVICE``) the first time they read ``proc_mesh``. Dropped when the
+#: whole mesh is stopped (its actors are gone then).
+_SPAWNED_ON: dict[str, _Offered] = {}
+#: (mesh, view) -> its key: one entry for copies of one mesh (an actor handed the same
+#: mesh by every call, spawning on each copy, keeps one)
+_KEY_OF: dict[tuple, str] = {}
+_OFFER_LOCK = threading.Lock()
+
+
+def _identity(st: ProcMeshState) -> tuple:
+    """Which mesh ``st`` is, whichever copy of it: its name and its processes' (a process
+    name is unique to one start; all of them, as an async endpoint's ``proc_mesh`` holds
+    only its view's)."""
+    names = hashlib.blake2b("\0".join(r.name for r in st.records).encode(), digest_size=16)
+    return st.name, names.digest(), len(st.records)
+
+
+def _forget(st: ProcMeshState) -> None:
+    """The mesh of ``st`` was stopped: its actors are gone, nobody asks for it any more."""
+    mesh = _identity(st)
+    with _OFFER_LOCK:
+        for key, offered in list(_SPAWNED_ON.items()):
+            if offered.mesh == mesh:
+                del _SPAWNED_ON[key]
+                _KEY_OF.pop((mesh, offered.shape), None)
+
+
+def views_answered_for(mesh: ProcMesh) -> list[Shape]:
+    """The views of ``mesh`` (any copy of it) this process answers ``proc_mesh`` for: the
+    ones actors were spawned on from here, until the mesh is stopped."""
+    ident = _identity(mesh._state)
+    with _OFFER_LOCK:
+        return [o.shape for o in _SPAWNED_ON.values() if o.mesh == ident]
+
+
+PROC_MESH_SERVICE = "proc_mesh_of_actor"
+#: How long a thread reading ``proc_mesh`` waits for the spawner's answer.
+PROC_MESH_WAIT = 60.0
+
+
+def _proc_mesh_asked(key: str) -> tuple[bytes, list[bytes]]:
+    """The service: the view registered as ``key``, pickled. Its processes are up (actors
+    were spawned on it), so it is built apart from the mesh's own ``ready``, which a
+    ``spawn_procs(bootstrap=)`` still running holds back."""
+    offered = _SPAWNED_ON.get(key)
+    if offered is None:
+        raise MeshStoppedError("the proc mesh it was spawned on is no longer known there "
+                               "(stopped since?)", key)
+    if offered.answer is None:
+        st = offered.state
+        meta, bufs = serialization.dumps(rebuild_proc_mesh(
+            st.name, _places(st), st.hosts, offered.shape), f"proc mesh {st.name!r}")
+        offered.answer = meta, [bytes(b) for b in bufs]
+    return offered.answer
+
+
+def find_proc_mesh(src: ProcMeshSource) -> ProcMesh:
+    """An actor's ``proc_mesh``, asked of its spawner: waited for off the event loop; on
+    it (an async endpoint), a mesh at once whose ``initialized``, ``spawn`` and ``stop``
+    wait for the answer (blocking the loop would stall the answer itself)."""
+    if src.local is not None:
+        return src.local
+    node = current_or_client_node()
+
+    def named(f: Future) -> Future:
+        if f.exception() is None:
+            return completed(serialization.loads(*f.value()))
+        err = RuntimeError(f"context().actor_instance.proc_mesh: proc mesh {src.name!r} is "
+                           f"asked of the process that spawned this actor, {src.spawner_name}"
+                           f", which did not answer it: {type(f.exception()).__name__}: "
+                           f"{f.exception()}")
+        err.__cause__ = f.exception()
+        return failed(err)
+    asked = chain_any(node.rpc(src.spawner, PROC_MESH_SERVICE, src.key), named)
+    if not on_runtime_thread():
+        try:
+            return asked.get(timeout=PROC_MESH_WAIT)
+        except TimeoutError:
+            raise RuntimeError(f"context().actor_instance.proc_mesh: proc mesh {src.name!r} "
+                               f"was asked of the process that spawned this actor, "
+                               f"{src.spawner_name}, which did not answer within "
+                               f"{PROC_MESH_WAIT:g} s") from None
+    # the view's own members, in order (its shape, which may list them, is not sent)
+    st = ProcMeshState(src.name, [], Future(), None)
+
+    def fill(got: ProcMesh) -> list:
+        st.records[:] = got.records
+        st.hosts = got._state.hosts
+        return [r.node for r in st.records]
+    st.ready = asked.then(fill)
+    return ProcMesh(st, Shape.from_extent(src.extent))
+
+
+class _Bootstrap(Actor):
+    """Runs ``spawn_procs(bootstrap=...)``'s callable once in each new process (a sync
+    actor: the callable may block, or wait on Futures)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+
+    @endpoint
+    def run(self) -> None:
+        result = self.fn()
+        if inspect.isawaitable(result):
+            async def wait():
+                return await result
+            asyncio.run(wait())
+
+
+def run_bootstrap(mesh: ProcMesh, fn: Callable[[], Any]) -> None:
+    """Run ``fn`` on every process of ``mesh`` before anything else is spawned there: its
+    ready Future (what spawns wait for) becomes "the processes are up and ``fn`` returned
+    on each"; the helper actors are stopped either way."""
+    state = mesh._state
+    up = state.ready
+    setup = mesh.spawn("bootstrap", _Bootstrap, fn)
+    state.ready = chain_any(setup.run.call(), lambda ran: chain_any(
+        setup.stop("the bootstrap function ran"),
+        lambda _: failed(ran.exception()) if ran.exception() is not None else up))
 
 
 def _run_on_loop(node: Node, coro) -> Future:
@@ -467,3 +671,7 @@ def this_proc() -> ProcMesh:
     rec.host = socket.gethostname()
     rec.ready.set_result(node.ref)
     return ProcMesh.from_records("this_proc", [rec], Extent({}), None, in_this_process=True)
+
+
+_context.local_proc_mesh = this_proc     # the client's context().actor_instance.proc_mesh
+_context.find_proc_mesh = find_proc_mesh   # an actor's

@@ -52,14 +52,15 @@ class AgentHostMesh(HostMesh):
         """The job these hosts belong to (None when unknown)."""
         return self._job
 
-    def spawn_procs(self, per_host=None, bootstrap_command=None, name=None, *,
-                    forward_logs: bool = True, gpu_binding: str | None = None):
+    def spawn_procs(self, per_host=None, bootstrap=None, name=None, proc_bind=None,
+                    bootstrap_command=None, *, forward_logs: bool = True,
+                    gpu_binding: str | None = None):
         if per_host is None and self.default_per_host:
             per_host = dict(self.default_per_host)
         if bootstrap_command is None and not self.__dict__.get("_python"):
             bootstrap_command = agent_bootstrap()   # else with_python_executable's python
-        return super().spawn_procs(per_host, bootstrap_command, name, forward_logs=forward_logs,
-                                   gpu_binding=gpu_binding)
+        return super().spawn_procs(per_host, bootstrap, name, proc_bind, bootstrap_command,
+                                   forward_logs=forward_logs, gpu_binding=gpu_binding)
 
     def __getstate__(self):
         d = super().__getstate__()

@@ -24,6 +24,9 @@ from ..runtime.context import context
 CHUNK = 16 * 1024
 #: Seconds the remote shell gets after SIGHUP before SIGKILL, when this side goes away.
 STOP_GRACE_S = 1.0
+#: Seconds a shell may go on reading the input it was sent after the client's input
+#: ended (its foreground jobs are hung up meanwhile), before it is hung up itself.
+IDLE_SHELL_GRACE_S = 10.0
 
 
 def _exit_status(status: int) -> int:
@@ -46,6 +49,7 @@ class ShellActor(Actor):
     def __init__(self) -> None:
         self.pid: int | None = None
         self.master: int | None = None
+        self.ended = threading.Event()      # the shell has exited (its status was sent)
 
     @endpoint
     def start(self, out: Port, env: dict | None, workdir: str | None, client_cwd: str,
@@ -89,6 +93,7 @@ class ShellActor(Actor):
                 break
             out.send(("data", data))
         _, status = os.waitpid(self.pid, 0)
+        self.ended.set()
         os.close(self.master)
         out.send(("exit", _exit_status(status)))
 
@@ -109,22 +114,84 @@ class ShellActor(Actor):
                             struct.pack("HHHH", rows, columns, 0, 0))
 
     @endpoint
-    def hang_up(self) -> None:
-        """The client went away: SIGHUP the shell's process group, SIGKILL after a grace."""
+    def end_input(self) -> None:
+        """The client's input ended (a pipe's end): stop what runs, as Monarch does, but
+        let the shell finish reading what it was sent. It gets ^D, which ends it once it
+        waits for a command; a job in the terminal's foreground (a ``sleep 30``, which no
+        ^D reaches) is hung up (SIGHUP, SIGKILL after STOP_GRACE_S), now or when it comes
+        to the foreground; a shell still busy after IDLE_SHELL_GRACE_S is hung up too."""
         import time
         if self.pid is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGHUP)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            os.write(self.master, b"\x04")
+        deadline = time.monotonic() + IDLE_SHELL_GRACE_S
+        hung: dict[int, float] = {}       # foreground group -> when it was hung up
+        while not self.ended.wait(0.05):
             try:
-                os.killpg(self.pid, 0)
-            except ProcessLookupError:
+                fg = os.tcgetpgrp(self.master)
+            except OSError:               # the terminal is gone: the shell is ending
+                continue
+            if fg > 1 and fg not in (self.pid, os.getpgrp()):
+                if fg not in hung:
+                    hung[fg] = time.monotonic()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(fg, signal.SIGHUP)
+                elif time.monotonic() - hung[fg] > STOP_GRACE_S:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(fg, signal.SIGKILL)
+            elif time.monotonic() > deadline:
+                self._hang_up()
                 return
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
+
+    @endpoint
+    def hang_up(self) -> None:
+        """The client went away: SIGHUP the shell's process group, SIGKILL after a grace."""
+        self._hang_up()
+
+    def _hang_up(self) -> None:
+        """SIGHUP the shell's process group and the terminal's foreground one (a job the
+        shell started in a group of its own), then SIGKILL what is left after a grace."""
+        import time
+        if self.pid is None or self.ended.is_set():
+            return
+        groups = {self.pid}
+        with contextlib.suppress(OSError):
+            groups.add(os.tcgetpgrp(self.master))
+        groups.discard(os.getpgrp())            # never this process's own group
+        for sig in (signal.SIGHUP, signal.SIGKILL):
+            for g in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(g, sig)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while time.monotonic() < deadline:
+                if not _any_alive(groups):
+                    return
+                time.sleep(0.05)
+
+
+def _any_alive(groups: set[int]) -> bool:
+    for g in groups:
+        try:
+            os.killpg(g, 0)
+            return True
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return True
+    return False
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (a BrokenPipeError when its reader has gone), waiting for
+    room when ``fd`` was left non-blocking by whoever started this process."""
+    import select
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [])
 
 
 def _window_size(fd: int) -> tuple[int, int]:
@@ -153,9 +220,14 @@ def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None,
     """Run an interactive shell on a one-host HostMesh; returns the shell's exit status.
     ``workdir``: where it starts (default: this client's directory, if the host has it)."""
     if host_mesh_singleton.extent.nelem != 1:
-        raise ValueError(f"shell needs a HostMesh of one host, got {dict(host_mesh_singleton.extent)}"
-                         f"; slice it first, e.g. hosts.slice(hosts=0)")
-    stdin, stdout = sys.stdin.fileno(), sys.stdout.buffer
+        raise ValueError(f"shell requires a singleton HostMesh (one host), got "
+                         f"{dict(host_mesh_singleton.extent)}; slice the mesh to one host "
+                         f"first, e.g. hosts.slice(hosts=0)")
+    # The remote terminal's output goes to stdout's file itself, unbuffered: a reader that
+    # goes away (a broken pipe) fails the write here, with nothing left in sys.stdout's
+    # buffer to fail again at exit. What was printed before goes first.
+    sys.stdout.flush()
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     interactive = os.isatty(stdin)
     procs = host_mesh_singleton.spawn_procs()
     try:
@@ -171,8 +243,8 @@ def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None,
                     data = os.read(stdin, CHUNK)
                 except OSError:
                     return
-                if not data:                      # a pipe ended: end of input, as ^D is
-                    remote.write.broadcast(b"\x04")
+                if not data:                      # a pipe ended: end of input
+                    remote.end_input.broadcast()
                     return
                 remote.write.broadcast(data)
 
@@ -187,8 +259,7 @@ def shell(host_mesh_singleton: Any, *, env: dict[str, str] | None = None,
                     kind, value = received.recv().get()
                     if kind == "exit":
                         return value
-                    stdout.write(value)
-                    stdout.flush()
+                    _write_all(stdout, value)
             finally:
                 stop.set()
                 if resized is not None:

@@ -145,7 +145,8 @@ def attach_hosts(addresses: Sequence[Sequence[str]], secret: bytes | None,
         errors = []
         for a in addrs:
             try:
-                out.append(attach_to_workers([a], secret=secret, timeout=timeout).refs[0])
+                out.append(attach_to_workers([a], secret=secret, timeout=timeout,
+                                              wait=False).refs[0])
                 break
             except Exception as e:  # noqa: BLE001 - try the agent's next address
                 errors.append(f"{a}: {e or type(e).__name__}")

@@ -572,7 +572,7 @@ def reconnect_mesh(name: str, agents: list[dict], secret_hex: str | None, kind: 
         errors = []
         for addr in info["addresses"]:
             try:
-                hm = attach_to_workers([addr], secret=secret, timeout=15)
+                hm = attach_to_workers([addr], secret=secret, timeout=15, wait=False)
                 refs.append(hm.refs[0])
                 break
             except Exception as e:  # noqa: BLE001

@@ -55,11 +55,11 @@ class ActorServices:
 
     async def spawn_actor(self, actor_id: str, mesh_name: str, cls_blob: bytes, args: tuple,
                           kwargs: dict, point, rendezvous: Rendezvous | None,
-                          supervisor: PortRef | None) -> int:
+                          supervisor: PortRef | None, proc_mesh: object = None) -> int:
         cls = serialization.loads(cls_blob)
         instance = ActorInstance(rank=point, actor_id=actor_id, mesh_name=mesh_name,
                                  class_name=cls.__name__, proc_name=self.node.name,
-                                 rendezvous=rendezvous)
+                                 rendezvous=rendezvous, proc_mesh_source=proc_mesh)
         obj = cls.__new__(cls)
         instance.actor = obj
         host = ActorHost(self.node, instance, obj, supervisor)

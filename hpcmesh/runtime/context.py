@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..shapes import Extent, Point
 from .errors import describe_actor
@@ -32,6 +32,27 @@ class ActorInstance:
     extras: dict = field(default_factory=dict)
     #: ``abort_actor(reason)``: fails this actor (set by the runtime when it spawns one)
     abort_actor: Any = field(default=None, repr=False)
+    #: where to find the ProcMesh it was spawned on, as the spawner sent it: a reference
+    #: of a constant size, not the mesh (see ``proc_mesh``)
+    proc_mesh_source: Any = field(default=None, repr=False)
+
+    @property
+    def proc_mesh(self) -> Any:
+        """The ProcMesh this actor was spawned on (Monarch's ``proc_mesh``): the view the
+        spawner spawned it on; on the client, ``this_proc()``. Asked of the spawner's
+        process on first use (sending it with every spawn request made one spawn cost
+        n x n), then kept."""
+        pm = self.extras.get("proc_mesh")
+        if pm is None:
+            if self.proc_mesh_source is not None and find_proc_mesh is not None:
+                pm = find_proc_mesh(self.proc_mesh_source)
+            elif local_proc_mesh is not None and not self.actor_id:
+                pm = local_proc_mesh()
+            else:
+                raise RuntimeError(f"actor {self.mesh_name!r} was spawned without its proc "
+                                   f"mesh (by hand, not through ProcMesh.spawn)")
+            self.extras["proc_mesh"] = pm
+        return pm
 
     @property
     def extent(self) -> Extent:
@@ -63,6 +84,12 @@ class Context:
     actor_instance: ActorInstance
     message_rank: Point
 
+
+#: ``this_proc()``, which the actor layer registers: the client's ``proc_mesh``.
+local_proc_mesh: Callable[[], Any] | None = None
+#: ``find_proc_mesh(source)``, which the actor layer registers: an actor's ``proc_mesh``
+#: from the reference its spawner sent.
+find_proc_mesh: Callable[[Any], Any] | None = None
 
 #: The context of the endpoint (or constructor) running now; the runtime sets it around each
 #: call, ``context()`` reads it. None outside actors.

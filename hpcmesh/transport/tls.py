@@ -34,6 +34,21 @@ if TYPE_CHECKING:
     import ssl      # imported when TLS is used: it costs ~6 ms at startup
 
 TRUST_ALL = "trust_all_connections"
+#: The handshake key of a worker and a client that pass ``ca="trust_all_connections"``
+#: and have no job secret: Monarch's trust model for that mode, where a worker accepts any
+#: client that reaches its address. The key is public (it is in this file), so the handshake
+#: then proves only that the peer speaks hpcmesh's protocol: anyone who can connect to the
+#: worker can start processes there as the worker's user. Used only on that explicit
+#: opt-in (never from ``HPCMESH_TLS_CA``); a job secret, when there is one, always wins.
+TRUST_ALL_KEY = b"hpcmesh ca=trust_all_connections: no job secret, any peer is trusted"
+
+
+def trust_all_key(ca, secret: bytes | None) -> bytes | None:
+    """``TRUST_ALL_KEY`` when ``ca`` is explicitly ``"trust_all_connections"`` and there is
+    no ``secret``; else None (the job secret is what authenticates peers)."""
+    if secret is None and isinstance(ca, str) and ca == TRUST_ALL:
+        return TRUST_ALL_KEY
+    return None
 ENV_CA = "HPCMESH_TLS_CA"
 ENV_CERT = "HPCMESH_TLS_CERT"
 ENV_KEY = "HPCMESH_TLS_KEY"

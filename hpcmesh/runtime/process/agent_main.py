@@ -76,10 +76,17 @@ def run_agent(listen: str | Sequence[str] = "tcp://0.0.0.0:0", attach: Sequence[
     environment, which the agent's node and every process it starts read.
     """
     secret = secret or secret_from_env()
-    if secret is None:
-        raise ValueError("the worker needs the job secret: set HPCMESH_SECRET (hex) or "
-                         "HPCMESH_SECRET_FILE (a file of mode 0600), or pass secret=")
     listen = [listen] if isinstance(listen, str) else list(listen)
+    if secret is None:
+        secret = tls.trust_all_key(ca, None)
+        if secret is None:
+            raise ValueError("the worker needs the job secret: set HPCMESH_SECRET (hex) or "
+                             "HPCMESH_SECRET_FILE (a file of mode 0600), or pass secret=; "
+                             "ca='trust_all_connections' without a secret accepts any "
+                             "client that reaches the worker (Monarch's trust model)")
+        print(f"hpcmesh worker at {', '.join(listen)}: ca='trust_all_connections' and no "
+              f"job secret: any client that can reach this address may run code here as "
+              f"this user", file=sys.stderr, flush=True)
     grace = env_number("HPCMESH_LEASE_GRACE", 30, finite=True) if grace is None else grace
     notice_file = notice_file or os.environ.get(NOTICE_VAR)
     tls_settings = tls.settings(ca)

@@ -192,8 +192,9 @@ def replace_lost(job: "SlurmJob", hosts: dict[str, list[HostRef | None]],
                 by_host.setdefault(names[i] if i < len(names) else f"rank {i}", []).append(i)
         groups += [(mesh, min(ix), ix) for ix in by_host.values()]
     if len(groups) > len(spares):
-        why = (f"has {'no' if not spares else 'only ' + str(len(spares))} spare node(s) left "
-               f"of spare_nodes={job.spec.spare_nodes} (needs {len(groups)})")
+        k = job.spec.spare_nodes
+        why = ("has no spare nodes (spare_nodes=0)" if not k else
+               f"has {len(spares)} spare node(s) left of spare_nodes={k} (needs {len(groups)})")
         raise SlurmHostsLost(lost_message(job, left, lost, why),
                              {m: len(v) for m, v in left.items()}, lost)
     out = {m: list(refs) for m, refs in hosts.items()}

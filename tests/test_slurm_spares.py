@@ -38,7 +38,7 @@ class Member(Actor):
 
     @endpoint
     async def sleep(self, seconds: float) -> str:
-        await asyncio.sleep(seconds)    # the endpoint's work is to take this long
+        await asyncio.sleep(seconds)    # sleep: the endpoint's work is to take this long
         return "woke"
 
     @endpoint
@@ -163,6 +163,16 @@ def test_lost_node_is_replaced_by_a_spare(cluster, cut_node, unhandled_faults):
         assert sums == [(3.0, 2, want[0]), (3.0, 2, want[1])], sums
         # remembered where the job's state is kept
         assert job_load(".hpcmesh/job_state.pkl").bad_nodes == [victim]
+
+        # Slurm marks the silent node DOWN (SlurmdTimeout): with --no-kill the job, the
+        # survivor's step and the spare's go on
+        wait_until(lambda: "DOWN" in _field(_scontrol_show("node", victim), "State"), 120,
+                   f"Slurm marks {victim} down")
+        assert squeue_jobs([job.job_id])[job.job_id].state == "RUNNING"
+        assert members.slice(hosts=survivor_rank).where.call_one().get(timeout=30) == \
+            before[survivor_rank]
+        assert procs2.spawn("after", Member).where.call().get(timeout=60).values()[1][0] == \
+            spare[0]
 
         # a requeue keeps the job off the dead node
         job.requeue()

@@ -72,8 +72,8 @@ def test_lost_nodes_are_excluded_and_kept_with_the_job(tmp_path):
     assert "#SBATCH --exclude=node2,gpu[3-4]\n" in text
     with pytest.raises(ValueError, match="not a Slurm node name"):
         render_sbatch(job.spec, WORKER, exclude=["node2 --nodes=1"])
-    job._mark_bad("node2")
-    job._mark_bad("node2")
+    job.mark_bad_node("node2")
+    job.mark_bad_node("node2")
     assert job.bad_nodes == ["node2"]
     path = str(tmp_path / "state.pkl")
     job.dump(path)
@@ -86,8 +86,7 @@ def test_a_spare_agent_stands_in_for_the_lost_ranks(tmp_path):
     assert "--rank-base" not in agent_command("py", mesh="w")
     job = _job(tmp_path, spare_nodes=1, setup=["module load x"])
     job.job_dir, job.job_ids, job.token = str(tmp_path / "jd"), ["77"], "t"
-    job._attach_addresses = lambda: ["tcp://10.0.0.1:5"]
-    argv = spare_srun_argv(job, "w", "node3", 1)
+    argv = spare_srun_argv(job, "w", "node3", 1, ["tcp://10.0.0.1:5"])
     assert argv[:5] == ["srun", "--jobid=77", "--nodes=1", "--nodelist=node3", "--ntasks=1"]
     assert "module load x" in argv[argv.index("-euc") + 1]
     assert argv[-2:] == ["--rank-base", "1"] and "tcp://10.0.0.1:5" in argv

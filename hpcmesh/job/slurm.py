@@ -68,7 +68,8 @@ from ..progress import Progress
 # scripts users wrote run `from hpcmesh.job.slurm import agent_main` (sbatch/workers.sh did)
 from .slurm_agent import (agent_command, agent_main, agent_token, read_notices, ready_name,
                           slurm_notice)
-from .slurm_spares import HOST_LOST_BOUND_S, LOST_PROBE_S, SlurmHostsLost, replace_lost
+from .slurm_spares import (HOST_LOST_BOUND_S, LOST_PROBE_S, SlurmHostsLost, SpareLaunch,
+                           replace_lost)
 from . import slurmctl
 from .slurmctl import SlurmError, scancel, squeue_expected_starts, squeue_jobs
 from .start_limits import StartLimits, check_start_limits
@@ -422,9 +423,6 @@ class SlurmJob(JobTrait):
                 "HPCMESH_JOB_TOKEN": self.token, "HPCMESH_LEASE_GRACE": f"{self.grace:g}",
                 "HPCMESH_JOB_DIR": self.job_dir}
 
-    def _attach_addresses(self) -> list[str]:
-        return client_attach_addresses()
-
     def _submit(self, script: str) -> str:
         proc = slurmctl.run(["sbatch", "--parsable", script])
         if proc.returncode != 0:
@@ -678,7 +676,9 @@ class SlurmJob(JobTrait):
                 f"controller left; kill the job (job.kill()) and apply it again")
         if errors:
             log.warning("Slurm job %s: host agent(s) lost: %s", self.job_id, "; ".join(errors))
-            hosts = replace_lost(self, hosts, fewer_hosts=bool(asked.get("fewer_hosts")))
+            hosts = replace_lost(self, hosts, SpareLaunch(client_attach_addresses(),
+                                                          self._agent_env()),
+                                 fewer_hosts=bool(asked.get("fewer_hosts")))
         for mesh, refs in hosts.items():
             self._record_hosts(mesh, refs)
         return self._meshes(hosts)
@@ -696,8 +696,9 @@ class SlurmJob(JobTrait):
             live = self._live_hosts = {}
         live[mesh] = list(hosts)
 
-    def _mark_bad(self, node: str) -> None:
-        """Node ``node`` lost a host of this job: kept with the job, never given it again."""
+    def mark_bad_node(self, node: str) -> None:
+        """Slurm node ``node`` lost a host of this job (or you know it is bad): kept in
+        ``bad_nodes`` with the job, and never given to it again."""
         if node not in self.bad_nodes:
             log.warning("Slurm job %s: node %s is lost; excluded from this job from now on",
                         self.job_id, node)

@@ -17,11 +17,12 @@ through ``scontrol update ExcNodeList``, when it waits in the queue after a requ
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shlex
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..actor.host_mesh import HostRef
 from ..log_tail import log_tail
@@ -30,9 +31,6 @@ from ..transport.connection import KEEPALIVE_S
 from . import slurmctl
 from .slurm_agent import agent_command, agent_token
 from .slurmctl import SlurmError
-
-if TYPE_CHECKING:
-    from .slurm import SlurmJob
 
 log = logging.getLogger("hpcmesh.job.slurm")
 
@@ -68,7 +66,7 @@ def node_name(hostname: str, job_nodes: Sequence[str]) -> str:
     return short
 
 
-def lost_message(job: "SlurmJob", left: dict[str, list[str]], lost: dict[str, list[str]],
+def lost_message(job: Any, left: dict[str, list[str]], lost: dict[str, list[str]],
                  why: str) -> str:
     """Why state() cannot give full meshes, how many hosts are left, and the ways on."""
     parts = []
@@ -88,11 +86,12 @@ def lost_message(job: "SlurmJob", left: dict[str, list[str]], lost: dict[str, li
             f"k nodes ready for the next loss")
 
 
-def spare_srun_argv(job: "SlurmJob", mesh: str, node: str, rank_base: int) -> list[str]:
-    """``srun`` that starts ``mesh``'s agents on spare ``node`` inside the running job,
-    standing in for ranks ``rank_base`` on; run from the login node."""
+def spare_srun_argv(job: Any, mesh: str, node: str, rank_base: int,
+                    attach: Sequence[str]) -> list[str]:
+    """``srun`` that starts ``mesh``'s agents on spare ``node`` inside the running job
+    (a SlurmJob), standing in for ranks ``rank_base`` on, dialling ``attach``; run from
+    the login node."""
     m = job.spec.meshes[mesh]
-    attach = job._attach_addresses()
     agent = agent_command(m.python, attach=attach, grace=job.grace, job_dir=job.job_dir,
                           mesh=mesh, rank_base=rank_base)
     srun = ["srun", f"--jobid={job.job_id}", "--nodes=1", f"--nodelist={node}",
@@ -111,11 +110,12 @@ def spare_srun_argv(job: "SlurmJob", mesh: str, node: str, rank_base: int) -> li
     return [*srun, *agent]
 
 
-def spare_env(job: "SlurmJob", mesh: str) -> dict[str, str]:
-    """The environment the batch script gives ``mesh``'s agents, for a spare's srun from
-    this client (without this client's own Slurm variables)."""
+def spare_env(job: Any, mesh: str, agent_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the batch script gives ``mesh``'s agents (``agent_env``, the job's
+    exports, and the mesh's own), for a spare's srun from this client (without this
+    client's own Slurm variables)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(job._agent_env())
+    env.update(agent_env)
     for k, v in {**job.spec.meshes[mesh].env, "HPCMESH_MESH_NAME": mesh}.items():
         if v is None:
             env.pop(k, None)
@@ -125,22 +125,23 @@ def spare_env(job: "SlurmJob", mesh: str) -> dict[str, str]:
     return env
 
 
-def start_spare(job: "SlurmJob", mesh: str, node: str, rank_base: int) -> list[HostRef]:
+def start_spare(job: Any, mesh: str, node: str, rank_base: int, launch: "SpareLaunch"
+                ) -> list[HostRef]:
     """Start ``mesh``'s agents on spare ``node`` and wait for their hello; their HostRefs
     (one per task) in hello order."""
     from .attach import AttachWaiter
     m = job.spec.meshes[mesh]
-    argv = spare_srun_argv(job, mesh, node, rank_base)
+    argv = spare_srun_argv(job, mesh, node, rank_base, launch.attach)
     log_path = os.path.join(job.job_dir, f"spare-{mesh}-{rank_base}-r{job.restart_count}.log")
     waiter = AttachWaiter(agent_token(job.token, mesh, job.restart_count), m.ntasks_per_node)
     log.warning("Slurm job %s: starting mesh %r's agent(s) for rank %d on spare node %s",
                 job.job_id, mesh, rank_base, node)
     try:
-        proc = slurmctl.start_srun(argv, spare_env(job, mesh), log_path)
+        proc = slurmctl.start_srun(argv, spare_env(job, mesh, launch.env), log_path)
     except BaseException:
         waiter.stop()
         raise
-    job.__dict__.setdefault("_live_spare_sruns", []).append(proc)
+    # (the srun ends with its step: scancel of the job, or the agents' lease; Python reaps it)
 
     def poll() -> None:
         if proc.poll() is not None:
@@ -157,11 +158,20 @@ def start_spare(job: "SlurmJob", mesh: str, node: str, rank_base: int) -> list[H
         raise
 
 
-def replace_lost(job: "SlurmJob", hosts: dict[str, list[HostRef | None]],
+@dataclasses.dataclass
+class SpareLaunch:
+    """What a spare's agents need from the job: the client addresses they dial and the
+    environment the batch script exports."""
+    attach: list[str]
+    env: dict[str, str]
+
+
+def replace_lost(job: Any, hosts: dict[str, list[HostRef | None]], launch: SpareLaunch,
                  fewer_hosts: bool = False) -> dict[str, list[HostRef]]:
     """``hosts``: each mesh's HostRefs, None where the agent is lost. Records the lost
-    nodes, replaces them from the job's spare nodes, and returns full meshes; without
-    enough spares, SlurmHostsLost (or, ``fewer_hosts``, the meshes of what answers)."""
+    nodes (``job.mark_bad_node``), replaces them from the job's spare nodes, and returns
+    full meshes; without enough spares, SlurmHostsLost (or, ``fewer_hosts``, the meshes
+    of what answers)."""
     recs = slurmctl.squeue_jobs([job.job_id]) if job.job_id else {}
     rec = recs.get(job.job_id)
     job_nodes = list(rec.nodes) if rec is not None else []
@@ -176,7 +186,7 @@ def replace_lost(job: "SlurmJob", hosts: dict[str, list[HostRef | None]],
             else:
                 left.setdefault(mesh, []).append(ref.hostname)
     for hostname in {h for hs in lost.values() for h in hs if not h.startswith("rank ")}:
-        job._mark_bad(node_name(hostname, job_nodes))
+        job.mark_bad_node(node_name(hostname, job_nodes))
     if fewer_hosts:
         return {m: [r for r in refs if r is not None] for m, refs in hosts.items()}
     in_use = {node_name(r.hostname, job_nodes) for refs in hosts.values() for r in refs
@@ -200,7 +210,7 @@ def replace_lost(job: "SlurmJob", hosts: dict[str, list[HostRef | None]],
     out = {m: list(refs) for m, refs in hosts.items()}
     for (mesh, base, ranks), node in zip(groups, spares):
         t0 = time.monotonic()
-        new = start_spare(job, mesh, node, base)
+        new = start_spare(job, mesh, node, base, launch)
         for i, ref in zip(ranks, new):
             out[mesh][i] = ref
         log.warning("Slurm job %s: mesh %r rank(s) %s now on spare node %s (%.1f s)",

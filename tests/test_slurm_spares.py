@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import signal
 import socket
 import subprocess
 import time
 
 import pytest
 from ci_gate import import_or_skip
-from proc_helpers import wait_until
+from proc_helpers import wait_gone, wait_until
 from test_slurm_e2e import _job, cluster  # noqa: F401 - cluster is a fixture
 
 from hpcmesh.actor import Actor, SupervisionError, endpoint
@@ -66,6 +68,21 @@ def _field(text: str, key: str) -> str:
     return ""
 
 
+def _resume(node: str) -> None:
+    """Bring a node Slurm marked DOWN back (other test runs share the cluster)."""
+    state = ""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"],
+                       capture_output=True, timeout=30)
+        state = _field(_scontrol_show("node", node), "State")
+        if state and not any(s in state for s in ("DOWN", "DRAIN", "NOT_RESPONDING")):
+            return
+        time.sleep(1.0)     # sleep: between asks while slurmd registers again
+    raise AssertionError(f"{node} did not come back after the test (State={state}); run "
+                         f"tests/cluster/status.sh")
+
+
 class CutNode:
     """One test node's link taken down, and brought back (and the node resumed) at close."""
 
@@ -79,28 +96,40 @@ class CutNode:
         self.down = True
 
     def restore(self) -> None:
-        if not self.down:
-            return
-        subprocess.run(["ip", "link", "set", self.veth, "up"], check=True, timeout=30)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            subprocess.run(["scontrol", "update", f"nodename={self.node}", "state=resume"],
-                           capture_output=True, timeout=30)
-            state = _field(_scontrol_show("node", self.node), "State")
-            if state and not any(s in state for s in ("DOWN", "DRAIN", "NOT_RESPONDING")):
-                self.down = False
-                return
-            time.sleep(1.0)
-        raise AssertionError(f"{self.node} did not come back after the test "
-                             f"(State={state}); run tests/cluster/status.sh")
+        if self.down:
+            subprocess.run(["ip", "link", "set", self.veth, "up"], check=True, timeout=30)
+            _resume(self.node)
+            self.down = False
+
+
+class StoppedSlurmd:
+    """One test node's slurmd stopped (SIGSTOP: Slurm hears nothing from it, as from a
+    dead slurmd, while the node's network and our agent there go on); continued and the
+    node resumed at close."""
+
+    def __init__(self, node: str):
+        self.node = node
+        with open(f"/run/slurmd-{node}.pid") as f:
+            self.pid = int(f.read().strip())
+        self.stopped = False
+
+    def cut(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+        self.stopped = True
+
+    def restore(self) -> None:
+        if self.stopped:
+            os.kill(self.pid, signal.SIGCONT)
+            _resume(self.node)
+            self.stopped = False
 
 
 @pytest.fixture
 def cut_node():
-    cuts: list[CutNode] = []
+    cuts: list = []
 
-    def make(node: str) -> CutNode:
-        cuts.append(CutNode(node))
+    def make(node: str, how=CutNode):
+        cuts.append(how(node))
         return cuts[-1]
     yield make
     for c in cuts:
@@ -217,5 +246,45 @@ def test_without_spares_the_error_says_how_many_hosts_are_left(cluster, cut_node
         fewer = job.state(fewer_hosts=True)
         assert fewer.w.hostnames == [hosts[0]]
         assert members.slice(hosts=0).where.call_one().get(timeout=30) == before[0]
+    finally:
+        job.kill()
+
+
+def test_a_node_slurm_marks_down_is_lost_and_replaced(cluster, cut_node, unhandled_faults):
+    """Slurm takes a node out of the job (its slurmd silent past SlurmdTimeout) while our
+    agent there still answers: that host is lost too (its steps there are ended by Slurm
+    once slurmd is back), its processes ended, and state() replaces it from the spare."""
+    job = _job("downspare", cluster, meshes={"w": 2}, spare_nodes=1, grace=20, timeout=120)
+    try:
+        state = job.state()
+        hosts = state.w.hostnames
+        nodes = squeue_jobs([job.job_id])[job.job_id].nodes
+        spare = [n for n in nodes if n not in hosts][0]
+        lost_rank = 1 if hosts[1] != nodes[0] else 0
+        victim = hosts[lost_rank]
+        procs = state.w.spawn_procs({"gpus": 1}, name="dsw")
+        members = procs.spawn("members", Member)
+        before = members.where.call().get(timeout=60).values()
+        seen = len(unhandled_faults)
+        cut_node(victim, StoppedSlurmd).cut()
+        t0 = time.monotonic()
+        config = subprocess.run(["scontrol", "show", "config"], capture_output=True,
+                                text=True, timeout=30).stdout
+        timeout = float(re.search(r"SlurmdTimeout\s*=\s*(\d+)", config).group(1))
+        got = wait_until(lambda: [f for f in unhandled_faults[seen:] if f.mesh_name == "dsw"],
+                         timeout + 60, "the loss of the host Slurm took is told")
+        print(f"\nslurmd of {victim} stopped: MeshFailure after {time.monotonic() - t0:.1f} s "
+              f"(SlurmdTimeout {timeout:g} s): {got[0]}")
+        assert got[0].reason == HOST_LOST and got[0].host == victim
+        assert "Slurm took node" in got[0].report()
+        # its process ended with its agent (we ended them: Slurm could not)
+        assert wait_gone([before[lost_rank][1]], 30) == []
+        new = job.state()
+        want = list(hosts)
+        want[lost_rank] = spare
+        assert dict(new.w.extent) == {"hosts": 2} and new.w.hostnames == want
+        assert job.bad_nodes == [victim]
+        assert members.slice(hosts=1 - lost_rank).where.call_one().get(timeout=30) == \
+            before[1 - lost_rank]
     finally:
         job.kill()

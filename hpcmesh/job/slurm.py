@@ -69,7 +69,7 @@ from ..progress import Progress
 from .slurm_agent import (agent_command, agent_main, agent_token, read_notices, ready_name,
                           slurm_notice)
 from .slurm_spares import (HOST_LOST_BOUND_S, LOST_PROBE_S, SlurmHostsLost, SpareLaunch,
-                           replace_lost)
+                           on_bad_node, replace_lost, watch_removed_nodes)
 from . import slurmctl
 from .slurmctl import SlurmError, scancel, squeue_expected_starts, squeue_jobs
 from .start_limits import StartLimits, check_start_limits
@@ -117,6 +117,10 @@ _exit_hup: set = set()
 #: holds, for ``_connect`` on the job it loads from the cache (a copy without them).
 _CONNECTING: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
     "hpcmesh_slurm_connecting", default=None)
+
+#: Job token -> this process's watch of that job's nodes (jobs with spares): the hosts it
+#: watches, the nodes it found taken out of the job, and the Event that stops it.
+_NODE_WATCH: dict[str, dict] = {}
 
 
 def _stop_agents_at_exit(job_ids: Sequence[str]) -> None:
@@ -640,8 +644,13 @@ class SlurmJob(JobTrait):
             self.agent_addresses = {}
             live = {}
             self._redump = True
+        for bad in (_NODE_WATCH.get(self.token) or {}).get("bad", ()):
+            self.mark_bad_node(bad)       # found by this process's watch of the job's nodes
         if live and set(live) == set(self.mesh_names) and all(
-                node.peer_connected(h.agent.node_id) for hs in live.values() for h in hs):
+                node.peer_connected(h.agent.node_id) and not on_bad_node(h.hostname,
+                                                                         self.bad_nodes)
+                for hs in live.values() for h in hs):
+            self._watch_nodes(live)
             return self._meshes(live)
         asked = _CONNECTING.get() or {}
         asked["job"] = self
@@ -660,15 +669,18 @@ class SlurmJob(JobTrait):
             hosts[mesh] = []
             for a in addrs:
                 ref = known.get(tuple(a))
-                if ref is not None and node.peer_connected(ref.agent.node_id):
-                    hosts[mesh].append(ref)       # it answers: its processes stay as they are
+                if ref is None or not node.peer_connected(ref.agent.node_id):
+                    try:    # an agent this process saw go: its host is lost unless it answers
+                        ref = attach_host(a, secret, 10.0 if ref is None else LOST_PROBE_S)
+                    except ConnectionError as e:
+                        hosts[mesh].append(None)
+                        errors.append(f"mesh {mesh!r}: {e}")
+                        continue
+                if on_bad_node(ref.hostname, self.bad_nodes):
+                    hosts[mesh].append(None)      # Slurm took its node: lost, answer or not
+                    errors.append(f"mesh {mesh!r}: {ref.hostname} was taken out of the job")
                     continue
-                try:        # an agent this process saw go: its host is lost unless it answers
-                    hosts[mesh].append(attach_host(a, secret, 10.0 if ref is None
-                                                   else LOST_PROBE_S))
-                except ConnectionError as e:
-                    hosts[mesh].append(None)
-                    errors.append(f"mesh {mesh!r}: {e}")
+                hosts[mesh].append(ref)       # it answers: its processes stay as they are
         if errors and not any(r is not None for refs in hosts.values() for r in refs):
             raise SlurmError(
                 f"cannot reconnect to the host agents of Slurm job {self.job_id} "
@@ -681,7 +693,27 @@ class SlurmJob(JobTrait):
                                  fewer_hosts=bool(asked.get("fewer_hosts")))
         for mesh, refs in hosts.items():
             self._record_hosts(mesh, refs)
+        self._watch_nodes(hosts)
         return self._meshes(hosts)
+
+    def _watch_nodes(self, hosts: dict[str, list[HostRef]]) -> None:
+        """With spares, Slurm may take a node out of the running job (--no-kill) while its
+        agent still answers (its slurmd silent): watch for it (one watch per job in this
+        process, whichever copy of the job connects), and count that host lost."""
+        if not self.spec.spare_nodes or not self.job_id or not self.token:
+            return
+        watch = _NODE_WATCH.get(self.token)
+        if watch is None:
+            watch = _NODE_WATCH[self.token] = {"hosts": {}, "bad": []}
+            job_id = self.job_id
+
+            def lost(ref: HostRef, node: str, why: str) -> None:
+                from ..runtime.client import client_runtime
+                log.warning("Slurm job %s: %s", job_id, why)
+                watch["bad"].append(node)
+                client_runtime().host_lost(ref.agent.node_id, why)
+            watch["stop"] = watch_removed_nodes(job_id, lambda: watch["hosts"], lost)
+        watch["hosts"] = {m: list(refs) for m, refs in hosts.items()}
 
     def _record_hosts(self, mesh: str, hosts: Sequence[HostRef]) -> None:
         """``mesh``'s agents now: what a reconnect dials, and whose host a loss names."""
@@ -827,6 +859,9 @@ class SlurmJob(JobTrait):
         shows none of the job(s) pending, running or completing."""
         ids = self._ids()
         self._live_hosts = {}
+        watch = _NODE_WATCH.pop(self.token, None) if self.token else None
+        if watch is not None:
+            watch["stop"].set()
         self._applied = False
         if not ids:
             return

@@ -21,8 +21,9 @@ import dataclasses
 import logging
 import os
 import shlex
+import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..actor.host_mesh import HostRef
 from ..log_tail import log_tail
@@ -40,6 +41,11 @@ log = logging.getLogger("hpcmesh.job.slurm")
 #: a new connection gets no answer within AGENT_PROBE_S; one second more for the probes'
 #: one-second steps. Defaults: 4 + 2 + 1 = 7 s. None with keepalive off (HPCMESH_KEEPALIVE=0).
 HOST_LOST_BOUND_S = (KEEPALIVE_S + AGENT_PROBE_S + 1.0) if KEEPALIVE_S > 0 else None
+
+#: How often a job with spares asks squeue which nodes it still has: a node Slurm marked
+#: DOWN (its slurmd silent for SlurmdTimeout, or an admin's word) leaves the job
+#: (--no-kill), and its agent, which may still answer, is lost from then.
+DOWN_POLL_S = 5.0
 
 #: How long an agent that was connected, and is not now, gets to answer a new connection
 #: before its host counts as lost (the runtime already gave it AGENT_PROBE_S).
@@ -64,6 +70,45 @@ def node_name(hostname: str, job_nodes: Sequence[str]) -> str:
         if name in job_nodes:
             return name
     return short
+
+
+def on_bad_node(hostname: str, bad: Sequence[str]) -> bool:
+    """Does an agent on ``hostname`` run on one of the ``bad`` nodes?"""
+    return hostname in bad or hostname.split(".", 1)[0] in bad
+
+
+def watch_removed_nodes(job_id: str, hosts: Callable[[], dict[str, list[HostRef]]],
+                        on_lost: Callable[[HostRef, str, str], None],
+                        interval: float = DOWN_POLL_S) -> threading.Event:
+    """Poll squeue (a daemon thread) for the nodes job ``job_id`` still has; call
+    ``on_lost(ref, node, why)`` once for each agent of ``hosts()`` whose node Slurm took
+    out of the running job. Set the returned Event to stop."""
+    stop = threading.Event()
+    told: set[str] = set()
+
+    def run() -> None:
+        while not stop.wait(interval):
+            try:
+                rec = slurmctl.squeue_jobs([job_id], timeout=20).get(job_id)
+            except Exception as e:  # noqa: BLE001 - a slow slurmctld: ask again later
+                log.debug("squeue for job %s: %s", job_id, e)
+                continue
+            if rec is None or rec.state != "RUNNING" or not rec.nodes:
+                continue        # the job's own end or requeue is not a lost host
+            for refs in hosts().values():
+                for ref in refs:
+                    node = node_name(ref.hostname, rec.nodes)
+                    if node in rec.nodes or ref.agent.node_id in told:
+                        continue
+                    told.add(ref.agent.node_id)
+                    try:
+                        on_lost(ref, node, f"Slurm took node {node} out of job {job_id} "
+                                           f"(marked DOWN: its slurmd stopped answering, or "
+                                           f"an administrator's word)")
+                    except Exception:  # noqa: BLE001
+                        log.exception("reporting the loss of %s failed", node)
+    threading.Thread(target=run, name=f"hpcmesh-slurm-nodes-{job_id}", daemon=True).start()
+    return stop
 
 
 def lost_message(job: Any, left: dict[str, list[str]], lost: dict[str, list[str]],

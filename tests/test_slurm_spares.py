@@ -136,6 +136,7 @@ def cut_node():
         c.restore()
 
 
+@pytest.mark.timeout(600)   # queue waits behind other runs' jobs, then Slurm's SlurmdTimeout
 def test_lost_node_is_replaced_by_a_spare(cluster, cut_node, unhandled_faults):
     import_or_skip("torch")
     from hpcmesh.spmd import setup_torch_elastic_env
@@ -218,6 +219,7 @@ def test_lost_node_is_replaced_by_a_spare(cluster, cut_node, unhandled_faults):
         job.kill()
 
 
+@pytest.mark.timeout(300)   # may queue behind other runs' jobs
 def test_without_spares_the_error_says_how_many_hosts_are_left(cluster, cut_node,
                                                               unhandled_faults):
     """No spare: state() says how many hosts are left and how to go on with them, which
@@ -250,6 +252,7 @@ def test_without_spares_the_error_says_how_many_hosts_are_left(cluster, cut_node
         job.kill()
 
 
+@pytest.mark.timeout(600)   # queue waits behind other runs' jobs, then Slurm's SlurmdTimeout
 def test_a_node_slurm_marks_down_is_lost_and_replaced(cluster, cut_node, unhandled_faults):
     """Slurm takes a node out of the job (its slurmd silent past SlurmdTimeout) while our
     agent there still answers: that host is lost too (its steps there are ended by Slurm

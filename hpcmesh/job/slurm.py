@@ -642,6 +642,7 @@ class SlurmJob(JobTrait):
             self.exclude_bad_nodes()    # if it still waits: keep it off the nodes it lost
             self.restart_count = restart
             self.agent_addresses = {}
+            self._forget_hosts()
             live = {}
             self._redump = True
         for bad in (_NODE_WATCH.get(self.token) or {}).get("bad", ()):
@@ -702,17 +703,24 @@ class SlurmJob(JobTrait):
         process, whichever copy of the job connects), and count that host lost."""
         if not self.spec.spare_nodes or not self.job_id or not self.token:
             return
+        from ..runtime.client import client_runtime
         watch = _NODE_WATCH.get(self.token)
         if watch is None:
             watch = _NODE_WATCH[self.token] = {"hosts": {}, "bad": []}
             job_id = self.job_id
 
             def lost(ref: HostRef, node: str, why: str) -> None:
-                from ..runtime.client import client_runtime
                 log.warning("Slurm job %s: %s", job_id, why)
                 watch["bad"].append(node)
                 client_runtime().host_lost(ref.agent.node_id, why)
-            watch["stop"] = watch_removed_nodes(job_id, lambda: watch["hosts"], lost)
+            rt_node = client_runtime().node
+
+            def answering() -> dict[str, list[HostRef]]:
+                # an agent that stopped answering is the runtime's to report (keepalive),
+                # and one a requeue ended is no loss: only those that still answer
+                return {m: [r for r in refs if rt_node.peer_connected(r.agent.node_id)]
+                        for m, refs in watch["hosts"].items()}
+            watch["stop"] = watch_removed_nodes(job_id, answering, lost)
         watch["hosts"] = {m: list(refs) for m, refs in hosts.items()}
 
     def _record_hosts(self, mesh: str, hosts: Sequence[HostRef]) -> None:
@@ -756,19 +764,25 @@ class SlurmJob(JobTrait):
             if proc.returncode != 0:
                 raise SlurmError(f"scontrol requeuehold {jid} failed: "
                                  f"{(proc.stderr or proc.stdout).strip()}")
-        try:
-            deadline = time.monotonic() + wait
-            while not self.exclude_bad_nodes():
-                if time.monotonic() > deadline:
-                    raise SlurmError(f"Slurm job {self.job_id} did not wait in the queue "
-                                     f"within {wait:g} s of its requeue, so its lost nodes "
-                                     f"({', '.join(self.bad_nodes)}) could not be excluded; "
-                                     f"it is held: `scontrol release {self.job_id}`")
-                time.sleep(0.2)
-        finally:
-            for jid in ids:
-                slurmctl.run(["scontrol", "release", jid])
+        self._forget_hosts()
+        deadline = time.monotonic() + wait
+        excluded = self.exclude_bad_nodes()
+        while not excluded and time.monotonic() < deadline:
+            time.sleep(0.2)         # sleep: Slurm takes ExcNodeList once the job is pending
+            excluded = self.exclude_bad_nodes()
+        for jid in ids:
+            slurmctl.run(["scontrol", "release", jid])
+        if not excluded:
+            raise SlurmError(f"Slurm job {self.job_id} was requeued, but did not wait in the "
+                             f"queue within {wait:g} s, so its lost nodes "
+                             f"({', '.join(self.bad_nodes)}) could not be excluded from it")
+
+    def _forget_hosts(self) -> None:
+        """The job's agents are ending (a requeue): neither used nor watched any more."""
         self._live_hosts = {}
+        watch = _NODE_WATCH.get(self.token) if self.token else None
+        if watch is not None:
+            watch["hosts"] = {}
 
     def exclude_bad_nodes(self) -> bool:
         """Tell Slurm to keep the job off ``bad_nodes`` (``scontrol update ExcNodeList``:

@@ -5,7 +5,8 @@
 --no-kill`` (a failed node ends only its own tasks). The spares stay idle. When a host
 stops answering, the runtime tells its owner (a ``MeshFailure``, reason ``HOST_LOST``:
 its agent's connection closed, or TCP keepalive found it silent, and it did not answer
-a new connection). The next ``job.state()`` finds that host's agents unreachable; here
+a new connection; or Slurm took its node out of the job, which a squeue watch sees:
+``watch_removed_nodes``). The next ``job.state()`` finds that host's agents lost; here
 its node is recorded as bad (``job.bad_nodes``), a spare of the allocation gets a new
 agent step (``srun --jobid --nodelist=<spare>``, from this client, in a session of its
 own), and the mesh is rebuilt with the same extent: the spare's agents stand at the
@@ -40,6 +41,8 @@ log = logging.getLogger("hpcmesh.job.slurm")
 #: KEEPALIVE_S when its node is gone or cut off: keepalive probes, TCP_USER_TIMEOUT), then
 #: a new connection gets no answer within AGENT_PROBE_S; one second more for the probes'
 #: one-second steps. Defaults: 4 + 2 + 1 = 7 s. None with keepalive off (HPCMESH_KEEPALIVE=0).
+#: (A node Slurm marks DOWN while it still answers us is lost DOWN_POLL_S after Slurm says
+#: so: Slurm's own bound is its SlurmdTimeout.)
 HOST_LOST_BOUND_S = (KEEPALIVE_S + AGENT_PROBE_S + 1.0) if KEEPALIVE_S > 0 else None
 
 #: How often a job with spares asks squeue which nodes it still has: a node Slurm marked

@@ -133,3 +133,36 @@ def test_a_cut_off_peer_is_bounded_with_data_in_flight():
         assert HOST_LOST_BOUND_S is not None and HOST_LOST_BOUND_S <= 10
     finally:
         s.close()
+
+
+def test_a_node_slurm_took_out_of_the_job_is_told_once(monkeypatch):
+    """The squeue watch of a job with spares: an agent whose node the running job no
+    longer has is reported lost, once; a job that is not running reports nothing."""
+    from types import SimpleNamespace
+
+    from proc_helpers import wait_until
+
+    import hpcmesh.job.slurm_spares as spares
+    from hpcmesh.slurm.parsing import JobRecord
+
+    calls = []
+
+    def squeue(ids, timeout=60):
+        calls.append(ids)       # the first answer: pending (a requeue), then running
+        state = "PENDING" if len(calls) == 1 else "RUNNING"
+        return {"7": JobRecord("7", state, "None", ["node1", "node3"], "j", 2, "0:01",
+                               "1:00", "debug")}
+    monkeypatch.setattr(spares.slurmctl, "squeue_jobs", squeue)
+    refs = [SimpleNamespace(hostname=h, agent=SimpleNamespace(node_id=f"agent@{h}"))
+            for h in ("node1", "node2")]
+    told = []
+    stop = spares.watch_removed_nodes("7", lambda: {"w": refs},
+                                      lambda ref, node, why: told.append(
+                                          (ref.hostname, node, why, len(calls))),
+                                      interval=0.01)
+    try:
+        wait_until(lambda: len(calls) >= 6, 10, "the watch polls squeue on")
+    finally:
+        stop.set()
+    assert len(told) == 1 and told[0][:2] == ("node2", "node2") and told[0][3] >= 2, told
+    assert "Slurm took node node2 out of job 7" in told[0][2]

@@ -555,10 +555,12 @@ class JobSpec:
             self.job_name = _check_job_name(self.job_name)
             self.log_dir = _check_log_dir(self.log_dir)
             self.same_allocation = _bool("same_allocation")(self.same_allocation)
+        except Invalid as exc:
+            raise SpecError(str(exc)) from None
+        try:
             self.spare_nodes = _spare_nodes(self.spare_nodes)
         except Invalid as exc:
-            raise SpecError(str(exc), key="spare_nodes" if "spare_nodes" in str(exc)
-                            else None) from None
+            raise SpecError(str(exc), key="spare_nodes") from None
         if not self.meshes:
             raise SpecError("a job spec needs at least one mesh (meshes: {name: nodes})")
         for name, mesh in self.meshes.items():

@@ -24,6 +24,7 @@ _HOMES = {
     "SlurmError": ".slurmctl",
     "SlurmHostsLost": ".slurm_spares",
     "slurm_notice": ".slurm_agent",
+    "JobEvent": ".events",
     **dict.fromkeys(("SlurmAllocation", "current_allocation"), ".allocation"),
     # exec_command / BashActor, SSHJob / LoginJob, SubmititJob (submitit loads on apply)
     **dict.fromkeys(("BashActor", "exec_command", "exec_python"), ".exec"),

@@ -158,7 +158,8 @@ def spare_srun_argv(job: Any, mesh: str, node: str, rank_base: int,
     return [*srun, *agent]
 
 
-def spare_env(job: Any, mesh: str, agent_env: Mapping[str, str]) -> dict[str, str]:
+def spare_env(job: Any, mesh: str, agent_env: Mapping[str, str],
+              restart: int = 0) -> dict[str, str]:
     """The environment the batch script gives ``mesh``'s agents (``agent_env``, the job's
     exports, and the mesh's own), for a spare's srun from this client (without this
     client's own Slurm variables)."""
@@ -169,7 +170,7 @@ def spare_env(job: Any, mesh: str, agent_env: Mapping[str, str]) -> dict[str, st
             env.pop(k, None)
         else:
             env[k] = str(v)
-    env["SLURM_RESTART_COUNT"] = str(job.restart_count)
+    env["SLURM_RESTART_COUNT"] = str(restart)
     return env
 
 
@@ -180,12 +181,13 @@ def start_spare(job: Any, mesh: str, node: str, rank_base: int, launch: "SpareLa
     from .attach import AttachWaiter
     m = job.spec.meshes[mesh]
     argv = spare_srun_argv(job, mesh, node, rank_base, launch.attach)
-    log_path = os.path.join(job.job_dir, f"spare-{mesh}-{rank_base}-r{job.restart_count}.log")
-    waiter = AttachWaiter(agent_token(job.token, mesh, job.restart_count), m.ntasks_per_node)
+    log_path = os.path.join(job.job_dir, f"spare-{mesh}-{rank_base}-r{launch.restart}.log")
+    waiter = AttachWaiter(agent_token(job.token, mesh, launch.restart), m.ntasks_per_node)
     log.warning("Slurm job %s: starting mesh %r's agent(s) for rank %d on spare node %s",
                 job.job_id, mesh, rank_base, node)
     try:
-        proc = slurmctl.start_srun(argv, spare_env(job, mesh, launch.env), log_path)
+        proc = slurmctl.start_srun(argv, spare_env(job, mesh, launch.env, launch.restart),
+                                   log_path)
     except BaseException:
         waiter.stop()
         raise
@@ -208,10 +210,11 @@ def start_spare(job: Any, mesh: str, node: str, rank_base: int, launch: "SpareLa
 
 @dataclasses.dataclass
 class SpareLaunch:
-    """What a spare's agents need from the job: the client addresses they dial and the
-    environment the batch script exports."""
+    """What a spare's agents need from the job: the client addresses they dial, the
+    environment the batch script exports, and the run (restart count) they join."""
     attach: list[str]
     env: dict[str, str]
+    restart: int = 0
 
 
 def replace_lost(job: Any, hosts: dict[str, list[HostRef | None]], launch: SpareLaunch,

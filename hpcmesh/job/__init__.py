@@ -22,6 +22,7 @@ _HOMES = {
     **dict.fromkeys(("SlurmJob", "SlurmHostMesh", "SlurmSubmitError", "SlurmJobFailed",
                      "SlurmStartTimeout", "slurm_bootstrap"), ".slurm"),
     "SlurmError": ".slurmctl",
+    "SlurmHostsLost": ".slurm_spares",
     "slurm_notice": ".slurm_agent",
     "JobEvent": ".events",
     **dict.fromkeys(("SlurmAllocation", "current_allocation"), ".allocation"),

@@ -32,6 +32,10 @@ can then tell actors to checkpoint through an endpoint. ``requeue: true`` makes
 the job requeue-able; after a requeue the agents come back (restart count in
 their token) and ``job.state()`` connects to the new ones.
 
+Lost hosts: ``spare_nodes=k`` keeps k more nodes in the allocation; ``job.state()`` after
+a host was lost replaces it with one (:mod:`.slurm_spares`). Lost nodes are kept in
+``job.bad_nodes`` and excluded from the job's next submission and requeue.
+
 Job events (SPEC §12): the job's agents are registered with the runtime
 (``watch_job_ends``), so an end of one of them or of a process on one is first
 explained here from Slurm's view (``_explain_end``: squeue's state and reason,
@@ -44,6 +48,7 @@ what to do, and one :class:`~hpcmesh.job.events.JobEvent` goes to
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import glob
 import json
@@ -73,6 +78,8 @@ from ..progress import Progress
 # scripts users wrote run `from hpcmesh.job.slurm import agent_main` (sbatch/workers.sh did)
 from .slurm_agent import (agent_command, agent_main, agent_token, read_notices, ready_name,
                           slurm_notice)
+from .slurm_spares import (HOST_LOST_BOUND_S, LOST_PROBE_S, SlurmHostsLost, SpareLaunch,
+                           on_bad_node, replace_lost, watch_removed_nodes)
 from . import slurmctl
 from .slurmctl import SlurmError, scancel, squeue_expected_starts, squeue_jobs
 from .start_limits import StartLimits, check_start_limits
@@ -82,6 +89,7 @@ log = logging.getLogger("hpcmesh.job.slurm")
 __all__ = [
     "SlurmJob", "SlurmError", "SlurmSubmitError", "SlurmJobFailed", "SlurmStartTimeout",
     "SlurmHostMesh", "slurm_bootstrap", "slurm_notice", "agent_main", "agent_command",
+    "SlurmHostsLost", "HOST_LOST_BOUND_S",
 ]
 
 #: How long a job that ended before its agents attached may stay COMPLETING before the
@@ -118,6 +126,15 @@ slurm_bootstrap = agent_bootstrap
 
 _exit_hup: set = set()
 
+#: What the running ``SlurmJob.state()`` call asked (fewer_hosts) and the hosts its caller
+#: holds, for ``_connect`` on the job it loads from the cache (a copy without them).
+_CONNECTING: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "hpcmesh_slurm_connecting", default=None)
+
+#: Job token -> this process's watch of that job's nodes (jobs with spares): the hosts it
+#: watches, the nodes it found taken out of the job, and the Event that stops it.
+_NODE_WATCH: dict[str, dict] = {}
+
 
 def _stop_agents_at_exit(job_ids: Sequence[str]) -> None:
     """The client inside the job's allocation: when it exits, stop the job's agents at once
@@ -140,20 +157,20 @@ def _stop_agents_at_exit(job_ids: Sequence[str]) -> None:
 def attach_hosts(addresses: Sequence[Sequence[str]], secret: bytes | None,
                  timeout: float = 10.0) -> list[HostRef]:
     """Connect to running agents, one address list per agent (tried in order)."""
-    out: list[HostRef] = []
-    for addrs in addresses:
-        errors = []
-        for a in addrs:
-            try:
-                out.append(attach_to_workers([a], secret=secret, timeout=timeout,
-                                              wait=False).refs[0])
-                break
-            except Exception as e:  # noqa: BLE001 - try the agent's next address
-                errors.append(f"{a}: {e or type(e).__name__}")
-        else:
-            raise ConnectionError(f"cannot reach host agent at {', '.join(addrs)}: "
-                                  f"{'; '.join(errors)}")
-    return out
+    return [attach_host(addrs, secret, timeout) for addrs in addresses]
+
+
+def attach_host(addrs: Sequence[str], secret: bytes | None, timeout: float = 10.0) -> HostRef:
+    """Connect to one running agent at the first of ``addrs`` that answers."""
+    errors = []
+    for a in addrs:
+        try:
+            return attach_to_workers([a], secret=secret, timeout=timeout,
+                                     wait=False).refs[0]
+        except Exception as e:  # noqa: BLE001 - try the agent's next address
+            errors.append(f"{a}: {e or type(e).__name__}")
+    raise ConnectionError(f"cannot reach host agent at {', '.join(addrs)}: "
+                          f"{'; '.join(errors)}")
 
 
 def client_attach_addresses() -> list[str]:
@@ -189,7 +206,23 @@ class SlurmJob(JobTrait):
     300 s) bounds the bring-up once the job is RUNNING. Either passing cancels the job
     and raises :class:`SlurmStartTimeout`; so does Ctrl-C (KeyboardInterrupt), which says
     which job it cancelled.
+
+    Lost hosts: ``spare_nodes=k`` asks Slurm for k more nodes, kept idle, and for
+    ``--no-kill``. A host that stops answering (its agent killed, its node down or cut
+    off) is a ``MeshFailure`` with reason ``HOST_LOST`` within ``HOST_LOST_BOUND_S``; the
+    next ``state()`` gives meshes of the same extent with a spare in its place (the other
+    hosts and their processes untouched). ``bad_nodes`` lists the nodes lost, kept with
+    the job's state and excluded when it is submitted again or requeued
+    (:meth:`requeue`). Without a spare left, ``state()`` raises
+    :class:`~.slurm_spares.SlurmHostsLost` saying how many hosts are left;
+    ``state(fewer_hosts=True)`` goes on with them.
     """
+
+    #: Nodes this job lost (Slurm node names), never given to it again; a tuple until the
+    #: first is recorded (jobs pickled before it existed read it too).
+    bad_nodes: Sequence[str] = ()
+    #: Each mesh's agents' hostnames, in rank order, as last connected.
+    agent_hostnames: Mapping[str, list[str]] = {}
 
     def __init__(self, meshes: Mapping[str, Any] | None = None, python_exe: str | None = None,
                  slurm_args: Sequence[str] = (), job_name: str = "monarch_job",
@@ -203,7 +236,7 @@ class SlurmJob(JobTrait):
                  requeue: bool = False, grace: float | None = None, timeout: float = 300.0,
                  same_allocation: bool = True, spec: JobSpec | None = None,
                  progress: bool | None = None, monarch_port: int | None = None,
-                 job_start_timeout: float | None = None):
+                 job_start_timeout: float | None = None, spare_nodes: int = 0):
         super().__init__()
         del monarch_port  # Monarch's fixed worker port: hpcmesh ports are ephemeral
         if spec is None:
@@ -226,13 +259,16 @@ class SlurmJob(JobTrait):
             if env:
                 defaults["env"] = dict(env)
             data = {"job_name": job_name, "meshes": dict(meshes), "defaults": defaults,
-                    "same_allocation": same_allocation,
+                    "same_allocation": same_allocation, "spare_nodes": spare_nodes,
                     "log_dir": os.path.abspath(log_dir or ".hpcmesh/logs")}
             spec = JobSpec.from_dict(data, "SlurmJob(...)")
         elif not isinstance(spec, JobSpec):
             raise TypeError(f"spec must be a hpcmesh.slurm.JobSpec, got {type(spec).__name__}")
-        elif not os.path.isabs(spec.log_dir):
-            spec = dataclasses.replace(spec, log_dir=os.path.abspath(spec.log_dir))
+        else:
+            if not os.path.isabs(spec.log_dir):
+                spec = dataclasses.replace(spec, log_dir=os.path.abspath(spec.log_dir))
+            if spare_nodes:
+                spec = dataclasses.replace(spec, spare_nodes=spare_nodes)   # checked there
         self.spec = spec
         self.grace = float(grace) if grace is not None else env_number("HPCMESH_LEASE_GRACE", 60, finite=True)
         self.timeout, self.job_start_timeout = check_start_limits(
@@ -327,8 +363,7 @@ class SlurmJob(JobTrait):
         worker = agent_command("{python}", attach=attach, grace=self.grace,
                                initial_wait=initial_wait, job_dir=self.job_dir, mesh="{mesh}")
         state_file = os.path.join(self.job_dir, "job_state.pkl")
-        env = {"HPCMESH_SECRET_FILE": secret_path, "HPCMESH_JOB_TOKEN": self.token,
-               "HPCMESH_LEASE_GRACE": f"{self.grace:g}", "HPCMESH_JOB_DIR": self.job_dir}
+        env = self._agent_env()
         if client_script:
             env["HPCMESH_JOB_STATE"] = state_file
         # time-stamp the start of the batch script (for submit->RUNNING timings)
@@ -345,7 +380,7 @@ class SlurmJob(JobTrait):
             if client_script and gi == 0:
                 client_cmd = [first.python, self.client_script]
             text = render_sbatch(spec, worker, env, meshes=group if len(groups) > 1 else None,
-                                 client_command=client_cmd)
+                                 client_command=client_cmd, exclude=self.bad_nodes)
             path = os.path.join(self.job_dir, f"job{'' if len(groups) == 1 else '-' + group[0]}"
                                 f".sbatch")
             write_file(path, text.encode(), top=top, what="the batch script")
@@ -398,6 +433,13 @@ class SlurmJob(JobTrait):
                     rt.node.on_peer_hello.remove(on_hello)
                 except ValueError:
                     pass
+
+    def _agent_env(self) -> dict[str, str]:
+        """What every agent of the job finds in its environment (the batch script's
+        exports; a spare's srun gives the same)."""
+        return {"HPCMESH_SECRET_FILE": os.path.join(self.job_dir, "secret"),
+                "HPCMESH_JOB_TOKEN": self.token, "HPCMESH_LEASE_GRACE": f"{self.grace:g}",
+                "HPCMESH_JOB_DIR": self.job_dir}
 
     def _submit(self, script: str) -> str:
         proc = slurmctl.run(["sbatch", "--parsable", script])
@@ -475,8 +517,7 @@ class SlurmJob(JobTrait):
             for mesh, w in waiters.items():
                 # no deadline of its own: poll() raises once a limit in `limits` has passed
                 hosts = w.wait(math.inf, poll=poll, poll_interval=0.05)
-                self.agent_addresses[mesh] = [list(h.agent.addresses) for h in hosts]
-                self._live_hosts[mesh] = hosts
+                self._record_hosts(mesh, hosts)
             state["next"] = 0.0
             poll()
         finally:
@@ -557,9 +598,34 @@ class SlurmJob(JobTrait):
             f"{self._log_hint()}")
 
     # -- state ----------------------------------------------------------------------
-    def state(self, cached_path: str | None = DEFAULT_CACHE) -> JobState:
+    def state(self, cached_path: str | None = DEFAULT_CACHE, *,
+              fewer_hosts: bool = False) -> JobState:
         """As JobTrait.state; inside the job's own allocation (client_script) it connects to
-        the job's agents instead of submitting another job."""
+        the job's agents instead of submitting another job. A lost host is replaced by a
+        spare node; without one it raises SlurmHostsLost, unless ``fewer_hosts``: then the
+        meshes are the hosts that answer (and stay so)."""
+        asked = {"fewer_hosts": bool(fewer_hosts), "token": self.token,
+                 "live": self.__dict__.get("_live_hosts") or {}}
+        token = _CONNECTING.set(asked)
+        try:
+            return self._state_of(cached_path)
+        except SlurmHostsLost:
+            # the nodes lost are the job's to remember, even when it cannot go on
+            job = asked.get("job", self)
+            if job is not self:
+                self.bad_nodes = list(dict.fromkeys([*self.bad_nodes, *job.bad_nodes]))
+            if cached_path is not None:
+                job.dump(cached_path)
+            raise
+        finally:
+            _CONNECTING.reset(token)
+
+    def _state_of(self, cached_path: str | None) -> JobState:
+        if cached_path is not None and not self.__dict__.get("_live_hosts"):
+            # a job submitted again keeps away from the nodes its cached one lost
+            cached = try_load(cached_path)
+            if isinstance(cached, SlurmJob) and cached.bad_nodes:
+                self.bad_nodes = list(dict.fromkeys([*self.bad_nodes, *cached.bad_nodes]))
         if in_batch_job():
             path = os.environ.get("HPCMESH_JOB_STATE")
             running = try_load(path) if path else None
@@ -588,40 +654,170 @@ class SlurmJob(JobTrait):
         if restart != self.restart_count:
             log.warning("Slurm job %s was requeued (restart %d); connecting to its new agents",
                         self.job_id, restart)
+            self.exclude_bad_nodes()    # if it still waits: keep it off the nodes it lost
             # (restart_count changes once the new run's agents attached: until then, its
             # watchers still see the run they knew end)
             moved_from = self.restart_count
             self.agent_addresses = {}
+            self._forget_hosts()
             live = {}
             self._redump = True
+        for bad in (_NODE_WATCH.get(self.token) or {}).get("bad", ()):
+            self.mark_bad_node(bad)       # found by this process's watch of the job's nodes
         if live and set(live) == set(self.mesh_names) and all(
-                node.peer_connected(h.agent.node_id) for hs in live.values() for h in hs):
+                node.peer_connected(h.agent.node_id) and not on_bad_node(h.hostname,
+                                                                         self.bad_nodes)
+                for hs in live.values() for h in hs):
+            self._watch_nodes(live)
             return self._meshes(live)
+        asked = _CONNECTING.get() or {}
+        asked["job"] = self
+        if not live and moved_from is None and asked.get("token") == self.token:
+            live = asked.get("live") or {}    # this process's own, on a job loaded from cache
         secret = bytes.fromhex(self.secret_hex) if self.secret_hex else None
-        hosts: dict[str, list[HostRef]] = {}
+        hosts: dict[str, list[HostRef | None]] = {}
+        errors: list[str] = []
         for mesh in self.mesh_names:
             addrs = self.agent_addresses.get(mesh)
             if not addrs:
                 addrs = self._wait_ready_files(mesh, restart)
                 self.agent_addresses[mesh] = addrs
                 self._redump = True
-            try:
-                hosts[mesh] = attach_hosts(addrs, secret)
-            except ConnectionError as e:
-                raise SlurmError(
-                    f"cannot reconnect to the host agents of Slurm job {self.job_id} (mesh "
-                    f"{mesh!r}): {e}. They exit {self.grace:g} s after their last controller "
-                    f"left; kill the job (job.kill()) and apply it again") from None
-        self._live_hosts = hosts
+            known = {tuple(h.agent.addresses): h for h in live.get(mesh, ())}
+            hosts[mesh] = []
+            for a in addrs:
+                ref = known.get(tuple(a))
+                if ref is None or not node.peer_connected(ref.agent.node_id):
+                    try:    # an agent this process saw go: its host is lost unless it answers
+                        ref = attach_host(a, secret, 10.0 if ref is None else LOST_PROBE_S)
+                    except ConnectionError as e:
+                        hosts[mesh].append(None)
+                        errors.append(f"mesh {mesh!r}: {e}")
+                        continue
+                if on_bad_node(ref.hostname, self.bad_nodes):
+                    hosts[mesh].append(None)      # Slurm took its node: lost, answer or not
+                    errors.append(f"mesh {mesh!r}: {ref.hostname} was taken out of the job")
+                    continue
+                hosts[mesh].append(ref)       # it answers: its processes stay as they are
+        if errors and not any(r is not None for refs in hosts.values() for r in refs):
+            raise SlurmError(
+                f"cannot reconnect to the host agents of Slurm job {self.job_id} "
+                f"({'; '.join(errors)}). They exit {self.grace:g} s after their last "
+                f"controller left; kill the job (job.kill()) and apply it again")
+        if errors:
+            log.warning("Slurm job %s: host agent(s) lost: %s", self.job_id, "; ".join(errors))
+            hosts = replace_lost(self, hosts, SpareLaunch(client_attach_addresses(),
+                                                          self._agent_env(), restart),
+                                 fewer_hosts=bool(asked.get("fewer_hosts")))
+        for mesh, refs in hosts.items():
+            self._record_hosts(mesh, refs)
         self.restart_count = restart
+        self._watch_nodes(hosts)
         meshes = self._meshes(hosts)
         if moved_from is not None:
             self._tell_running_again(moved_from, hosts)
         return meshes
 
+    def _watch_nodes(self, hosts: dict[str, list[HostRef]]) -> None:
+        """With spares, Slurm may take a node out of the running job (--no-kill) while its
+        agent still answers (its slurmd silent): watch for it (one watch per job in this
+        process, whichever copy of the job connects), and count that host lost."""
+        if not self.spec.spare_nodes or not self.job_id or not self.token:
+            return
+        from ..runtime.client import client_runtime
+        watch = _NODE_WATCH.get(self.token)
+        if watch is None:
+            watch = _NODE_WATCH[self.token] = {"hosts": {}, "bad": []}
+            job_id = self.job_id
+
+            def lost(ref: HostRef, node: str, why: str) -> None:
+                log.warning("Slurm job %s: %s", job_id, why)
+                watch["bad"].append(node)
+                client_runtime().host_lost(ref.agent.node_id, why)
+            rt_node = client_runtime().node
+
+            def answering() -> dict[str, list[HostRef]]:
+                # an agent that stopped answering is the runtime's to report (keepalive),
+                # and one a requeue ended is no loss: only those that still answer
+                return {m: [r for r in refs if rt_node.peer_connected(r.agent.node_id)]
+                        for m, refs in watch["hosts"].items()}
+            watch["stop"] = watch_removed_nodes(job_id, answering, lost)
+        watch["hosts"] = {m: list(refs) for m, refs in hosts.items()}
+
+    def _record_hosts(self, mesh: str, hosts: Sequence[HostRef]) -> None:
+        """``mesh``'s agents now: what a reconnect dials, and whose host a loss names."""
+        addrs = [list(h.agent.addresses) for h in hosts]
+        names = [h.hostname for h in hosts]
+        if addrs != self.agent_addresses.get(mesh) or names != self.agent_hostnames.get(mesh):
+            self._redump = True
+        self.agent_addresses[mesh] = addrs
+        self.agent_hostnames = {**self.agent_hostnames, mesh: names}
+        live = self.__dict__.get("_live_hosts")
+        if live is None:
+            live = self._live_hosts = {}
+        live[mesh] = list(hosts)
+
+    def mark_bad_node(self, node: str) -> None:
+        """Slurm node ``node`` lost a host of this job (or you know it is bad): kept in
+        ``bad_nodes`` with the job, and never given to it again."""
+        if node not in self.bad_nodes:
+            log.warning("Slurm job %s: node %s is lost; excluded from this job from now on",
+                        self.job_id, node)
+            self.bad_nodes = [*self.bad_nodes, node]
+            self._redump = True
+
     def _meshes(self, hosts: dict[str, list[HostRef]]) -> dict[str, SlurmHostMesh]:
         self._watch_ends([h.agent.node_id for hs in hosts.values() for h in hs])
         return {m: SlurmHostMesh.from_hosts(hosts[m], m, job=self) for m in self.mesh_names}
+
+    def requeue(self, wait: float = 60.0) -> None:
+        """Requeue the running job (``scontrol requeuehold``, then ``release``): its agents
+        end, the job waits in the queue, and ``state()`` connects to the new ones. The nodes
+        in ``bad_nodes`` are excluded (``ExcNodeList``) while it is held, so it cannot land
+        on them again. Needs ``requeue=True``."""
+        ids = self._ids()
+        if not ids:
+            raise SlurmError("this job was not submitted; nothing to requeue")
+        if not self.spec.meshes[self.mesh_names[0]].requeue:
+            raise SlurmError(f"Slurm job {self.job_id} is not requeue-able: make it with "
+                             f"SlurmJob(..., requeue=True)")
+        for jid in ids:
+            proc = slurmctl.run(["scontrol", "requeuehold", jid])
+            if proc.returncode != 0:
+                raise SlurmError(f"scontrol requeuehold {jid} failed: "
+                                 f"{(proc.stderr or proc.stdout).strip()}")
+        self._forget_hosts()
+        deadline = time.monotonic() + wait
+        excluded = self.exclude_bad_nodes()
+        while not excluded and time.monotonic() < deadline:
+            time.sleep(0.2)         # sleep: Slurm takes ExcNodeList once the job is pending
+            excluded = self.exclude_bad_nodes()
+        for jid in ids:
+            slurmctl.run(["scontrol", "release", jid])
+        if not excluded:
+            raise SlurmError(f"Slurm job {self.job_id} was requeued, but did not wait in the "
+                             f"queue within {wait:g} s, so its lost nodes "
+                             f"({', '.join(self.bad_nodes)}) could not be excluded from it")
+
+    def _forget_hosts(self) -> None:
+        """The job's agents are ending (a requeue): neither used nor watched any more."""
+        self._live_hosts = {}
+        watch = _NODE_WATCH.get(self.token) if self.token else None
+        if watch is not None:
+            watch["hosts"] = {}
+
+    def exclude_bad_nodes(self) -> bool:
+        """Tell Slurm to keep the job off ``bad_nodes`` (``scontrol update ExcNodeList``:
+        Slurm takes it only while the job is pending); True once it took it (or there is
+        nothing to exclude)."""
+        if not self.bad_nodes:
+            return True
+        ok = True
+        for jid in self._ids():
+            proc = slurmctl.run(["scontrol", "update", f"JobId={jid}",
+                                 f"ExcNodeList={','.join(self.bad_nodes)}"])
+            ok = ok and proc.returncode == 0
+        return ok
 
     def _current_restart(self) -> int:
         if in_batch_job() and os.environ.get("SLURM_RESTART_COUNT", "").strip():
@@ -700,6 +896,9 @@ class SlurmJob(JobTrait):
         shows none of the job(s) pending, running or completing."""
         ids = self._ids()
         self._live_hosts = {}
+        watch = _NODE_WATCH.pop(self.token, None) if self.token else None
+        if watch is not None:
+            watch["stop"].set()
         self._applied = False
         if not ids:
             return

@@ -46,10 +46,13 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--initial-wait", type=float, default=None)
     p.add_argument("--job-dir", default=None)
     p.add_argument("--mesh", default=None)
+    # a spare's agent stands in for the lost host's tasks: its ready files carry their
+    # ranks (this step's SLURM_PROCID counted from there), so the mesh keeps its order
+    p.add_argument("--rank-base", type=int, default=0)
     args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
     env = os.environ
     restart = str(slurm_restart_count(env))   # both name files: checked to be numbers
-    procid = str(slurm_task_rank(env))
+    procid = str(max(0, args.rank_base) + slurm_task_rank(env))
     mesh = args.mesh or env.get("HPCMESH_MESH_NAME") or "hosts"
     if env.get("HPCMESH_JOB_TOKEN"):
         env["HPCMESH_JOB_TOKEN"] = agent_token(env["HPCMESH_JOB_TOKEN"], mesh, restart)
@@ -80,8 +83,9 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
 
 def agent_command(python: str, *, attach: Sequence[str] = (), grace: float | None = None,
                   initial_wait: float | None = None, job_dir: str | None = None,
-                  mesh: str | None = None) -> list[str]:
-    """argv that starts one host agent (what the rendered srun lines run)."""
+                  mesh: str | None = None, rank_base: int = 0) -> list[str]:
+    """argv that starts one host agent (what the rendered srun lines run; ``rank_base``:
+    the first task rank a spare's agent stands in for)."""
     argv = [python, *PYTHON_FLAGS, "-c", AGENT_CODE]
     if attach:
         argv += ["--attach", ",".join(attach)]
@@ -93,6 +97,8 @@ def agent_command(python: str, *, attach: Sequence[str] = (), grace: float | Non
         argv += ["--job-dir", job_dir]
     if mesh:
         argv += ["--mesh", mesh]
+    if rank_base:
+        argv += ["--rank-base", str(rank_base)]
     return argv
 
 

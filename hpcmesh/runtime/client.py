@@ -429,6 +429,16 @@ class ClientRuntime:
             self._host_lost(agent.node_id, f"its connection closed ({closed or 'closed'}) "
                             f"and it did not answer a new one ({why})")
 
+    def host_lost(self, agent_id: str, why: str) -> None:
+        """Agent ``agent_id``'s host is gone, as someone outside the runtime knows (Slurm
+        took its node out of the running job) while it may still answer: its processes are
+        lost, as when it stops answering (already judged: the job did not move), and the
+        agent is asked to end, taking them with it (nobody else will). From any thread."""
+        def lost() -> None:
+            self._host_lost(agent_id, why, judged=True)
+            self.node.rpc(self.node.ref_of(agent_id), "shutdown_agent")   # if it listens
+        self.node.loop.call_soon_threadsafe(lost)
+
     def _host_lost(self, agent_id: str, why: str, *, judged: bool = False) -> None:
         """Agent ``agent_id`` is gone: its processes are lost with it (they end by
         themselves, their parent gone). Every call pending on each fails now; each owner is

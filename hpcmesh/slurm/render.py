@@ -95,9 +95,11 @@ def _signal_parts(signal: str) -> tuple[str, str | None]:
     return f"{flags}:{rest}", (sig if "B" in flags else None)
 
 
-def _header(spec: JobSpec, meshes: list[MeshSpec], job_name: str) -> list[str]:
+def _header(spec: JobSpec, meshes: list[MeshSpec], job_name: str,
+            exclude: Sequence[str]) -> list[str]:
     first = meshes[0]  # allocation-wide keys are equal across meshes (JobSpec checks it)
-    d = [f"--job-name={job_name}", f"--nodes={sum(m.nodes for m in meshes)}",
+    nodes = sum(m.nodes for m in meshes) + spec.spare_nodes
+    d = [f"--job-name={job_name}", f"--nodes={nodes}",
          f"--ntasks-per-node={max(m.ntasks_per_node for m in meshes)}"]
     cpus = [m.cpus_per_task for m in meshes if m.cpus_per_task is not None]
     if cpus:
@@ -116,11 +118,27 @@ def _header(spec: JobSpec, meshes: list[MeshSpec], job_name: str) -> list[str]:
     if first.signal:
         d.append(f"--signal={_signal_parts(first.signal)[0]}")
     d.append("--requeue" if first.requeue else "--no-requeue")
+    if spec.spare_nodes:
+        d.append("--no-kill")   # a failed node leaves the job running, for a spare to replace
+    if exclude:
+        d.append(f"--exclude={','.join(exclude)}")
     d.extend(first.sbatch_extra)
     return [f"#SBATCH {x}" for x in d]
 
 
-def _mesh_block(mesh: MeshSpec, offset: int | None, argv: list[str]) -> str:
+def _node_names(nodes: Sequence[str]) -> list[str]:
+    """Node names for ``--exclude``, checked: a name with a comma, a space or a shell
+    character would change what the line asks for."""
+    out = []
+    for n in nodes:
+        if not isinstance(n, str) or not re.match(r"^[A-Za-z0-9_.\-\[\]]+$", n):
+            raise ValueError(f"exclude: {n!r} is not a Slurm node name (letters, digits, "
+                             f"'_', '.', '-', and [] ranges)")
+        out.append(n)
+    return out
+
+
+def _mesh_block(mesh: MeshSpec, offset: int | None, argv: list[str], spares: bool) -> str:
     cmd = [a.replace(PLACEHOLDER_PYTHON, mesh.python).replace(PLACEHOLDER_MESH, mesh.name)
            for a in argv]
     srun = ["srun", f"--nodes={mesh.nodes}", f"--ntasks={mesh.nodes * mesh.ntasks_per_node}",
@@ -129,9 +147,13 @@ def _mesh_block(mesh: MeshSpec, offset: int | None, argv: list[str]) -> str:
         srun.append(f"--cpus-per-task={mesh.cpus_per_task}")  # srun 22.05+ does not inherit it
     else:
         srun.append("--cpu-bind=none")  # else the agent and all it forks share one CPU
+    if spares and offset is None:
+        offset = 0              # the spare nodes are the allocation's last: keep them free
     if offset is not None:
         srun.append(f"--relative={offset}")
-    srun.append("--kill-on-bad-exit=1")
+    # with spares, a lost node ends only its own tasks (srun --no-kill), not the step's
+    # tasks on the other nodes: their processes go on while a spare takes its place
+    srun.append("--no-kill" if spares else "--kill-on-bad-exit=1")
     if offset is None:
         where = "every node of the allocation"
     elif mesh.nodes == 1:
@@ -189,6 +211,7 @@ def render_sbatch(
     *,
     meshes: Sequence[str] | None = None,
     client_command: Sequence[str] | str | None = None,
+    exclude: Sequence[str] = (),
 ) -> str:
     """The sbatch script that starts host agents for ``spec`` (or the ``meshes`` group of it).
 
@@ -200,6 +223,7 @@ def render_sbatch(
     (one script per mesh, job name ``<job_name>-<mesh>``); ``spec.allocation_groups()``
     lists the groups. ``client_command``, if given, runs on the batch host after
     the agents start, with ``HPCMESH_BATCH_JOB=1``; the job ends when it exits.
+    ``exclude``: nodes Slurm must not give the job (``--exclude``: nodes it lost before).
     """
     groups = spec.allocation_groups()
     if meshes is None:
@@ -224,7 +248,8 @@ def render_sbatch(
     blocks = []
     offset = 0
     for mesh in chosen:
-        blocks.append(_mesh_block(mesh, offset if len(chosen) > 1 else None, argv))
+        blocks.append(_mesh_block(mesh, offset if len(chosen) > 1 else None, argv,
+                                  bool(spec.spare_nodes)))
         offset += mesh.nodes
 
     signal = chosen[0].signal
@@ -237,10 +262,13 @@ def render_sbatch(
     else:
         finish = _FINISH
     summary = [f"#   {m.name}: {m.nodes} node(s), python {m.python}" for m in chosen]
+    if spec.spare_nodes:
+        summary.append(f"#   {spec.spare_nodes} spare node(s), idle until one replaces a lost "
+                       f"host")
     exports = _env_lines(dict(env or {})) or ["# (none)"]
     try:
         return _template().substitute(
-            directives="\n".join(_header(spec, chosen, job_name)),
+            directives="\n".join(_header(spec, chosen, job_name, _node_names(exclude))),
             job_name=job_name,
             mesh_summary="\n".join(summary),
             exports="\n".join(exports),

@@ -12,6 +12,7 @@ YAML forms accepted::
     job_name: train            # optional
     log_dir: .hpcmesh/logs     # optional
     same_allocation: true      # several meshes share one sbatch job (node ranges)
+    spare_nodes: 1             # extra nodes held idle to replace a lost host (SPEC §12)
     defaults: {partition: gpu, time: "02:00:00"}   # applied to every mesh
     meshes:
       trainers: {nodes: 4, gpus_per_node: 8}
@@ -63,9 +64,9 @@ MESH_KEYS = (
     "setup", "signal", "time",
 )
 #: Top-level keys of a multi-mesh spec.
-JOB_KEYS = ("defaults", "job_name", "log_dir", "meshes", "same_allocation")
+JOB_KEYS = ("defaults", "job_name", "log_dir", "meshes", "same_allocation", "spare_nodes")
 # A mapping without "meshes" is one flat mesh; "meshes" is listed so a typo of it is suggested.
-_FLAT_KEYS = tuple(sorted(set(MESH_KEYS) | {"job_name", "log_dir", "meshes"}))
+_FLAT_KEYS = tuple(sorted(set(MESH_KEYS) | {"job_name", "log_dir", "meshes", "spare_nodes"}))
 #: Keys that describe the whole sbatch allocation, so meshes sharing one must agree on them.
 SHARED_ALLOCATION_KEYS = (
     "partition", "account", "qos", "time", "constraint", "exclusive", "mem",
@@ -497,6 +498,14 @@ def _check_job_name(value: Any) -> str:
     return value
 
 
+def _spare_nodes(value: Any) -> int:
+    """How many spare nodes: a whole number from 0 (none); the most is checked against the
+    meshes' nodes by JobSpec."""
+    if isinstance(value, str) and whole_number(value) is not None:
+        value = whole_number(value)
+    return count("spare_nodes", value, minimum=0, maximum=MAX_NODES, why=_NODES_WHY)
+
+
 def _check_log_dir(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value) \
             or "%" in value:
@@ -529,6 +538,9 @@ class JobSpec:
     after mesh in allocation order (:meth:`node_ranges`); otherwise each mesh is its
     own job. ``defaults`` is recorded for reference: :meth:`from_dict` and
     :meth:`from_monarch_kwargs` have already applied it to every mesh.
+    ``spare_nodes``: that many more nodes in the allocation, after the meshes' own, kept
+    idle so that a lost host can be replaced without a new job (the job then asks Slurm
+    for ``--no-kill``, so the loss of a node does not end it).
     """
 
     job_name: str = DEFAULT_JOB_NAME
@@ -536,6 +548,7 @@ class JobSpec:
     log_dir: str = DEFAULT_LOG_DIR
     same_allocation: bool = True
     defaults: dict[str, Any] = field(default_factory=dict, compare=False)
+    spare_nodes: int = 0
 
     def __post_init__(self) -> None:
         try:
@@ -544,6 +557,10 @@ class JobSpec:
             self.same_allocation = _bool("same_allocation")(self.same_allocation)
         except Invalid as exc:
             raise SpecError(str(exc)) from None
+        try:
+            self.spare_nodes = _spare_nodes(self.spare_nodes)
+        except Invalid as exc:
+            raise SpecError(str(exc), key="spare_nodes") from None
         if not self.meshes:
             raise SpecError("a job spec needs at least one mesh (meshes: {name: nodes})")
         for name, mesh in self.meshes.items():
@@ -560,6 +577,16 @@ class JobSpec:
                 raise SpecError(f"the meshes share one allocation (same_allocation: true) and "
                                 f"ask for {self.total_nodes} nodes in all; at most {MAX_NODES} "
                                 f"({_NODES_WHY})", key="meshes")
+        if self.spare_nodes and len(self.allocation_groups()) > 1:
+            raise SpecError(f"spare_nodes ({self.spare_nodes}) needs the meshes in one "
+                            f"allocation, where a spare can replace a host of any of them; "
+                            f"set same_allocation: true, or spare_nodes: 0",
+                            key="spare_nodes")
+        most = max(sum(self.meshes[n].nodes for n in g) for g in self.allocation_groups())
+        if self.spare_nodes > MAX_NODES - most:
+            raise SpecError(f"spare_nodes must be at most {MAX_NODES - most} (the meshes ask "
+                            f"for {most} nodes and one allocation holds at most {MAX_NODES}: "
+                            f"{_NODES_WHY}), got {self.spare_nodes}", key="spare_nodes")
 
     # -- layout helpers for the launcher
 
@@ -593,6 +620,7 @@ class JobSpec:
             "job_name": self.job_name,
             "log_dir": self.log_dir,
             "same_allocation": self.same_allocation,
+            **({"spare_nodes": self.spare_nodes} if self.spare_nodes else {}),
             "meshes": {n: {k: v for k, v in m.to_dict().items() if k != "name"}
                        for n, m in self.meshes.items()},
         }
@@ -710,9 +738,11 @@ def _from_dict(d: Any, ctx: Where, mesh_name: str) -> JobSpec:
 
     job: dict[str, Any] = {}
     for key, conv in (("job_name", _check_job_name), ("log_dir", _check_log_dir),
-                      ("same_allocation", _bool("same_allocation"))):
+                      ("same_allocation", _bool("same_allocation")),
+                      ("spare_nodes", _spare_nodes)):
         if key in d and d[key] is not None:
-            value = ctx.text(ctx.path(key), d[key]) if key != "same_allocation" else d[key]
+            value = ctx.text(ctx.path(key), d[key]) if key in ("job_name", "log_dir") \
+                else d[key]
             try:
                 job[key] = conv(value)
             except Invalid as exc:

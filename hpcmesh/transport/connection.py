@@ -481,7 +481,9 @@ class Connection:
 #: A TCP peer whose host vanished (power loss, network cut: no FIN, no RST) is noticed
 #: after about this many seconds of silence, through kernel keepalive probes (no traffic
 #: of ours, no cost on the message path). 0 turns it off. At most 254: half of it is the
-#: idle time, the rest the count of 1 s probes, which Linux caps at 127.
+#: idle time, the rest the count of 1 s probes, which Linux caps at 127. Keepalive probes
+#: only an idle connection: one with data sent and not acknowledged is bounded by the same
+#: time through TCP_USER_TIMEOUT (else the kernel retransmits for ~15 minutes).
 KEEPALIVE_S = env_number("HPCMESH_KEEPALIVE", 4, maximum=254, note="0 turns it off")
 
 
@@ -514,6 +516,11 @@ def _keepalive(sock: socket.socket, seconds: float) -> None:
         for opt, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", count)):
             if hasattr(socket, opt):
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            # the kernel acknowledges for a live peer however busy its program is: data
+            # unacknowledged this long means its host is gone (or cut off)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                            int((idle + count) * 1000))
     except OSError as e:   # not fatal: only slower detection of a vanished host
         log.debug("cannot set TCP keepalive: %s", e)
 

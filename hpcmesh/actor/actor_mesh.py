@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
+from ..runtime import relay
 from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.client import current_or_client_node
 from ..runtime.errors import MeshStoppedError, SupervisionError
@@ -57,6 +58,9 @@ class ActorMeshState:
         self.failed: BaseException | None = None
         self.owner = None           # the actor that spawned this mesh (None: the client)
         self.pending: list[tuple[Callable[[], Future], Future]] = []
+        #: whether calls to several members fan out through their host agents
+        #: (``HPCMESH_RELAY``, read once per mesh: all its views route alike)
+        self.relay = records is not None and relay.relay_enabled()
 
     def open(self, nodes: list[NodeRef] | None, exc: BaseException | None) -> None:
         """The spawn finished (``exc`` if it failed): send or fail the waiting calls."""
@@ -158,6 +162,57 @@ class ActorMesh(MeshView, Generic[T]):
             m = self.__dict__["_members_cache"] = (list(enumerate(shape.ranks())),
                                                    tuple(shape.extent.items()))
         return m
+
+    def _relay_plan(self) -> tuple | None:
+        """This view's members by host agent (``relay.plan``), once the mesh is live; None
+        where nothing goes through an agent (relay off, a mesh rebuilt from a pickle,
+        every member in this process's own host)."""
+        if "_relay_cache" in self.__dict__:
+            return self.__dict__["_relay_cache"]
+        st = self._state
+        if not st.relay or st.nodes is None:
+            return None
+        members, _ = self._members()
+        groups, alone = relay.plan(current_or_client_node(), [
+            (r, st.records[g].name, st.nodes[g], st.records[g].agent) for r, g in members])
+        plan = self.__dict__["_relay_cache"] = (groups, alone) if groups else None
+        return plan
+
+    def _fan_out(self, endpoint: str, payload: tuple[Any, list | None], reply: bool,
+                 errors: list | None = None) -> list:
+        """Send one call (``reply``) or broadcast to every member of this view: one cast
+        per host through its agent where that pays (``runtime/relay.py``), else straight.
+        Each member's Future (None for a broadcast's), in member order. A member whose
+        message cannot leave: its Future fails, or (broadcast) its error goes to ``errors``
+        and the others still get theirs."""
+        members, ext = self._members()
+
+        def direct(slot: int) -> Future | None:
+            r, g = members[slot]
+            try:
+                return self._send(g, r, ext, endpoint, payload, reply)
+            except Exception as e:  # noqa: BLE001 - a dead member; the others still get it
+                if reply:
+                    return failed(e)
+                if errors is not None:
+                    errors.append(e)
+                return None
+        plan = self._relay_plan()
+        if plan is None:
+            return [direct(slot) for slot in range(len(members))]
+        groups, alone = plan
+        out: list = [None] * len(members)
+        for slot in alone:
+            out[slot] = direct(slot)
+        st = self._state
+        node = current_or_client_node()
+        args, bufs = payload
+        for group in groups:
+            # a broadcast goes through the agent even to one member: its ack then comes
+            # from the host, not a ping of this process's (see relay.py)
+            relay.cast(node, group, st.actor_id, endpoint, args, bufs or [], ext, reply, out,
+                       direct, 2 if reply else 1)
+        return out
 
     def __reduce__(self):
         st = self._state
@@ -387,13 +442,13 @@ class Endpoint(Generic[P, R]):
         members, ext = self._members()
         result_shape = Shape.from_extent(mesh._shape.extent)
         st = mesh._state
-        if st.live and self._routes is None:
+        if st.live and self._routes is None and mesh._relay_plan() is None:
             self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members], ext,
                             result_shape)
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
+            futs = mesh._fan_out(self._name, payload, True)
             return gather(futs, lambda vals: ValueMesh(result_shape, vals),
                           current_or_client_node().poll_for_rest)
         return mesh._when_ready(go)
@@ -411,15 +466,11 @@ class Endpoint(Generic[P, R]):
         payload = mesh._payload(name, args, kwargs)
 
         def go() -> Future:
-            first = None
-            for r, g in members:
-                try:
-                    mesh._send(g, r, ext, name, payload, False)
-                except Exception as e:  # noqa: BLE001 - a dead member; the others still get it
-                    first = first or e
+            errors: list = []
+            mesh._fan_out(name, payload, False, errors)
             done = Future()
-            if first is not None:
-                done.set_exception(first)
+            if errors:
+                done.set_exception(errors[0])
             else:
                 done.set_result(None)
             return done
@@ -466,12 +517,7 @@ class Endpoint(Generic[P, R]):
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            for r, g in members:
-                try:
-                    f = mesh._send(g, r, ext, self._name, payload, True)
-                except BaseException as e:  # noqa: BLE001
-                    stream._push_error(e)
-                    continue
+            for f in mesh._fan_out(self._name, payload, True):
                 f.add_done_callback(stream._on_done)
             out = Future()
             out.set_result(None)
@@ -529,8 +575,8 @@ def send(endpoint: Endpoint[P, R], args: tuple, kwargs: dict, port=None,
     payload = mesh._payload(name, tuple(args), dict(kwargs))
 
     def go() -> Future:
-        for r, g in members:
-            mesh._send(g, r, ext, name, payload, True).add_done_callback(answer)
+        for f in mesh._fan_out(name, payload, True):
+            f.add_done_callback(answer)
         return completed(None)
     mesh._when_ready(go).add_done_callback(
         lambda f: f.exception() is not None and port.exception(f.exception()))

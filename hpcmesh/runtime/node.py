@@ -27,6 +27,7 @@ from ..transport.connection import Connection, ConnectionClosed
 from ..transport.framing import FrameError, check_frame_limits
 from .errors import SupervisionError
 from .fanin import FaninPoller
+from . import relay
 from .future import Future
 from .inbound import UnhandledFrames, dropped_frame
 from .links import Links, describe_conn
@@ -36,9 +37,9 @@ from .ports import PortTable
 from .services import Services
 # the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
 from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
-                       MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
+                       MSG_CAST, MSG_CAST_REPLY, MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
                        BatchShare, ReplyNotSent,
-                       call_msg, deliver_msg, describe_exception,
+                       call_msg, cast_reply_msg, deliver_msg, describe_exception,
                        encode_result, fail_msg, frozen_size, layout_problem, rpc_msg)
 
 log = logging.getLogger("hpcmesh.runtime")
@@ -95,6 +96,8 @@ class Node:
         self._thread: threading.Thread | None = None
         self.use_tls(tls.settings())     # HPCMESH_TLS_CA: set for everything a job starts
         self.fanin = FaninPoller(loop)     # polls for the rest of a call()'s replies
+        #: what handles a MSG_CAST here (a host agent's ``relay.CastRelay``; None: refused)
+        self.cast_handler: Callable[[tuple, str | None, list], None] | None = None
 
     # -- construction ---------------------------------------------------------------
     @classmethod
@@ -207,6 +210,11 @@ class Node:
                 msg = serialization.loads(serialization.dumps_envelope(msg))   # no sharing
             self._hand_over_local(msg, buffers or ())
             return
+        if msg[0] == MSG_CALL:
+            p = self._peers.get(target.node_id)
+            if p is not None and p.relayed:     # behind calls sent through its host agent
+                relay.relay_one(self, p, target, msg, buffers or [])
+                return
         if buffers is None:
             meta, bufs = serialization.dumps(msg, what)
         else:
@@ -253,7 +261,7 @@ class Node:
         rather than through ``reply_future`` and ``send``."""
         p = self._peers.get(target.node_id)
         conn = p.conn if p is not None else None
-        if conn is not None and not p.backlog:
+        if conn is not None and not p.backlog and not p.relayed:
             fut = Future()
             pid = next(self._port_ids)
             self._replies[pid] = (fut, p)
@@ -420,6 +428,11 @@ class Node:
         elif kind == MSG_DELIVER:
             self._deliver_local(msg[1], msg[2])
         elif kind == MSG_RESULT:
+            raw = self.ports.raw
+            if raw and msg[1] in raw:       # a reply this host agent relays unread
+                raw.discard(msg[1])
+                self._deliver_local(msg[1], relay.RawResult(msg[2], list(buffers)))
+                return
             try:
                 value = serialization.loads(msg[2], buffers)
             except Exception as e:  # noqa: BLE001 - fails this one call, not the connection
@@ -433,6 +446,16 @@ class Node:
             self._deliver_local(msg[1], Failure(msg[2]))
         elif kind == MSG_RPC:
             self._handle_rpc(msg)
+        elif kind == MSG_CAST_REPLY:
+            relay.on_cast_reply(self, origin, msg[1], buffers)
+        elif kind == MSG_CAST:
+            if self.cast_handler is None:
+                err = LookupError(f"{self.name or self.role} relays no calls (not a host agent)")
+                if origin is not None:
+                    self.send(self.ref_of(origin), cast_reply_msg(
+                        [(port, MSG_FAIL, err, 0) for port in msg[6]]), buffers=[])
+                return
+            self.cast_handler(msg, origin, buffers)
         else:
             log.warning("unknown message kind %r", kind)
 

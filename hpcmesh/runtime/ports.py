@@ -26,6 +26,9 @@ class PortTable:
         self.callbacks: dict[int, tuple[Callable[[Any], None], bool]] = {}
         self.replies: dict[int, tuple[Future, Peer | None]] = {}
         self.ids = itertools.count(1)
+        #: reply ports whose MSG_RESULT is delivered still pickled (a ``RawResult``): a
+        #: host agent relaying a member's reply never unpickles the user's value
+        self.raw: set[int] = set()
 
     def open(self, callback: Callable[[Any], None], once: bool = False) -> int:
         pid = next(self.ids)

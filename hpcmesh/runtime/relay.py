@@ -1,0 +1,327 @@
+"""Fan-out and fan-in through host agents (SPEC §11: the controller's work per call()
+grows with hosts, not processes).
+
+A call() over a mesh whose members sit G to a host costs the sender one ``MSG_CAST`` per
+host, to that host's agent: the payload pickled once, the members, a reply port of the
+sender's for each. The agent hands each member an ordinary ``MSG_CALL`` over its Unix
+socket and folds the replies of one loop pass into one ``MSG_CAST_REPLY``; the sender
+unpickles each member's value on its own (the agent never unpickles a user's value: a
+result travels as the bytes the member pickled, ``RawResult``).
+
+Order (messages from one sender to one actor are delivered in send order, whichever path
+each took) is kept by routing, never by waiting: a member is *relayed* while any call sent
+to it through its agent is not yet answered (``Peer.relayed``), and *direct* while any
+call sent straight to it is (its reply ports in ``Peer.inflight``). A member with relayed
+calls in flight gets later calls (a ``call_one`` too) through the agent; one with direct
+calls in flight gets its share of a call() straight. A broadcast has no reply, so it is
+acknowledged instead: through the agent, which answers each member's port once that
+member answered a ``ping`` sent after the call (it read the call first); sent straight,
+by a ``ping`` of the sender's own, whose reply port counts as a direct call in flight.
+
+Failures need nothing new: each relayed reply port is registered with the member's peer
+(its exit or its host's loss fails it, as a direct call's) and with the agent's (an agent
+whose connection is lost for good fails what it held).
+
+``HPCMESH_RELAY=0`` turns the relay off (every call goes straight to its member).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..settings import env_flag, env_number
+from ..transport import serialization
+from .future import Future
+from .messages import (MSG_DELIVER, MSG_FAIL, MSG_RESULT, Failure, NodeRef, call_msg, cast_msg,
+                       cast_reply_msg, describe_exception)
+
+if TYPE_CHECKING:
+    from .node import Node
+    from .peers import Peer
+
+log = logging.getLogger("hpcmesh.runtime")
+
+RELAY_VAR = "HPCMESH_RELAY"
+#: The key of a node's hello info that says it relays casts (a host agent's does).
+RELAYS = "relays"
+#: A result bigger than this (its buffers) leaves the agent at once in a frame of its own
+#: rather than folded with others: folding saves frames of small replies, not copies.
+FOLD_BYTES = 1 << 20
+#: How long an agent holds the answers it has while others of the same sender's casts are
+#: still out (once all are in, they leave at once): a slow member costs the others this.
+FOLD_WINDOW = env_number("HPCMESH_RELAY_FOLD_US", 200, unit="microseconds") * 1e-6
+#: How many casts each host agent has relayed (tests count frames with it, not time).
+STATS = {"casts": 0, "cast_replies": 0}
+
+
+def relay_enabled() -> bool:
+    """``HPCMESH_RELAY`` (on unless 0): whether calls fan out through host agents."""
+    return env_flag(RELAY_VAR, True)
+
+
+@dataclass(slots=True)
+class RawResult:
+    """A member's MSG_RESULT as it arrived at its agent: the value's pickle stream and its
+    out-of-band buffers, passed on unread."""
+    data: bytes
+    buffers: list
+
+
+# -- the sender's half ------------------------------------------------------------------
+@dataclass(slots=True)
+class HostGroup:
+    """The members of one view that one host agent can reach for its sender."""
+    agent: NodeRef
+    slots: list[int]            # their positions in the view's member order
+    refs: list[NodeRef]         # their nodes
+    members: tuple              # ((proc_name, node_id, addresses, rank), ...)
+
+
+def plan(node: "Node", members: list[tuple[int, str, NodeRef, NodeRef]]
+         ) -> tuple[list[HostGroup], list[int]]:
+    """``members`` [(rank, proc_name, node, agent)] of a view, in order: their host groups
+    (agents other than this node), and the positions of those that are not in one (an
+    agent in this process: ``this_host()``)."""
+    groups: dict[str, HostGroup] = {}
+    alone: list[int] = []
+    for slot, (rank, name, ref, agent) in enumerate(members):
+        if agent is None or agent.node_id == node.node_id or ref is None:
+            alone.append(slot)
+            continue
+        g = groups.get(agent.node_id)
+        if g is None:
+            g = groups[agent.node_id] = HostGroup(agent, [], [], ())
+        g.slots.append(slot)
+        g.refs.append(ref)
+        g.members += ((name, ref.node_id, tuple(ref.addresses), rank),)
+    return list(groups.values()), alone
+
+
+def cast(node: "Node", group: HostGroup, actor_id: str, endpoint: str, payload: Any,
+         bufs: list, ext: tuple, reply: bool, out: list,
+         direct: Callable[[int], Future | None], min_members: int = 2) -> None:
+    """Send ``group``'s share of one call (``reply``) or broadcast: through its agent for
+    members it may go to (see the module's doc on order), ``direct(slot)`` for the rest;
+    each slot's Future (None for a broadcast's) goes to ``out[slot]``. Below
+    ``min_members`` relayable members the share goes direct (the relay only pays from 2)."""
+    peers = node.peers
+    by_id = peers.by_id
+    agent_p = by_id.get(group.agent.node_id)
+    agent_up = (agent_p is not None and agent_p.conn is not None and not agent_p.conn.closed
+                and agent_p.conn.info.get("peer_info", {}).get(RELAYS) is True)
+    members, chosen, straight = [], [], []
+    for slot, ref, member in zip(group.slots, group.refs, group.members):
+        p = by_id.get(ref.node_id) or peers.peer(ref)
+        if p.lost is not None and p.conn is None:
+            straight.append((slot, ref))        # gone: the direct path says why
+        elif p.relayed or (agent_up and not p.inflight):
+            members.append(member)
+            chosen.append((slot, p, ref))
+        else:
+            straight.append((slot, ref))        # direct calls in flight, or no agent
+    if len(members) < min_members and not any(p.relayed for _, p, _ in chosen):
+        straight += [(slot, ref) for slot, _, ref in chosen]
+        members = []
+    if members:
+        agent_p = agent_p or peers.peer(group.agent)
+        agent_inflight = agent_p.inflight
+        expect = node.ports.expect_reply
+        ports = []
+        for (slot, p, _), member in zip(chosen, members):
+            fut, pid = expect(p)
+            p.relayed += 1
+            p.relay_via = group.agent
+            p.relay_name = member[0]
+            agent_inflight.add(pid)
+            ports.append(pid)
+            if reply:
+                out[slot] = fut
+        _send_cast(node, group.agent, cast_msg(actor_id, endpoint, payload, ext,
+                                               tuple(members), ports, not reply), bufs)
+    for slot, ref in straight:
+        out[slot] = _direct(node, direct, slot, ref, reply)
+
+
+def _direct(node: "Node", direct: Callable[[int], Future | None], slot: int, ref: NodeRef,
+            reply: bool) -> Future | None:
+    """A member's share sent straight; a broadcast's is followed by a ping, whose reply
+    port keeps the member counted as direct until it read the broadcast."""
+    fut = direct(slot)
+    if not reply:
+        node.rpc(ref, "ping")
+    return fut
+
+
+def _send_cast(node: "Node", agent: NodeRef, msg: tuple, bufs: list) -> None:
+    """Send a cast; if it cannot leave, fail the ports it carried (their calls)."""
+    try:
+        node.send(agent, msg, buffers=bufs or [])
+    except Exception as e:  # noqa: BLE001 - those calls fail, named; the others go on
+        for pid in msg[6]:
+            settle(node, pid, Failure(e))
+
+
+def settle(node: "Node", port: int, value: Any) -> None:
+    """Deliver a relayed call's answer: the member is one relayed call lighter."""
+    rep = node.ports.replies.get(port)
+    if rep is not None and rep[1] is not None and rep[1].relayed > 0:
+        rep[1].relayed -= 1
+    node.ports.deliver(port, value)
+
+
+def relay_one(node: "Node", p: "Peer", target: NodeRef, msg: tuple, bufs: list) -> None:
+    """A MSG_CALL to a member with relayed calls in flight: through the same agent, so
+    that it cannot overtake them. A broadcast (no reply port) gets an ack port."""
+    _, actor_id, endpoint, payload, port, rank, ext = msg
+    ack = port is None
+    if ack:
+        _, port = node.ports.expect_reply(p)
+    # (else the port is registered with the member already, as a direct call's)
+    p.relayed += 1
+    agent_p = node.peers.peer(p.relay_via)
+    agent_p.inflight.add(port)
+    member = ((p.relay_name, target.node_id, tuple(target.addresses), rank),)
+    _send_cast(node, p.relay_via, cast_msg(actor_id, endpoint, payload, ext, member, [port],
+                                           ack), bufs)
+
+
+def on_cast_reply(node: "Node", origin: str | None, entries: list, buffers: list) -> None:
+    """A host agent's folded answers: each member's value unpickled on its own (one that
+    cannot be fails its call alone) and delivered to its port."""
+    agent_p = node.peers.by_id.get(origin) if origin is not None else None
+    agent_inflight = agent_p.inflight if agent_p is not None else set()
+    at = 0
+    for port, kind, value, nbufs in entries:
+        agent_inflight.discard(port)
+        if kind == MSG_RESULT:
+            bufs = buffers[at:at + nbufs]
+            at += nbufs
+            try:
+                value = serialization.loads(value, bufs)
+            except Exception as e:  # noqa: BLE001 - fails this one call
+                value = Failure(serialization.SerializationError(
+                    f"a result arrived through host agent {origin and origin[:8]} but cannot "
+                    f"be unpickled here: {describe_exception(e)}"))
+        elif kind == MSG_FAIL:
+            value = Failure(value)
+        settle(node, port, value)
+
+
+# -- the agent's half -------------------------------------------------------------------
+class CastRelay:
+    """On a host agent's node: hands each member of a cast its call and folds their
+    answers into one frame per sender: it leaves once every member of that sender's casts
+    answered, or ``FOLD_WINDOW`` after the first answer it holds (a result over
+    ``FOLD_BYTES`` leaves at once).
+
+    ``member_secret(proc_name, node_id)`` is the secret to dial a member with (None: this
+    node's own); the host agent also learns the member's node there (to fail what it
+    awaits from it as soon as it exits)."""
+
+    def __init__(self, node: "Node",
+                 member_secret: Callable[[str, str], bytes | None] | None = None):
+        self.node = node
+        self.member_secret = member_secret
+        self._out: dict[str, tuple[list, list, list]] = {}   # origin -> entries, bufs, [size]
+        self._waiting: dict[str, int] = {}      # origin -> answers still out
+        self._timers: dict[str, Any] = {}       # origin -> its fold window's timer
+        node.cast_handler = self.on_cast
+        node.info[RELAYS] = True        # said in its hellos: senders may cast to it
+
+    def on_cast(self, msg: tuple, origin: str | None, buffers: list) -> None:
+        _, actor_id, endpoint, payload, ext, members, ports, ack = msg
+        node = self.node
+        if origin is None:
+            return
+        STATS["casts"] += 1
+        bufs = list(buffers) if type(payload) is not tuple else []
+        for (name, nid, addrs, rank), cport in zip(members, ports):
+            ref = NodeRef(nid, tuple(addrs))
+            p = node.peers.peer(ref)
+            if p.conn is None and p.secret is None and self.member_secret is not None:
+                p.secret = self.member_secret(name, nid)
+            try:
+                if ack:
+                    node.send(ref, call_msg(actor_id, endpoint, payload, None, rank, ext),
+                              buffers=bufs)
+                    fut = node.rpc(ref, "ping")      # answered once the call was read
+                else:
+                    fut, pid = node.reply_future(ref)
+                    node.ports.raw.add(pid)
+                    try:
+                        node.send(ref, call_msg(actor_id, endpoint, payload, pid, rank, ext),
+                                  buffers=bufs)
+                    except BaseException:
+                        node.close_port(pid)
+                        node.ports.raw.discard(pid)
+                        raise
+            except Exception as e:  # noqa: BLE001 - this member's call fails, named
+                self._add(origin, cport, MSG_FAIL, e, [])
+                continue
+            self._waiting[origin] = self._waiting.get(origin, 0) + 1
+            fut.add_done_callback(lambda f, o=origin, c=cport, a=ack: self._answered(o, c, a, f))
+
+    def _answered(self, origin: str, cport: int, ack: bool, f: Future) -> None:
+        self._waiting[origin] -= 1
+        exc = f.exception()
+        if ack:
+            self._add(origin, cport, MSG_DELIVER, None, [])
+        elif exc is not None:
+            self._add(origin, cport, MSG_FAIL, exc, [])
+        else:
+            value = f.value()
+            if type(value) is RawResult:
+                self._add(origin, cport, MSG_RESULT, value.data, list(value.buffers))
+            else:
+                self._add(origin, cport, MSG_DELIVER, value, [])
+
+    def _add(self, origin: str, cport: int, kind: int, value: Any, bufs: list) -> None:
+        entries, out_bufs, size = self._out.setdefault(origin, ([], [], [0]))
+        entries.append((cport, kind, value, len(bufs)))
+        out_bufs.extend(bufs)
+        size[0] += sum(memoryview(b).nbytes for b in bufs) if bufs else 0
+        if size[0] >= FOLD_BYTES or not self._waiting.get(origin):
+            self._flush_one(origin)
+        elif origin not in self._timers:
+            self._timers[origin] = self.node.loop.call_later(FOLD_WINDOW, self._flush_one,
+                                                             origin)
+
+    def _flush_one(self, origin: str) -> None:
+        timer = self._timers.pop(origin, None)
+        if timer is not None:
+            timer.cancel()
+        if not self._waiting.get(origin):
+            self._waiting.pop(origin, None)
+        entries, bufs, _ = self._out.pop(origin, ([], [], None))
+        if not entries:
+            return
+        node = self.node
+        STATS["cast_replies"] += 1
+        try:
+            node.send(node.ref_of(origin), cast_reply_msg(entries), buffers=bufs)
+            return
+        except (pickle.PicklingError, TypeError, AttributeError, ValueError,
+                serialization.SerializationError) as e:
+            problem = e             # an exception among them that does not pickle
+        except Exception as e:  # noqa: BLE001 - the sender is gone: its supervision says so
+            log.debug("cannot return relayed replies to %s: %s", origin[:8], e)
+            return
+        # one by one, any that does not pickle replaced by what it said
+        log.debug("folded replies did not pickle (%s): sent one by one", problem)
+        at = 0
+        for port, kind, value, nbufs in entries:
+            mine = bufs[at:at + nbufs]
+            at += nbufs
+            if kind == MSG_FAIL:
+                try:
+                    pickle.dumps(value)
+                except Exception:  # noqa: BLE001
+                    value = RuntimeError(describe_exception(value))
+            try:
+                node.send(node.ref_of(origin), cast_reply_msg([(port, kind, value, nbufs)]),
+                          buffers=mine)
+            except Exception as e:  # noqa: BLE001
+                log.debug("cannot return a relayed reply to %s: %s", origin[:8], e)

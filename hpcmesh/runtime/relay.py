@@ -30,17 +30,17 @@ from __future__ import annotations
 import logging
 import pickle
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ..settings import env_flag, env_number
 from ..transport import serialization
 from .future import Future
 from .messages import (MSG_DELIVER, MSG_FAIL, MSG_RESULT, Failure, NodeRef, call_msg, cast_msg,
                        cast_reply_msg, describe_exception)
+from .peers import Peer
 
-if TYPE_CHECKING:
-    from .node import Node
-    from .peers import Peer
+#: the ``runtime.node.Node`` sending or relaying (not imported: node.py imports this module)
+Node = Any
 
 log = logging.getLogger("hpcmesh.runtime")
 
@@ -80,7 +80,7 @@ class HostGroup:
     members: tuple              # ((proc_name, node_id, addresses, rank), ...)
 
 
-def plan(node: "Node", members: list[tuple[int, str, NodeRef, NodeRef]]
+def plan(node: Node, members: list[tuple[int, str, NodeRef, NodeRef]]
          ) -> tuple[list[HostGroup], list[int]]:
     """``members`` [(rank, proc_name, node, agent)] of a view, in order: their host groups
     (agents other than this node), and the positions of those that are not in one (an
@@ -100,7 +100,7 @@ def plan(node: "Node", members: list[tuple[int, str, NodeRef, NodeRef]]
     return list(groups.values()), alone
 
 
-def cast(node: "Node", group: HostGroup, actor_id: str, endpoint: str, payload: Any,
+def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: Any,
          bufs: list, ext: tuple, reply: bool, out: list,
          direct: Callable[[int], Future | None], min_members: int = 2) -> None:
     """Send ``group``'s share of one call (``reply``) or broadcast: through its agent for
@@ -145,7 +145,7 @@ def cast(node: "Node", group: HostGroup, actor_id: str, endpoint: str, payload: 
         out[slot] = _direct(node, direct, slot, ref, reply)
 
 
-def _direct(node: "Node", direct: Callable[[int], Future | None], slot: int, ref: NodeRef,
+def _direct(node: Node, direct: Callable[[int], Future | None], slot: int, ref: NodeRef,
             reply: bool) -> Future | None:
     """A member's share sent straight; a broadcast's is followed by a ping, whose reply
     port keeps the member counted as direct until it read the broadcast."""
@@ -155,7 +155,7 @@ def _direct(node: "Node", direct: Callable[[int], Future | None], slot: int, ref
     return fut
 
 
-def _send_cast(node: "Node", agent: NodeRef, msg: tuple, bufs: list) -> None:
+def _send_cast(node: Node, agent: NodeRef, msg: tuple, bufs: list) -> None:
     """Send a cast; if it cannot leave, fail the ports it carried (their calls)."""
     try:
         node.send(agent, msg, buffers=bufs or [])
@@ -164,7 +164,7 @@ def _send_cast(node: "Node", agent: NodeRef, msg: tuple, bufs: list) -> None:
             settle(node, pid, Failure(e))
 
 
-def settle(node: "Node", port: int, value: Any) -> None:
+def settle(node: Node, port: int, value: Any) -> None:
     """Deliver a relayed call's answer: the member is one relayed call lighter."""
     rep = node.ports.replies.get(port)
     if rep is not None and rep[1] is not None and rep[1].relayed > 0:
@@ -172,7 +172,7 @@ def settle(node: "Node", port: int, value: Any) -> None:
     node.ports.deliver(port, value)
 
 
-def relay_one(node: "Node", p: "Peer", target: NodeRef, msg: tuple, bufs: list) -> None:
+def relay_one(node: Node, p: Peer, target: NodeRef, msg: tuple, bufs: list) -> None:
     """A MSG_CALL to a member with relayed calls in flight: through the same agent, so
     that it cannot overtake them. A broadcast (no reply port) gets an ack port."""
     _, actor_id, endpoint, payload, port, rank, ext = msg
@@ -188,7 +188,7 @@ def relay_one(node: "Node", p: "Peer", target: NodeRef, msg: tuple, bufs: list) 
                                            ack), bufs)
 
 
-def on_cast_reply(node: "Node", origin: str | None, entries: list, buffers: list) -> None:
+def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) -> None:
     """A host agent's folded answers: each member's value unpickled on its own (one that
     cannot be fails its call alone) and delivered to its port."""
     agent_p = node.peers.by_id.get(origin) if origin is not None else None
@@ -221,7 +221,7 @@ class CastRelay:
     node's own); the host agent also learns the member's node there (to fail what it
     awaits from it as soon as it exits)."""
 
-    def __init__(self, node: "Node",
+    def __init__(self, node: Node,
                  member_secret: Callable[[str, str], bytes | None] | None = None):
         self.node = node
         self.member_secret = member_secret

@@ -1,0 +1,270 @@
+"""call()/broadcast()/stream() over a mesh of several hosts go through the host agents
+(SPEC §11, issue 30; ``runtime/relay.py``): one message per host from the controller, not
+one per process, with the same order, replies and failures as a direct call.
+
+Real processes: ProcessJob hosts (each a ``hpcmesh worker`` of its own) with 4 processes
+each; the order tests also run on the memory twin (``memory_procs``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+from proc_helpers import alive, wait_until
+
+from hpcmesh.actor import Actor, SupervisionError, endpoint
+from hpcmesh.job import ProcessJob
+from hpcmesh.runtime.client import client_runtime
+from hpcmesh.runtime.errors import HOST_LOST
+from hpcmesh.transport.connection import Connection
+
+#: SPEC §3: a dead process fails what is pending on it within 5 s; the margin is for a
+#: loaded test machine.
+BOUND_S = 5.0
+MARGIN_S = 5.0
+
+
+class Recorder(Actor):
+    """Notes every message it is handed, in the order it is handed them."""
+
+    def __init__(self):
+        self.seen: list = []
+
+    @endpoint
+    def note(self, tag, data=None) -> int:
+        self.seen.append(tag)
+        return len(self.seen)
+
+    @endpoint
+    async def anote(self, tag) -> int:
+        self.seen.append(tag)
+        return len(self.seen)
+
+    @endpoint
+    def log(self) -> list:
+        """What it saw since the last time it was asked."""
+        seen, self.seen = self.seen, []
+        return seen
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def array(self, n: int) -> np.ndarray:
+        return np.arange(n)
+
+    @endpoint
+    def boom(self) -> None:
+        raise ValueError("boom from a member")
+
+    @endpoint
+    async def sleep(self, seconds: float) -> str:
+        await asyncio.sleep(seconds)    # the endpoint's work is to take this long
+        return "woke"
+
+
+@pytest.fixture(scope="module")
+def job():
+    job = ProcessJob({"hosts": 2})
+    yield job
+    job.kill()
+
+
+@pytest.fixture(scope="module")
+def procs(job):
+    pm = job.state(cached_path=None).hosts.spawn_procs({"gpus": 4}, name="relayed")
+    yield pm
+    pm.stop().get(timeout=60)
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Messages this process queued on each connection, by the peer's node id (counted
+    where every message is queued: the connection's three send methods)."""
+    counts: Counter = Counter()
+    for name in ("send_msg", "send_obj", "send_frame"):
+        orig = getattr(Connection, name)
+
+        def counting(self, *args, __orig=orig, **kwargs):
+            counts[self.info.get("peer_id")] += 1
+            return __orig(self, *args, **kwargs)
+        monkeypatch.setattr(Connection, name, counting)
+    return counts
+
+
+def _members_and_agents(procs):
+    rt = client_runtime()
+    members = {r.node.node_id for r in procs.records}
+    agents = {r.agent.node_id for r in procs.records}
+    assert rt.node.node_id not in agents
+    return members, agents
+
+
+def test_one_message_per_host_for_call_broadcast_and_stream(procs, sent):
+    mesh = procs.spawn("counted", Recorder)
+    mesh.initialized.get(timeout=60)
+    members, agents = _members_and_agents(procs)
+    assert len(members) == 8 and len(agents) == 2
+    mesh.note.call("warm").get(timeout=30)       # connections are up (the agents' too)
+
+    for what, do in [
+            ("call", lambda: mesh.note.call("c").get(timeout=30)),
+            ("call, not plain", lambda: mesh.note.call("c", data=np.ones(3)).get(timeout=30)),
+            ("stream", lambda: [f.get(timeout=30) for f in mesh.note.stream("s")]),
+            ("broadcast", lambda: (mesh.note.broadcast("b"),
+                                   mesh.note.call("after").get(timeout=30)))]:
+        sent.clear()
+        do()
+        to_members = sum(n for peer, n in sent.items() if peer in members)
+        to_agents = {peer: n for peer, n in sent.items() if peer in agents}
+        assert to_members == 0, (what, sent)
+        # one per host and call (the broadcast and the call after it: two)
+        expect = 2 if what == "broadcast" else 1
+        assert to_agents == {a: expect for a in agents}, (what, sent)
+    results = mesh.array.call(5).get(timeout=30).values()
+    assert [list(a) for a in results] == [list(range(5))] * 8
+    # a member's exception reaches its own slot, through its agent
+    failures = [f.exception() for f in mesh.boom.stream()]
+    assert all("boom from a member" in str(e) for e in failures), failures
+    mesh.stop().get(timeout=30)
+
+
+def test_relay_off_sends_one_message_per_process(procs, sent, monkeypatch):
+    monkeypatch.setenv("HPCMESH_RELAY", "0")
+    mesh = procs.spawn("direct", Recorder)
+    mesh.initialized.get(timeout=60)
+    members, agents = _members_and_agents(procs)
+    mesh.note.call("warm").get(timeout=30)
+    sent.clear()
+    mesh.note.call("c").get(timeout=30)
+    assert sum(n for peer, n in sent.items() if peer in members) == 8, sent
+    assert not any(peer in agents for peer in sent), sent
+    mesh.stop().get(timeout=30)
+
+
+def _interleave(mesh, seed: int, steps: int = 240) -> None:
+    """Calls of every kind, to the whole mesh, a host, one member, without waiting for
+    most: each member must see its messages in the order they were sent to it."""
+    rng = random.Random(seed)
+    ext = dict(mesh.extent)
+    n = ext["hosts"] * ext["gpus"]
+    expected: list[list] = [[] for _ in range(n)]
+    pending = []
+    for i in range(steps):
+        kind = rng.choice(["call", "broadcast", "stream", "one", "one", "host", "host_bc",
+                           "wait"])
+        h, g = rng.randrange(ext["hosts"]), rng.randrange(ext["gpus"])
+        ep = "anote" if rng.random() < 0.3 else "note"
+        tag = (i, kind)
+        if kind == "call":
+            pending.append(getattr(mesh, ep).call(tag))
+            targets = range(n)
+        elif kind == "broadcast":
+            getattr(mesh, ep).broadcast(tag)
+            targets = range(n)
+        elif kind == "stream":
+            pending.extend(getattr(mesh, ep).stream(tag))
+            targets = range(n)
+        elif kind == "one":
+            pending.append(getattr(mesh.slice(hosts=h, gpus=g), ep).call_one(tag))
+            targets = [h * ext["gpus"] + g]
+        elif kind == "host":
+            pending.append(getattr(mesh.slice(hosts=h), ep).call(tag))
+            targets = range(h * ext["gpus"], (h + 1) * ext["gpus"])
+        elif kind == "host_bc":
+            getattr(mesh.slice(hosts=h), ep).broadcast(tag)
+            targets = range(h * ext["gpus"], (h + 1) * ext["gpus"])
+        else:       # let what is in flight land: the routes change back
+            for f in pending:
+                f.get(timeout=60)
+            pending = []
+            continue
+        for t in targets:
+            expected[t].append(tag)
+    for f in pending:
+        f.get(timeout=60)
+    seen = mesh.log.call().get(timeout=60).values()
+    for member, (got, want) in enumerate(zip(seen, expected)):
+        assert got == want, f"member {member}: first difference at " \
+            f"{next(i for i, (a, b) in enumerate(zip(got + [None], want + [None])) if a != b)}"
+
+
+def test_order_across_call_one_call_broadcast_and_stream(procs):
+    mesh = procs.spawn("ordered", Recorder)
+    mesh.initialized.get(timeout=60)
+    for seed in range(3):
+        _interleave(mesh, seed)
+    mesh.stop().get(timeout=30)
+
+
+def test_order_on_the_memory_twin():
+    from memory_procs import memory_proc_mesh
+    pm = memory_proc_mesh({"hosts": 2, "gpus": 4})
+    try:
+        mesh = pm.spawn("ordered", Recorder)
+        mesh.initialized.get(timeout=30)
+        for seed in range(5):
+            _interleave(mesh, 100 + seed)
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_a_member_killed_mid_call_fails_only_its_slot(job):
+    procs = job.state(cached_path=None).hosts.spawn_procs({"gpus": 4}, name="killme")
+    try:
+        mesh = procs.spawn("sleepers", Recorder)
+        pids = mesh.pid.call().get(timeout=60).values()
+        victim = 5                      # host 1, gpu 1
+        stream = mesh.sleep.stream(3.0)
+        t0 = time.monotonic()
+        os.kill(pids[victim], signal.SIGKILL)
+        results = [f for f in stream]
+        took = time.monotonic() - t0
+        assert took < BOUND_S + MARGIN_S, took
+        failed = [f.exception() for f in results if f.exception() is not None]
+        assert len(failed) == 1, failed
+        assert isinstance(failed[0], SupervisionError) and failed[0].pid == pids[victim], \
+            failed[0]
+        assert sum(1 for f in results if f.exception() is None and f.value() == "woke") == 7
+        # a call() over all fails with it; the others go on
+        with pytest.raises(SupervisionError):
+            mesh.pid.call().get(timeout=BOUND_S + MARGIN_S)
+        assert mesh.slice(hosts=1, gpus=2).pid.call_one().get(timeout=30) == pids[6]
+        assert mesh.slice(hosts=0).pid.call().get(timeout=30).values() == pids[:4]
+    finally:
+        procs.stop(grace=0.5).get(timeout=60)
+
+
+def test_an_agent_killed_fails_its_hosts_slots_with_host_lost():
+    job = ProcessJob({"hosts": 2})
+    pids: list[int] = []
+    try:
+        procs = job.state(cached_path=None).hosts.spawn_procs({"gpus": 4}, name="lost")
+        mesh = procs.spawn("sleepers", Recorder)
+        pids = mesh.pid.call().get(timeout=60).values()
+        stream = mesh.sleep.stream(3.0)
+        t0 = time.monotonic()
+        os.kill(job.pids["hosts"][1], signal.SIGKILL)
+        results = [f for f in stream]
+        took = time.monotonic() - t0
+        assert took < BOUND_S + MARGIN_S, took
+        errors = [f.exception() for f in results if f.exception() is not None]
+        assert len(errors) == 4, errors
+        assert all(isinstance(e, SupervisionError) and e.reason == HOST_LOST for e in errors), \
+            errors
+        assert sorted(e.pid for e in errors) == sorted(pids[4:])
+        assert [f.value() for f in results if f.exception() is None] == ["woke"] * 4
+        # host 0 goes on through its agent; host 1's members fail at once
+        assert mesh.slice(hosts=0).pid.call().get(timeout=30).values() == pids[:4]
+        with pytest.raises(SupervisionError):
+            mesh.pid.call().get(timeout=BOUND_S + MARGIN_S)
+    finally:
+        job.kill()
+        wait_until(lambda: not any(alive(p) for p in pids), 15, "the lost host's processes end")

@@ -204,6 +204,32 @@ def test_order_across_call_one_call_broadcast_and_stream(procs):
     mesh.stop().get(timeout=30)
 
 
+def test_order_behind_a_big_direct_message(procs):
+    """The routes' two rules where a path is slow: a call() must not overtake a big
+    call_one still being read (direct calls in flight keep a member's share direct), nor a
+    big broadcast sent straight to a member that had a direct call in flight (its ping
+    keeps it direct until the broadcast was read)."""
+    mesh = procs.spawn("big", Recorder)
+    mesh.initialized.get(timeout=60)
+    one = mesh.slice(hosts=1, gpus=2)
+    big = b"x" * (64 << 20)
+    rounds = 6
+    for i in range(rounds):
+        first = one.note.call_one(("big call_one", i), data=big)
+        after = mesh.note.call(("call", i))
+        first.get(timeout=60)
+        after.get(timeout=60)
+
+        quick = one.note.call_one(("quick", i))
+        one.note.broadcast(("big broadcast", i), data=big)
+        quick.get(timeout=60)
+        mesh.note.call(("call after", i)).get(timeout=60)
+    want = [t for i in range(rounds) for t in (("big call_one", i), ("call", i), ("quick", i),
+                                          ("big broadcast", i), ("call after", i))]
+    assert mesh.log.call().get(timeout=60).values()[6] == want
+    mesh.stop().get(timeout=30)
+
+
 def test_order_on_the_memory_twin():
     from memory_procs import memory_proc_mesh
     pm = memory_proc_mesh({"hosts": 2, "gpus": 4})

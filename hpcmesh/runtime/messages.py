@@ -42,17 +42,17 @@ MSG_RESULT = 5     # (RESULT, port_id, pickled value) -- a reply whose value is 
 #                   its own, its out-of-band buffers in the frame: the receiver unpickles
 #                   it apart from the envelope, so a value it cannot unpickle fails that
 #                   one call; every endpoint result that is not plain goes this way
-MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, ports, ack)
+MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, ports, seqs)
 #                   one call to several actors of one host, sent to its host agent, which
 #                   hands each member a MSG_CALL (``runtime/relay.py``): ``payload`` as in
 #                   MSG_CALL (its buffers in the frame, once for all), ``members`` a tuple
-#                   of (proc_name, node_id, addresses, rank), ``ports`` the sender's port of
-#                   each member, in order; ``ack`` True for a broadcast: its ports are told
-#                   (None) once the member received the call, else they get its reply
-MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs)]): a host agent's folded
-#                   answers to casts; kind MSG_DELIVER (value), MSG_FAIL (an exception) or
-#                   MSG_RESULT (a pickled value the agent never unpickled, its ``nbufs``
-#                   out-of-band buffers next in the frame's)
+#                   of (proc_name, node_id, addresses, rank), ``ports`` the sender's reply
+#                   port for each (None: a broadcast), ``seqs`` each member's count of
+#                   messages relayed to it by that sender, this one included
+MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host agent's
+#                   folded answers to casts; kind MSG_DELIVER (value), MSG_FAIL (an
+#                   exception) or MSG_RESULT (a pickled value the agent never unpickled, its
+#                   ``nbufs`` out-of-band buffers next in the frame's); ``seq`` the call's
 
 #: Where a call's fields sit (for the few places that read one field, not all).
 CALL_ACTOR, CALL_ENDPOINT, CALL_PAYLOAD, CALL_REPLY, CALL_RANK, CALL_EXTENT = range(1, 7)
@@ -102,7 +102,8 @@ def layout_problem(msg: tuple) -> str | None:
                 MSG_DELIVER: (int, object), MSG_FAIL: (int, BaseException),
                 MSG_RESULT: (int, (bytes, bytearray)),
                 MSG_RPC: (str, tuple, (PortRef, type(None))),
-                MSG_CAST: (str, str, object, (tuple, type(None)), tuple, list, bool),
+                MSG_CAST: (str, str, object, (tuple, type(None)), tuple, (list, type(None)),
+                           list),
                 MSG_CAST_REPLY: (list,)}.get(kind, ())
     for i, (value, types) in enumerate(zip(msg[1:], expected), 1):
         if not isinstance(value, types):
@@ -120,8 +121,8 @@ def call_msg(actor_id: str, endpoint: str, payload: Any, reply_port: int | None,
 
 
 def cast_msg(actor_id: str, endpoint: str, payload: Any, extent_items: tuple | None,
-             members: tuple, ports: list, ack: bool) -> tuple:
-    return (MSG_CAST, actor_id, endpoint, payload, extent_items, members, ports, ack)
+             members: tuple, ports: list | None, seqs: list) -> tuple:
+    return (MSG_CAST, actor_id, endpoint, payload, extent_items, members, ports, seqs)
 
 
 def cast_reply_msg(entries: list) -> tuple:

@@ -212,7 +212,7 @@ class Node:
             return
         if msg[0] == MSG_CALL:
             p = self._peers.get(target.node_id)
-            if p is not None and p.relayed:     # behind calls sent through its host agent
+            if p is not None and p.relay_sent != p.relay_acked:    # behind relayed ones
                 relay.relay_one(self, p, target, msg, buffers or [])
                 return
         if buffers is None:
@@ -261,7 +261,7 @@ class Node:
         rather than through ``reply_future`` and ``send``."""
         p = self._peers.get(target.node_id)
         conn = p.conn if p is not None else None
-        if conn is not None and not p.backlog and not p.relayed:
+        if conn is not None and not p.backlog and p.relay_sent == p.relay_acked:
             fut = Future()
             pid = next(self._port_ids)
             self._replies[pid] = (fut, p)
@@ -451,9 +451,9 @@ class Node:
         elif kind == MSG_CAST:
             if self.cast_handler is None:
                 err = LookupError(f"{self.name or self.role} relays no calls (not a host agent)")
-                if origin is not None:
+                if origin is not None and msg[6]:
                     self.send(self.ref_of(origin), cast_reply_msg(
-                        [(port, MSG_FAIL, err, 0) for port in msg[6]]), buffers=[])
+                        [(port, MSG_FAIL, err, 0, 0) for port in msg[6]]), buffers=[])
                 return
             self.cast_handler(msg, origin, buffers)
         else:

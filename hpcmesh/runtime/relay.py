@@ -100,6 +100,11 @@ def plan(node: Node, members: list[tuple[int, str, NodeRef, NodeRef]]
     return list(groups.values()), alone
 
 
+def relayed(p: Peer) -> bool:
+    """Whether messages sent to ``p`` through its agent may not have reached it yet."""
+    return p.relay_sent != p.relay_acked
+
+
 def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: Any,
          bufs: list, ext: tuple, reply: bool, out: list,
          direct: Callable[[int], Future | None], min_members: int = 2) -> None:
@@ -117,38 +122,44 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
         p = by_id.get(ref.node_id) or peers.peer(ref)
         if p.lost is not None and p.conn is None:
             straight.append((slot, ref))        # gone: the direct path says why
-        elif p.relayed or (agent_up and not p.inflight):
+        elif p.relay_sent != p.relay_acked or (agent_up and not p.inflight):
             members.append(member)
             chosen.append((slot, p, ref))
         else:
             straight.append((slot, ref))        # direct calls in flight, or no agent
-    if len(members) < min_members and not any(p.relayed for _, p, _ in chosen):
+    if len(members) < min_members and not any(relayed(p) for _, p, _ in chosen):
         straight += [(slot, ref) for slot, _, ref in chosen]
         members = []
     if members:
-        agent_p = agent_p or peers.peer(group.agent)
-        agent_inflight = agent_p.inflight
-        expect = node.ports.expect_reply
-        ports = []
-        for (slot, p, _), member in zip(chosen, members):
-            fut, pid = expect(p)
-            p.relayed += 1
+        seqs = []
+        ports = [] if reply else None
+        if reply:
+            agent_inflight = (agent_p or peers.peer(group.agent)).inflight
+            expect = node.ports.expect_reply
+        for slot, p, _ in chosen:
+            p.relay_sent += 1
+            seqs.append(p.relay_sent)
             p.relay_via = group.agent
-            p.relay_name = member[0]
-            agent_inflight.add(pid)
-            ports.append(pid)
             if reply:
+                fut, pid = expect(p)
+                agent_inflight.add(pid)
+                ports.append(pid)
                 out[slot] = fut
+        if chosen[0][1].relay_name == "":
+            for (_, p, _), member in zip(chosen, members):
+                p.relay_name = member[0]
         _send_cast(node, group.agent, cast_msg(actor_id, endpoint, payload, ext,
-                                               tuple(members), ports, not reply), bufs)
+                                               tuple(members), ports, seqs), bufs)
     for slot, ref in straight:
         out[slot] = _direct(node, direct, slot, ref, reply)
 
 
 def _direct(node: Node, direct: Callable[[int], Future | None], slot: int, ref: NodeRef,
             reply: bool) -> Future | None:
-    """A member's share sent straight; a broadcast's is followed by a ping, whose reply
-    port keeps the member counted as direct until it read the broadcast."""
+    """A member's share sent straight. A broadcast's is followed by a ping, whose reply
+    port keeps the member counted as direct (a call in flight) until it read the broadcast:
+    a later cast cannot overtake it. (Only where the member had direct calls in flight or
+    its agent cannot relay: a broadcast otherwise goes through the agent.)"""
     fut = direct(slot)
     if not reply:
         node.rpc(ref, "ping")
@@ -160,42 +171,40 @@ def _send_cast(node: Node, agent: NodeRef, msg: tuple, bufs: list) -> None:
     try:
         node.send(agent, msg, buffers=bufs or [])
     except Exception as e:  # noqa: BLE001 - those calls fail, named; the others go on
-        for pid in msg[6]:
-            settle(node, pid, Failure(e))
-
-
-def settle(node: Node, port: int, value: Any) -> None:
-    """Deliver a relayed call's answer: the member is one relayed call lighter."""
-    rep = node.ports.replies.get(port)
-    if rep is not None and rep[1] is not None and rep[1].relayed > 0:
-        rep[1].relayed -= 1
-    node.ports.deliver(port, value)
+        for pid in msg[6] or ():
+            node.ports.deliver(pid, Failure(e))
 
 
 def relay_one(node: Node, p: Peer, target: NodeRef, msg: tuple, bufs: list) -> None:
-    """A MSG_CALL to a member with relayed calls in flight: through the same agent, so
-    that it cannot overtake them. A broadcast (no reply port) gets an ack port."""
+    """A MSG_CALL to a member that relayed messages may not have reached yet: through the
+    same agent, so that it cannot overtake them. A call's port is registered with the
+    member already (as a direct call's); the agent's peer learns it too."""
     _, actor_id, endpoint, payload, port, rank, ext = msg
-    ack = port is None
-    if ack:
-        _, port = node.ports.expect_reply(p)
-    # (else the port is registered with the member already, as a direct call's)
-    p.relayed += 1
-    agent_p = node.peers.peer(p.relay_via)
-    agent_p.inflight.add(port)
+    if p.lost is not None and p.conn is None:
+        raise p.lost
+    p.relay_sent += 1
+    if port is not None:
+        node.peers.peer(p.relay_via).inflight.add(port)
     member = ((p.relay_name, target.node_id, tuple(target.addresses), rank),)
-    _send_cast(node, p.relay_via, cast_msg(actor_id, endpoint, payload, ext, member, [port],
-                                           ack), bufs)
+    _send_cast(node, p.relay_via, cast_msg(actor_id, endpoint, payload, ext, member,
+                                           None if port is None else [port],
+                                           [p.relay_sent]), bufs)
 
 
 def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) -> None:
     """A host agent's folded answers: each member's value unpickled on its own (one that
-    cannot be fails its call alone) and delivered to its port."""
+    cannot be fails its call alone) and delivered to its port. A member's answer to its
+    relayed message ``seq`` says it read every message relayed to it before."""
     agent_p = node.peers.by_id.get(origin) if origin is not None else None
     agent_inflight = agent_p.inflight if agent_p is not None else set()
+    replies = node.ports.replies
+    deliver = node.ports.deliver
     at = 0
-    for port, kind, value, nbufs in entries:
+    for port, kind, value, nbufs, seq in entries:
         agent_inflight.discard(port)
+        rep = replies.get(port)
+        if rep is not None and (p := rep[1]) is not None and seq > p.relay_acked:
+            p.relay_acked = seq
         if kind == MSG_RESULT:
             bufs = buffers[at:at + nbufs]
             at += nbufs
@@ -207,7 +216,7 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
                     f"be unpickled here: {describe_exception(e)}"))
         elif kind == MSG_FAIL:
             value = Failure(value)
-        settle(node, port, value)
+        deliver(port, value)
 
 
 # -- the agent's half -------------------------------------------------------------------
@@ -232,55 +241,57 @@ class CastRelay:
         node.info[RELAYS] = True        # said in its hellos: senders may cast to it
 
     def on_cast(self, msg: tuple, origin: str | None, buffers: list) -> None:
-        _, actor_id, endpoint, payload, ext, members, ports, ack = msg
+        _, actor_id, endpoint, payload, ext, members, ports, seqs = msg
         node = self.node
         if origin is None:
             return
         STATS["casts"] += 1
         bufs = list(buffers) if type(payload) is not tuple else []
-        for (name, nid, addrs, rank), cport in zip(members, ports):
+        for i, (name, nid, addrs, rank) in enumerate(members):
             ref = NodeRef(nid, tuple(addrs))
             p = node.peers.peer(ref)
             if p.conn is None and p.secret is None and self.member_secret is not None:
                 p.secret = self.member_secret(name, nid)
-            try:
-                if ack:
+            if ports is None:       # a broadcast: nothing comes back (its failure is the
+                try:                # actor's fault, reported to the mesh's owner)
                     node.send(ref, call_msg(actor_id, endpoint, payload, None, rank, ext),
                               buffers=bufs)
-                    fut = node.rpc(ref, "ping")      # answered once the call was read
-                else:
-                    fut, pid = node.reply_future(ref)
-                    node.ports.raw.add(pid)
-                    try:
-                        node.send(ref, call_msg(actor_id, endpoint, payload, pid, rank, ext),
-                                  buffers=bufs)
-                    except BaseException:
-                        node.close_port(pid)
-                        node.ports.raw.discard(pid)
-                        raise
+                except Exception as e:  # noqa: BLE001 - its exit reaches the owner
+                    log.debug("cannot relay a broadcast to %s: %s", name, e)
+                continue
+            cport, seq = ports[i], seqs[i]
+            fut, pid = node.reply_future(ref)
+            node.ports.raw.add(pid)
+            try:
+                node.send(ref, call_msg(actor_id, endpoint, payload, pid, rank, ext),
+                          buffers=bufs)
             except Exception as e:  # noqa: BLE001 - this member's call fails, named
-                self._add(origin, cport, MSG_FAIL, e, [])
+                node.close_port(pid)
+                node.ports.raw.discard(pid)
+                self._add(origin, (cport, MSG_FAIL, e, 0, seq), ())
                 continue
             self._waiting[origin] = self._waiting.get(origin, 0) + 1
-            fut.add_done_callback(lambda f, o=origin, c=cport, a=ack: self._answered(o, c, a, f))
+            fut.add_done_callback(lambda f, o=origin, c=cport, s=seq, i=pid:
+                                  self._answered(o, c, s, i, f))
 
-    def _answered(self, origin: str, cport: int, ack: bool, f: Future) -> None:
+    def _answered(self, origin: str, cport: int, seq: int, pid: int, f: Future) -> None:
         self._waiting[origin] -= 1
         exc = f.exception()
-        if ack:
-            self._add(origin, cport, MSG_DELIVER, None, [])
-        elif exc is not None:
-            self._add(origin, cport, MSG_FAIL, exc, [])
+        if exc is not None:
+            self.node.ports.raw.discard(pid)
+            self._add(origin, (cport, MSG_FAIL, exc, 0, seq), ())
+            return
+        value = f.value()
+        if type(value) is RawResult:
+            self._add(origin, (cport, MSG_RESULT, value.data, len(value.buffers), seq),
+                      value.buffers)
         else:
-            value = f.value()
-            if type(value) is RawResult:
-                self._add(origin, cport, MSG_RESULT, value.data, list(value.buffers))
-            else:
-                self._add(origin, cport, MSG_DELIVER, value, [])
+            self._add(origin, (cport, MSG_DELIVER, value, 0, seq), ())
 
-    def _add(self, origin: str, cport: int, kind: int, value: Any, bufs: list) -> None:
+    def _add(self, origin: str, entry: tuple, bufs) -> None:
+        """``entry`` (port, kind, value, nbufs, seq) and its buffers, for ``origin``."""
         entries, out_bufs, size = self._out.setdefault(origin, ([], [], [0]))
-        entries.append((cport, kind, value, len(bufs)))
+        entries.append(entry)
         out_bufs.extend(bufs)
         size[0] += sum(memoryview(b).nbytes for b in bufs) if bufs else 0
         if size[0] >= FOLD_BYTES or not self._waiting.get(origin):
@@ -312,7 +323,7 @@ class CastRelay:
         # one by one, any that does not pickle replaced by what it said
         log.debug("folded replies did not pickle (%s): sent one by one", problem)
         at = 0
-        for port, kind, value, nbufs in entries:
+        for port, kind, value, nbufs, seq in entries:
             mine = bufs[at:at + nbufs]
             at += nbufs
             if kind == MSG_FAIL:
@@ -321,7 +332,7 @@ class CastRelay:
                 except Exception:  # noqa: BLE001
                     value = RuntimeError(describe_exception(value))
             try:
-                node.send(node.ref_of(origin), cast_reply_msg([(port, kind, value, nbufs)]),
-                          buffers=mine)
+                node.send(node.ref_of(origin),
+                          cast_reply_msg([(port, kind, value, nbufs, seq)]), buffers=mine)
             except Exception as e:  # noqa: BLE001
                 log.debug("cannot return a relayed reply to %s: %s", origin[:8], e)

@@ -199,12 +199,14 @@ class Node:
         return self.peers.peer(ref)
 
     def send(self, target: NodeRef, msg: tuple, what: str = "message",
-             buffers: list | None = None) -> None:
+             buffers: list | None = None, cork: bool | None = None) -> None:
         """Send a message tuple to a node; thread-safe. Dials if needed (async).
 
         With ``buffers``, ``msg`` is a flat envelope of plain values (its payload was
         pickled already) and ``buffers`` are that payload's out-of-band buffers.
-        Messages from one thread to one node go out in the order they were sent."""
+        Messages from one thread to one node go out in the order they were sent.
+        ``cork``: whether to leave the write to the loop, batched with what follows (None:
+        when other replies are awaited from that node; False: a lone message, written now)."""
         if target.node_id == self.node_id:
             if msg[0] == MSG_CALL and type(msg[3]) is tuple:
                 msg = serialization.loads(serialization.dumps_envelope(msg))   # no sharing
@@ -221,7 +223,7 @@ class Node:
             meta, bufs = serialization.dumps_envelope(msg), buffers
         if bufs or len(meta) > CHECK_LIMITS_OVER:
             check_frame_limits(len(meta), bufs)      # FrameError here, not at the peer
-        self._send_encoded(target, meta, bufs)
+        self._send_encoded(target, meta, bufs, cork)
 
     def _hand_over_local(self, msg: tuple, buffers) -> None:
         """A message to this node itself: dispatched on the loop. It counts as written
@@ -230,7 +232,8 @@ class Node:
             hook()
         self.call_soon(self._dispatch_local, msg, buffers)
 
-    def _send_encoded(self, target: NodeRef, meta: bytes, bufs: list) -> None:
+    def _send_encoded(self, target: NodeRef, meta: bytes, bufs: list,
+                      cork: bool | None = None) -> None:
         """Send one encoded frame (as ``send``); to this node itself it is decoded and
         dispatched on the loop."""
         if target.node_id == self.node_id:
@@ -239,11 +242,13 @@ class Node:
         p = self._peers.get(target.node_id) or self.peer(target)
         conn = p.conn
         if conn is not None and not p.backlog and not conn.closed:
+            if cork is None:
+                cork = len(p.inflight) > 1
             try:
                 if bufs:
-                    conn.send_frame(meta, bufs, cork=len(p.inflight) > 1)
+                    conn.send_frame(meta, bufs, cork=cork)
                 else:
-                    conn.send_msg(meta, len(p.inflight) > 1)
+                    conn.send_msg(meta, cork)
                 return
             except ConnectionClosed:
                 conn = None     # closed under us: nothing was written; treat as not connected

@@ -169,7 +169,9 @@ def _direct(node: Node, direct: Callable[[int], Future | None], slot: int, ref: 
 def _send_cast(node: Node, agent: NodeRef, msg: tuple, bufs: list) -> None:
     """Send a cast; if it cannot leave, fail the ports it carried (their calls)."""
     try:
-        node.send(agent, msg, buffers=bufs or [])
+        # one cast per agent and call: written now, not handed to the loop to batch (a
+        # wake-up of the loop thread per agent)
+        node.send(agent, msg, buffers=bufs or [], cork=False)
     except Exception as e:  # noqa: BLE001 - those calls fail, named; the others go on
         for pid in msg[6] or ():
             node.ports.deliver(pid, Failure(e))

@@ -100,6 +100,8 @@ KEYS = {k.name: k for k in (
         reader=collective_timeout),
     Key("collective_check", "HPCMESH_COLLECTIVE_CHECK", "flag", None),
     Key("fanin_poll_us", "HPCMESH_FANIN_POLL_US", "number", 250.0, unit="microseconds"),
+    Key("relay", "HPCMESH_RELAY", "flag", True),
+    Key("relay_fold_us", "HPCMESH_RELAY_FOLD_US", "number", 200.0, unit="microseconds"),
     Key("ifname", "HPCMESH_IFNAME", "text", None),
     Key("tls_ca", "HPCMESH_TLS_CA", "text", None),
     Key("zygote", "HPCMESH_ZYGOTE", "flag", True),

@@ -9,14 +9,17 @@ unpickles each member's value on its own (the agent never unpickles a user's val
 result travels as the bytes the member pickled, ``RawResult``).
 
 Order (messages from one sender to one actor are delivered in send order, whichever path
-each took) is kept by routing, never by waiting: a member is *relayed* while any call sent
-to it through its agent is not yet answered (``Peer.relayed``), and *direct* while any
-call sent straight to it is (its reply ports in ``Peer.inflight``). A member with relayed
-calls in flight gets later calls (a ``call_one`` too) through the agent; one with direct
-calls in flight gets its share of a call() straight. A broadcast has no reply, so it is
-acknowledged instead: through the agent, which answers each member's port once that
-member answered a ``ping`` sent after the call (it read the call first); sent straight,
-by a ``ping`` of the sender's own, whose reply port counts as a direct call in flight.
+each took) is kept by routing, never by waiting. Each member's peer counts the messages
+relayed to it (``Peer.relay_sent``, each cast carries the member's count, ``seq``) and the
+highest count it is known to have read (``relay_acked``: its answer to a relayed call came
+back; a member handles its agent's messages in order, so that answer says it read every
+relayed message before it). While the two differ, the member is *relayed*: every later
+call to it, a ``call_one`` too (``Node.call_actor``, ``Node.send``), goes through the same
+agent. A member with direct calls awaiting replies (``Peer.inflight``) gets its share of a
+call() or broadcast straight instead, behind them. A broadcast through an agent needs no
+acknowledgement of its own (the member stays relayed until a later relayed call answers);
+a broadcast sent straight to a member that is relayable is followed by a ``ping`` whose
+reply port keeps the member counted as direct until it read the broadcast.
 
 Failures need nothing new: each relayed reply port is registered with the member's peer
 (its exit or its host's loss fails it, as a direct call's) and with the agent's (an agent

@@ -11,6 +11,7 @@ import asyncio
 import os
 import random
 import signal
+import threading
 import time
 from collections import Counter
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from proc_helpers import alive, wait_until
 
-from hpcmesh.actor import Actor, SupervisionError, endpoint
+from hpcmesh.actor import Actor, SupervisionError, current_rank, endpoint
 from hpcmesh.job import ProcessJob
 from hpcmesh.runtime.client import client_runtime
 from hpcmesh.runtime.errors import HOST_LOST
@@ -28,6 +29,13 @@ from hpcmesh.transport.connection import Connection
 #: loaded test machine.
 BOUND_S = 5.0
 MARGIN_S = 5.0
+
+
+class TwoArgError(Exception):
+    """Unpickles only where its __init__ is called with two arguments: never."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
 
 
 class Recorder(Actor):
@@ -63,6 +71,14 @@ class Recorder(Actor):
     @endpoint
     def boom(self) -> None:
         raise ValueError("boom from a member")
+
+    @endpoint
+    def awkward(self, which: str, victim: int):
+        """A result the caller cannot unpickle (``unreadable``) or that does not pickle
+        (``lock``), from the member of rank ``victim``; the others answer 1."""
+        if current_rank().rank != victim:
+            return 1
+        return TwoArgError("x", "y") if which == "unreadable" else threading.Lock()
 
     @endpoint
     async def sleep(self, seconds: float) -> str:
@@ -133,6 +149,20 @@ def test_one_message_per_host_for_call_broadcast_and_stream(procs, sent):
     # a member's exception reaches its own slot, through its agent
     failures = [f.exception() for f in mesh.boom.stream()]
     assert all("boom from a member" in str(e) for e in failures), failures
+    mesh.stop().get(timeout=30)
+
+
+@pytest.mark.parametrize("which,says", [
+    ("unreadable", "cannot be unpickled here"), ("lock", "could not be sent")])
+def test_a_result_that_cannot_travel_fails_its_slot_only(procs, which, says):
+    """The agent passes a member's pickled result on unread: one the controller cannot
+    unpickle, or one that never left its member, fails that member's slot alone."""
+    mesh = procs.spawn(f"awkward_{which}", Recorder)
+    results = list(mesh.awkward.stream(which, 6))
+    bad = [f.exception() for f in results if f.exception() is not None]
+    assert len(bad) == 1 and says in str(bad[0]), bad
+    assert sorted(f.value() for f in results if f.exception() is None) == [1] * 7
+    assert mesh.pid.call().get(timeout=30).values()      # all of them go on
     mesh.stop().get(timeout=30)
 
 

@@ -192,6 +192,16 @@ def encode_result(port_id: int, value: Any, what: str = "result") -> tuple[bytes
                            f"{describe_exception(e)}") from None
 
 
+def unreadable_result(sender: str, exc: BaseException) -> "Failure":
+    """What a call fails with whose result arrived from ``sender`` but cannot be unpickled
+    here (``exc``): that call alone, the connection goes on."""
+    return Failure(serialization.SerializationError(
+        f"a result arrived from {sender} but cannot be unpickled here: "
+        f"{describe_exception(exc)}. A result must unpickle on the caller (an exception class "
+        f"whose __init__ takes other arguments than it passes to Exception.__init__ does not; "
+        f"return plain data)"))
+
+
 def describe_exception(exc: BaseException, with_type: bool = True) -> str:
     """``Type: message`` of an exception (or the message alone), even one whose
     ``__str__`` raises: error paths must not fail on the error they report."""

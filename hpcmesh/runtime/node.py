@@ -40,7 +40,8 @@ from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_D
                        MSG_CAST, MSG_CAST_REPLY, MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
                        BatchShare, ReplyNotSent,
                        call_msg, cast_reply_msg, deliver_msg, describe_exception,
-                       encode_result, fail_msg, frozen_size, layout_problem, rpc_msg)
+                       encode_result, fail_msg, frozen_size, layout_problem, rpc_msg,
+                       unreadable_result)
 
 log = logging.getLogger("hpcmesh.runtime")
 
@@ -441,11 +442,7 @@ class Node:
             try:
                 value = serialization.loads(msg[2], buffers)
             except Exception as e:  # noqa: BLE001 - fails this one call, not the connection
-                value = Failure(serialization.SerializationError(
-                    f"a result arrived from {self.links.peer_name(origin)} but cannot be "
-                    f"unpickled here: {describe_exception(e)}. A result must unpickle on the "
-                    f"caller (an exception class whose __init__ takes other arguments than "
-                    f"it passes to Exception.__init__ does not; return plain data)"))
+                value = unreadable_result(self.links.peer_name(origin), e)
             self._deliver_local(msg[1], value)
         elif kind == MSG_FAIL:
             self._deliver_local(msg[1], Failure(msg[2]))

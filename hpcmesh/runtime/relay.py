@@ -39,7 +39,7 @@ from ..settings import env_flag, env_number
 from ..transport import serialization
 from .future import Future
 from .messages import (MSG_DELIVER, MSG_FAIL, MSG_RESULT, Failure, NodeRef, call_msg, cast_msg,
-                       cast_reply_msg, describe_exception)
+                       cast_reply_msg, describe_exception, unreadable_result)
 from .peers import Peer
 
 #: the ``runtime.node.Node`` sending or relaying (not imported: node.py imports this module)
@@ -216,9 +216,10 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
             try:
                 value = serialization.loads(value, bufs)
             except Exception as e:  # noqa: BLE001 - fails this one call
-                value = Failure(serialization.SerializationError(
-                    f"a result arrived through host agent {origin and origin[:8]} but cannot "
-                    f"be unpickled here: {describe_exception(e)}"))
+                member = rep[1].ref.node_id if rep is not None and rep[1] is not None \
+                    and rep[1].ref is not None else None
+                value = unreadable_result(f"{node.links.peer_name(member)} through its host "
+                                          f"agent", e)
         elif kind == MSG_FAIL:
             value = Failure(value)
         deliver(port, value)

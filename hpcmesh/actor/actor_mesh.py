@@ -19,7 +19,8 @@ from ..runtime import relay
 from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.client import current_or_client_node
 from ..runtime.errors import MeshStoppedError, SupervisionError
-from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
+from ..runtime.future import (FanIn, Future, completed, failed, forward, gather,
+                              on_runtime_thread)
 from ..runtime.messages import call_msg
 from ..runtime.node import NodeRef
 from ..runtime.observe.spans import start_span
@@ -179,12 +180,13 @@ class ActorMesh(MeshView, Generic[T]):
         return plan
 
     def _fan_out(self, endpoint: str, payload: tuple[Any, list | None], reply: bool,
-                 errors: list | None = None) -> list:
+                 errors: list | None = None, fan: FanIn | None = None) -> list:
         """Send one call (``reply``) or broadcast to every member of this view: one cast
         per host through its agent where that pays (``runtime/relay.py``), else straight.
-        Each member's Future (None for a broadcast's), in member order. A member whose
-        message cannot leave: its Future fails, or (broadcast) its error goes to ``errors``
-        and the others still get theirs."""
+        Each member's Future (None for a broadcast's), in member order; with ``fan``, every
+        member's result goes to its slot there instead (relayed ones with no Future). A
+        member whose message cannot leave: its Future fails, or (broadcast) its error goes
+        to ``errors`` and the others still get theirs."""
         members, ext = self._members()
 
         def direct(slot: int) -> Future | None:
@@ -199,19 +201,24 @@ class ActorMesh(MeshView, Generic[T]):
                 return None
         plan = self._relay_plan()
         if plan is None:
-            return [direct(slot) for slot in range(len(members))]
-        groups, alone = plan
-        out: list = [None] * len(members)
-        for slot in alone:
-            out[slot] = direct(slot)
-        st = self._state
-        node = current_or_client_node()
-        args, bufs = payload
-        for group in groups:
-            # a broadcast goes through the agent even to one member: its ack then comes
-            # from the host, not a ping of this process's (see relay.py)
-            relay.cast(node, group, st.actor_id, endpoint, args, bufs or [], ext, reply, out,
-                       direct, 2 if reply else 1)
+            out = [direct(slot) for slot in range(len(members))]
+        else:
+            groups, alone = plan
+            out = [None] * len(members)
+            for slot in alone:
+                out[slot] = direct(slot)
+            st = self._state
+            node = current_or_client_node()
+            args, bufs = payload
+            for group in groups:
+                # a broadcast goes through the agent even to one member: no ping of this
+                # process's is then needed to keep its order (see relay.py)
+                relay.cast(node, group, st.actor_id, endpoint, args, bufs or [], ext, reply,
+                           out, direct, 2 if reply else 1, fan)
+        if fan is not None:
+            for slot, f in enumerate(out):
+                if f is not None:
+                    fan.follow(slot, f)
         return out
 
     def __reduce__(self):
@@ -448,9 +455,10 @@ class Endpoint(Generic[P, R]):
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            futs = mesh._fan_out(self._name, payload, True)
-            return gather(futs, lambda vals: ValueMesh(result_shape, vals),
-                          current_or_client_node().poll_for_rest)
+            fan = FanIn(len(members), lambda vals: ValueMesh(result_shape, vals),
+                        current_or_client_node().poll_for_rest)
+            mesh._fan_out(self._name, payload, True, fan=fan)
+            return fan.out
         return mesh._when_ready(go)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 class PortTable:
     def __init__(self) -> None:
         self.callbacks: dict[int, tuple[Callable[[Any], None], bool]] = {}
-        self.replies: dict[int, tuple[Future, Peer | None]] = {}
+        self.replies: dict[int, tuple[Future, Peer | None]] = {}   # (or a FanInSlot)
         self.ids = itertools.count(1)
         #: reply ports whose MSG_RESULT is delivered still pickled (a ``RawResult``): a
         #: host agent relaying a member's reply never unpickles the user's value
@@ -56,6 +56,18 @@ class PortTable:
                 if self.replies.pop(pid, None) is not None:
                     fut.set_exception(peer.lost)
         return fut, pid
+
+    def expect_into(self, peer: Peer, sink: Any) -> int:
+        """``expect_reply`` resolving ``sink`` (an object with a Future's ``set_result``
+        and ``set_exception``: a ``FanInSlot``) instead of a new Future; the port id."""
+        pid = next(self.ids)
+        self.replies[pid] = (sink, peer)
+        peer.inflight.add(pid)
+        if peer.lost is not None and peer.conn is None:     # as in expect_reply
+            peer.inflight.discard(pid)
+            if self.replies.pop(pid, None) is not None:
+                sink.set_exception(peer.lost)
+        return pid
 
     def deliver(self, port_id: int, value: Any) -> None:
         """Hand ``value`` (a ``Failure`` for an error) to port ``port_id``; a port that is

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from ..settings import env_flag, env_number
 from ..transport import serialization
-from .future import Future
+from .future import FanIn, Future
 from .messages import (MSG_DELIVER, MSG_FAIL, MSG_RESULT, Failure, NodeRef, call_msg, cast_msg,
                        cast_reply_msg, describe_exception, unreadable_result)
 from .peers import Peer
@@ -110,11 +110,14 @@ def relayed(p: Peer) -> bool:
 
 def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: Any,
          bufs: list, ext: tuple, reply: bool, out: list,
-         direct: Callable[[int], Future | None], min_members: int = 2) -> None:
+         direct: Callable[[int], Future | None], min_members: int = 2,
+         fan: FanIn | None = None) -> None:
     """Send ``group``'s share of one call (``reply``) or broadcast: through its agent for
     members it may go to (see the module's doc on order), ``direct(slot)`` for the rest;
-    each slot's Future (None for a broadcast's) goes to ``out[slot]``. Below
-    ``min_members`` relayable members the share goes direct (the relay only pays from 2)."""
+    each slot's Future (None for a broadcast's) goes to ``out[slot]``, or, with ``fan``,
+    a relayed member's reply resolves ``fan``'s slot (no Future) and ``out[slot]`` stays
+    None. Below ``min_members`` relayable members the share goes direct (the relay only
+    pays from 2)."""
     peers = node.peers
     by_id = peers.by_id
     agent_p = by_id.get(group.agent.node_id)
@@ -139,15 +142,19 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
         if reply:
             agent_inflight = (agent_p or peers.peer(group.agent)).inflight
             expect = node.ports.expect_reply
+            expect_into = node.ports.expect_into
         for slot, p, _ in chosen:
             p.relay_sent += 1
             seqs.append(p.relay_sent)
             p.relay_via = group.agent
             if reply:
-                fut, pid = expect(p)
+                if fan is not None:
+                    pid = expect_into(p, fan.slot(slot))
+                else:
+                    fut, pid = expect(p)
+                    out[slot] = fut
                 agent_inflight.add(pid)
                 ports.append(pid)
-                out[slot] = fut
         if chosen[0][1].relay_name == "":
             for (_, p, _), member in zip(chosen, members):
                 p.relay_name = member[0]

@@ -56,8 +56,9 @@ FOLD_BYTES = 1 << 20
 #: How long an agent holds the answers it has while others of the same sender's casts are
 #: still out (once all are in, they leave at once): a slow member costs the others this.
 FOLD_WINDOW = env_number("HPCMESH_RELAY_FOLD_US", 200, unit="microseconds") * 1e-6
-#: How many casts each host agent has relayed (tests count frames with it, not time).
-STATS = {"casts": 0, "cast_replies": 0}
+#: Counts, per process: casts sent and folded answers taken (a caller's), casts relayed
+#: and folded answers sent (an agent's). Tests and benchmarks count frames with them.
+STATS = {"casts_sent": 0, "replies_taken": 0, "casts": 0, "cast_replies": 0}
 
 
 def relay_enabled() -> bool:
@@ -178,6 +179,7 @@ def _direct(node: Node, direct: Callable[[int], Future | None], slot: int, ref: 
 
 def _send_cast(node: Node, agent: NodeRef, msg: tuple, bufs: list) -> None:
     """Send a cast; if it cannot leave, fail the ports it carried (their calls)."""
+    STATS["casts_sent"] += 1
     try:
         # one cast per agent and call: written now, not handed to the loop to batch (a
         # wake-up of the loop thread per agent)
@@ -207,6 +209,7 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
     """A host agent's folded answers: each member's value unpickled on its own (one that
     cannot be fails its call alone) and delivered to its port. A member's answer to its
     relayed message ``seq`` says it read every message relayed to it before."""
+    STATS["replies_taken"] += 1
     agent_p = node.peers.by_id.get(origin) if origin is not None else None
     agent_inflight = agent_p.inflight if agent_p is not None else set()
     replies = node.ports.replies

@@ -305,9 +305,11 @@ def test_an_agent_killed_fails_its_hosts_slots_with_host_lost():
         procs = job.state(cached_path=None).hosts.spawn_procs({"gpus": 4}, name="lost")
         mesh = procs.spawn("sleepers", Recorder)
         pids = mesh.pid.call().get(timeout=60).values()
+        mesh.note.broadcast("relayed")      # host 1's members now take calls via its agent
         stream = mesh.sleep.stream(3.0)
         t0 = time.monotonic()
         os.kill(job.pids["hosts"][1], signal.SIGKILL)
+        early = mesh.slice(hosts=1, gpus=3).pid.call_one()     # the agent is gone already
         results = [f for f in stream]
         took = time.monotonic() - t0
         assert took < BOUND_S + MARGIN_S, took
@@ -317,6 +319,15 @@ def test_an_agent_killed_fails_its_hosts_slots_with_host_lost():
             errors
         assert sorted(e.pid for e in errors) == sorted(pids[4:])
         assert [f.value() for f in results if f.exception() is None] == ["woke"] * 4
+        with pytest.raises(SupervisionError):
+            early.get(timeout=BOUND_S + MARGIN_S)
+        with pytest.raises(SupervisionError) as ei:
+            mesh.slice(hosts=1, gpus=0).pid.call_one().get(timeout=BOUND_S + MARGIN_S)
+        assert ei.value.reason == HOST_LOST, ei.value
+        with pytest.raises(SupervisionError):    # as ever: after the others got theirs
+            mesh.note.broadcast("after")
+        assert mesh.slice(hosts=0).log.call().get(timeout=30).values() == [
+            ["relayed", "after"]] * 4
         # host 0 goes on through its agent; host 1's members fail at once
         assert mesh.slice(hosts=0).pid.call().get(timeout=30).values() == pids[:4]
         with pytest.raises(SupervisionError):

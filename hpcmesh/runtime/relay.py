@@ -236,6 +236,30 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
 
 
 # -- the agent's half -------------------------------------------------------------------
+class _Answer:
+    """Where a member's reply to a relayed call goes on its agent: a reply port's sink
+    (a Future's two setters, ``PortTable.expect_into``), no Future made per member."""
+    __slots__ = ("relay", "origin", "cport", "seq", "pid", "done")
+
+    def __init__(self, relay: "CastRelay", origin: str, cport: int, seq: int):
+        self.relay = relay
+        self.origin = origin
+        self.cport = cport
+        self.seq = seq
+        self.pid = 0
+        self.done = False
+
+    def set_result(self, value: Any) -> None:
+        if not self.done:
+            self.done = True
+            self.relay.answered(self, value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self.done:
+            self.done = True
+            self.relay.answered(self, None, exc)
+
+
 class CastRelay:
     """On a host agent's node: hands each member of a cast its call and folds their
     answers into one frame per sender: it leaves once every member of that sender's casts
@@ -275,34 +299,30 @@ class CastRelay:
                 except Exception as e:  # noqa: BLE001 - its exit reaches the owner
                     log.debug("cannot relay a broadcast to %s: %s", name, e)
                 continue
-            cport, seq = ports[i], seqs[i]
-            fut, pid = node.reply_future(ref)
+            self._waiting[origin] = self._waiting.get(origin, 0) + 1
+            answer = _Answer(self, origin, ports[i], seqs[i])
+            answer.pid = pid = node.ports.expect_into(p, answer)
+            if answer.done:         # known lost: failed already, nothing to send
+                continue
             node.ports.raw.add(pid)
             try:
                 node.send(ref, call_msg(actor_id, endpoint, payload, pid, rank, ext),
                           buffers=bufs)
             except Exception as e:  # noqa: BLE001 - this member's call fails, named
                 node.close_port(pid)
-                node.ports.raw.discard(pid)
-                self._add(origin, (cport, MSG_FAIL, e, 0, seq), ())
-                continue
-            self._waiting[origin] = self._waiting.get(origin, 0) + 1
-            fut.add_done_callback(lambda f, o=origin, c=cport, s=seq, i=pid:
-                                  self._answered(o, c, s, i, f))
+                answer.set_exception(e)
 
-    def _answered(self, origin: str, cport: int, seq: int, pid: int, f: Future) -> None:
-        self._waiting[origin] -= 1
-        exc = f.exception()
+    def answered(self, a: "_Answer", value: Any, exc: BaseException | None) -> None:
+        """Member ``a`` answered: its entry joins what ``a.origin`` is owed."""
+        self._waiting[a.origin] -= 1
+        self.node.ports.raw.discard(a.pid)
         if exc is not None:
-            self.node.ports.raw.discard(pid)
-            self._add(origin, (cport, MSG_FAIL, exc, 0, seq), ())
-            return
-        value = f.value()
-        if type(value) is RawResult:
-            self._add(origin, (cport, MSG_RESULT, value.data, len(value.buffers), seq),
+            self._add(a.origin, (a.cport, MSG_FAIL, exc, 0, a.seq), ())
+        elif type(value) is RawResult:
+            self._add(a.origin, (a.cport, MSG_RESULT, value.data, len(value.buffers), a.seq),
                       value.buffers)
         else:
-            self._add(origin, (cport, MSG_DELIVER, value, 0, seq), ())
+            self._add(a.origin, (a.cport, MSG_DELIVER, value, 0, a.seq), ())
 
     def _add(self, origin: str, entry: tuple, bufs) -> None:
         """``entry`` (port, kind, value, nbufs, seq) and its buffers, for ``origin``."""

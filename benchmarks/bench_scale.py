@@ -13,6 +13,8 @@ Each scenario builds one mesh of processes, then times:
 - the frames of a call() through the host agents (``HPCMESH_RELAY``, on unless 0): casts
   the controller sent and folded replies it took per call() (0 / 0: it talked to every
   process itself);
+- the controller's CPU per broadcast (``--reps`` broadcasts in a row, then one call() to
+  drain them, over the broadcasts);
 - stop.
 
 Scenarios (``--scenario``, repeatable):
@@ -124,6 +126,11 @@ def run(scenario: str, reps: int) -> dict:
         actors.ping.call().get(timeout=120)
         walls.append(time.perf_counter() - t)
     out["broadcast_call_ms"] = statistics.median(walls) * 1e3
+    cpu0 = time.process_time()          # broadcasts alone, then one call() to drain them
+    for _ in range(reps):
+        actors.tick.broadcast()
+    actors.ping.call().get(timeout=120)
+    out["controller_cpu_ms_per_broadcast"] = (time.process_time() - cpu0) / reps * 1e3
     t = time.perf_counter()
     procs.stop().get(timeout=300)
     out["stop_s"] = time.perf_counter() - t
@@ -145,13 +152,15 @@ def main() -> None:
     args = ap.parse_args()
     rows = [run(s, args.reps) for s in args.scenario]
     print("| tree | scenario | members | attached s | spawn s | call() ms | broadcast+call() ms "
-          "| controller CPU µs/member/call | casts / folded replies per call() | stop s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| controller CPU µs/member/call | controller CPU ms/broadcast "
+          "| casts / folded replies per call() | stop s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         att = f"{r['attached_s']:.1f}" if r["attached_s"] is not None else "-"
         print(f"| {args.label} | {r['scenario']} | {r['members']} | {att} | {r['spawn_s']:.1f} "
               f"| {r['call_ms']:.1f} | {r['broadcast_call_ms']:.1f} "
               f"| {r['controller_cpu_us_per_member']:.1f} "
+              f"| {r['controller_cpu_ms_per_broadcast']:.2f} "
               f"| {r['casts_per_call']:.0f} / {r['folded_replies_per_call']:.1f} "
               f"| {r['stop_s']:.2f} |")
     if args.json:

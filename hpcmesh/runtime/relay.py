@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -104,6 +105,13 @@ def plan(node: Node, members: list[tuple[int, str, NodeRef, NodeRef]]
     return list(groups.values()), alone
 
 
+#: Held while a member's relayed messages are numbered and sent, so that their numbers are
+#: in the order they leave, whichever threads send (a member's answer to number n then
+#: says it read every one before). Reentrant: a call that fails at once runs its callbacks,
+#: which may send.
+_SENDING = threading.RLock()
+
+
 def relayed(p: Peer) -> bool:
     """Whether messages sent to ``p`` through its agent may not have reached it yet."""
     return p.relay_sent != p.relay_acked
@@ -138,31 +146,41 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
         straight += [(slot, ref) for slot, _, ref in chosen]
         members = []
     if members:
-        seqs = []
-        ports = [] if reply else None
-        if reply:
-            agent_inflight = (agent_p or peers.peer(group.agent)).inflight
-            expect = node.ports.expect_reply
-            expect_into = node.ports.expect_into
-        for slot, p, _ in chosen:
-            p.relay_sent += 1
-            seqs.append(p.relay_sent)
-            p.relay_via = group.agent
-            if reply:
-                if fan is not None:
-                    pid = expect_into(p, fan.slot(slot))
-                else:
-                    fut, pid = expect(p)
-                    out[slot] = fut
-                agent_inflight.add(pid)
-                ports.append(pid)
-        if chosen[0][1].relay_name == "":
-            for (_, p, _), member in zip(chosen, members):
-                p.relay_name = member[0]
-        _send_cast(node, group.agent, cast_msg(actor_id, endpoint, payload, ext,
-                                               tuple(members), ports, seqs), bufs)
+        with _SENDING:
+            _cast_share(node, group, actor_id, endpoint, payload, bufs, ext, reply, out,
+                        fan, agent_p, chosen, members)
     for slot, ref in straight:
         out[slot] = _direct(node, direct, slot, ref, reply)
+
+
+def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: Any,
+                bufs: list, ext: tuple, reply: bool, out: list, fan: FanIn | None,
+                agent_p: Peer | None, chosen: list, members: list) -> None:
+    """The relayed part of ``cast``: numbered and sent under ``_SENDING``."""
+    peers = node.peers
+    seqs = []
+    ports = [] if reply else None
+    if reply:
+        agent_inflight = (agent_p or peers.peer(group.agent)).inflight
+        expect = node.ports.expect_reply
+        expect_into = node.ports.expect_into
+    for slot, p, _ in chosen:
+        p.relay_sent += 1
+        seqs.append(p.relay_sent)
+        p.relay_via = group.agent
+        if reply:
+            if fan is not None:
+                pid = expect_into(p, fan.slot(slot))
+            else:
+                fut, pid = expect(p)
+                out[slot] = fut
+            agent_inflight.add(pid)
+            ports.append(pid)
+    if chosen[0][1].relay_name == "":
+        for (_, p, _), member in zip(chosen, members):
+            p.relay_name = member[0]
+    _send_cast(node, group.agent, cast_msg(actor_id, endpoint, payload, ext,
+                                           tuple(members), ports, seqs), bufs)
 
 
 def _direct(node: Node, direct: Callable[[int], Future | None], slot: int, ref: NodeRef,
@@ -196,13 +214,14 @@ def relay_one(node: Node, p: Peer, target: NodeRef, msg: tuple, bufs: list) -> N
     _, actor_id, endpoint, payload, port, rank, ext = msg
     if p.lost is not None and p.conn is None:
         raise p.lost
-    p.relay_sent += 1
     if port is not None:
         node.peers.peer(p.relay_via).inflight.add(port)
     member = ((p.relay_name, target.node_id, tuple(target.addresses), rank),)
-    _send_cast(node, p.relay_via, cast_msg(actor_id, endpoint, payload, ext, member,
-                                           None if port is None else [port],
-                                           [p.relay_sent]), bufs)
+    with _SENDING:
+        p.relay_sent += 1
+        _send_cast(node, p.relay_via, cast_msg(actor_id, endpoint, payload, ext, member,
+                                               None if port is None else [port],
+                                               [p.relay_sent]), bufs)
 
 
 def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) -> None:

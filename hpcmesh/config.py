@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .runtime.observe.stragglers import Settings as StragglerSettings
 from .settings import LOG_LEVELS, collective_timeout, env_choice, env_flag, env_number
 
 log = logging.getLogger("hpcmesh.config")
@@ -102,6 +103,16 @@ KEYS = {k.name: k for k in (
     Key("fanin_poll_us", "HPCMESH_FANIN_POLL_US", "number", 250.0, unit="microseconds"),
     Key("relay", "HPCMESH_RELAY", "flag", True),
     Key("relay_fold_us", "HPCMESH_RELAY_FOLD_US", "number", 200.0, unit="microseconds"),
+    Key("stragglers", "HPCMESH_STRAGGLERS", "flag", True),
+    Key("straggler_factor", "HPCMESH_STRAGGLER_FACTOR", "number", 3.0,
+        unit="times the median answer time",
+        reader=lambda env: StragglerSettings.from_env(env).factor),
+    Key("straggler_after_s", "HPCMESH_STRAGGLER_AFTER_S", "seconds", 30.0,
+        reader=lambda env: StragglerSettings.from_env(env).after_s),
+    Key("hang_after_s", "HPCMESH_HANG_AFTER_S", "seconds", 120.0,
+        reader=lambda env: StragglerSettings.from_env(env).hang_s),
+    Key("straggler_tick_s", "HPCMESH_STRAGGLER_TICK_S", "seconds", 0.5,
+        reader=lambda env: StragglerSettings.from_env(env).tick_s),
     Key("ifname", "HPCMESH_IFNAME", "text", None),
     Key("tls_ca", "HPCMESH_TLS_CA", "text", None),
     Key("zygote", "HPCMESH_ZYGOTE", "flag", True),

@@ -16,9 +16,9 @@ import os
 TAIL_BYTES = 4096
 
 
-def log_tail(path: str | None, lines: int, sep: str = "\n") -> str:
-    """The last ``lines`` non-blank lines of the log at ``path``, joined by ``sep``; ""
-    where there is no path, no such file, or nothing in it."""
+def log_tail(path: str | None, lines: int, sep: str = "\n", max_bytes: int = TAIL_BYTES) -> str:
+    """The last ``lines`` non-blank lines of the log at ``path`` (of its last ``max_bytes``),
+    joined by ``sep``; "" where there is no path, no such file, or nothing in it."""
     if not path:
         return ""
     try:
@@ -26,10 +26,10 @@ def log_tail(path: str | None, lines: int, sep: str = "\n") -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         with open(fd, "rb") as f:
             size = os.fstat(fd).st_size
-            cut = size > TAIL_BYTES
+            cut = size > max_bytes
             if cut:
-                f.seek(size - TAIL_BYTES)
-            text = f.read(TAIL_BYTES).decode("utf-8", "replace")
+                f.seek(size - max_bytes)
+            text = f.read(max_bytes).decode("utf-8", "replace")
     except OSError:
         return ""
     read = text.splitlines()

@@ -2,7 +2,7 @@
 
 A LocalJob with telemetry and the dashboard, an actor mesh over two processes, calls (one
 endpoint raises), one process SIGKILLed; then the page must show the mesh as a grid with one
-failed and one spawned cell, the failure with its signal, the endpoints and the actors' log
+failed and one spawned cell, the failure with its signal and its class, the endpoints and the actors' log
 lines. Needs ``chromium`` and ``chromium-driver`` (scripts/system-packages.sh) and selenium
 (the ``dev`` extra): skipped without them, except under CI (``CI`` set), where it fails.
 """
@@ -134,8 +134,20 @@ def test_the_dashboard_renders_a_failed_and_a_spawned_actor(tmp_path, monkeypatc
             return (status == ["failed", "spawned"] and ranks == ["0", "1"]
                     and "SIGKILL" in failures
                     and d.find_elements(By.CSS_SELECTOR, "#failures tr.failure")
+                    # its class (SPEC §12) in a column of its own
+                    and d.find_elements(By.CSS_SELECTOR,
+                                        '#failures td.failure-class[data-class="signal"]')
                     and all(e in endpoints for e in ("ping", "boom", "say"))
-                    and LOG_LINE in logs)
+                    and LOG_LINE in logs and plotted(d))
+
+        def plotted(d):
+            # the plots: the mesh's calls/s, the hosts' CPU, the killed process as a mark
+            calls = d.find_elements(By.CSS_SELECTOR,
+                                    'svg[data-title^="calls/s"] path.series title')
+            cpu = d.find_elements(By.CSS_SELECTOR, 'svg[data-title^="CPU"] path.series')
+            marks = d.find_elements(By.CSS_SELECTOR, 'svg line.mark[data-kind="failure"]')
+            return (any(t.get_attribute("textContent") == MESH for t in calls)
+                    and cpu and marks)
 
         try:
             WebDriverWait(driver, 15, poll_frequency=0.2).until(shown)
@@ -151,23 +163,29 @@ def test_the_dashboard_renders_a_failed_and_a_spawned_actor(tmp_path, monkeypatc
                                      f'div.mesh[data-mesh="{MESH}"] td.cell[data-status="failed"]')
         assert failed.get_attribute("data-rank") == "1" and str(victim) in failed.text
         assert "SIGKILL" in (failed.get_attribute("title") or "")
-        errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-        assert not errors, errors
-
-        shot = tmp_path / "dashboard.png"
-        assert driver.save_screenshot(str(shot))
-        print("dashboard screenshot:", shot)
-        if os.environ.get("HPCMESH_TEST_ARTIFACTS"):
-            out = os.environ["HPCMESH_TEST_ARTIFACTS"]
-            os.makedirs(out, exist_ok=True)
-            shutil.copy(shot, os.path.join(out, "dashboard.png"))
-            print("dashboard screenshot copied to", os.path.join(out, "dashboard.png"))
+        assert (failed.get_attribute("title") or "").startswith("[signal] ")
+        screenshot(driver, tmp_path, "dashboard.png")
     finally:
         try:
             if driver is not None:
                 _quit(driver, profile)
         finally:
             pm.stop().get(timeout=30)
+
+
+def screenshot(driver, tmp_path, name: str) -> None:
+    """The page logged no error; its screenshot for a person to check, under ``tmp_path``
+    and copied to ``$HPCMESH_TEST_ARTIFACTS`` when set."""
+    errors = [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    assert not errors, errors
+    shot = tmp_path / name
+    assert driver.save_screenshot(str(shot))
+    print("dashboard screenshot:", shot)
+    if os.environ.get("HPCMESH_TEST_ARTIFACTS"):
+        out = os.environ["HPCMESH_TEST_ARTIFACTS"]
+        os.makedirs(out, exist_ok=True)
+        shutil.copy(shot, os.path.join(out, name))
+        print("dashboard screenshot copied to", os.path.join(out, name))
 
 
 def _quit(driver, profile: str) -> None:
@@ -301,3 +319,52 @@ def test_256_processes_are_a_heatmap_that_loads_within_a_second(tmp_path, monkey
             stop_admin()
             pm.stop().get(timeout=60)
             stop_simulation()
+
+
+def test_the_plots_are_rates_per_bucket_from_the_tables():
+    # rows at known times through the real store and SQL engine: calls/s per mesh per
+    # bucket, a host's processes averaged per bucket then summed, GPUs averaged, a failure
+    # as a mark, nothing from before the window
+    from hpcmesh.telemetry.engine import QueryEngine
+    from hpcmesh.telemetry.store import TelemetryStore
+    from hpcmesh.telemetry.timeseries import BUCKET_S, WINDOW_S, timeseries_document
+
+    b = BUCKET_S * 1_000_000
+    now = 1_000_000 * b + b // 2
+    t0 = now - 2 * b - b // 2                # the start of the bucket two before now's
+    old = now - (WINDOW_S + 60) * 1_000_000   # outside the window
+    store = TelemetryStore(retention_secs=1e12)
+    src = ("p0", "node1", 11)
+    store.append("actors", [(t0, "m1.0", "m1", 0, "train[0]", "p0", "node1", 11),
+                            (t0, "m1.1", "m1", 1, "train[1]", "p1", "node2", 12)])
+    msg = lambda t, a: (t, a, "step", "client", 10, "ok", 8) + src
+    store.append("messages", [msg(t0 + i, "m1.0") for i in range(10)] +
+                 [msg(t0 + 1, "m1.1")] * 5 + [msg(t0 + b, "m1.0")] * 5 + [msg(old, "m1.0")])
+    store.append("metric_process", [
+        (t0, 50.0, 100, 3, "p0", "node1", 11), (t0 + 1, 70.0, 300, 3, "p0", "node1", 11),
+        (t0, 10.0, 1000, 3, "p1", "node1", 12), (t0 + b, 5.0, 10, 3, "p0", "node1", 11),
+        (old, 99.0, 1, 3, "p0", "node1", 11)])
+    store.append("metric_gpu", [(t0, 0, "u0", "H100", 30.0, 1, 2, "agent", "node1", 9),
+                                (t0, 1, "u1", "H100", 50.0, 1, 2, "agent", "node1", 9)])
+    store.append("process_status_events", [
+        (t0 + b, "p1", "procs", "gpus=1", "node2", 12, "failed",
+         "process gpus=1 of mesh procs on host node2 (pid 12) died: killed by SIGKILL",
+         "signal"),
+        (old, "p9", "procs", "gpus=9", "node9", 19, "failed", "long ago", "signal")])
+    store.append("job_events", [(t0 + 1, "requeued", "16", 1, "Slurm says PENDING")])
+    engine = QueryEngine(store)
+    ts = timeseries_document(lambda sql: engine.query(sql).to_pylist(), now, {"m1": "train"})
+    assert ts["calls"] == [{"name": "train", "points": [[t0, 15 / BUCKET_S],
+                                                          [t0 + b, 5 / BUCKET_S]]}]
+    (host,) = ts["hosts"]
+    assert host["host"] == "node1"
+    assert host["cpu"] == [[t0, 70.0], [t0 + b, 5.0]]     # (50+70)/2 + 10, then 5
+    assert host["rss"] == [[t0, 1200], [t0 + b, 10]]
+    assert host["gpu"] == [[t0, 40.0]]
+    assert [(m["kind"], m["timestamp_us"]) for m in ts["marks"]] == [("job", t0 + 1),
+                                                                       ("failure", t0 + b)]
+    assert ts["marks"][0]["text"] == "Slurm job 16 requeued (Slurm says PENDING)"
+    ts["marks"].pop(0)
+    assert "gpus=1" in ts["marks"][0]["text"] and "SIGKILL" in ts["marks"][0]["text"]
+    assert ts["marks"][0]["text"].startswith("[signal] ")     # its class (SPEC §12)
+    assert ts["since_us"] <= t0 and ts["now_us"] == now

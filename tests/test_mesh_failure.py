@@ -119,7 +119,9 @@ def test_no_call_waits_for_a_failed_actor(procs, unhandled_faults):
         time.sleep(0.05)
     failure = next(f for f in unhandled_faults if f.mesh_name == "stuck")
     assert isinstance(failure, MeshFailure) and failure.point.rank == 0
-    assert failure.report() == failure.error.message and "stuck" in str(failure)
+    # the message, then its class (SPEC §12) on a line of its own
+    assert failure.report() == f"{failure.error.message}\nfailure class: user exception"
+    assert "stuck" in str(failure)
 
 
 class Leaf(Actor):

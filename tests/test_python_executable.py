@@ -56,3 +56,24 @@ def test_a_missing_interpreter_fails_the_spawn_naming_the_program(tmp_path):
             procs.initialized.get(timeout=60)
     finally:
         procs.stop().get(timeout=30)
+
+
+def test_a_job_mesh_stays_the_jobs_and_its_processes_take_the_given_interpreter(tmp_path):
+    # a job's HostMesh (an AgentHostMesh: .job, its default per_host, the agent's python by
+    # default) keeps all that through with_python_executable, and its slices keep the path
+    from hpcmesh.job.agent_mesh import AgentHostMesh
+
+    python = _wrapper(tmp_path)
+    job = object()
+    host = this_host()
+    mesh = AgentHostMesh.from_hosts(host.refs, default_per_host={"gpus": 2}, job=job)
+    chosen = mesh.with_python_executable(python)
+    assert isinstance(chosen, AgentHostMesh) and chosen.job is job
+    assert chosen.slice(**{}).job is job
+    assert mesh.__dict__["_python"] is None
+    procs = chosen.slice(**{}).spawn_procs()             # the job's default per_host
+    try:
+        seen = procs.spawn("which", WhichPython).launcher.call().get(timeout=60)
+        assert sorted(v for _, v in seen.items()) == [python, python]
+    finally:
+        procs.stop().get(timeout=30)

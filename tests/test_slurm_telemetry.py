@@ -156,10 +156,10 @@ def test_telemetry_and_admin_on_two_nodes(cluster):
         got = tree_error = None
         while time.monotonic() - t0 < 5 and (got is None or tree_error is None):
             rows = state.query_engine.query(
-                f"SELECT reason FROM process_status_events WHERE pid = {victim} AND "
-                f"new_status = 'failed'").to_pylist()
+                f"SELECT reason, failure_class FROM process_status_events WHERE pid = "
+                f"{victim} AND new_status = 'failed'").to_pylist()
             if rows and got is None:
-                got = (time.monotonic() - t0, rows[0]["reason"])
+                got = (time.monotonic() - t0, rows[0]["reason"], rows[0]["failure_class"])
             with urllib.request.urlopen(admin_endpoint(state.admin_url, "/api/tree"),
                                         timeout=10) as r:
                 tree = json.loads(r.read())
@@ -171,6 +171,7 @@ def test_telemetry_and_admin_on_two_nodes(cluster):
         print(f"\nSIGKILL on node2: failed in SQL after {got[0] * 1000:.0f} ms, in the admin "
               f"tree after {tree_error[0] * 1000:.0f} ms")
         assert got[0] < 1.0 and "SIGKILL" in got[1] and "node2" in got[1]
+        assert got[2] == "signal"       # its failure class (SPEC §12): not out of memory
         assert tree_error[0] < 1.0 and "SIGKILL" in tree_error[1]
         failed = state.query_engine.query(
             "SELECT a.full_name FROM actor_status_events s JOIN actors a ON s.actor_id = a.id "

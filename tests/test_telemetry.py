@@ -875,3 +875,42 @@ def test_docs_are_shipped_and_the_page_is_package_data():
     SELECT endpoint, median(duration_us) AS med FROM messages GROUP BY endpoint""")])
 def test_monarch_style_sql_runs(text):
     assert QueryEngine(TelemetryStore()).query(text).num_rows == 0
+
+
+def test_a_sent_site_keeps_to_the_recorders_log_of_now():
+    # SentSite's rule: closed until its first call, bound to the recorder's log by note(),
+    # which a replaced (retired) log sends back to note() through its cap of 0; the key
+    # fields are made once a log; nothing is noted while telemetry is off
+    from hpcmesh.runtime.observe import telemetry_recorder as tel
+
+    made = []
+
+    def fields(method):
+        made.append(method)
+        return ("client", "m-1", "step", method, "{}", 1)
+
+    site = tel.SentSite()
+    log, calls, _ = site.row
+    assert log is tel.CLOSED_LOG and not len(calls) < log.cap    # the inline check fails
+    rec = tel.enable()
+    try:
+        first = rec.sent_log
+        site.note(fields, "call")
+        site.note(fields, "call")
+        assert site.row[0] is first and len(first.calls) == 2 and made == ["call"]
+        log, calls, key = site.row
+        assert len(calls) < log.cap                          # the inline path may append
+        # a drain replaces the log (past KEYS_LIMIT keys): the old one is retired
+        rec.sent_log = first.successor(rec.max_rows)
+        first.retire()
+        log, calls, key = site.row
+        assert not len(calls) < log.cap
+        site.note(fields, "call")
+        assert site.row[0] is rec.sent_log and len(rec.sent_log.calls) == 1
+        assert len(first.calls) == 2 and made == ["call", "call"]
+        assert rec.sent_log.keys[rec.sent_log.calls[0]] == fields("call")
+    finally:
+        tel.disable()
+    n = len(rec.sent_log.calls)
+    site.note(fields, "call")
+    assert len(rec.sent_log.calls) == n and not len(site.row[1]) < site.row[0].cap

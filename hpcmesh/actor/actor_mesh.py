@@ -17,6 +17,7 @@ from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
 from ..runtime import relay
 from ..runtime.observe import telemetry_recorder as _tel
+from ..runtime.observe import stragglers as _stragglers
 from ..runtime.client import current_or_client_node
 from ..runtime.errors import MeshStoppedError, SupervisionError
 from ..runtime.future import (FanIn, Future, completed, failed, forward, gather,
@@ -343,69 +344,53 @@ def endpoint_of_plain_method(plain: NotAnEndpoint, prefix: str) -> "Endpoint":
 class Endpoint(Generic[P, R]):
     """``mesh.method``: the ways to call one endpoint on a mesh. ``Endpoint[P, R]`` for a
     method ``(self, *P) -> R`` (or ``-> Awaitable[R]``), what ``@endpoint`` makes of it."""
-    __slots__ = ("_mesh", "_name", "_route", "_routes", "_sent_keys", "_one_row")
+    __slots__ = ("_mesh", "_name", "_route", "_routes", "_one_site", "_sites")
 
     def __init__(self, mesh: ActorMesh, name: str):
         self._mesh = mesh
         self._name = name
         self._route: tuple | None = None     # call_one's fast path, once the mesh is live
         self._routes: tuple | None = None    # call's fast path, once the mesh is live
-        #: (the recorder's sent_log, {method: key}): _note_sent's keys, made once a method
-        self._sent_keys: tuple | None = None
-        #: call_one's (sent_log, its calls, this endpoint's key); the closed sentinel
-        #: until the first call that records (``_sent_one``)
-        self._one_row: tuple = _tel.CLOSED_ROW
+        #: where call_one notes its calls in telemetry's sent_messages; other methods'
+        #: sites are made on their first call that records (_note_sent)
+        self._one_site = _tel.SentSite()
+        self._sites: dict | None = None
 
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         return self._mesh._members()
 
     def _note_sent(self, method: str, one: bool = False) -> None:
         """This call in the telemetry's ``sent_messages`` (only while it records)."""
-        rec = _tel.RECORDER
-        if rec is not None:
-            log = rec.sent_log      # one read: the key and the row go to the same log
-            rec.sent(self._sent_key(log, method, one), log)
+        if method == "call_one":
+            site = self._one_site
+        else:
+            sites = self._sites
+            if sites is None:
+                sites = self._sites = {}
+            site = sites.get(method)
+            if site is None:
+                site = sites[method] = _tel.SentSite()
+        site.note(self._sent_fields, method, one)
 
-    def _sent_one(self) -> None:
-        """call_one's note of its call, the slow way: the log its row held is full or
-        closed (replaced past KEYS_LIMIT keys, or its recorder switched off: its cap is
-        0), or there was none yet. The row is made again for the recorder's log (its key
-        looked up once), and the call noted there, or counted if that is full."""
-        rec = _tel.RECORDER
-        if rec is None:
-            return
-        log = rec.sent_log
-        row = self._one_row
-        if row[0] is not log:
-            row = self._one_row = (log, log.calls, self._sent_key(log, "call_one", True))
-        log.append(row[2])
-
-    def _sent_key(self, log, method: str, one: bool = False) -> int:
-        """The index of this endpoint's ``sent_messages`` fields for ``method`` in the
-        recorder's ``log``: made once (json.dumps per call was a third of a call_one)."""
-        keys = self._sent_keys
-        if keys is None or keys[0] is not log:
-            keys = self._sent_keys = (log, {})
-        k = keys[1].get(method)
-        if k is None:
-            shape = self._mesh._shape
-            k = keys[1][method] = log.key((
-                current_or_client_node().name, self._mesh._state.actor_id, self._name, method,
-                json.dumps(dict(shape.extent)), 1 if one else shape.nelem))
-        return k
+    def _sent_fields(self, method: str, one: bool) -> tuple:
+        """The ``sent_messages`` key fields of this endpoint called by ``method``: made
+        once a log (json.dumps per call was a third of a call_one)."""
+        shape = self._mesh._shape
+        return (current_or_client_node().name, self._mesh._state.actor_id, self._name, method,
+                json.dumps(dict(shape.extent)), 1 if one else shape.nelem)
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single member of this mesh; a Future of its value."""
         if _tel.RECORDER is not None:
-            # twin of _note_sent(): written out, the least it can be: every pipelined call passes
-            # here, and the caller's thread is the pipeline's critical path (RESULTS.md's
-            # history, 2026-12-03: ~100 ns a call here cost pipelined calls several per cent). A log
-            # that is no longer the recorder's has cap 0: the check of the bound finds it.
-            log, calls, key = self._one_row
+            # twin of _note_sent(): SentSite.note written out, the least it can be: every
+            # pipelined call passes here, and the caller's thread is the pipeline's critical
+            # path (RESULTS.md's history, 2026-12-03: ~100 ns a call here cost pipelined
+            # calls several per cent). SentSite says why the bound check is enough.
+            log, calls, key = self._one_site.row
             if len(calls) < log.cap:
                 calls.append(key)       # the transport's writes date it
             else:
-                self._sent_one()
+                self._one_site.note(self._sent_fields, "call_one", True)
         route = self._route
         if route is not None and not kwargs and is_plain(args):
             # The common case, kept short: a live mesh, arguments made of builtin values.
@@ -443,7 +428,11 @@ class Endpoint(Generic[P, R]):
                 name, payload = self._name, (args, kwargs)
                 futs = [node.call_actor(t, st.actor_id, name, payload, r, ext)
                         for r, t in targets]
-                return gather(futs, lambda vals: ValueMesh(result_shape, vals),
+                # the straggler watch (runtime/observe/stragglers.py) until the result is made
+                w = _stragglers.WATCH
+                key = w.watch(futs, targets, st, name) if w is not None else None
+                return gather(futs, lambda vals: ValueMesh(result_shape, vals) if key is None
+                              else w.ended(key, ValueMesh(result_shape, vals)),
                               node.poll_for_rest)
         mesh = self._mesh
         members, ext = self._members()
@@ -455,10 +444,17 @@ class Endpoint(Generic[P, R]):
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            fan = FanIn(len(members), lambda vals: ValueMesh(result_shape, vals),
-                        current_or_client_node().poll_for_rest)
-            mesh._fan_out(self._name, payload, True, fan=fan)
-            return fan.out
+            w = _stragglers.WATCH
+            if w is None:       # no Future per member where the reply needs none
+                fan = FanIn(len(members), lambda vals: ValueMesh(result_shape, vals),
+                            current_or_client_node().poll_for_rest)
+                mesh._fan_out(self._name, payload, True, fan=fan)
+                return fan.out
+            # the straggler watch (runtime/observe/stragglers.py) follows each member's Future
+            futs = mesh._fan_out(self._name, payload, True)
+            key = w.watch(futs, [(r, st.nodes[g]) for r, g in members], st, self._name)
+            return gather(futs, lambda vals: w.ended(key, ValueMesh(result_shape, vals)),
+                          current_or_client_node().poll_for_rest)
         return mesh._when_ready(go)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
@@ -525,8 +521,12 @@ class Endpoint(Generic[P, R]):
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            for f in mesh._fan_out(self._name, payload, True):
+            sent = []
+            for (r, g), f in zip(members, mesh._fan_out(self._name, payload, True)):
                 f.add_done_callback(stream._on_done)
+                sent.append((f, (r, mesh._state.nodes[g])))
+            if (w := _stragglers.WATCH) is not None and sent:   # until the tick sees it end
+                w.watch([f for f, _ in sent], [t for _, t in sent], mesh._state, self._name)
             out = Future()
             out.set_result(None)
             return out

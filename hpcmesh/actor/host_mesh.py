@@ -88,7 +88,7 @@ class HostMesh(MeshTrait):
         if not isinstance(path, str) or not path:
             raise TypeError(f"with_python_executable takes the interpreter's path on the hosts "
                             f"as a non-empty string, got {path!r}")
-        mesh = HostMesh(self._hosts, self._shape, self.name)
+        mesh = self._new_with_shape(self._shape)    # a job's mesh stays one (its .job...)
         mesh._python = path
         return mesh
 

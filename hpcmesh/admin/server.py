@@ -17,6 +17,7 @@ import time
 from urllib.parse import unquote
 
 from ..runtime.client import ClientRuntime, client_runtime
+from ..runtime.observe import stragglers
 from ..runtime.observe.introspect import (ADMIN_URL_VARS, PYSPY_NATIVE_TIMEOUT_S,
                                           PYSPY_TIMEOUT_S, PySpyError)
 from .config import MeshAdminConfig
@@ -47,7 +48,9 @@ def collect_tree(rt: ClientRuntime, timeout: float = LOOP_TIMEOUT_S) -> dict:
                                 connected=connected, stopping=rec.stopping)
         procs.append({"name": rec.name, "label": rec.label, "mesh": rec.mesh_name,
                       "point": rec.point, "host": rec.host, "pid": rec.pid, "status": status,
-                      "error": str(rec.failure) if rec.failure is not None else None})
+                      "error": str(rec.failure) if rec.failure is not None else None,
+                      "failure_class": (rec.failure.reason or None) if rec.failure is not None
+                      else None})
         if status == "running":
             asks[rec.name] = node.rpc(rec.node, "admin_actors")
     deadline = time.monotonic() + timeout
@@ -60,7 +63,9 @@ def collect_tree(rt: ClientRuntime, timeout: float = LOOP_TIMEOUT_S) -> dict:
     meshes = [{"actor_id": st.actor_id, "name": st.name, "class": st.class_name,
                "proc_names": list(st.proc_names)}
               for st in rt.actor_meshes()]
-    return build_tree(procs, reported, meshes)
+    watch = stragglers.WATCH
+    return build_tree(procs, reported, meshes,
+                      [r.to_json() for r in list(watch.reports)] if watch is not None else ())
 
 
 #: Where ``/api/stack/<process>`` gets the stacks, in the order it tries them, and the key

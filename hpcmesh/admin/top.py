@@ -29,7 +29,8 @@ STATUS_STYLE = {"running": "green", "failed": "bold red", "stopped": "dim", "sta
 
 def process_rows(tree: dict, rates: dict[str, float] | None = None) -> list[dict]:
     """One row per process of ``/api/tree``: where it runs, its status and last error, its
-    actors (mesh[rank] status), and its calls per second when telemetry gave them."""
+    actors (mesh[rank] status), its calls per second when telemetry gave them, and
+    ``late``: what the controller's straggler watch says of it while its call is out."""
     rows = []
     for h in tree.get("hosts", []):
         for p in h.get("processes", []):
@@ -37,11 +38,14 @@ def process_rows(tree: dict, rates: dict[str, float] | None = None) -> list[dict
                                + ("" if a.get("status") == "running" else f" {a.get('status')}")
                                for a in p.get("actors", []))
             rate = None if rates is None else rates.get(p["name"], 0.0)
+            late = p.get("straggler")
             rows.append({"name": p["name"], "host": h["host"], "mesh": p.get("mesh"),
                          "point": p.get("label") or "", "pid": p.get("pid"),
                          "status": p.get("status"), "rate": rate, "actors": actors,
                          "error": (p.get("error") or "").splitlines()[0][:120]
-                         if p.get("error") else ""})
+                         if p.get("error") else "",
+                         "late": f"{late['kind']} {late['waited_s']:.0f} s: {late['headline']}"
+                         if late else ""})
     return rows
 
 
@@ -178,7 +182,8 @@ def build_app(admin_url: str, telemetry_url: str | None = None, interval: float 
             cells = {r["name"]: (r["host"], r["mesh"], r["point"], str(r["pid"]),
                                  Text(str(r["status"]), style=STATUS_STYLE.get(r["status"], "")),
                                  "-" if r["rate"] is None else f"{r['rate']:.1f}", r["actors"],
-                                 Text(r["error"], style="red")) for r in rows}
+                                 Text(r["error"], style="red") if r["error"] or not r["late"]
+                                 else Text(r["late"], style="yellow")) for r in rows}
             table = self.query_one(DataTable)
             if [k.value for k in table.rows] == list(cells):
                 # the same processes: their cells change in place (the cursor and the

@@ -52,13 +52,23 @@ def remembered_actors(proc_name: str, proc_status: str, proc_error: str | None,
 
 
 def build_tree(procs: Iterable[dict], actors_by_proc: dict[str, list[dict] | None],
-               meshes: Iterable[dict]) -> dict:
+               meshes: Iterable[dict], stragglers: Iterable[dict] = ()) -> dict:
     """``procs``: one dict per process (name, label, mesh, point, host, pid, status, error);
     ``actors_by_proc``: what each process reported (None or absent: it did not answer).
     A process whose point is a mesh ``Point`` also gets its ``rank`` there, and
     ``proc_meshes`` the extent of each such mesh: where a grid of many processes puts
-    each (``hpcmesh top``'s heatmap)."""
+    each (``hpcmesh top``'s heatmap). ``stragglers``: the controller's recent straggler
+    and hang reports (``Report.to_json``), newest last; a process late in one whose call
+    has not finished gets ``straggler`` (report id, kind, seconds, its group's headline)."""
     meshes = list(meshes)
+    stragglers = list(stragglers)
+    late: dict[str, dict] = {}
+    for r in stragglers:
+        if r.get("finished_after_s") is None:
+            for g in r.get("groups", ()):
+                for m in g.get("members", ()):
+                    late[m["process"]] = {"report": r["id"], "kind": r["kind"],
+                                          "waited_s": m["waited_s"], "headline": g["headline"]}
     hosts: dict[str, list[dict]] = {}
     extents: dict[str, dict] = {}
     for p in procs:
@@ -67,9 +77,10 @@ def build_tree(procs: Iterable[dict], actors_by_proc: dict[str, list[dict] | Non
             remembered_actors(p["name"], p["status"], p.get("error"), meshes)
         point = p.get("point")
         entry = dict(p, point=point_json(point), answered=reported is not None,
-                     actors=actors, rank=getattr(point, "rank", None))
+                     actors=actors, rank=getattr(point, "rank", None),
+                     straggler=late.get(p["name"]))
         if entry["rank"] is not None:
             extents.setdefault(p.get("mesh"), point_json(point.extent))
         hosts.setdefault(p.get("host") or "(unknown host)", []).append(entry)
     return {"hosts": [{"host": h, "processes": ps} for h, ps in sorted(hosts.items())],
-            "proc_meshes": extents}
+            "proc_meshes": extents, "stragglers": stragglers}

@@ -32,13 +32,14 @@ import weakref
 from typing import Any
 
 from ..runtime.context import Rendezvous, context
-from .errors import CollectiveError, CollectiveMismatchError
+from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from .groups import Dims, GroupSpec, compute_group
 from .mesh import CHECK_ENV, DEFAULT_TIMEOUT_S, TIMEOUT_ENV, MeshCollectives, Timeout
 
 __all__ = [
     "CollectiveError",
     "CollectiveMismatchError",
+    "CollectiveTimeoutError",
     "GroupSpec",
     "MeshCollectives",
     "Rendezvous",

@@ -1,6 +1,7 @@
-"""The errors collectives raise (both are RuntimeErrors, as torch.distributed's are)."""
+"""The errors collectives raise (all are RuntimeErrors, as torch.distributed's are)."""
 
 from ..errors import HpcmeshError
+from ..runtime.errors import COLLECTIVE_TIMEOUT
 
 
 class CollectiveError(HpcmeshError, RuntimeError):
@@ -11,3 +12,11 @@ class CollectiveMismatchError(CollectiveError):
     """Members of one group called different collectives or passed different
     shapes/dtypes; detected before the data moves, so the group stays usable
     (gloo would otherwise abort the whole process)."""
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A collective gave up waiting for its members (one died, hung, or never called it).
+    Its failure class (SPEC §12) is ``collective timeout``: an actor that raises it fails,
+    or answers a call, with that class, not as a bug of its own code."""
+
+    failure_class = COLLECTIVE_TIMEOUT

@@ -22,12 +22,13 @@ from typing import Any, Union
 import torch
 import torch.distributed as dist
 
+from ..runtime.errors import COLLECTIVE_TIMEOUT, failure_class_of
 from ..runtime.torch_store import tcp_store
 from ..settings import (COLLECTIVE_TIMEOUT_VAR, DEFAULT_COLLECTIVE_TIMEOUT_S,
                         MAX_COLLECTIVE_TIMEOUT_S, collective_timeout, env_flag)
 from . import world as world_mod
 from .check import describe_fingerprint, fingerprint, resolve_op, validate_reduce
-from .errors import CollectiveError, CollectiveMismatchError
+from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError
 from .groups import Dims, GroupSpec, compute_group, extent_items, format_extent
 
 Timeout = Union[float, int, timedelta, None]
@@ -310,7 +311,8 @@ class MeshCollectives:
         except Exception as e:
             msg = first_line(e)
             self._mark_broken(spec, kind, f"{opname}: {msg}")
-            raise CollectiveError(
+            timed_out = isinstance(e, TimeoutError) or failure_class_of(e) == COLLECTIVE_TIMEOUT
+            raise (CollectiveTimeoutError if timed_out else CollectiveError)(
                 f"{opname} along {spec.describe()} failed on member {self.rank} "
                 f"(timeout {timeout.total_seconds():g}s; a member died, hung, or called "
                 f"a different collective): {msg}"

@@ -23,6 +23,7 @@ _HOMES = {
                      "SlurmStartTimeout", "slurm_bootstrap"), ".slurm"),
     "SlurmError": ".slurmctl",
     "slurm_notice": ".slurm_agent",
+    "JobEvent": ".events",
     **dict.fromkeys(("SlurmAllocation", "current_allocation"), ".allocation"),
     # exec_command / BashActor, SSHJob / LoginJob, SubmititJob (submitit loads on apply)
     **dict.fromkeys(("BashActor", "exec_command", "exec_python"), ".exec"),

@@ -32,7 +32,8 @@ def agent_bootstrap(*, python: str | None = None,
 
 class AgentHostMesh(HostMesh):
     """A HostMesh whose ``spawn_procs`` defaults to ``default_per_host`` and to the host
-    agent's python (:func:`agent_bootstrap`); ``job`` is the job it belongs to."""
+    agent's python (:func:`agent_bootstrap`; ``with_python_executable``'s where given);
+    ``job`` is the job it belongs to."""
 
     def __init__(self, hosts: list[HostRef], shape: Shape, name: str = "hosts", *,
                  default_per_host: dict | None = None, job: Any = None):
@@ -41,8 +42,10 @@ class AgentHostMesh(HostMesh):
         self._job = job
 
     def _new_with_shape(self, shape: Shape) -> "AgentHostMesh":
-        return type(self)(self._hosts, shape, self.name,
+        mesh = type(self)(self._hosts, shape, self.name,
                           default_per_host=self.default_per_host, job=self._job)
+        mesh._python = self.__dict__.get("_python")
+        return mesh
 
     @property
     def job(self):
@@ -53,8 +56,8 @@ class AgentHostMesh(HostMesh):
                     forward_logs: bool = True, gpu_binding: str | None = None):
         if per_host is None and self.default_per_host:
             per_host = dict(self.default_per_host)
-        if bootstrap_command is None:
-            bootstrap_command = agent_bootstrap()
+        if bootstrap_command is None and not self.__dict__.get("_python"):
+            bootstrap_command = agent_bootstrap()   # else with_python_executable's python
         return super().spawn_procs(per_host, bootstrap_command, name, forward_logs=forward_logs,
                                    gpu_binding=gpu_binding)
 

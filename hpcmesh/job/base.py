@@ -84,6 +84,9 @@ class JobTrait(ABC):
     #: The host agents of the meshes ``state()`` last connected to, to tell the runtime at
     #: ``kill()`` that their processes end on purpose (a ``_live`` name: never pickled).
     _live_agent_ids: set[str]
+    #: ``_live`` names a job kind keeps for the program across ``state()`` connecting
+    #: through the cached job (who watches its events): handed to that job first.
+    _live_carried: tuple[str, ...] = ()
 
     def __init__(self):
         self.apply_id: str | None = None
@@ -254,6 +257,9 @@ class JobTrait(ABC):
             config = self.__dict__.get(service) or job.__dict__.get(service)
             if config is not None:
                 setattr(job, service, config)   # dumped below: a reconnect serves it again
+        for name in self._live_carried:
+            if job is not self and name in self.__dict__:
+                job.__dict__[name] = self.__dict__[name]
         meshes = job._state()
         job._live_agent_ids = {ref.agent.node_id for mesh in meshes.values()
                                for ref in getattr(mesh, "refs", ())}

@@ -31,6 +31,15 @@ the controller calls ``job.notices()`` or ``job.watch_notices(callback)``, and
 can then tell actors to checkpoint through an endpoint. ``requeue: true`` makes
 the job requeue-able; after a requeue the agents come back (restart count in
 their token) and ``job.state()`` connects to the new ones.
+
+Job events (SPEC §12): the job's agents are registered with the runtime
+(``watch_job_ends``), so an end of one of them or of a process on one is first
+explained here from Slurm's view (``_explain_end``: squeue's state and reason,
+scontrol's restart count). If the job itself moved (requeued, preempted, timed
+out, cancelled, ended), every process of the run ends with it, no MeshFailure:
+calls on the old meshes raise SupervisionError(reason=ENDED_BY_SLURM) saying
+what to do, and one :class:`~hpcmesh.job.events.JobEvent` goes to
+``job.watch_events`` callbacks, the log and telemetry.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
 from .agent_mesh import AgentHostMesh, agent_bootstrap
 from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, cache_top, try_load
+from .events import REQUEUED, RUNNING_AGAIN, JobEvent, JobEvents, classify, runs_again
 from .local import in_batch_job
 from ..progress import Progress
 # agent_main and slurm_notice also by their names here from before slurm_agent.py: launch
@@ -77,6 +87,9 @@ __all__ = [
 #: How long a job that ended before its agents attached may stay COMPLETING before the
 #: error names that state instead of the final one.
 COMPLETING_WAIT = 5.0
+#: How long a job that ended under a client (a job event) may stay COMPLETING before the
+#: event is told as "ended" instead of waiting for Slurm's final word (cancelled, ...).
+EVENT_FINAL_WAIT = 30.0
 
 
 class SlurmSubmitError(SlurmError):
@@ -570,10 +583,13 @@ class SlurmJob(JobTrait):
         node = client_runtime().node
         live = getattr(self, "_live_hosts", None) or {}
         restart = self._current_restart()
+        moved_from = None
         if restart != self.restart_count:
             log.warning("Slurm job %s was requeued (restart %d); connecting to its new agents",
                         self.job_id, restart)
-            self.restart_count = restart
+            # (restart_count changes once the new run's agents attached: until then, its
+            # watchers still see the run they knew end)
+            moved_from = self.restart_count
             self.agent_addresses = {}
             live = {}
             self._redump = True
@@ -585,7 +601,7 @@ class SlurmJob(JobTrait):
         for mesh in self.mesh_names:
             addrs = self.agent_addresses.get(mesh)
             if not addrs:
-                addrs = self._wait_ready_files(mesh)
+                addrs = self._wait_ready_files(mesh, restart)
                 self.agent_addresses[mesh] = addrs
                 self._redump = True
             try:
@@ -596,9 +612,14 @@ class SlurmJob(JobTrait):
                     f"{mesh!r}): {e}. They exit {self.grace:g} s after their last controller "
                     f"left; kill the job (job.kill()) and apply it again") from None
         self._live_hosts = hosts
-        return self._meshes(hosts)
+        self.restart_count = restart
+        meshes = self._meshes(hosts)
+        if moved_from is not None:
+            self._tell_running_again(moved_from, hosts)
+        return meshes
 
     def _meshes(self, hosts: dict[str, list[HostRef]]) -> dict[str, SlurmHostMesh]:
+        self._watch_ends([h.agent.node_id for hs in hosts.values() for h in hs])
         return {m: SlurmHostMesh.from_hosts(hosts[m], m, job=self) for m in self.mesh_names}
 
     def _current_restart(self) -> int:
@@ -609,8 +630,9 @@ class SlurmJob(JobTrait):
         counts = [c for c in (slurmctl.restart_count(j) for j in self.job_ids) if c is not None]
         return max(counts) if counts else self.restart_count
 
-    def _wait_ready_files(self, mesh: str) -> list[list[str]]:
-        """Addresses of ``mesh``'s agents from their ready files, in Slurm task order.
+    def _wait_ready_files(self, mesh: str, restart: int) -> list[list[str]]:
+        """Addresses of ``mesh``'s agents of run ``restart`` from their ready files, in
+        Slurm task order.
 
         After a requeue the job waits in the queue again: that wait is not bounded (nor
         counted against the bring-up ``timeout``) unless the job is gone from Slurm."""
@@ -623,7 +645,7 @@ class SlurmJob(JobTrait):
         if in_batch_job() or not ids:
             limits.mark_running(time.monotonic())   # we run inside the job itself
         progress = Progress(self.progress)
-        pattern = os.path.join(self.job_dir, ready_name(mesh, self.restart_count, "*"))
+        pattern = os.path.join(self.job_dir, ready_name(mesh, restart, "*"))
         delay, next_squeue, recs = 0.05, 0.0, {}
         try:
             while True:
@@ -695,12 +717,161 @@ class SlurmJob(JobTrait):
         if not ids:
             return False
         recs = squeue_jobs(ids)
-        return any(r.is_live for r in recs.values())
+        if any(r.is_live for r in recs.values()):
+            return True
+        # a requeued run is wound up (COMPLETING) before the job is queued again: it comes
+        # back, so state() must wait for it, not submit another job
+        return any(r.state == "COMPLETING" and (slurmctl.restart_count(j) or 0) >
+                   self.restart_count for j, r in recs.items())
 
     def __getstate__(self):
         d = super().__getstate__()
         d.pop("_redump", None)
         return d
+
+    # -- job events (SPEC §12): the job itself moved ---------------------------------
+    _live_carried = ("_live_events",)       # watchers set before state() found the cache
+
+    @property
+    def _events(self) -> JobEvents:
+        events = self.__dict__.get("_live_events")
+        if events is None:
+            events = self.__dict__.setdefault("_live_events", JobEvents())
+        return events
+
+    def watch_events(self, callback: Callable[[JobEvent], None], interval: float = 5.0
+                     ) -> threading.Event:
+        """Call ``callback(event)`` with each :class:`~hpcmesh.job.events.JobEvent` of this
+        job from now on: Slurm requeued, preempted, timed out, cancelled or ended it (its
+        processes are gone; calls on its old meshes raise a SupervisionError with reason
+        ``ENDED_BY_SLURM``), or it runs again (``running-again``, once ``state()`` has
+        reconnected). Events come as soon as the job's processes end; besides, Slurm is
+        asked every ``interval`` seconds (a job with no processes running tells nothing
+        else). Callbacks run on a daemon thread; set the returned Event to stop."""
+        if not (isinstance(interval, (int, float)) and math.isfinite(interval)
+                and interval > 0):
+            raise ValueError(f"watch_events interval must be a number of seconds > 0, "
+                             f"got {interval!r}")
+        unwatch = self._events.watch(callback)
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(interval):
+                ids, known = self._ids(), self.restart_count
+                if not ids or not self._applied or any(
+                        self._events.was_told(j, known) for j in ids):
+                    continue
+                try:
+                    seen = self._slurm_view(ids, known)
+                except SlurmError as e:
+                    log.debug("watch_events: %s", e)
+                    continue
+                if seen is not None:
+                    self._settle_end(*seen, ids, known, None)
+            unwatch()
+        threading.Thread(target=run, name="hpcmesh-slurm-events", daemon=True).start()
+        return stop
+
+    def _watch_ends(self, agent_ids: list[str]) -> None:
+        """Ask the runtime to let this job explain its agents' ends (``_explain_end``)
+        before any is reported as a fault."""
+        key = (frozenset(agent_ids), self.restart_count)
+        if not agent_ids or self.__dict__.get("_live_watched") == key:
+            return
+        self._live_watched = key
+        from ..runtime.client import client_runtime
+        ids, known = tuple(self._ids()), self.restart_count
+        unwatch = self.__dict__.get("_live_unwatch")
+        if unwatch is not None:
+            unwatch()           # the agents of the run before: gone, or this run's
+        self._live_unwatch = client_runtime().watch_job_ends(
+            agent_ids, lambda what: self._explain_end(what, ids, known, key[0]))
+
+    def _slurm_view(self, ids: Sequence[str], known: int) -> tuple[JobEvent, bool] | None:
+        """What Slurm says happened to run ``known`` of the job: (event, final) where it
+        moved (``final`` False: still COMPLETING, the kind a guess), None where it runs."""
+        recs = squeue_jobs(list(ids), timeout=20)
+        for jid in ids:
+            rec = recs.get(jid)
+            state = rec.state if rec is not None else ""
+            reason = rec.reason if rec is not None and rec.reason not in (
+                "", "None", "(null)") else ""
+            restarts = None
+            if state != "RUNNING" or self.spec.meshes[self.mesh_names[0]].requeue:
+                restarts = slurmctl.restart_count(jid) if rec is not None else None
+            kind, final = classify(state, reason, restarts, known)
+            if kind is None:
+                continue
+            said = [state or "no longer known to Slurm"] + ([f"reason {reason}"] if reason
+                                                            else [])
+            if restarts is not None:
+                said.append(f"restart count {restarts}")
+            return JobEvent(kind, jid, "Slurm says " + ", ".join(said), time.time(), known,
+                            runs_again(state, restarts, known)), final
+        return None
+
+    def _explain_end(self, what: str, ids: Sequence[str], known: int,
+                     agent_ids: frozenset) -> Any:
+        """The runtime asks: ``what`` happened on this job's agents; did the job move? The
+        SupervisionError calls on its old meshes raise if it did (the event is told on a
+        thread of its own, once Slurm has its final word), None if not."""
+        try:
+            seen = self._slurm_view(ids, known)
+        except SlurmError as e:
+            log.warning("cannot ask Slurm whether job %s moved (%s): %s", ",".join(ids),
+                        what, e)
+            return None
+        if seen is None:
+            return None
+        event, final = seen
+        threading.Thread(target=self._settle_end, args=(event, final, ids, known, agent_ids),
+                         name="hpcmesh-slurm-event", daemon=True).start()
+        return self._moved_error(event)
+
+    def _settle_end(self, event: JobEvent, final: bool, ids: Sequence[str], known: int,
+                    agent_ids: frozenset | None) -> None:
+        """Wait (bounded) for Slurm's final word on a job being wound up, reword what the
+        old meshes' calls raise with it, then tell the event."""
+        deadline = time.monotonic() + EVENT_FINAL_WAIT
+        first = event
+        while not final and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                seen = self._slurm_view(ids, known)
+            except SlurmError:
+                continue
+            if seen is not None:
+                event, final = seen
+        event = dataclasses.replace(event, time=first.time)
+        if agent_ids and event != first:
+            from ..runtime.client import client_runtime
+            client_runtime().end_with_job(agent_ids, self._moved_error(event))
+        self._events.tell(event)
+
+    def _moved_error(self, event: JobEvent) -> Any:
+        from ..runtime.errors import ENDED_BY_SLURM, HOST_LOST, OUT_OF_MEMORY, SupervisionError
+        # the class of the failure: Slurm's own word where it says more than "it ended"
+        cls = (OUT_OF_MEMORY if "OUT_OF_MEMORY" in event.reason else
+               HOST_LOST if "NODE_FAIL" in event.reason else ENDED_BY_SLURM)
+        if event.comes_back:
+            what = ("call job.state(): it waits for the job to run again and reconnects; "
+                    "then spawn your processes again (from your checkpoint)")
+        else:
+            what = "the job will not run again (job.state() would submit it anew)"
+        return SupervisionError(f"{event}: the processes of its run {event.restart} are "
+                                f"gone; {what}", exit_status=f"ended by Slurm ({event.kind})",
+                                reason=cls)
+
+    def _tell_running_again(self, old: int, hosts: dict[str, list[HostRef]]) -> None:
+        """``state()`` reconnected after a requeue: the requeue (if nothing told it yet)
+        and the new run are events."""
+        jid = self.job_id or "?"
+        now = time.time()
+        self._events.tell(JobEvent(REQUEUED, jid, f"restart count {old} -> "
+                                   f"{self.restart_count}", now, old, True))
+        nodes = sorted({h.hostname for hs in hosts.values() for h in hs})
+        self._events.tell(JobEvent(RUNNING_AGAIN, jid, f"run {self.restart_count} on "
+                                   f"{','.join(nodes)}", now, self.restart_count))
 
     # -- time limit / preemption --------------------------------------------------------
     def notices(self) -> list[dict] | None:
@@ -714,10 +885,13 @@ class SlurmJob(JobTrait):
         returned Event to stop watching."""
         stop = threading.Event()
         seen = len(self.notices() or [])
+        run_seen = self.restart_count
 
         def run() -> None:
-            nonlocal seen
+            nonlocal seen, run_seen
             while not stop.wait(interval):
+                if self.restart_count != run_seen:   # requeued: the new run's notices
+                    seen, run_seen = 0, self.restart_count
                 got = self.notices() or []
                 for n in got[seen:]:
                     try:

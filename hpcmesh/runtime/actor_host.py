@@ -25,8 +25,8 @@ from typing import Any
 # task (None on a Python without it: every call then goes through the task)
 from .asyncio_internals import enter_task, leave_task
 from .context import ActorInstance, Context, current_context_var
-from .errors import (ActorError, MeshFailure, MeshStoppedError, SupervisionError, actor_failed,
-                     call_failed, describe_actor)
+from .errors import (USER_EXCEPTION, ActorError, MeshFailure, MeshStoppedError, SupervisionError,
+                     actor_failed, call_failed, describe_actor, failure_class_of)
 from ..shapes import Extent, Point
 from ..transport import serialization
 from .messages import (EVENT_ACTOR_FAULT, BatchShare, ReplyNotSent, call_msg, decode_args,
@@ -195,6 +195,9 @@ class ActorHost:
         self._extents: dict[tuple, Extent] = {}
         self._contexts: dict[tuple, Context] = {}
         self.stopped = False
+        # stopped without a word to the calls in flight (its process was told to end by a
+        # signal): their callers learn why from the process's end, which supervision reads
+        self.stopped_quietly = False
         self.fault: SupervisionError | None = None   # the actor failed: see fail_actor()
         # this actor in the telemetry tables (``actors.id``): its mesh and rank there
         self.telemetry_id = f"{instance.actor_id}.{getattr(instance.rank, 'rank', 0)}"
@@ -546,6 +549,8 @@ class ActorHost:
             if self.fault is not None:      # cancelled by fail_actor()
                 self._refuse(endpoint, origin, reply)
                 return
+            if self.stopped_quietly:
+                return
             self._fail(endpoint, origin, reply, RuntimeError(
                 f"actor {self.instance.mesh_name} was stopped before {shown_name(endpoint)} "
                 f"finished"))
@@ -569,7 +574,7 @@ class ActorHost:
                "it answers through its response port, so the error had no caller to go to; "
                "catch it and send it with port.exception(e)" if info.response_port else
                f"{type(exc).__name__} is a BaseException, not an Exception")
-        self.fail_actor(self.raised_in(exc, endpoint, how))
+        self.fail_actor(self.raised_in(exc, endpoint, how), failure_class=failure_class_of(exc))
         self._refuse(endpoint, origin, reply)
 
     def raised_in(self, exc: BaseException, endpoint: str, how: str = "") -> str:
@@ -596,20 +601,23 @@ class ActorHost:
         else:
             loop.call_soon_threadsafe(self.fail_actor, why, True)
 
-    def fail_actor(self, reason: str, spare_mailbox: bool = False) -> None:
+    def fail_actor(self, reason: str, spare_mailbox: bool = False,
+                   failure_class: str = USER_EXCEPTION) -> None:
         """This actor has failed (in Monarch: it is dead): calls waiting for it, queued or
         running (but the one running in the current task, or the mailbox's with
         ``spare_mailbox``), and every later call fail with a SupervisionError naming it and
         ``reason``; its owner's ``__supervise__`` gets a MeshFailure. What it spawned is
         stopped (``on_actor_failed``: Monarch's "and all its descendants have failed"); its
-        process and the other actors there go on."""
+        process and the other actors there go on. ``failure_class``: why, as a class
+        (SPEC §12): its own code raised or aborted, unless the exception says otherwise, or
+        the class of a failure below it that it did not handle."""
         if self.fault is not None:
             return
         inst = self.instance
         self.fault = actor_failed(describe_actor(self.cls.__name__, inst.mesh_name, inst.rank),
-                                  reason, inst.mesh_name, inst.rank)
+                                  reason, inst.mesh_name, inst.rank, failure_class)
         if (rec := _tel.RECORDER) is not None:
-            rec.status(self.telemetry_id, "failed", reason)
+            rec.status(self.telemetry_id, "failed", reason, failure_class)
         log.info("%s", self.fault)       # its owner hears of it, and reports it if unhandled
         for end_descendants in on_actor_failed:
             try:
@@ -676,17 +684,20 @@ class ActorHost:
               exc: BaseException) -> None:
         err = exc if isinstance(exc, ActorError) and exc.point is not None else ActorError(
             type(exc).__qualname__, describe_exception(exc, with_type=False),
-            format_exception(exc), self.instance.rank, self.cls.__name__, shown_name(endpoint))
+            format_exception(exc), self.instance.rank, self.cls.__name__, shown_name(endpoint),
+            failure_class_of(exc))
         if reply is not None:
             self.node.reply_to(origin, reply, failure(err))
             return
         log.error("a broadcast to %s.%s could not run: %s", self.cls.__name__, endpoint, err)
 
     # -- lifecycle -------------------------------------------------------------------
-    async def stop(self) -> None:
-        """Run the actor's ``__cleanup__`` (if any) and release its thread."""
+    async def stop(self, quietly: bool = False) -> None:
+        """Run the actor's ``__cleanup__`` (if any) and release its thread. ``quietly``:
+        the calls in flight get no answer (see ``stopped_quietly``)."""
         try:
             self.stopped = True
+            self.stopped_quietly = quietly
             if (rec := _tel.RECORDER) is not None and self.fault is None:
                 rec.status(self.telemetry_id, "stopped", "stopped by its owner")
             cleanup = getattr(self.obj, "__cleanup__", None)

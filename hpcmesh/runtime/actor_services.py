@@ -15,6 +15,7 @@ from ..transport import serialization
 from .observe import telemetry_recorder
 from .actor_host import ENDPOINT_ATTR, ActorHost
 from .context import ActorInstance, Context, Rendezvous, current_context_var
+from .errors import failure_class_of
 from .node import Node, PortRef
 from .rendezvous import needs_store, serve_store
 
@@ -81,7 +82,7 @@ class ActorServices:
         except (Exception, KeyboardInterrupt, SystemExit) as e:  # noqa: BLE001
             # As in Monarch, that actor has failed (its calls raise a SupervisionError, its
             # owner is told); unlike Monarch, its process and the other actors there go on.
-            host.fail_actor(host.raised_in(e, "__init__"))
+            host.fail_actor(host.raised_in(e, "__init__"), failure_class=failure_class_of(e))
         self.node.actors[actor_id] = host
         if (rec := telemetry_recorder.RECORDER) is not None and host.fault is None:
             rec.status(host.telemetry_id, "spawned")    # (its actors row: the spawner's)
@@ -91,12 +92,12 @@ class ActorServices:
             await self.node.loop.run_in_executor(host.executor(), serve_store, instance)
         return os.getpid()
 
-    async def stop_actors(self, actor_ids: list[str]) -> int:
+    async def stop_actors(self, actor_ids: list[str], quietly: bool = False) -> int:
         n = 0
         for aid in actor_ids:
             host = self.node.actors.pop(aid, None)
             if host is not None:
-                await host.stop()
+                await host.stop(quietly)
                 n += 1
         return n
 

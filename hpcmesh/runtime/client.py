@@ -22,8 +22,9 @@ from ..shapes import Point
 from ..transport.addresses import new_secret
 from . import actor_host
 from .actor_host import ActorThread
-from .observe import telemetry_recorder
-from .errors import AGENT_EXITED, HOST_LOST, MeshFailure, SupervisionError, describe_exit
+from .observe import stragglers, telemetry_recorder
+from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, USER_EXCEPTION, MeshFailure,
+                     SupervisionError, describe_exit, exit_class)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
@@ -62,6 +63,8 @@ class ProcRecord:
     on_failure: Callable | None = None
     owner: Any = None            # ActorInstance that spawned this process (None: the client)
     stop_reason: str = ""        # why it ends on purpose (stopping), where not a stop()
+    stop_class: str = ""         # that, as a class (AGENT_EXITED, ENDED_BY_SLURM; errors.py)
+    ended_with_job: bool = False  # its job's scheduler ended it (end_with_job)
 
 
 def _listen_addresses(node_id_unix: str) -> list[str]:
@@ -81,6 +84,17 @@ def _listen_addresses(node_id_unix: str) -> list[str]:
     for h in hosts:
         addrs.append(f"tcp://[{h}]:0" if ":" in h else f"tcp://{h}:0")
     return addrs
+
+
+@dataclass(eq=False)
+class JobAgents:
+    """The host agents of one job that its scheduler may end, requeue or preempt as a
+    whole (``ClientRuntime.watch_job_ends``), and what is known of that so far."""
+    agent_ids: frozenset
+    explain: Callable[[str], "SupervisionError | None"]
+    held: list = field(default_factory=list)    # what to report if the job did not move
+    asking: bool = False
+    ended: SupervisionError | None = None       # the job moved: why, in its words
 
 
 class TrackedActorMesh(Protocol):
@@ -105,6 +119,7 @@ class ClientRuntime:
         if node is None:
             # what the processes it starts will read: a typo fails here, named, not in each
             check_process_settings()
+            late = stragglers.Settings.from_env()   # a bad value: named before anything starts
             tune_malloc(arena_max=1)     # before the loop thread starts: see tuning.py
             self.secret = secret or new_secret()
             self.node = Node.start_in_thread(self.secret, role="client", name="client")
@@ -133,11 +148,15 @@ class ClientRuntime:
         # host agent node id -> its hello (name, host, pid): to name it once it is gone
         self._agents: dict[str, dict] = {}
         self._agent_checks: set = set()      # the tasks asking agents whether they live
+        # host agent node id -> the job it belongs to, where watch_job_ends was asked
+        self._job_agents: dict[str, JobAgents] = {}
         self.lease_grace = env_number("HPCMESH_LEASE_GRACE", 10, finite=True)
         self._print_lock = threading.Lock()
         # (mesh name, window) -> what hosts folded, folded across hosts
         self._log_folds = TimedFolders(self.node.loop, self._print_folds)
         set_current_node(self.node)
+        if node is None:        # the controller: name its calls' stragglers and hangs
+            stragglers.start(self, late)
         atexit.register(self.shutdown)
 
     async def _setup(self) -> None:
@@ -247,26 +266,38 @@ class ClientRuntime:
         await asyncio.sleep(0)       # its folds are delivered here on the loop, in order
         self.flush_logs()
 
-    def _on_exit(self, name: str, pid: int, returncode: int | None, host: str) -> None:
+    def _on_exit(self, name: str, pid: int, returncode: int | None, host: str,
+                 cause: tuple[str, str] | None = None, *, judged: bool = False) -> None:
+        """A process ended. ``cause``: (failure class, why) where its agent could tell what
+        ended it (the OOM killer, NCCL's watchdog); ``judged``: the job's scheduler was
+        already asked whether the job itself moved (``watch_job_ends``)."""
         rec = self.procs.get(name)
         if rec is None or rec.failure is not None:     # (lost with its host already)
             return
+        if not rec.stopping and not judged and self._held_for_job(
+                rec.agent.node_id, f"process {rec.label} of mesh {rec.mesh_name!r} on host "
+                f"{host} (pid {pid}) ended: {describe_exit(returncode)}",
+                lambda: self._on_exit(name, pid, returncode, host, cause, judged=True)):
+            return
         status = describe_exit(returncode)
-        self._record_exit(rec, pid, host, status)
         if rec.stopping:
+            self._record_exit(rec, pid, host, status, rec.stop_class)
             if rec.node is not None:
                 self.node.fail_peer(rec.node.node_id, self._stopped(rec, host, pid, status))
             return
+        cls = cause[0] if cause else exit_class(returncode)
+        why = f"{status}; {cause[1]}" if cause else status
+        self._record_exit(rec, pid, host, why, cls)
         where = f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} (pid {pid})"
         if rec.node is None:
             tail = log_tail(rec.log_paths.get("stderr"), 10)
             exc = SupervisionError(
-                f"{where} exited before it connected back ({status})" +
+                f"{where} exited before it connected back ({why})" +
                 (f"; last stderr lines:\n{tail}" if tail else ""),
-                rec.mesh_name, rec.point, host, pid, status)
+                rec.mesh_name, rec.point, host, pid, status, cls)
         else:
-            exc = SupervisionError(f"{where} died: {status}", rec.mesh_name, rec.point, host,
-                                   pid, status)
+            exc = SupervisionError(f"{where} died: {why}", rec.mesh_name, rec.point, host,
+                                   pid, status, cls)
         self.flush_logs(rec.mesh_name)      # what it printed last comes before its failure
         self._fail(rec, exc)
         if rec.owner is not None or rec.node is not None:
@@ -289,12 +320,11 @@ class ClientRuntime:
             self.node.fail_peer(rec.node.node_id, exc)
 
     @staticmethod
-    def _stopped(rec: ProcRecord, host: str, pid: int | None, status: str,
-                 reason: str = "") -> SupervisionError:
-        """What calls to a process that ended on purpose raise."""
+    def _stopped(rec: ProcRecord, host: str, pid: int | None, status: str) -> SupervisionError:
+        """What calls to a process that ended on purpose raise (with the class of why)."""
         why = f": {rec.stop_reason}" if rec.stop_reason else ""
         return SupervisionError(f"process {rec.label} of mesh {rec.mesh_name} was stopped{why}",
-                                rec.mesh_name, rec.point, host, pid, status, reason)
+                                rec.mesh_name, rec.point, host, pid, status, rec.stop_class)
 
     # -- host agents that end ---------------------------------------------------------
     def _live_on(self, agent_id: str) -> list[ProcRecord]:
@@ -303,15 +333,22 @@ class ClientRuntime:
         return [r for r in self.procs.values() if r.agent.node_id == agent_id
                 and not r.stopping and r.failure is None]
 
-    def _on_agent_exit(self, agent_id: str, host: str, reason: str) -> None:
+    def _on_agent_exit(self, agent_id: str, host: str, reason: str, *,
+                       judged: bool = False) -> None:
         """An agent says it is ending on purpose (a stop signal, its lease, its HostMesh's
         shutdown) and takes its processes: their end is no lost host, and no failure to
-        supervise (the job's lifecycle, SPEC §12); calls to them fail now, saying why."""
+        supervise (the job's lifecycle, SPEC §12); calls to them fail now, saying why (an
+        agent of a watched job: once its job said whether it moved)."""
+        if not judged and self._live_on(agent_id) and self._held_for_job(
+                agent_id, f"the host agent on {host} is ending ({reason})",
+                lambda: self._on_agent_exit(agent_id, host, reason, judged=True)):
+            return
         for rec in self._live_on(agent_id):
             rec.stopping = True
             rec.stop_reason = f"its host agent on {host} exited ({reason})"
+            rec.stop_class = AGENT_EXITED
             self._fail_waiters(rec, self._stopped(
-                rec, host, rec.pid, f"killed by its host agent ({reason})", AGENT_EXITED))
+                rec, host, rec.pid, f"killed by its host agent ({reason})"))
 
     def _on_peer_closed(self, node, peer_id: str, exc: BaseException | None) -> None:
         """The last connection to a peer closed. If it is an agent with live processes of
@@ -336,12 +373,16 @@ class ClientRuntime:
             self._host_lost(agent.node_id, f"its connection closed ({closed or 'closed'}) "
                             f"and it did not answer a new one ({why})")
 
-    def _host_lost(self, agent_id: str, why: str) -> None:
+    def _host_lost(self, agent_id: str, why: str, *, judged: bool = False) -> None:
         """Agent ``agent_id`` is gone: its processes are lost with it (they end by
         themselves, their parent gone). Every call pending on each fails now; each owner is
         told once per mesh (its ``__supervise__``, else ``unhandled_fault_hook``)."""
         recs = self._live_on(agent_id)
         if not recs:
+            return
+        if not judged and self._held_for_job(
+                agent_id, f"the host agent of {recs[0].host or '?'} is gone: {why}",
+                lambda: self._host_lost(agent_id, why, judged=True)):
             return
         info = self._agents.get(agent_id)
         host = recs[0].host or (info or {}).get("host", "?")
@@ -355,7 +396,7 @@ class ClientRuntime:
                 f"process {rec.label} of mesh {rec.mesh_name!r} on host {host} ({pid(rec)}) "
                 f"was lost with its host: {agent}", rec.mesh_name, rec.point, host, rec.pid,
                 LOST_STATUS, HOST_LOST)
-            self._record_exit(rec, rec.pid, host, LOST_STATUS)
+            self._record_exit(rec, rec.pid, host, LOST_STATUS, HOST_LOST)
             self._fail(rec, exc)
             meshes.setdefault((rec.mesh_name, id(rec.owner)), []).append(rec)
         for (mesh, _), lost in meshes.items():
@@ -369,20 +410,112 @@ class ClientRuntime:
                 LOST_STATUS, HOST_LOST)
             self.report_failure(owner, MeshFailure(mesh, error))
 
-    def _record_exit(self, rec: ProcRecord, pid: int, host: str, status: str) -> None:
+    # -- jobs a scheduler may end as a whole (SPEC §12) ------------------------------
+    def watch_job_ends(self, agent_ids, explain: Callable[[str], SupervisionError | None]
+                       ) -> Callable[[], None]:
+        """These host agents are one job's, which its scheduler may end, requeue or preempt
+        as a whole. When one of them, or a process on one, ends unasked, ``explain(what)``
+        is asked before anything is reported, on a thread of its own (it may ask the
+        scheduler, and should answer within a second or two): a SupervisionError back means
+        the job itself moved, and every process on these agents ends with it
+        (:meth:`end_with_job`), no fault reported; None means it did not, and what happened
+        is reported as it would have been. Calls pending on a process that ended wait for
+        that answer. Returns the undo."""
+        group = JobAgents(frozenset(agent_ids), explain)
+
+        def add() -> None:
+            for agent_id in group.agent_ids:
+                self._job_agents[agent_id] = group
+
+        def remove() -> None:
+            for agent_id in group.agent_ids:
+                if self._job_agents.get(agent_id) is group:
+                    del self._job_agents[agent_id]
+        self.node.call_soon(add)
+        return lambda: self.node.call_soon(remove)
+
+    def end_with_job(self, agent_ids, error: SupervisionError) -> None:
+        """The job of these agents ended, was requeued or preempted: every process on them
+        is gone with it, on purpose as far as supervision goes (no MeshFailure), and calls
+        to them fail now, later ones at once, with ``error``'s words. Again with newer
+        words (the job's final state, once Slurm has it), it rewords what they raise."""
+        self.node.call_soon(self._end_with_job, frozenset(agent_ids), error, True)
+
+    def _held_for_job(self, agent_id: str, what: str, report: Callable[[], None]) -> bool:
+        """(loop) ``report`` is what the runtime would do about ``what``, which happened on
+        ``agent_id``. On a watched job's agent it waits for the job's answer (True)."""
+        group = self._job_agents.get(agent_id)
+        if group is None or self._closing:
+            return False
+        if group.ended is not None:
+            self._end_with_job(group.agent_ids, group.ended)
+            return True
+        group.held.append(report)
+        if not group.asking:
+            group.asking = True
+            threading.Thread(target=self._ask_job, args=(group, what), daemon=True,
+                             name="hpcmesh-job-ends").start()
+        return True
+
+    def _ask_job(self, group: JobAgents, what: str) -> None:
+        try:
+            verdict = group.explain(what)
+        except Exception:  # noqa: BLE001 - cannot tell: report it as a fault, as before
+            log.exception("could not tell whether the job moved (%s)", what)
+            verdict = None
+        self.node.call_soon(self._job_verdict, group, verdict)
+
+    def _job_verdict(self, group: JobAgents, verdict: SupervisionError | None) -> None:
+        held, group.held, group.asking = group.held, [], False
+        if verdict is None:
+            for report in held:
+                report()
+            return
+        group.ended = verdict
+        self._end_with_job(group.agent_ids, verdict)
+
+    def _end_with_job(self, agent_ids: frozenset, error: SupervisionError,
+                      reword: bool = False) -> None:
+        """(loop) ``end_with_job``; ``reword``: those that ended with the job already get
+        ``error``'s words too."""
+        for rec in list(self.procs.values()):
+            if rec.agent.node_id not in agent_ids:
+                continue
+            first = rec.failure is None and not rec.stopping
+            if not first and not (reword and rec.ended_with_job and rec.node is not None):
+                continue        # stopped on purpose, failed for a reason of its own, or done
+            host = rec.host or self._agents.get(rec.agent.node_id, {}).get("host", "?")
+            status = error.exit_status or "ended with its job"
+            cls = error.reason or ENDED_BY_SLURM    # (Slurm's OUT_OF_MEMORY, NODE_FAIL say more)
+            if first:
+                rec.stopping = rec.ended_with_job = True
+                rec.stop_reason = error.message
+                rec.stop_class = cls
+                self._record_exit(rec, rec.pid, host, f"{status}: {error.message}", cls)
+            self._fail(rec, SupervisionError(
+                f"{error.message} (process {rec.label} of mesh {rec.mesh_name!r} on host "
+                f"{host})", rec.mesh_name, rec.point, host, rec.pid, status, cls))
+        for agent_id in agent_ids:
+            group = self._job_agents.get(agent_id)
+            if group is not None:
+                group.ended = error     # what happens on its agents later is this too
+
+    def _record_exit(self, rec: ProcRecord, pid: int, host: str, status: str,
+                     failure_class: str | None = None) -> None:
         """The telemetry of a process's end: its own row, and one per actor it hosted
-        (those cannot say so themselves)."""
+        (those cannot say so themselves), with the failure's class."""
         tel = telemetry_recorder.RECORDER
         if tel is None:
             return
         ended = "stopped" if rec.stopping else "failed"
         why = (f"process {rec.label} of mesh {rec.mesh_name} on host {host} (pid {pid}) "
                f"{'was stopped' if rec.stopping else 'died'}: {status}")
-        tel.process_status(rec.name, rec.mesh_name, rec.label, host, pid, ended, why)
+        tel.process_status(rec.name, rec.mesh_name, rec.label, host, pid, ended, why,
+                           failure_class)
         for actor_id, st in list(self._actor_meshes.items()):
             names = st.proc_names
             if rec.name in names:
-                tel.status(f"{actor_id}.{names.index(rec.name)}", ended, why)
+                tel.status(f"{actor_id}.{names.index(rec.name)}", ended, why, failure_class)
 
     # -- the actor meshes this process spawned ------------------------------------
     def track_actor_mesh(self, mesh: TrackedActorMesh, owner: Any = None) -> None:
@@ -434,6 +567,7 @@ class ClientRuntime:
         async def offer() -> None:
             handled = False
             why = ""
+            cls = failure.reason or USER_EXCEPTION   # the cause below, unless its handler raised
             if handler is not None:
                 try:
                     if inspect.iscoroutinefunction(handler):
@@ -444,9 +578,11 @@ class ClientRuntime:
                 except Exception as e:  # noqa: BLE001 - a failing handler does not handle it
                     log.exception("__supervise__ of %s raised", owner.class_name)
                     why = f" (__supervise__ raised {type(e).__name__}: {e})"
+                    cls = USER_EXCEPTION
             if not handled:
                 host.fail_actor(f"it did not handle the failure of mesh {failure.mesh_name!r} "
-                                f"that it owns{why}: {failure.report()}")
+                                f"that it owns{why}: {failure.error.message}",
+                                failure_class=cls)
         self.node.call_soon(lambda: self.node.loop.create_task(offer()))
 
     def end_descendants(self, owner) -> None:
@@ -481,6 +617,8 @@ class ClientRuntime:
                     self.node.run_sync(self._flush_all_logs(), timeout=2.0)
                 except Exception:  # noqa: BLE001 - the loop ended meanwhile: the files keep them
                     pass
+        if stragglers.WATCH is not None and stragglers.WATCH.runtime is self:
+            stragglers.stop()
         if self.end_descendants in actor_host.on_actor_failed:
             actor_host.on_actor_failed.remove(self.end_descendants)
         if self._local_agent is not None:

@@ -27,6 +27,9 @@ class ActorError(_FieldsError):
     point: Any = None
     actor: str = ""
     endpoint: str = ""
+    #: the failure class (SPEC §12) of what it raised: ``USER_EXCEPTION``, or
+    #: ``COLLECTIVE_TIMEOUT`` for a collective that gave up waiting (``failure_class_of``)
+    reason: str = ""
 
     def __str__(self) -> str:
         where = f" in {self.actor}.{self.endpoint}" if self.actor else ""
@@ -46,6 +49,49 @@ USER_EXCEPTION = "user exception"  # the user's code raised
 OUT_OF_MEMORY = "out of memory"   # the kernel's or Slurm's OOM killer ended it
 SIGNAL = "signal"                 # killed by a signal nobody above explains
 COLLECTIVE_TIMEOUT = "collective timeout"  # a collective (NCCL/gloo) gave up waiting
+
+#: An exception may say its own failure class with this attribute (hpcmesh.collectives'
+#: CollectiveTimeoutError says COLLECTIVE_TIMEOUT): ``failure_class_of`` reads it.
+FAILURE_CLASS_ATTR = "failure_class"
+#: How torch.distributed's own collectives say they timed out, for code that calls them
+#: directly (hpcmesh.collectives raises CollectiveTimeoutError): gloo's transport
+#: ("[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv
+#: operation to complete"; "[.../gloo/transport/tcp/pair.h:311] Connect timeout", a peer
+#: that never connected to the group), ``Work.wait(timeout)`` ("Operation timed out!"),
+#: NCCL's watchdog ("Watchdog caught collective operation timeout: WorkNCCL(...)").
+NCCL_WATCHDOG_TIMEOUT = "Watchdog caught collective operation timeout"
+_TORCH_TIMEOUT_TEXTS = (("gloo", "Timed out waiting"), ("gloo", "Connect timeout"),
+                        ("", "Operation timed out!"), ("", NCCL_WATCHDOG_TIMEOUT))
+
+
+#: The classes of failures (SPEC §12): AGENT_EXITED is a stop, not one of them.
+FAILURE_CLASSES = (USER_EXCEPTION, OUT_OF_MEMORY, HOST_LOST, ENDED_BY_SLURM, SIGNAL,
+                   COLLECTIVE_TIMEOUT)
+
+
+def failure_class_of(exc: BaseException) -> str:
+    """The class of a failure ``exc`` raised by user code caused: the class it (or an
+    exception it was raised from) says it is (a ``failure_class`` attribute; an ActorError's
+    or SupervisionError's ``reason``: a failed call to another actor, not caught), a torch
+    collective's timeout by its text, else ``USER_EXCEPTION``. Reads no module: torch stays
+    unimported."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        said = getattr(e, FAILURE_CLASS_ATTR, None)
+        if isinstance(said, str) and said:
+            return said
+        said = getattr(e, "reason", None) if isinstance(e, (ActorError, SupervisionError)) \
+            else None
+        if said in FAILURE_CLASSES:
+            return said
+        if isinstance(e, RuntimeError):
+            text = str(e)
+            if any(where in text and what in text for where, what in _TORCH_TIMEOUT_TEXTS):
+                return COLLECTIVE_TIMEOUT
+        e = e.__cause__ or e.__context__
+    return USER_EXCEPTION
 
 
 @dataclasses.dataclass(eq=False, repr=False)
@@ -84,6 +130,15 @@ def describe_exit(returncode: int | None) -> str:
             name = f"signal {-returncode}"
         return f"killed by {name}"
     return f"exit code {returncode}"
+
+
+def exit_class(returncode: int | None) -> str:
+    """The failure class of a process that ended on its own with ``returncode``, where its
+    host agent saw no cause (the OOM killer, NCCL's watchdog): a signal's, or its own code's
+    (an exit status: it exited, or could not start); "" where nobody saw it end."""
+    if returncode is None:
+        return ""
+    return SIGNAL if returncode < 0 else USER_EXCEPTION
 
 
 class MeshFailure:
@@ -125,8 +180,11 @@ class MeshFailure:
         return self.error.reason
 
     def report(self) -> str:
-        """What failed and why, for a person to read."""
-        return self.error.message
+        """What failed and why, for a person to read: the message (Monarch's words first),
+        then a last line ``failure class: <class>`` (SPEC §12; ``reason``), which a program
+        may also read, where the class is known."""
+        cls = self.error.reason
+        return f"{self.error.message}\nfailure class: {cls}" if cls else self.error.message
 
     def __str__(self) -> str:
         rank = f", rank={self.point.rank}" if self.point is not None else ""
@@ -141,10 +199,12 @@ def describe_actor(class_name: str, mesh_name: str, point) -> str:
         f"{class_name} {mesh_name}"
 
 
-def actor_failed(who: str, reason: str, mesh_name: str, point=None) -> SupervisionError:
-    """The error of an actor that failed: what its calls raise and its MeshFailure reports."""
+def actor_failed(who: str, reason: str, mesh_name: str, point=None,
+                 failure_class: str = USER_EXCEPTION) -> SupervisionError:
+    """The error of an actor that failed: what its calls raise and its MeshFailure reports.
+    ``failure_class``: why, as a class (its own code raised or aborted, by default)."""
     return SupervisionError(f"The actor {who} and all its descendants have failed: {reason}",
-                            mesh_name, point)
+                            mesh_name, point, reason=failure_class)
 
 
 def call_failed(endpoint_name: str, fault: SupervisionError) -> SupervisionError:

@@ -77,7 +77,9 @@ class PortRef:
 EVENT_LOG = "log"                          # (LOG, proc_name, stream, [lines])
 # (LOG_FOLDED, window, [(stream, text, count, [proc_name])]): alike lines a host folded
 EVENT_LOG_FOLDED = "log_folded"
-EVENT_EXIT = "exit"                        # (EXIT, proc_name, pid, returncode, hostname)
+# (EXIT, proc_name, pid, returncode, hostname, cause): cause is (failure class, why) where the
+# agent could tell what ended it (the OOM killer, NCCL's watchdog), else None
+EVENT_EXIT = "exit"
 EVENT_ACTOR_FAULT = "actor_fault"          # (ACTOR_FAULT, actor_id, MeshFailure)
 EVENT_AGENT_EXIT = "agent_exit"            # (AGENT_EXIT, agent_node_id, hostname, reason)
 

@@ -38,6 +38,11 @@ class Table:
 
 
 TS = ("timestamp_us", "int64", "when, in microseconds since the Unix epoch (wall clock)")
+#: SPEC §12: what kind of failure it was, so that a user can tell their bug from the cluster's
+FAILURE_CLASS = ("failure_class", "string",
+                 "the failure's class: user exception, out of memory, host lost, ended by Slurm, "
+                 "signal or collective timeout; for a process stopped because its host agent "
+                 "or its job ended, why (agent exited, ended by Slurm); None otherwise")
 
 TABLES: dict[str, Table] = {t.name: t for t in (
     Table("meshes", "one row per mesh created: proc meshes and actor meshes", (
@@ -64,7 +69,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         TS,
         ("actor_id", "string", "actors.id"),
         ("new_status", "string", "spawned, failed or stopped"),
-        ("reason", "string", "why (None for spawned)"))),
+        ("reason", "string", "why (None for spawned)"),
+        FAILURE_CLASS)),
     Table("process_status_events", "status changes of processes, as the controller sees "
           "them: running (connected), stopped, failed (with its exit status or signal)", (
         TS,
@@ -74,7 +80,18 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         ("host", "string", "its host"),
         ("pid", "int64", "its pid"),
         ("new_status", "string", "running, stopped or failed"),
-        ("reason", "string", "how it ended")), from_source=False),
+        ("reason", "string", "how it ended"),
+        FAILURE_CLASS), from_source=False),
+    Table("job_events", "the job itself moved (SPEC §12): Slurm requeued, preempted, "
+          "timed out, cancelled or ended it, or it runs again after a requeue; its processes' "
+          "ends are then this one row, not a failure each", (
+        TS,
+        ("kind", "string", "requeued, preempted, time_limit, cancelled, ended or "
+                           "running-again"),
+        ("job_id", "string", "the Slurm job"),
+        ("restart", "int64", "which run of the job (Slurm's restart count) it is about"),
+        ("reason", "string", "what Slurm said: state, reason, restart count")),
+          from_source=False),
     Table("messages", "one row per call an actor handled (the receiving side)", (
         TS,
         ("to_actor_id", "string", "the actor that handled it (actors.id)"),
@@ -139,6 +156,31 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         TS,
         ("thread", "string", "the thread's name"),
         ("stack", "string", "its stack, innermost frame last"))),
+    Table("stragglers", "one row per member of a call() named late by the controller "
+          "(runtime/observe/stragglers.py): a straggler (others answered; it has not after "
+          "HPCMESH_STRAGGLER_FACTOR x their median answer time and at least "
+          "HPCMESH_STRAGGLER_AFTER_S) or a hang (no member answered after "
+          "HPCMESH_HANG_AFTER_S); members with the same stack share a group", (
+        TS,
+        ("report_id", "int64", "the report (one per call; its rows share it)"),
+        ("kind", "string", "straggler or hang; finished: the report's call finished "
+                           "(one row, waited_s: when, the member columns empty)"),
+        ("actor_mesh_id", "string", "the mesh called (meshes.id)"),
+        ("mesh", "string", "its name"),
+        ("endpoint", "string", "the endpoint called"),
+        ("point", "string", "the late member's process's point (hosts=0,gpus=3)"),
+        ("process", "string", "that process"),
+        ("host", "string", "its host"),
+        ("pid", "int64", "its pid"),
+        ("waited_s", "double", "how long the call had waited for it when it was named"),
+        ("stack_group", "int64", "its stack's group in the report (0: the biggest)"),
+        ("group_size", "int64", "how many late members share that stack"),
+        ("headline", "string", "the group's stack in a line: what the innermost user frame "
+                               "calls, and where"),
+        ("stack", "string", "the group's stacks (threads running user code), innermost "
+                            "frame last"),
+        ("source", "string", "where the stack came from: event loop, py-spy or "
+                             "faulthandler (empty: none)")), from_source=False),
     Table("telemetry_drops", "rows a process could not keep (its buffer was full between "
           "two collections, or the store's cap was reached)", (
         TS,

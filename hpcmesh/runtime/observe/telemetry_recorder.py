@@ -51,7 +51,7 @@ DEFAULT_BUFFER_ROWS = 100_000
 
 #: The tables a process records into as tuples (the collector adds the rest).
 TABLES = ("meshes", "actors", "actor_status_events", "process_status_events", "events",
-          "spans")
+          "spans", "stragglers", "job_events")
 #: Those it records as numbers (``KeyedLog``; ``drain`` hands them out as ``KeyedRows``):
 #: per table, the columns a row's numbers become, each with what to divide it by (the
 #: clock's nanoseconds become the table's microseconds) and the number, if any, it is
@@ -309,9 +309,8 @@ class SentLog(_Keys):
         return SentLog(max_rows)
 
     def retire(self) -> None:
-        """Replaced (or its recorder switched off): keep no call from now on. ``call_one``
-        caches its log and checks only the bound, so a cap of 0 is how its next call
-        finds the recorder's log instead."""
+        """Replaced (or its recorder switched off): keep no call from now on (the rule is
+        ``SentSite``'s: a cap of 0 sends a site's next call to the recorder's log)."""
         self.cap = 0
 
     def take(self) -> "SentRows":
@@ -330,9 +329,41 @@ class SentLog(_Keys):
         return SentRows(taken, times, counts, first, now, self.keys)
 
 
-#: A log that keeps nothing: ``call_one``'s row until its first call that records.
+#: A log that keeps nothing: a ``SentSite``'s until its first call that records.
 CLOSED_LOG = SentLog(0)
 CLOSED_ROW = (CLOSED_LOG, CLOSED_LOG.calls, 0)
+
+
+class SentSite:
+    """One call site's rows of ``sent_messages`` (an endpoint's, for one way of calling
+    it): the handle the caller's thread notes its calls through, and the one owner of the
+    rule that keeps it on the recorder's current log.
+
+    ``row`` is ``(log, log.calls, key)``: the hot path (``Endpoint.call_one``) reads it once
+    and appends ``key`` to ``calls`` while ``len(calls) < log.cap``, else calls ``note()``.
+    The rule: a log the recorder no longer writes to (replaced past ``KEYS_LIMIT`` keys by
+    a drain, or let go when telemetry is switched off) has ``cap`` 0 (``SentLog.retire``),
+    and so has ``CLOSED_LOG``, the site's log before its first call; so the bound check
+    fails on it and ``note()`` binds the site to the recorder's log of now, making the
+    key there. A call racing a drain may land in the log just retired: the drain takes
+    that log once more (``Recorder.drain``)."""
+    __slots__ = ("row",)
+
+    def __init__(self):
+        self.row: tuple = CLOSED_ROW
+
+    def note(self, make_fields: Callable[..., tuple], *args: Any) -> None:
+        """One call, the general way (what every call but call_one's inline check does).
+        ``make_fields(*args)``: the rows' key fields, called when a log first needs them
+        (the site holds no reference to its owner: no cycle)."""
+        rec = RECORDER
+        if rec is None:
+            return
+        log = rec.sent_log      # one read: the key and the call go to the same log
+        row = self.row
+        if row[0] is not log:
+            row = self.row = (log, log.calls, log.key(make_fields(*args)))
+        log.append(row[2])
 
 
 class SentRows:
@@ -525,17 +556,26 @@ class Recorder:
               host: str, pid: int | None) -> None:
         self.add("actors", (now_us(), actor_id, mesh_id, rank, full_name, process, host, pid))
 
-    def status(self, actor_id: str, new_status: str, reason: str | None = None) -> None:
-        self.add("actor_status_events", (now_us(), actor_id, new_status, reason))
+    def status(self, actor_id: str, new_status: str, reason: str | None = None,
+               failure_class: str | None = None) -> None:
+        self.add("actor_status_events", (now_us(), actor_id, new_status, reason,
+                                         failure_class or None))
 
     def process_status(self, process: str, mesh_name: str, label: str, host: str,
-                       pid: int | None, new_status: str, reason: str | None = None) -> None:
+                       pid: int | None, new_status: str, reason: str | None = None,
+                       failure_class: str | None = None) -> None:
         self.add("process_status_events", (now_us(), process, mesh_name, label, host, pid,
-                                           new_status, reason))
+                                           new_status, reason, failure_class or None))
 
     def event(self, level: str, source: str, message: str) -> None:
         """A log line or another notable fact (``events``)."""
         self.add("events", (now_us(), level, source, message))
+
+    def job_event(self, kind: str, job_id: str, restart: int, reason: str,
+                  timestamp_us: int | None = None) -> None:
+        """The job itself moved: requeued, preempted, ... (``job_events``; SPEC §12)."""
+        self.add("job_events", (now_us() if timestamp_us is None else timestamp_us, kind,
+                                job_id, restart, reason))
 
     def span(self, start_us: int, span_id: str, parent_span_id: str | None, name: str,
              duration_us: int, status: str, error: str | None, actor_id: str | None,

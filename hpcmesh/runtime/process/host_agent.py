@@ -27,13 +27,16 @@ from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, B
 from ...private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
 from ...settings import env_flag
 from . import placement
-from ..errors import SupervisionError, describe_exit
+from ..errors import (COLLECTIVE_TIMEOUT, NCCL_WATCHDOG_TIMEOUT, OUT_OF_MEMORY, SupervisionError,
+                      describe_exit)
+from ...log_tail import log_tail
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env, gpu_indexes
 from ..observe.introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
 from ..observe.log_fold import TimedFolders
 from ..messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
 from ..node import Node, NodeRef, PortRef
 from ..relay import CastRelay
+from .oom import AGE_S as OOM_AGE_S, OomWatch
 from .zygote import ZygoteClient, ZygoteProcess
 
 log = logging.getLogger("hpcmesh.agent")
@@ -44,6 +47,9 @@ EXITED_KEPT = 4096
 #: Drains of this host's processes that answered after their collection gave up, kept for
 #: the next one (``telemetry_drain_host``), at most this many per process running here.
 LATE_DRAINS_PER_PROC = 2
+#: How much of the end of a process's stderr is read for NCCL's watchdog message (the C++
+#: stack trace of the abort follows it).
+WATCHDOG_TAIL_BYTES = 65536
 
 
 @dataclass
@@ -62,6 +68,7 @@ class _Proc:
     fold: tuple | None = None   # (events, group, window): its lines are folded there
     same_secret: bool = True    # started under this agent's secret: the agent can dial it
     node_id: str | None = None  # its node, once this agent has called it (telemetry, relay)
+    oom_start: tuple | None = None  # its memory cgroup's OOM kill count at start (oom.py)
     secret: bytes | None = None  # what it was started under, where not this agent's secret
 
 
@@ -89,6 +96,8 @@ class HostAgent:
         # reports them too (bounded: the oldest are forgotten first)
         self.exited: dict[str, int | None] = {}
         self._by_pid: dict[int, _Proc] = {}      # zygote-forked processes, by pid
+        self._oom = OomWatch()                   # which SIGKILLs were the OOM killer's
+        node.call_soon(self._age_oom)
         self._zygote: ZygoteClient | None = None
         self._zygote_env: dict[str, str] = {}
         if env_flag("HPCMESH_ZYGOTE", True):
@@ -223,7 +232,8 @@ class HostAgent:
                 same = secret_hex == self.node.secret.hex()
                 p = _Proc(name, popen, events, exit_actions=bootstrap_vars[EXIT_ACTIONS_VAR],
                           forward=forward, same_secret=same,
-                          secret=None if same else bytes.fromhex(secret_hex))
+                          secret=None if same else bytes.fromhex(secret_hex),
+                          oom_start=self._oom.started(popen.pid))
                 started.append(p)      # first: a failure while watching it still kills it
                 self._watch(p, log_dir)
                 out.append((name, popen.pid, {s: f.name for s, f in p.logs.items()}))
@@ -499,13 +509,15 @@ class HostAgent:
         if p.exited.is_set():
             return
         p.exited.set()
-        log.info("process %s (pid %d) ended: %s", p.name, p.popen.pid, describe_exit(p.returncode))
+        cause = self._exit_cause(p)
+        log.info("process %s (pid %d) ended: %s%s", p.name, p.popen.pid,
+                 describe_exit(p.returncode), f"; {cause[1]}" if cause else "")
         if p.fold is not None:
             self._folds.flush(p.fold)    # its last lines come before its exit
         if p.events is not None:
             try:
                 self.node.send(p.events.node, deliver_msg(p.events.port_id, (
-                    EVENT_EXIT, p.name, p.popen.pid, p.returncode, self.hostname)))
+                    EVENT_EXIT, p.name, p.popen.pid, p.returncode, self.hostname, cause)))
             except Exception:  # noqa: BLE001
                 pass
         self.procs.pop(p.name, None)
@@ -513,6 +525,25 @@ class HostAgent:
         self.exited[p.name] = p.returncode
         while len(self.exited) > EXITED_KEPT:
             self.exited.pop(next(iter(self.exited)))
+
+    def _age_oom(self) -> None:
+        """The OOM kills counted are fresh for ``oom.AGE_S`` only (see oom.py)."""
+        self._oom.age()
+        self.node.loop.call_later(OOM_AGE_S, self._age_oom)
+
+    def _exit_cause(self, p: _Proc) -> tuple[str, str] | None:
+        """(failure class, why) of a death by a signal that this host can explain: the
+        kernel's OOM killer (``oom.py``), or NCCL's watchdog, which aborts a process whose
+        collective timed out and says so on its stderr; None for any other end."""
+        oom = self._oom.ended(p.oom_start, p.returncode)
+        if oom:
+            return OUT_OF_MEMORY, oom
+        if p.returncode is not None and p.returncode < 0 and "stderr" in p.logs and \
+                NCCL_WATCHDOG_TIMEOUT in log_tail(p.logs["stderr"].name, 1000,
+                                                  max_bytes=WATCHDOG_TAIL_BYTES):
+            return COLLECTIVE_TIMEOUT, "NCCL's watchdog took it down: a collective timed out " \
+                "(its stderr says so)"
+        return None
 
     async def dump_stacks(self, name: str, tool: str = "faulthandler", native: bool = False) -> str:
         """The admin view's fallbacks when a process's loop does not answer: its stacks as

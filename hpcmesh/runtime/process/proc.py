@@ -103,18 +103,20 @@ class ProcRuntime:
                 pass
 
     # -- services -------------------------------------------------------------------
-    async def stop(self) -> int:
-        await self.actor_services.stop_actors(list(self.node.actors))
+    async def stop(self, quietly: bool = False) -> int:
+        await self.actor_services.stop_actors(list(self.node.actors), quietly)
         for hook in list(self.node.on_stop):
             hook()             # e.g. the ClientRuntime: processes our actors started go with us
         self.node.loop.call_later(0.02, self.done.set)
         return os.getpid()
 
     def on_sigterm(self) -> None:
-        """SIGTERM (the agent's force-stop, Slurm's end of job): stop cleanly, then exit."""
+        """SIGTERM (the agent's force-stop, Slurm's end of job): stop cleanly, then exit.
+        The calls in flight get no answer from here: why they end is the controller's to
+        say (the job was requeued, the mesh was stopped, ...; SPEC §12), from this exit."""
         if self._stopping is None and not self.done.is_set():
             self.exit_code = 128 + signal.SIGTERM
-            self._stopping = self.node.loop.create_task(self.stop())
+            self._stopping = self.node.loop.create_task(self.stop(quietly=True))
 
 async def _amain() -> int:
     env = os.environ

@@ -1,0 +1,95 @@
+"""What the straggler watch costs a call: on and off in alternating blocks, one sitting.
+
+    .venv/bin/python benchmarks/bench_stragglers.py [--rounds 10] [--n 300]
+
+The controller's watch (``runtime/observe/stragglers.py``) is switched on and off between
+blocks (``stragglers.start``/``stop``: off is what ``HPCMESH_STRAGGLERS=0`` runs), in
+alternating order (off, on, on, off, ...), over 4 processes: each block times ``n``
+``call_one(...).get()`` round trips to one actor and ``n`` ``call(...).get()`` over the 4,
+then a pipelined burst of 2,000 ``call()`` (issued, then waited for). The figures are the
+medians of each block's median, and the ratio on/off per adjacent pair (this VM's speed
+drifts by more between minutes than the watch costs). call_one is not watched: its ratio
+says what the noise is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from hpcmesh.actor import Actor, endpoint, this_host  # noqa: E402
+from hpcmesh.runtime.client import client_runtime  # noqa: E402
+from hpcmesh.runtime.observe import stragglers  # noqa: E402
+
+
+class Echo(Actor):
+    @endpoint
+    async def echo(self, x):
+        return x
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--n", type=int, default=300, help="round trips per block and kind")
+    ap.add_argument("--pipelined", type=int, default=2000, help="call()s per pipelined burst")
+    args = ap.parse_args()
+    rt = client_runtime()
+    procs = this_host().spawn_procs(per_host={"gpus": 4})
+    mesh = procs.spawn("echo", Echo)
+    one = mesh.slice(gpus=0).echo
+    all4 = mesh.echo
+    for _ in range(500):            # warm up both paths
+        one.call_one(1).get()
+        all4.call(1).get()
+
+    def block(on: bool) -> dict:
+        if on:
+            stragglers.start(rt)
+        else:
+            stragglers.stop()
+        assert (stragglers.WATCH is not None) == on
+        lat1, lat4 = [], []
+        for _ in range(args.n):
+            t0 = time.perf_counter_ns()
+            one.call_one(1).get()
+            lat1.append(time.perf_counter_ns() - t0)
+        for _ in range(args.n):
+            t0 = time.perf_counter_ns()
+            all4.call(1).get()
+            lat4.append(time.perf_counter_ns() - t0)
+        t0, c0 = time.perf_counter(), time.process_time()
+        futs = [all4.call(1) for _ in range(args.pipelined)]
+        for f in futs:
+            f.get()
+        rate = args.pipelined / (time.perf_counter() - t0)
+        cpu = (time.process_time() - c0) / args.pipelined * 1e6
+        return {"call_one": statistics.median(lat1) / 1e3, "call4": statistics.median(lat4) / 1e3,
+                "pipelined4": rate, "cpu4": cpu}
+
+    runs: dict = {False: [], True: []}
+    for r in range(args.rounds):
+        for on in (False, True) if r % 2 == 0 else (True, False):
+            runs[on].append(block(on))
+    stragglers.start(rt)
+    procs.stop().get(timeout=60)
+    print(f"straggler watch off/on, {args.rounds} rounds of alternating blocks, 4 processes\n"
+          "| workload | off | on | on/off (median of pairs) |\n|---|---|---|---|")
+    for key, label, unit in (("call_one", "call_one .get(), median", "µs"),
+                             ("call4", "call() over 4 .get(), median", "µs"),
+                             ("pipelined4", "pipelined call() over 4", "calls/s"),
+                             ("cpu4", "controller CPU a pipelined call() over 4", "µs")):
+        off = statistics.median(b[key] for b in runs[False])
+        on = statistics.median(b[key] for b in runs[True])
+        paired = statistics.median(a[key] / b[key] for a, b in zip(runs[True], runs[False]))
+        print(f"| {label} ({unit}) | {off:.1f} | {on:.1f} | {paired:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -306,9 +306,11 @@ class CastRelay:
             return
         STATS["casts"] += 1
         bufs = list(buffers) if type(payload) is not tuple else []
+        touched = []
         for i, (name, nid, addrs, rank) in enumerate(members):
             ref = NodeRef(nid, tuple(addrs))
             p = node.peers.peer(ref)
+            touched.append(p)
             if p.conn is None and p.secret is None and self.member_secret is not None:
                 p.secret = self.member_secret(name, nid)
             if ports is None:       # a broadcast: nothing comes back (its failure is the
@@ -330,6 +332,11 @@ class CastRelay:
             except Exception as e:  # noqa: BLE001 - this member's call fails, named
                 node.close_port(pid)
                 answer.set_exception(e)
+        # written now, not a loop turn later (the loop batches what it sends in a pass)
+        for p in touched:
+            conn = p.conn
+            if conn is not None and not conn.closed:
+                conn.flush_now()
 
     def answered(self, a: "_Answer", value: Any, exc: BaseException | None) -> None:
         """Member ``a`` answered: its entry joins what ``a.origin`` is owed."""
@@ -368,6 +375,9 @@ class CastRelay:
         STATS["cast_replies"] += 1
         try:
             node.send(node.ref_of(origin), cast_reply_msg(entries), buffers=bufs)
+            p = node.peers.by_id.get(origin)
+            if p is not None and p.conn is not None and not p.conn.closed:
+                p.conn.flush_now()      # now, not a loop turn later
             return
         except (pickle.PicklingError, TypeError, AttributeError, ValueError,
                 serialization.SerializationError) as e:

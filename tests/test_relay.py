@@ -288,6 +288,9 @@ def test_a_member_killed_mid_call_fails_only_its_slot(job):
         assert len(failed) == 1, failed
         assert isinstance(failed[0], SupervisionError) and failed[0].pid == pids[victim], \
             failed[0]
+        # named as the direct path names it (the controller's own exit report wins the
+        # agent's word of the lost connection)
+        assert "hosts=1,gpus=1" in str(failed[0]), failed[0]
         assert sum(1 for f in results if f.exception() is None and f.value() == "woke") == 7
         # a call() over all fails with it; the others go on
         with pytest.raises(SupervisionError):

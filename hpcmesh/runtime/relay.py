@@ -41,6 +41,7 @@ from ..transport import serialization
 from .future import FanIn, Future
 from .messages import (MSG_DELIVER, MSG_FAIL, MSG_RESULT, Failure, NodeRef, call_msg, cast_msg,
                        cast_reply_msg, describe_exception, unreadable_result)
+from .links import LOST_PEER_REPORT_WAIT
 from .peers import Peer
 
 #: the ``runtime.node.Node`` sending or relaying (not imported: node.py imports this module)
@@ -258,13 +259,14 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
 class _Answer:
     """Where a member's reply to a relayed call goes on its agent: a reply port's sink
     (a Future's two setters, ``PortTable.expect_into``), no Future made per member."""
-    __slots__ = ("relay", "origin", "cport", "seq", "pid", "done")
+    __slots__ = ("relay", "origin", "cport", "seq", "pid", "done", "member")
 
-    def __init__(self, relay: "CastRelay", origin: str, cport: int, seq: int):
+    def __init__(self, relay: "CastRelay", origin: str, cport: int, seq: int, member: Peer):
         self.relay = relay
         self.origin = origin
         self.cport = cport
         self.seq = seq
+        self.member = member
         self.pid = 0
         self.done = False
 
@@ -274,9 +276,18 @@ class _Answer:
             self.relay.answered(self, value, None)
 
     def set_exception(self, exc: BaseException) -> None:
-        if not self.done:
-            self.done = True
-            self.relay.answered(self, None, exc)
+        if self.done:
+            return
+        self.done = True
+        if self.member.lost is not None and self.relay.node.loop is not None:
+            # the member is gone (its exit, its connection): the sender hears of it from
+            # its own supervision, naming the process as it knows it; this agent's word
+            # follows after the grace a lost peer gets for that report (a slot the sender
+            # failed meanwhile is closed: the late answer is dropped there)
+            self.relay.node.loop.call_later(LOST_PEER_REPORT_WAIT, self.relay.answered,
+                                            self, None, exc)
+            return
+        self.relay.answered(self, None, exc)
 
 
 class CastRelay:
@@ -321,7 +332,7 @@ class CastRelay:
                     log.debug("cannot relay a broadcast to %s: %s", name, e)
                 continue
             self._waiting[origin] = self._waiting.get(origin, 0) + 1
-            answer = _Answer(self, origin, ports[i], seqs[i])
+            answer = _Answer(self, origin, ports[i], seqs[i], p)
             answer.pid = pid = node.ports.expect_into(p, answer)
             if answer.done:         # known lost: failed already, nothing to send
                 continue

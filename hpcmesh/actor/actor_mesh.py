@@ -444,17 +444,22 @@ class Endpoint(Generic[P, R]):
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
+            # no Future per member where a reply needs none (a FanIn slot takes it)
             w = _stragglers.WATCH
-            if w is None:       # no Future per member where the reply needs none
+            if w is None:
                 fan = FanIn(len(members), lambda vals: ValueMesh(result_shape, vals),
                             current_or_client_node().poll_for_rest)
                 mesh._fan_out(self._name, payload, True, fan=fan)
                 return fan.out
-            # the straggler watch (runtime/observe/stragglers.py) follows each member's Future
-            futs = mesh._fan_out(self._name, payload, True)
-            key = w.watch(futs, [(r, st.nodes[g]) for r, g in members], st, self._name)
-            return gather(futs, lambda vals: w.ended(key, ValueMesh(result_shape, vals)),
-                          current_or_client_node().poll_for_rest)
+            key = None
+
+            def made(vals: list) -> ValueMesh:
+                return w.ended(key, ValueMesh(result_shape, vals))
+            fan = FanIn(len(members), made, current_or_client_node().poll_for_rest)
+            slots = fan.all_slots()         # the straggler watch reads the members' slots
+            key = w.watch(slots, [(r, st.nodes[g]) for r, g in members], st, self._name)
+            mesh._fan_out(self._name, payload, True, fan=fan)
+            return fan.out
         return mesh._when_ready(go)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:

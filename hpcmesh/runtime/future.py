@@ -261,7 +261,7 @@ class FanIn:
     own: a call() through the host agents makes none per member). Results may arrive on
     several threads at once: the count of those still missing is taken with ``next()`` on
     a shared counter, which is atomic."""
-    __slots__ = ("out", "results", "n", "arrived", "finish", "on_first")
+    __slots__ = ("out", "results", "n", "arrived", "finish", "on_first", "slots")
 
     def __init__(self, n: int, finish: Callable[[list], Any] | None = None,
                  on_first: Callable[[Future], None] | None = None):
@@ -271,6 +271,7 @@ class FanIn:
         self.arrived = itertools.count(1)
         self.finish = finish
         self.on_first = on_first
+        self.slots: list[FanInSlot] | None = None    # made by slot() / all_slots()
         if n == 0:
             self._settle()
 
@@ -299,27 +300,84 @@ class FanIn:
 
     def follow(self, i: int, f: Future) -> None:
         """Slot ``i`` gets ``f``'s result."""
+        slots = self.slots
+
         def done(f: Future) -> None:
-            if f._exc is not None:
+            if slots is not None:
+                if f._exc is not None:
+                    slots[i].set_exception(f._exc)
+                else:
+                    slots[i].set_result(f._value)
+            elif f._exc is not None:
                 self.fail(f._exc)
             else:
                 self.put(i, f._value)
         f.add_done_callback(done)
 
     def slot(self, i: int) -> "FanInSlot":
-        return FanInSlot(self, i)
+        """Slot ``i`` (the same object each time it is asked for)."""
+        return self.all_slots()[i]
+
+    def all_slots(self) -> list["FanInSlot"]:
+        """Every slot, in order: one per result, each settled once its result is in (a
+        followed Future's too)."""
+        if self.slots is None:
+            self.slots = [FanInSlot(self, i) for i in range(self.n)]
+        return self.slots
 
 
 class FanInSlot:
-    """Slot ``i`` of a ``FanIn``, with a Future's two setters (what a reply port calls)."""
-    __slots__ = ("fan", "i")
+    """Slot ``i`` of a ``FanIn``: what a reply port resolves (a Future's two setters), and
+    what a watcher of the members reads (``done``, ``exception``, ``add_done_callback``:
+    the straggler watch), without a Future of its own."""
+    __slots__ = ("fan", "i", "_state", "_exc", "_callbacks")
 
     def __init__(self, fan: FanIn, i: int):
         self.fan = fan
         self.i = i
+        self._state = False
+        self._exc: BaseException | None = None
+        self._callbacks: list | None = None
 
     def set_result(self, value: Any) -> None:
+        if self._state:
+            return
+        self._state = True
         self.fan.put(self.i, value)
+        if self._callbacks is not None:
+            self._fire()
 
     def set_exception(self, exc: BaseException) -> None:
+        if self._state:
+            return
+        self._exc = exc
+        self._state = True
         self.fan.fail(exc)
+        if self._callbacks is not None:
+            self._fire()
+
+    def done(self) -> bool:
+        return self._state
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def _fire(self) -> None:
+        with _cb_lock:
+            cbs, self._callbacks = self._callbacks, None
+        for cb in cbs or ():
+            cb(self)
+
+    def add_done_callback(self, cb: Callable[["FanInSlot"], None]) -> None:
+        """As ``Future.add_done_callback``."""
+        with _cb_lock:
+            added = not self._state
+            if added:
+                if self._callbacks is None:
+                    self._callbacks = [cb]
+                else:
+                    self._callbacks.append(cb)
+        if not added:
+            cb(self)
+        elif self._state:       # settled meanwhile, maybe without seeing our callback
+            self._fire()

@@ -10,6 +10,11 @@ Each scenario builds one mesh of processes, then times:
 - the controller's CPU per call() (the controller process's CPU time over the calls,
   every thread of it, divided by the calls and the members): the figure that grows with
   processes while the controller talks to each;
+- the frames of a call() through the host agents (``HPCMESH_RELAY``, on unless 0): casts
+  the controller sent and folded replies it took per call() (0 / 0: it talked to every
+  process itself);
+- the controller's CPU per broadcast (``--reps`` broadcasts in a row, then one call() to
+  drain them, over the broadcasts);
 - stop.
 
 Scenarios (``--scenario``, repeatable):
@@ -38,6 +43,7 @@ import sys
 import time
 
 from hpcmesh.actor import Actor, endpoint, this_host
+from hpcmesh.runtime import relay
 
 
 class Noop(Actor):
@@ -101,11 +107,16 @@ def run(scenario: str, reps: int) -> dict:
     for _ in range(3):                                   # warm the paths
         actors.ping.call().get(timeout=120)
     walls, cpu0 = [], time.process_time()
+    frames0 = dict(relay.STATS)
     for _ in range(reps):
         t = time.perf_counter()
         actors.ping.call().get(timeout=120)
         walls.append(time.perf_counter() - t)
     cpu = time.process_time() - cpu0
+    # the controller's frames per call() through the host agents (0: it sent to each)
+    out["casts_per_call"] = (relay.STATS["casts_sent"] - frames0["casts_sent"]) / reps
+    out["folded_replies_per_call"] = (relay.STATS["replies_taken"]
+                                      - frames0["replies_taken"]) / reps
     out["call_ms"] = statistics.median(walls) * 1e3
     out["controller_cpu_us_per_member"] = cpu / reps / n * 1e6
     walls = []
@@ -115,6 +126,11 @@ def run(scenario: str, reps: int) -> dict:
         actors.ping.call().get(timeout=120)
         walls.append(time.perf_counter() - t)
     out["broadcast_call_ms"] = statistics.median(walls) * 1e3
+    cpu0 = time.process_time()          # broadcasts alone, then one call() to drain them
+    for _ in range(reps):
+        actors.tick.broadcast()
+    actors.ping.call().get(timeout=120)
+    out["controller_cpu_ms_per_broadcast"] = (time.process_time() - cpu0) / reps * 1e3
     t = time.perf_counter()
     procs.stop().get(timeout=300)
     out["stop_s"] = time.perf_counter() - t
@@ -136,13 +152,17 @@ def main() -> None:
     args = ap.parse_args()
     rows = [run(s, args.reps) for s in args.scenario]
     print("| tree | scenario | members | attached s | spawn s | call() ms | broadcast+call() ms "
-          "| controller CPU µs/member/call | stop s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| controller CPU µs/member/call | controller CPU ms/broadcast "
+          "| casts / folded replies per call() | stop s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         att = f"{r['attached_s']:.1f}" if r["attached_s"] is not None else "-"
         print(f"| {args.label} | {r['scenario']} | {r['members']} | {att} | {r['spawn_s']:.1f} "
               f"| {r['call_ms']:.1f} | {r['broadcast_call_ms']:.1f} "
-              f"| {r['controller_cpu_us_per_member']:.1f} | {r['stop_s']:.2f} |")
+              f"| {r['controller_cpu_us_per_member']:.1f} "
+              f"| {r['controller_cpu_ms_per_broadcast']:.2f} "
+              f"| {r['casts_per_call']:.0f} / {r['folded_replies_per_call']:.1f} "
+              f"| {r['stop_s']:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"label": args.label, "rows": rows}, f, indent=1)

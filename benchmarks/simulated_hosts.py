@@ -7,7 +7,9 @@ simulated process and per simulated agent, dialed back to the controller as real
 with the handshake), every frame and every message. What is simulated: a "process" is a
 ``Node`` with the actor services, and a "host agent" a ``Node`` answering ``stop_procs``;
 hundreds of them share one event loop in one OS process (``--sim-processes`` of those), so
-no fork, no interpreter start, no lease, no log pipes, no exit reports. A simulated process's
+no fork, no interpreter start, no lease, no log pipes, no exit reports. Each simulated
+agent relays casts (``runtime/relay.py``) to its processes over the memory backend (in the
+simulating process) rather than Unix sockets. A simulated process's
 work (decoding a call, running a no-op async endpoint, replying) costs what a real one's
 does, but they take turns on the simulating processes' cores: wall times past a few
 hundred members measure those cores as much as the controller. The controller's own CPU
@@ -37,6 +39,7 @@ from hpcmesh.shapes import Extent, Point
 async def _serve(attach: list[str], hosts: list[int], per_host: int, prefix: str) -> None:
     from hpcmesh.runtime.actor_services import ActorServices
     from hpcmesh.runtime.node import Node
+    from hpcmesh.runtime.relay import CastRelay
     from hpcmesh.transport.addresses import secret_from_env
 
     secret = secret_from_env()
@@ -48,7 +51,9 @@ async def _serve(attach: list[str], hosts: list[int], per_host: int, prefix: str
         name = f"{prefix}-{h}-{g}"
         node = Node(secret, loop, role="proc", name=name,
                     info={"proc_name": name, "simulated": True})
+        node.listen([f"memory://{name}"])       # its agent relays casts to it here
         ActorServices.attach(node)
+        node.services["ping"] = lambda: 0
 
         async def stop() -> int:
             await node.actor_services.stop_actors(list(node.actors))
@@ -61,6 +66,7 @@ async def _serve(attach: list[str], hosts: list[int], per_host: int, prefix: str
     def agent_node(h: int) -> Node:
         node = Node(secret, loop, role="agent", name=f"{prefix}-agent-{h}",
                     info={"simulated": True})
+        CastRelay(node)         # fans calls out to its processes, folds their answers
 
         def stop_procs(names: list, grace: float) -> dict:
             codes = {}

@@ -101,6 +101,8 @@ KEYS = {k.name: k for k in (
         reader=collective_timeout),
     Key("collective_check", "HPCMESH_COLLECTIVE_CHECK", "flag", None),
     Key("fanin_poll_us", "HPCMESH_FANIN_POLL_US", "number", 250.0, unit="microseconds"),
+    Key("relay", "HPCMESH_RELAY", "flag", True),
+    Key("relay_fold_us", "HPCMESH_RELAY_FOLD_US", "number", 200.0, unit="microseconds"),
     Key("stragglers", "HPCMESH_STRAGGLERS", "flag", True),
     Key("straggler_factor", "HPCMESH_STRAGGLER_FACTOR", "number", 3.0,
         unit="times the median answer time",

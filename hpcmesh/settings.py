@@ -115,11 +115,12 @@ def check_process_settings(env: Mapping[str, str] | None = None) -> None:
     process it starts."""
     log_level(env)
     for flag in ("HPCMESH_ZYGOTE", "HPCMESH_UVLOOP", "HPCMESH_MALLOC_TUNE",
-                 "HPCMESH_FOLLOW_CALLER", "HPCMESH_TELEMETRY"):
+                 "HPCMESH_FOLLOW_CALLER", "HPCMESH_TELEMETRY", "HPCMESH_RELAY"):
         env_flag(flag, True, env=env)
     env_number("HPCMESH_LEASE_GRACE", 10, finite=True, env=env)
     env_number("HPCMESH_STOP_GRACE", 5, finite=True, env=env)
     env_number("HPCMESH_TELEMETRY_BUFFER", 1, unit="rows", minimum=1, integer=True, env=env)
+    env_number("HPCMESH_RELAY_FOLD_US", 200, unit="microseconds", env=env)    # the agents'
     # read by each member when its collectives start: a typo would fail every one of them
     collective_timeout(env)
     env_flag("HPCMESH_COLLECTIVE_CHECK", False, env=env)

@@ -15,12 +15,14 @@ import sys
 import threading
 from typing import Any, Callable, Generic, ParamSpec, TypeVar
 
+from ..runtime import relay
 from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.actor_host import shown_name
 from ..runtime.observe import stragglers as _stragglers
 from ..runtime.client import current_or_client_node
 from ..runtime.errors import MeshStoppedError, SupervisionError, describe_actor, stopped_call
-from ..runtime.future import Future, completed, failed, forward, gather, on_runtime_thread
+from ..runtime.future import (FanIn, Future, completed, failed, forward, gather,
+                              on_runtime_thread)
 from ..runtime.messages import call_msg
 from ..runtime.node import NodeRef
 from ..runtime.observe.spans import start_span
@@ -62,6 +64,9 @@ class ActorMeshState:
         #: ``module.Class`` and the mesh's extent, for messages (set by the spawner)
         self.class_path = class_name
         self.extent: Extent | None = None
+        #: whether calls to several members fan out through their host agents
+        #: (``HPCMESH_RELAY``, read once per mesh: all its views route alike)
+        self.relay = records is not None and relay.relay_enabled()
 
     def describe_member(self, proc_name: str) -> str | None:
         """The actor this mesh has in process ``proc_name``, as Monarch's messages name it
@@ -185,6 +190,63 @@ class ActorMesh(MeshView, Generic[T]):
             m = self.__dict__["_members_cache"] = (list(enumerate(shape.ranks())),
                                                    tuple(shape.extent.items()))
         return m
+
+    def _relay_plan(self) -> tuple | None:
+        """This view's members by host agent (``relay.plan``), once the mesh is live; None
+        where nothing goes through an agent (relay off, a mesh rebuilt from a pickle,
+        every member in this process's own host)."""
+        if "_relay_cache" in self.__dict__:
+            return self.__dict__["_relay_cache"]
+        st = self._state
+        if not st.relay or st.nodes is None:
+            return None
+        members, _ = self._members()
+        groups, alone = relay.plan(current_or_client_node(), [
+            (r, st.records[g].name, st.nodes[g], st.records[g].agent) for r, g in members])
+        plan = self.__dict__["_relay_cache"] = (groups, alone) if groups else None
+        return plan
+
+    def _fan_out(self, endpoint: str, payload: tuple[Any, list | None], reply: bool,
+                 errors: list | None = None, fan: FanIn | None = None) -> list:
+        """Send one call (``reply``) or broadcast to every member of this view: one cast
+        per host through its agent where that pays (``runtime/relay.py``), else straight.
+        Each member's Future (None for a broadcast's), in member order; with ``fan``, every
+        member's result goes to its slot there instead (relayed ones with no Future). A
+        member whose message cannot leave: its Future fails, or (broadcast) its error goes
+        to ``errors`` and the others still get theirs."""
+        members, ext = self._members()
+
+        def direct(slot: int) -> Future | None:
+            r, g = members[slot]
+            try:
+                return self._send(g, r, ext, endpoint, payload, reply)
+            except Exception as e:  # noqa: BLE001 - a dead member; the others still get it
+                if reply:
+                    return failed(e)
+                if errors is not None:
+                    errors.append(e)
+                return None
+        plan = self._relay_plan()
+        if plan is None:
+            out = [direct(slot) for slot in range(len(members))]
+        else:
+            groups, alone = plan
+            out = [None] * len(members)
+            for slot in alone:
+                out[slot] = direct(slot)
+            st = self._state
+            node = current_or_client_node()
+            args, bufs = payload
+            for group in groups:
+                # a broadcast goes through the agent even to one member: no ping of this
+                # process's is then needed to keep its order (see relay.py)
+                relay.cast(node, group, st.actor_id, endpoint, args, bufs or [], ext, reply,
+                           out, direct, 2 if reply else 1, fan)
+        if fan is not None:
+            for slot, f in enumerate(out):
+                if f is not None:
+                    fan.follow(slot, f)
+        return out
 
     def __reduce__(self):
         st = self._state
@@ -450,19 +512,28 @@ class Endpoint(Generic[P, R]):
         members, ext = self._members()
         result_shape = Shape.from_extent(mesh._shape.extent)
         st = mesh._state
-        if st.live and self._routes is None:
+        if st.live and self._routes is None and mesh._relay_plan() is None:
             self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members], ext,
                             result_shape)
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
-            futs = [mesh._send(g, r, ext, self._name, payload, True) for r, g in members]
+            # no Future per member where a reply needs none (a FanIn slot takes it)
             w = _stragglers.WATCH
-            key = None if w is None else \
-                w.watch(futs, [(r, st.nodes[g]) for r, g in members], st, self._name)
-            return gather(futs, lambda vals: ValueMesh(result_shape, vals) if key is None
-                          else w.ended(key, ValueMesh(result_shape, vals)),
-                          current_or_client_node().poll_for_rest)
+            if w is None:
+                fan = FanIn(len(members), lambda vals: ValueMesh(result_shape, vals),
+                            current_or_client_node().poll_for_rest)
+                mesh._fan_out(self._name, payload, True, fan=fan)
+                return fan.out
+            key = None
+
+            def made(vals: list) -> ValueMesh:
+                return w.ended(key, ValueMesh(result_shape, vals))
+            fan = FanIn(len(members), made, current_or_client_node().poll_for_rest)
+            slots = fan.all_slots()         # the straggler watch reads the members' slots
+            key = w.watch(slots, [(r, st.nodes[g]) for r, g in members], st, self._name)
+            mesh._fan_out(self._name, payload, True, fan=fan)
+            return fan.out
         return mesh._when_ready(go, self._name)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
@@ -478,15 +549,11 @@ class Endpoint(Generic[P, R]):
         payload = mesh._payload(name, args, kwargs)
 
         def go() -> Future:
-            first = None
-            for r, g in members:
-                try:
-                    mesh._send(g, r, ext, name, payload, False)
-                except Exception as e:  # noqa: BLE001 - a dead member; the others still get it
-                    first = first or e
+            errors: list = []
+            mesh._fan_out(name, payload, False, errors)
             done = Future()
-            if first is not None:
-                done.set_exception(first)
+            if errors:
+                done.set_exception(errors[0])
             else:
                 done.set_result(None)
             return done
@@ -544,7 +611,7 @@ class Endpoint(Generic[P, R]):
         mesh = self._mesh
         members, ext = self._members()
         st = mesh._state
-        if st.live and self._routes is None:
+        if st.live and self._routes is None and mesh._relay_plan() is None:
             self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members],
                             ext, Shape.from_extent(mesh._shape.extent))
         stream = ResultStream(len(members))
@@ -552,12 +619,8 @@ class Endpoint(Generic[P, R]):
 
         def go() -> Future:
             sent = []
-            for i, (r, g) in enumerate(members):
-                try:
-                    f = mesh._send(g, r, ext, self._name, payload, True)
-                except BaseException as e:  # noqa: BLE001
-                    stream._push_error(e, i)
-                    continue
+            fanned = mesh._fan_out(self._name, payload, True)
+            for i, ((r, g), f) in enumerate(zip(members, fanned)):
                 stream._sent(i, f)
                 sent.append((f, (r, mesh._state.nodes[g])))
             if (w := _stragglers.WATCH) is not None and sent:   # until the tick sees it end
@@ -618,8 +681,8 @@ def send(endpoint: Endpoint[P, R], args: tuple, kwargs: dict, port=None,
     payload = mesh._payload(name, tuple(args), dict(kwargs))
 
     def go() -> Future:
-        for r, g in members:
-            mesh._send(g, r, ext, name, payload, True).add_done_callback(answer)
+        for f in mesh._fan_out(name, payload, True):
+            f.add_done_callback(answer)
         return completed(None)
     mesh._when_ready(go, name).add_done_callback(
         lambda f: f.exception() is not None and port.exception(f.exception()))

@@ -244,39 +244,140 @@ def failed(exc: BaseException) -> Future:
 def gather(futures: list[Future], finish: Callable[[list], Any] | None = None,
            on_first: Callable[[Future], None] | None = None) -> Future:
     """A Future of the list of results (or of ``finish(results)``); fails with the first
-    failure. Results may arrive on several threads at once: the count of those still
-    missing is taken with ``next()`` on a shared counter, which is atomic.
+    failure (``FanIn``, each of ``futures`` followed).
 
     ``on_first(out)`` runs once, on the thread that sets it, when the first of several
     results arrives (the runtime polls for the rest then: see ``Node.poll_for_rest``)."""
-    out = Future()
-    n = len(futures)
-    if n == 0:
-        out.set_result(finish([]) if finish is not None else [])
-        return out
-    results: list = [None] * n
-    arrived = itertools.count(1)
-
-    def make(i: int):
-        def done(f: Future) -> None:
-            if out._state:
-                return
-            if f._exc is not None:
-                out.set_exception(f._exc)
-                return
-            results[i] = f._value
-            k = next(arrived)
-            if k == 1 and on_first is not None and n > 1:
-                on_first(out)
-            if k == n:
-                if finish is None:
-                    out.set_result(results)
-                    return
-                try:
-                    out.set_result(finish(results))
-                except BaseException as e:  # noqa: BLE001
-                    out.set_exception(e)
-        return done
+    fan = FanIn(len(futures), finish, on_first)
     for i, f in enumerate(futures):
-        f.add_done_callback(make(i))
-    return out
+        fan.follow(i, f)
+    return fan.out
+
+
+class FanIn:
+    """``n`` results into one Future (``out``) of their list, or of ``finish(list)``;
+    it fails with the first failure. A result comes from a Future it follows, or is put
+    straight into its slot (``slot(i)``: what a reply port resolves, with no Future of its
+    own: a call() through the host agents makes none per member). Results may arrive on
+    several threads at once: the count of those still missing is taken with ``next()`` on
+    a shared counter, which is atomic."""
+    __slots__ = ("out", "results", "n", "arrived", "finish", "on_first", "slots")
+
+    def __init__(self, n: int, finish: Callable[[list], Any] | None = None,
+                 on_first: Callable[[Future], None] | None = None):
+        self.out = Future()
+        self.n = n
+        self.results: list = [None] * n
+        self.arrived = itertools.count(1)
+        self.finish = finish
+        self.on_first = on_first
+        self.slots: list[FanInSlot] | None = None    # made by slot() / all_slots()
+        if n == 0:
+            self._settle()
+
+    def put(self, i: int, value: Any) -> None:
+        out = self.out
+        if out._state:
+            return
+        self.results[i] = value
+        k = next(self.arrived)
+        if k == 1 and self.on_first is not None and self.n > 1:
+            self.on_first(out)
+        if k == self.n:
+            self._settle()
+
+    def fail(self, exc: BaseException) -> None:
+        self.out.set_exception(exc)
+
+    def _settle(self) -> None:
+        if self.finish is None:
+            self.out.set_result(self.results)
+            return
+        try:
+            self.out.set_result(self.finish(self.results))
+        except BaseException as e:  # noqa: BLE001
+            self.out.set_exception(e)
+
+    def follow(self, i: int, f: Future) -> None:
+        """Slot ``i`` gets ``f``'s result."""
+        slots = self.slots
+
+        def done(f: Future) -> None:
+            if slots is not None:
+                if f._exc is not None:
+                    slots[i].set_exception(f._exc)
+                else:
+                    slots[i].set_result(f._value)
+            elif f._exc is not None:
+                self.fail(f._exc)
+            else:
+                self.put(i, f._value)
+        f.add_done_callback(done)
+
+    def slot(self, i: int) -> "FanInSlot":
+        """Slot ``i`` (the same object each time it is asked for)."""
+        return self.all_slots()[i]
+
+    def all_slots(self) -> list["FanInSlot"]:
+        """Every slot, in order: one per result, each settled once its result is in (a
+        followed Future's too)."""
+        if self.slots is None:
+            self.slots = [FanInSlot(self, i) for i in range(self.n)]
+        return self.slots
+
+
+class FanInSlot:
+    """Slot ``i`` of a ``FanIn``: what a reply port resolves (a Future's two setters), and
+    what a watcher of the members reads (``done``, ``exception``, ``add_done_callback``:
+    the straggler watch), without a Future of its own."""
+    __slots__ = ("fan", "i", "_state", "_exc", "_callbacks")
+
+    def __init__(self, fan: FanIn, i: int):
+        self.fan = fan
+        self.i = i
+        self._state = False
+        self._exc: BaseException | None = None
+        self._callbacks: list | None = None
+
+    def set_result(self, value: Any) -> None:
+        if self._state:
+            return
+        self._state = True
+        self.fan.put(self.i, value)
+        if self._callbacks is not None:
+            self._fire()
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._state:
+            return
+        self._exc = exc
+        self._state = True
+        self.fan.fail(exc)
+        if self._callbacks is not None:
+            self._fire()
+
+    def done(self) -> bool:
+        return self._state
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def _fire(self) -> None:
+        with _cb_lock:
+            cbs, self._callbacks = self._callbacks, None
+        for cb in cbs or ():
+            cb(self)
+
+    def add_done_callback(self, cb: Callable[["FanInSlot"], None]) -> None:
+        """As ``Future.add_done_callback``."""
+        with _cb_lock:
+            added = not self._state
+            if added:
+                if self._callbacks is None:
+                    self._callbacks = [cb]
+                else:
+                    self._callbacks.append(cb)
+        if not added:
+            cb(self)
+        elif self._state:       # settled meanwhile, maybe without seeing our callback
+            self._fire()

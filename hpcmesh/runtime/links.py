@@ -166,7 +166,8 @@ class Links:
         try:
             try:
                 await self.connect_first(p.ref.addresses if p.ref else (),
-                                         expect=p.ref.node_id if p.ref else None)
+                                         expect=p.ref.node_id if p.ref else None,
+                                         secret=p.secret)
                 return
             except Exception as e:  # noqa: BLE001 - every address failed
                 why = str(e)

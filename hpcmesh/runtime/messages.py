@@ -42,6 +42,17 @@ MSG_RESULT = 5     # (RESULT, port_id, pickled value) -- a reply whose value is 
 #                   its own, its out-of-band buffers in the frame: the receiver unpickles
 #                   it apart from the envelope, so a value it cannot unpickle fails that
 #                   one call; every endpoint result that is not plain goes this way
+MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, ports, seqs)
+#                   one call to several actors of one host, sent to its host agent, which
+#                   hands each member a MSG_CALL (``runtime/relay.py``): ``payload`` as in
+#                   MSG_CALL (its buffers in the frame, once for all), ``members`` a tuple
+#                   of (proc_name, node_id, addresses, rank), ``ports`` the sender's reply
+#                   port for each (None: a broadcast), ``seqs`` each member's count of
+#                   messages relayed to it by that sender, this one included
+MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host agent's
+#                   folded answers to casts; kind MSG_DELIVER (value), MSG_FAIL (an
+#                   exception) or MSG_RESULT (a pickled value the agent never unpickled, its
+#                   ``nbufs`` out-of-band buffers next in the frame's); ``seq`` the call's
 
 #: Where a call's fields sit (for the few places that read one field, not all).
 CALL_ACTOR, CALL_ENDPOINT, CALL_PAYLOAD, CALL_REPLY, CALL_RANK, CALL_EXTENT = range(1, 7)
@@ -76,7 +87,8 @@ EVENT_AGENT_EXIT = "agent_exit"            # (AGENT_EXIT, agent_node_id, hostnam
 
 #: Each kind's name and how many fields its messages have, the code included.
 _FIELDS = {MSG_HELLO: ("hello", 4), MSG_CALL: ("call", 7), MSG_DELIVER: ("deliver", 3),
-           MSG_RPC: ("rpc", 4), MSG_FAIL: ("fail", 3), MSG_RESULT: ("result", 3)}
+           MSG_RPC: ("rpc", 4), MSG_FAIL: ("fail", 3), MSG_RESULT: ("result", 3),
+           MSG_CAST: ("cast", 8), MSG_CAST_REPLY: ("cast reply", 2)}
 
 
 def layout_problem(msg: tuple) -> str | None:
@@ -92,7 +104,10 @@ def layout_problem(msg: tuple) -> str | None:
     expected = {MSG_CALL: (str, str, object, (int, type(None)), int, (tuple, type(None))),
                 MSG_DELIVER: (int, object), MSG_FAIL: (int, BaseException),
                 MSG_RESULT: (int, (bytes, bytearray)),
-                MSG_RPC: (str, tuple, (PortRef, type(None)))}.get(kind, ())
+                MSG_RPC: (str, tuple, (PortRef, type(None))),
+                MSG_CAST: (str, str, object, (tuple, type(None)), tuple, (list, type(None)),
+                           list),
+                MSG_CAST_REPLY: (list,)}.get(kind, ())
     for i, (value, types) in enumerate(zip(msg[1:], expected), 1):
         if not isinstance(value, types):
             return f"field {i} of a {name} message is a {type(value).__name__}"
@@ -106,6 +121,15 @@ def hello_msg(node_id: str, addresses: tuple[str, ...], info: dict) -> tuple:
 def call_msg(actor_id: str, endpoint: str, payload: Any, reply_port: int | None,
              rank: int, extent_items: tuple | None) -> tuple:
     return (MSG_CALL, actor_id, endpoint, payload, reply_port, rank, extent_items)
+
+
+def cast_msg(actor_id: str, endpoint: str, payload: Any, extent_items: tuple | None,
+             members: tuple, ports: list | None, seqs: list) -> tuple:
+    return (MSG_CAST, actor_id, endpoint, payload, extent_items, members, ports, seqs)
+
+
+def cast_reply_msg(entries: list) -> tuple:
+    return (MSG_CAST_REPLY, entries)
 
 
 def deliver_msg(port_id: int, value: Any) -> tuple:
@@ -169,6 +193,16 @@ def encode_result(port_id: int, value: Any, what: str = "result") -> tuple[bytes
     except Exception as e:  # noqa: BLE001 - whatever it was, this one call fails with it
         raise ReplyNotSent(f"the {what} ({type(value).__name__}) could not be sent: "
                            f"{describe_exception(e)}") from None
+
+
+def unreadable_result(sender: str, exc: BaseException) -> "Failure":
+    """What a call fails with whose result arrived from ``sender`` but cannot be unpickled
+    here (``exc``): that call alone, the connection goes on."""
+    return Failure(serialization.SerializationError(
+        f"a result arrived from {sender} but cannot be unpickled here: "
+        f"{describe_exception(exc)}. A result must unpickle on the caller (an exception class "
+        f"whose __init__ takes other arguments than it passes to Exception.__init__ does not; "
+        f"return plain data)"))
 
 
 def describe_exception(exc: BaseException, with_type: bool = True) -> str:

@@ -27,6 +27,7 @@ from ..transport.connection import Connection, ConnectionClosed
 from ..transport.framing import FrameError, check_frame_limits
 from .errors import SupervisionError
 from .fanin import FaninPoller
+from . import relay
 from .future import Future
 from .inbound import UnhandledFrames, dropped_frame
 from .links import Links, describe_conn
@@ -36,10 +37,11 @@ from .ports import PortTable
 from .services import Services
 # the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
 from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
-                       MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
+                       MSG_CAST, MSG_CAST_REPLY, MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
                        BatchShare, ReplyNotSent,
-                       call_msg, deliver_msg, describe_exception,
-                       encode_result, fail_msg, frozen_size, layout_problem, rpc_msg)
+                       call_msg, cast_reply_msg, deliver_msg, describe_exception,
+                       encode_result, fail_msg, frozen_size, layout_problem, rpc_msg,
+                       unreadable_result)
 
 log = logging.getLogger("hpcmesh.runtime")
 
@@ -95,6 +97,8 @@ class Node:
         self._thread: threading.Thread | None = None
         self.use_tls(tls.settings())     # HPCMESH_TLS_CA: set for everything a job starts
         self.fanin = FaninPoller(loop)     # polls for the rest of a call()'s replies
+        #: what handles a MSG_CAST here (a host agent's ``relay.CastRelay``; None: refused)
+        self.cast_handler: Callable[[tuple, str | None, list], None] | None = None
 
     # -- construction ---------------------------------------------------------------
     @classmethod
@@ -198,24 +202,31 @@ class Node:
         return self.peers.peer(ref)
 
     def send(self, target: NodeRef, msg: tuple, what: str = "message",
-             buffers: list | None = None) -> None:
+             buffers: list | None = None, cork: bool | None = None) -> None:
         """Send a message tuple to a node; thread-safe. Dials if needed (async).
 
         With ``buffers``, ``msg`` is a flat envelope of plain values (its payload was
         pickled already) and ``buffers`` are that payload's out-of-band buffers.
-        Messages from one thread to one node go out in the order they were sent."""
+        Messages from one thread to one node go out in the order they were sent.
+        ``cork``: whether to leave the write to the loop, batched with what follows (None:
+        when other replies are awaited from that node; False: a lone message, written now)."""
         if target.node_id == self.node_id:
             if msg[0] == MSG_CALL and type(msg[3]) is tuple:
                 msg = serialization.loads(serialization.dumps_envelope(msg))   # no sharing
             self._hand_over_local(msg, buffers or ())
             return
+        if msg[0] == MSG_CALL:
+            p = self._peers.get(target.node_id)
+            if p is not None and p.relay_sent != p.relay_acked:    # behind relayed ones
+                relay.relay_one(self, p, target, msg, buffers or [])
+                return
         if buffers is None:
             meta, bufs = serialization.dumps(msg, what)
         else:
             meta, bufs = serialization.dumps_envelope(msg), buffers
         if bufs or len(meta) > CHECK_LIMITS_OVER:
             check_frame_limits(len(meta), bufs)      # FrameError here, not at the peer
-        self._send_encoded(target, meta, bufs)
+        self._send_encoded(target, meta, bufs, cork)
 
     def _hand_over_local(self, msg: tuple, buffers) -> None:
         """A message to this node itself: dispatched on the loop. It counts as written
@@ -224,7 +235,8 @@ class Node:
             hook()
         self.call_soon(self._dispatch_local, msg, buffers)
 
-    def _send_encoded(self, target: NodeRef, meta: bytes, bufs: list) -> None:
+    def _send_encoded(self, target: NodeRef, meta: bytes, bufs: list,
+                      cork: bool | None = None) -> None:
         """Send one encoded frame (as ``send``); to this node itself it is decoded and
         dispatched on the loop."""
         if target.node_id == self.node_id:
@@ -233,11 +245,13 @@ class Node:
         p = self._peers.get(target.node_id) or self.peer(target)
         conn = p.conn
         if conn is not None and not p.backlog and not conn.closed:
+            if cork is None:
+                cork = len(p.inflight) > 1
             try:
                 if bufs:
-                    conn.send_frame(meta, bufs, cork=len(p.inflight) > 1)
+                    conn.send_frame(meta, bufs, cork=cork)
                 else:
-                    conn.send_msg(meta, len(p.inflight) > 1)
+                    conn.send_msg(meta, cork)
                 return
             except ConnectionClosed:
                 conn = None     # closed under us: nothing was written; treat as not connected
@@ -255,7 +269,7 @@ class Node:
         rather than through ``reply_future`` and ``send``."""
         p = self._peers.get(target.node_id)
         conn = p.conn if p is not None else None
-        if conn is not None and not p.backlog:
+        if conn is not None and not p.backlog and p.relay_sent == p.relay_acked:
             fut = Future()
             pid = next(self._port_ids)
             self._replies[pid] = (fut, p, actor_id, endpoint)
@@ -422,19 +436,30 @@ class Node:
         elif kind == MSG_DELIVER:
             self._deliver_local(msg[1], msg[2])
         elif kind == MSG_RESULT:
+            raw = self.ports.raw
+            if raw and msg[1] in raw:       # a reply this host agent relays unread
+                raw.discard(msg[1])
+                self._deliver_local(msg[1], relay.RawResult(msg[2], list(buffers)))
+                return
             try:
                 value = serialization.loads(msg[2], buffers)
             except Exception as e:  # noqa: BLE001 - fails this one call, not the connection
-                value = Failure(serialization.SerializationError(
-                    f"a result arrived from {self.links.peer_name(origin)} but cannot be "
-                    f"unpickled here: {describe_exception(e)}. A result must unpickle on the "
-                    f"caller (an exception class whose __init__ takes other arguments than "
-                    f"it passes to Exception.__init__ does not; return plain data)"))
+                value = unreadable_result(self.links.peer_name(origin), e)
             self._deliver_local(msg[1], value)
         elif kind == MSG_FAIL:
             self._deliver_local(msg[1], Failure(msg[2]))
         elif kind == MSG_RPC:
             self._handle_rpc(msg)
+        elif kind == MSG_CAST_REPLY:
+            relay.on_cast_reply(self, origin, msg[1], buffers)
+        elif kind == MSG_CAST:
+            if self.cast_handler is None:
+                err = LookupError(f"{self.name or self.role} relays no calls (not a host agent)")
+                if origin is not None and msg[6]:
+                    self.send(self.ref_of(origin), cast_reply_msg(
+                        [(port, MSG_FAIL, err, 0, 0) for port in msg[6]]), buffers=[])
+                return
+            self.cast_handler(msg, origin, buffers)
         else:
             log.warning("unknown message kind %r", kind)
 

@@ -35,6 +35,17 @@ class Peer:
     # appends here too, so a message sent once the connection is up cannot overtake one
     # that was queued while it was being dialed.
     backlog: deque = field(default_factory=deque)
+    # Messages to this node sent through its host agent (``runtime/relay.py``): how many,
+    # and how many of them it is known to have read (its answer to the last of them came
+    # back). While they differ, later calls to it go that way too (order: SPEC §11),
+    # through ``relay_via`` (that agent), naming it ``relay_name``.
+    relay_sent: int = 0
+    relay_acked: int = 0
+    relay_via: NodeRef | None = None
+    relay_name: str = ""
+    #: the secret to dial it with, where not this node's own (a host agent relaying to a
+    #: process started under another secret than its own)
+    secret: bytes | None = None
 
     @property
     def connected(self) -> bool:

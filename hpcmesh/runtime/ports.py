@@ -24,14 +24,17 @@ if TYPE_CHECKING:
 class PortTable:
     def __init__(self) -> None:
         self.callbacks: dict[int, tuple[Callable[[Any], None], bool]] = {}
-        #: pid -> (Future, the peer expected to answer, and, for an endpoint call, its
-        #: actor id and endpoint: what a failure that is not the endpoint's is told)
-        self.replies: dict[int, tuple[Future, Peer | None, str | None, str | None]] = {}
+        #: pid -> (Future or a FanInSlot, the peer expected to answer, and, for an endpoint
+        #: call, its actor id and endpoint: what a failure that is not the endpoint's is told)
+        self.replies: dict[int, tuple[Any, Peer | None, str | None, str | None]] = {}
         self.ids = itertools.count(1)
         #: ``name_call(exc, actor_id, endpoint)``: the error a call fails with when its
         #: peer is lost with ``exc`` (the runtime's owner names the call in it, as
         #: Monarch's "Endpoint call m.ep() failed, ..."); None: ``exc`` as it is
         self.name_call: Callable[[BaseException, str, str], BaseException] | None = None
+        #: reply ports whose MSG_RESULT is delivered still pickled (a ``RawResult``): a
+        #: host agent relaying a member's reply never unpickles the user's value
+        self.raw: set[int] = set()
 
     def failed_call(self, exc: BaseException, actor_id: str | None,
                     endpoint: str | None) -> BaseException:
@@ -68,6 +71,19 @@ class PortTable:
                 if self.replies.pop(pid, None) is not None:
                     fut.set_exception(self.failed_call(peer.lost, actor_id, endpoint))
         return fut, pid
+
+    def expect_into(self, peer: Peer, sink: Any, actor_id: str | None = None,
+                    endpoint: str | None = None) -> int:
+        """``expect_reply`` resolving ``sink`` (an object with a Future's ``set_result``
+        and ``set_exception``: a ``FanInSlot``) instead of a new Future; the port id."""
+        pid = next(self.ids)
+        self.replies[pid] = (sink, peer, actor_id, endpoint)
+        peer.inflight.add(pid)
+        if peer.lost is not None and peer.conn is None:     # as in expect_reply
+            peer.inflight.discard(pid)
+            if self.replies.pop(pid, None) is not None:
+                sink.set_exception(self.failed_call(peer.lost, actor_id, endpoint))
+        return pid
 
     def deliver(self, port_id: int, value: Any) -> None:
         """Hand ``value`` (a ``Failure`` for an error) to port ``port_id``; a port that is

@@ -21,8 +21,9 @@ from ..errors import HpcmeshError
 #: "HPCMESH" and the wire version: 2 added batch frames and read-only buffer flags; 3 the
 #: response-port flag that travels with an actor class's endpoints; 4 MSG_RESULT (replies
 #: pickled apart from their envelope); 5 the message helpers' new home (runtime.messages:
-#: pickles name ANSWERED_THROUGH_PORT and ReplyNotSent by module).
-MAGIC = b"HPCMESH5"
+#: pickles name ANSWERED_THROUGH_PORT and ReplyNotSent by module); 6 MSG_CAST and
+#: MSG_CAST_REPLY (calls fanned out and answers folded by host agents).
+MAGIC = b"HPCMESH6"
 #: What a listener at its cap of connections in their handshake sends before it closes a new
 #: one (instead of the MAGIC): the dialer may try again soon. Reveals nothing of the secret.
 BUSY = b"HPCMBUSY"

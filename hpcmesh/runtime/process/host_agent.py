@@ -35,6 +35,7 @@ from ..observe.introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, re
 from ..observe.log_fold import TimedFolders
 from ..messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
 from ..node import Node, NodeRef, PortRef
+from ..relay import CastRelay
 from .oom import AGE_S as OOM_AGE_S, OomWatch
 from .zygote import ZygoteClient, ZygoteProcess
 
@@ -66,11 +67,12 @@ class _Proc:
     forward: bool = True        # its lines go to ``events`` (else only to its log files)
     fold: tuple | None = None   # (events, group, window): its lines are folded there
     same_secret: bool = True    # started under this agent's secret: the agent can dial it
-    node_id: str | None = None  # its node, once this agent has called it (telemetry)
+    node_id: str | None = None  # its node, once this agent has called it (telemetry, relay)
     oom_start: tuple | None = None  # its memory cgroup's OOM kill count at start (oom.py)
     #: other owners' events ports (``watch_procs``): actors that spawned actors on it
     watchers: list = field(default_factory=list)
     stop_asked: bool = False    # stop_procs named it: its end is on purpose
+    secret: bytes | None = None  # what it was started under, where not this agent's secret
 
 
 def process_cap_message(label: str, host: str, why: str) -> str:
@@ -115,6 +117,8 @@ class HostAgent:
             "telemetry_drain_host": self.telemetry_drain_host,
         })
         self._late_drains: list[dict] = []
+        # calls fanned out to this host's processes, their answers folded (SPEC §11)
+        self.relay = CastRelay(node, self._member_secret)
         # (events port, group, window) -> the open window of alike lines
         self._folds = TimedFolders(node.loop, self._send_folds)
         # the telemetry's process and GPU samples of this host (hpcmesh.telemetry)
@@ -229,8 +233,10 @@ class HostAgent:
                         log.warning("fork server failed (%s); starting %s with exec", e, label)
                 if popen is None:
                     popen = self._exec(cmd, env, label)
+                same = secret_hex == self.node.secret.hex()
                 p = _Proc(name, popen, events, exit_actions=bootstrap_vars[EXIT_ACTIONS_VAR],
-                          forward=forward, same_secret=secret_hex == self.node.secret.hex(),
+                          forward=forward, same_secret=same,
+                          secret=None if same else bytes.fromhex(secret_hex),
                           oom_start=self._oom.started(popen.pid))
                 started.append(p)      # first: a failure while watching it still kills it
                 self._watch(p, log_dir)
@@ -364,6 +370,15 @@ class HostAgent:
                                                       (EVENT_LOG, p.name, stream, text)))
         except Exception:  # noqa: BLE001 - the controller is gone; the file still has it
             pass
+
+    def _member_secret(self, name: str, node_id: str) -> bytes | None:
+        """The relay dials process ``name`` (node ``node_id``) with this; the node is kept,
+        so that what this agent awaits from it fails as soon as it exits."""
+        p = self.procs.get(name)
+        if p is None:
+            return None
+        p.node_id = node_id
+        return p.secret
 
     # -- telemetry: one answer per host ---------------------------------------------
     async def telemetry_drain_host(self, procs: list, timeout: float) -> dict:

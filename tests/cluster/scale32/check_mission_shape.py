@@ -2,7 +2,8 @@
 
 Not collected with the rest of tests/ (it needs the 32-node cluster): ``test.sh`` beside it
 brings that cluster up, runs this file, and puts the 3-node one back. One job, one test,
-a few minutes at most: 256 processes spawned through SlurmJob, a call() over all of them,
+a few minutes at most (``HPCMESH_SCALE_HOSTS=3``: the same on the 3-node cluster): 256
+processes spawned through SlurmJob, a call() over all of them,
 the order of one sender's messages to one actor across call_one and call(), a member
 killed in the middle of a call() failing only its own slot, alike log lines folded into
 one, and nothing of the job left afterwards.
@@ -27,7 +28,13 @@ from proc_helpers import wait_until  # noqa: E402
 from hpcmesh.actor import Actor, SupervisionError, current_rank, endpoint  # noqa: E402
 from hpcmesh.job import SlurmJob  # noqa: E402
 
-HOSTS, PER_HOST = 32, 8
+#: 32 (test.sh); HPCMESH_SCALE_HOSTS=3 runs the same program on the 3-node cluster
+HOSTS, PER_HOST = int(os.environ.get("HPCMESH_SCALE_HOSTS", "32")), 8
+N = HOSTS * PER_HOST
+ONE_HOST = HOSTS * 17 // 32                 # the actor the order is checked at
+OTHER_HOST = HOSTS * 3 // 32 if HOSTS * 3 // 32 != ONE_HOST else (ONE_HOST + 1) % HOSTS
+VICTIM_HOST = HOSTS * 9 // 32               # where a member is killed mid-call()
+ROW_HOST = (VICTIM_HOST + HOSTS - 1) % HOSTS  # a host that goes on
 NAME = f"hpcm-scale{os.getpid()}"
 
 
@@ -78,14 +85,14 @@ def test_the_mission_shape(tmp_path, monkeypatch):
         t0 = time.monotonic()
         procs = state.w.spawn_procs(per_host={"gpus": PER_HOST})
         members = procs.spawn("m", Member)
-        got = members.pid.call().get(timeout=300)           # a call() over all 256
-        print(f"256 processes spawned and answering in {time.monotonic() - t0:.1f} s")
+        got = members.pid.call().get(timeout=300)           # a call() over all of them
+        print(f"{N} processes spawned and answering in {time.monotonic() - t0:.1f} s")
         pids = list(got.values())
-        assert len(set(pids)) == HOSTS * PER_HOST
+        assert len(set(pids)) == N
         assert dict(got.extent) == {"hosts": HOSTS, "gpus": PER_HOST}
 
         # one sender, one actor: its messages in send order, whichever way they went
-        one = members.slice(hosts=17, gpus=5)
+        one = members.slice(hosts=ONE_HOST, gpus=5)
         futs, sent_to_one = [], []
         for i in range(300):
             if i % 3 == 0:
@@ -96,28 +103,28 @@ def test_the_mission_shape(tmp_path, monkeypatch):
         for f in futs:
             f.get(timeout=120)
         assert one.log.call_one().get(timeout=60) == sent_to_one
-        others = members.slice(hosts=3).log.call().get(timeout=60).values()
+        others = members.slice(hosts=OTHER_HOST).log.call().get(timeout=60).values()
         assert all(seen == list(range(0, 300, 3)) for seen in others)
 
-        # alike lines of 256 processes: one line at the client, each file keeps its own
+        # alike lines of every process: one line at the client, each file keeps its own
         out = Recorder.install(monkeypatch, "stdout")
         asyncio.run(procs.logging_option(stream_to_client=True, aggregate_window_sec=1))
         members.say.call(10).get(timeout=60)
-        folded = re.compile(r"^\[256 similar log lines, hosts=0\.\.31,gpus=0\.\.7\] "
+        folded = re.compile(rf"^\[{N} similar log lines, hosts=0\.\.{HOSTS - 1},gpus=0\.\.7\] "
                             r"step 10 loss 0\.\d+$", re.M)
-        wait_until(lambda: folded.search(out.text()), 60, "the 256 lines folded into one")
+        wait_until(lambda: folded.search(out.text()), 60, f"the {N} lines folded into one")
         assert out.text().count("step 10 loss") == 1, out.text()[-2000:]
 
         # a member killed in the middle of a call() fails its own slot, named; the rest go on
-        victim = members.slice(hosts=9, gpus=6)
+        victim = members.slice(hosts=VICTIM_HOST, gpus=6)
         victim_pid = victim.pid.call_one().get(timeout=60)
         pending = members.hold.call(30)
         os.kill(victim_pid, signal.SIGKILL)
         t_kill = time.monotonic()
-        with pytest.raises(SupervisionError, match=r"hosts=9,gpus=6"):
+        with pytest.raises(SupervisionError, match=rf"hosts={VICTIM_HOST},gpus=6"):
             pending.get(timeout=60)
         assert time.monotonic() - t_kill < 15        # not the 30 s the call takes
-        row = members.slice(hosts=8).pid.call().get(timeout=60).values()
+        row = members.slice(hosts=ROW_HOST).pid.call().get(timeout=60).values()
         assert len(row) == PER_HOST
         procs.stop().get(timeout=120)
     finally:

@@ -1,0 +1,414 @@
+"""Fan-out and fan-in through host agents (SPEC §11: the controller's work per call()
+grows with hosts, not processes).
+
+A call() over a mesh whose members sit G to a host costs the sender one ``MSG_CAST`` per
+host, to that host's agent: the payload pickled once, the members, a reply port of the
+sender's for each. The agent hands each member an ordinary ``MSG_CALL`` over its Unix
+socket and folds the replies of one loop pass into one ``MSG_CAST_REPLY``; the sender
+unpickles each member's value on its own (the agent never unpickles a user's value: a
+result travels as the bytes the member pickled, ``RawResult``).
+
+Order (messages from one sender to one actor are delivered in send order, whichever path
+each took) is kept by routing, never by waiting. Each member's peer counts the messages
+relayed to it (``Peer.relay_sent``, each cast carries the member's count, ``seq``) and the
+highest count it is known to have read (``relay_acked``: its answer to a relayed call came
+back; a member handles its agent's messages in order, so that answer says it read every
+relayed message before it). While the two differ, the member is *relayed*: every later
+call to it, a ``call_one`` too (``Node.call_actor``, ``Node.send``), goes through the same
+agent. A member with direct calls awaiting replies (``Peer.inflight``) gets its share of a
+call() or broadcast straight instead, behind them. A broadcast through an agent needs no
+acknowledgement of its own (the member stays relayed until a later relayed call answers);
+a broadcast sent straight to a member that is relayable is followed by a ``ping`` whose
+reply port keeps the member counted as direct until it read the broadcast.
+
+Failures need nothing new: each relayed reply port is registered with the member's peer
+(its exit or its host's loss fails it, as a direct call's) and with the agent's (an agent
+whose connection is lost for good fails what it held).
+
+``HPCMESH_RELAY=0`` turns the relay off (every call goes straight to its member).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..settings import env_flag, env_number
+from ..transport import serialization
+from .future import FanIn, Future
+from .messages import (MSG_DELIVER, MSG_FAIL, MSG_RESULT, Failure, NodeRef, call_msg, cast_msg,
+                       cast_reply_msg, describe_exception, unreadable_result)
+from .links import LOST_PEER_REPORT_WAIT
+from .peers import Peer
+
+#: the ``runtime.node.Node`` sending or relaying (not imported: node.py imports this module)
+Node = Any
+
+log = logging.getLogger("hpcmesh.runtime")
+
+RELAY_VAR = "HPCMESH_RELAY"
+#: The key of a node's hello info that says it relays casts (a host agent's does).
+RELAYS = "relays"
+#: A result bigger than this (its buffers) leaves the agent at once in a frame of its own
+#: rather than folded with others: folding saves frames of small replies, not copies.
+FOLD_BYTES = 1 << 20
+#: How long an agent holds the answers it has while others of the same sender's casts are
+#: still out (once all are in, they leave at once): a slow member costs the others this.
+FOLD_WINDOW = env_number("HPCMESH_RELAY_FOLD_US", 200, unit="microseconds") * 1e-6
+#: Counts, per process: casts sent and folded answers taken (a caller's), casts relayed
+#: and folded answers sent (an agent's). Tests and benchmarks count frames with them.
+STATS = {"casts_sent": 0, "replies_taken": 0, "casts": 0, "cast_replies": 0}
+
+
+def relay_enabled() -> bool:
+    """``HPCMESH_RELAY`` (on unless 0): whether calls fan out through host agents."""
+    return env_flag(RELAY_VAR, True)
+
+
+@dataclass(slots=True)
+class RawResult:
+    """A member's MSG_RESULT as it arrived at its agent: the value's pickle stream and its
+    out-of-band buffers, passed on unread."""
+    data: bytes
+    buffers: list
+
+
+# -- the sender's half ------------------------------------------------------------------
+@dataclass(slots=True)
+class HostGroup:
+    """The members of one view that one host agent can reach for its sender."""
+    agent: NodeRef
+    slots: list[int]            # their positions in the view's member order
+    refs: list[NodeRef]         # their nodes
+    members: tuple              # ((proc_name, node_id, addresses, rank), ...)
+
+
+def plan(node: Node, members: list[tuple[int, str, NodeRef, NodeRef]]
+         ) -> tuple[list[HostGroup], list[int]]:
+    """``members`` [(rank, proc_name, node, agent)] of a view, in order: their host groups
+    (agents other than this node), and the positions of those that are not in one (an
+    agent in this process: ``this_host()``)."""
+    groups: dict[str, HostGroup] = {}
+    alone: list[int] = []
+    for slot, (rank, name, ref, agent) in enumerate(members):
+        if agent is None or agent.node_id == node.node_id or ref is None:
+            alone.append(slot)
+            continue
+        g = groups.get(agent.node_id)
+        if g is None:
+            g = groups[agent.node_id] = HostGroup(agent, [], [], ())
+        g.slots.append(slot)
+        g.refs.append(ref)
+        g.members += ((name, ref.node_id, tuple(ref.addresses), rank),)
+    return list(groups.values()), alone
+
+
+#: Held while a member's relayed messages are numbered and sent, so that their numbers are
+#: in the order they leave, whichever threads send (a member's answer to number n then
+#: says it read every one before). Reentrant: a call that fails at once runs its callbacks,
+#: which may send.
+_SENDING = threading.RLock()
+
+
+def relayed(p: Peer) -> bool:
+    """Whether messages sent to ``p`` through its agent may not have reached it yet."""
+    return p.relay_sent != p.relay_acked
+
+
+def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: Any,
+         bufs: list, ext: tuple, reply: bool, out: list,
+         direct: Callable[[int], Future | None], min_members: int = 2,
+         fan: FanIn | None = None) -> None:
+    """Send ``group``'s share of one call (``reply``) or broadcast: through its agent for
+    members it may go to (see the module's doc on order), ``direct(slot)`` for the rest;
+    each slot's Future (None for a broadcast's) goes to ``out[slot]``, or, with ``fan``,
+    a relayed member's reply resolves ``fan``'s slot (no Future) and ``out[slot]`` stays
+    None. Below ``min_members`` relayable members the share goes direct (the relay only
+    pays from 2)."""
+    peers = node.peers
+    by_id = peers.by_id
+    agent_p = by_id.get(group.agent.node_id)
+    agent_up = (agent_p is not None and agent_p.conn is not None and not agent_p.conn.closed
+                and agent_p.conn.info.get("peer_info", {}).get(RELAYS) is True)
+    members, chosen, straight = [], [], []
+    for slot, ref, member in zip(group.slots, group.refs, group.members):
+        p = by_id.get(ref.node_id) or peers.peer(ref)
+        if p.lost is not None and p.conn is None:
+            straight.append((slot, ref))        # gone: the direct path says why
+        elif p.relay_sent != p.relay_acked or (agent_up and not p.inflight):
+            members.append(member)
+            chosen.append((slot, p, ref))
+        else:
+            straight.append((slot, ref))        # direct calls in flight, or no agent
+    if len(members) < min_members and not any(relayed(p) for _, p, _ in chosen):
+        straight += [(slot, ref) for slot, _, ref in chosen]
+        members = []
+    if members:
+        with _SENDING:
+            _cast_share(node, group, actor_id, endpoint, payload, bufs, ext, reply, out,
+                        fan, agent_p, chosen, members)
+    for slot, ref in straight:
+        out[slot] = _direct(node, direct, slot, ref, reply)
+
+
+def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: Any,
+                bufs: list, ext: tuple, reply: bool, out: list, fan: FanIn | None,
+                agent_p: Peer | None, chosen: list, members: list) -> None:
+    """The relayed part of ``cast``: numbered and sent under ``_SENDING``."""
+    peers = node.peers
+    seqs = []
+    ports = [] if reply else None
+    if reply:
+        agent_inflight = (agent_p or peers.peer(group.agent)).inflight
+        expect = node.ports.expect_reply
+        expect_into = node.ports.expect_into
+    for slot, p, _ in chosen:
+        p.relay_sent += 1
+        seqs.append(p.relay_sent)
+        p.relay_via = group.agent
+        if reply:
+            if fan is not None:
+                pid = expect_into(p, fan.slot(slot), actor_id, endpoint)
+            else:
+                fut, pid = expect(p, actor_id, endpoint)
+                out[slot] = fut
+            agent_inflight.add(pid)
+            ports.append(pid)
+    if chosen[0][1].relay_name == "":
+        for (_, p, _), member in zip(chosen, members):
+            p.relay_name = member[0]
+    _send_cast(node, group.agent, cast_msg(actor_id, endpoint, payload, ext,
+                                           tuple(members), ports, seqs), bufs)
+
+
+def _direct(node: Node, direct: Callable[[int], Future | None], slot: int, ref: NodeRef,
+            reply: bool) -> Future | None:
+    """A member's share sent straight. A broadcast's is followed by a ping, whose reply
+    port keeps the member counted as direct (a call in flight) until it read the broadcast:
+    a later cast cannot overtake it. (Only where the member had direct calls in flight or
+    its agent cannot relay: a broadcast otherwise goes through the agent.)"""
+    fut = direct(slot)
+    if not reply:
+        node.rpc(ref, "ping")
+    return fut
+
+
+def _send_cast(node: Node, agent: NodeRef, msg: tuple, bufs: list) -> None:
+    """Send a cast; if it cannot leave, fail the ports it carried (their calls)."""
+    STATS["casts_sent"] += 1
+    try:
+        # one cast per agent and call: written now, not handed to the loop to batch (a
+        # wake-up of the loop thread per agent)
+        node.send(agent, msg, buffers=bufs or [], cork=False)
+    except Exception as e:  # noqa: BLE001 - those calls fail, named; the others go on
+        for pid in msg[6] or ():
+            node.ports.deliver(pid, Failure(e))
+
+
+def relay_one(node: Node, p: Peer, target: NodeRef, msg: tuple, bufs: list) -> None:
+    """A MSG_CALL to a member that relayed messages may not have reached yet: through the
+    same agent, so that it cannot overtake them. A call's port is registered with the
+    member already (as a direct call's); the agent's peer learns it too."""
+    _, actor_id, endpoint, payload, port, rank, ext = msg
+    if p.lost is not None and p.conn is None:
+        raise p.lost
+    if port is not None:
+        node.peers.peer(p.relay_via).inflight.add(port)
+    member = ((p.relay_name, target.node_id, tuple(target.addresses), rank),)
+    with _SENDING:
+        p.relay_sent += 1
+        _send_cast(node, p.relay_via, cast_msg(actor_id, endpoint, payload, ext, member,
+                                               None if port is None else [port],
+                                               [p.relay_sent]), bufs)
+
+
+def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) -> None:
+    """A host agent's folded answers: each member's value unpickled on its own (one that
+    cannot be fails its call alone) and delivered to its port. A member's answer to its
+    relayed message ``seq`` says it read every message relayed to it before."""
+    STATS["replies_taken"] += 1
+    agent_p = node.peers.by_id.get(origin) if origin is not None else None
+    agent_inflight = agent_p.inflight if agent_p is not None else set()
+    replies = node.ports.replies
+    deliver = node.ports.deliver
+    at = 0
+    for port, kind, value, nbufs, seq in entries:
+        agent_inflight.discard(port)
+        rep = replies.get(port)
+        if rep is not None and (p := rep[1]) is not None and seq > p.relay_acked:
+            p.relay_acked = seq
+        if kind == MSG_RESULT:
+            bufs = buffers[at:at + nbufs]
+            at += nbufs
+            try:
+                value = serialization.loads(value, bufs)
+            except Exception as e:  # noqa: BLE001 - fails this one call
+                member = rep[1].ref.node_id if rep is not None and rep[1] is not None \
+                    and rep[1].ref is not None else None
+                value = unreadable_result(f"{node.links.peer_name(member)} through its host "
+                                          f"agent", e)
+        elif kind == MSG_FAIL:
+            value = Failure(value)
+        deliver(port, value)
+
+
+# -- the agent's half -------------------------------------------------------------------
+class _Answer:
+    """Where a member's reply to a relayed call goes on its agent: a reply port's sink
+    (a Future's two setters, ``PortTable.expect_into``), no Future made per member."""
+    __slots__ = ("relay", "origin", "cport", "seq", "pid", "done", "member")
+
+    def __init__(self, relay: "CastRelay", origin: str, cport: int, seq: int, member: Peer):
+        self.relay = relay
+        self.origin = origin
+        self.cport = cport
+        self.seq = seq
+        self.member = member
+        self.pid = 0
+        self.done = False
+
+    def set_result(self, value: Any) -> None:
+        if not self.done:
+            self.done = True
+            self.relay.answered(self, value, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.member.lost is not None and self.relay.node.loop is not None:
+            # the member is gone (its exit, its connection): the sender hears of it from
+            # its own supervision, naming the process as it knows it; this agent's word
+            # follows after the grace a lost peer gets for that report (a slot the sender
+            # failed meanwhile is closed: the late answer is dropped there)
+            self.relay.node.loop.call_later(LOST_PEER_REPORT_WAIT, self.relay.answered,
+                                            self, None, exc)
+            return
+        self.relay.answered(self, None, exc)
+
+
+class CastRelay:
+    """On a host agent's node: hands each member of a cast its call and folds their
+    answers into one frame per sender: it leaves once every member of that sender's casts
+    answered, or ``FOLD_WINDOW`` after the first answer it holds (a result over
+    ``FOLD_BYTES`` leaves at once).
+
+    ``member_secret(proc_name, node_id)`` is the secret to dial a member with (None: this
+    node's own); the host agent also learns the member's node there (to fail what it
+    awaits from it as soon as it exits)."""
+
+    def __init__(self, node: Node,
+                 member_secret: Callable[[str, str], bytes | None] | None = None):
+        self.node = node
+        self.member_secret = member_secret
+        self._out: dict[str, tuple[list, list, list]] = {}   # origin -> entries, bufs, [size]
+        self._waiting: dict[str, int] = {}      # origin -> answers still out
+        self._timers: dict[str, Any] = {}       # origin -> its fold window's timer
+        node.cast_handler = self.on_cast
+        node.info[RELAYS] = True        # said in its hellos: senders may cast to it
+
+    def on_cast(self, msg: tuple, origin: str | None, buffers: list) -> None:
+        _, actor_id, endpoint, payload, ext, members, ports, seqs = msg
+        node = self.node
+        if origin is None:
+            return
+        STATS["casts"] += 1
+        bufs = list(buffers) if type(payload) is not tuple else []
+        touched = []
+        for i, (name, nid, addrs, rank) in enumerate(members):
+            ref = NodeRef(nid, tuple(addrs))
+            p = node.peers.peer(ref)
+            touched.append(p)
+            if p.conn is None and p.secret is None and self.member_secret is not None:
+                p.secret = self.member_secret(name, nid)
+            if ports is None:       # a broadcast: nothing comes back (its failure is the
+                try:                # actor's fault, reported to the mesh's owner)
+                    node.send(ref, call_msg(actor_id, endpoint, payload, None, rank, ext),
+                              buffers=bufs)
+                except Exception as e:  # noqa: BLE001 - its exit reaches the owner
+                    log.debug("cannot relay a broadcast to %s: %s", name, e)
+                continue
+            self._waiting[origin] = self._waiting.get(origin, 0) + 1
+            answer = _Answer(self, origin, ports[i], seqs[i], p)
+            answer.pid = pid = node.ports.expect_into(p, answer)
+            if answer.done:         # known lost: failed already, nothing to send
+                continue
+            node.ports.raw.add(pid)
+            try:
+                node.send(ref, call_msg(actor_id, endpoint, payload, pid, rank, ext),
+                          buffers=bufs)
+            except Exception as e:  # noqa: BLE001 - this member's call fails, named
+                node.close_port(pid)
+                answer.set_exception(e)
+        # written now, not a loop turn later (the loop batches what it sends in a pass)
+        for p in touched:
+            conn = p.conn
+            if conn is not None and not conn.closed:
+                conn.flush_now()
+
+    def answered(self, a: "_Answer", value: Any, exc: BaseException | None) -> None:
+        """Member ``a`` answered: its entry joins what ``a.origin`` is owed."""
+        self._waiting[a.origin] -= 1
+        self.node.ports.raw.discard(a.pid)
+        if exc is not None:
+            self._add(a.origin, (a.cport, MSG_FAIL, exc, 0, a.seq), ())
+        elif type(value) is RawResult:
+            self._add(a.origin, (a.cport, MSG_RESULT, value.data, len(value.buffers), a.seq),
+                      value.buffers)
+        else:
+            self._add(a.origin, (a.cport, MSG_DELIVER, value, 0, a.seq), ())
+
+    def _add(self, origin: str, entry: tuple, bufs) -> None:
+        """``entry`` (port, kind, value, nbufs, seq) and its buffers, for ``origin``."""
+        entries, out_bufs, size = self._out.setdefault(origin, ([], [], [0]))
+        entries.append(entry)
+        out_bufs.extend(bufs)
+        size[0] += sum(memoryview(b).nbytes for b in bufs) if bufs else 0
+        if size[0] >= FOLD_BYTES or not self._waiting.get(origin):
+            self._flush_one(origin)
+        elif origin not in self._timers:
+            self._timers[origin] = self.node.loop.call_later(FOLD_WINDOW, self._flush_one,
+                                                             origin)
+
+    def _flush_one(self, origin: str) -> None:
+        timer = self._timers.pop(origin, None)
+        if timer is not None:
+            timer.cancel()
+        if not self._waiting.get(origin):
+            self._waiting.pop(origin, None)
+        entries, bufs, _ = self._out.pop(origin, ([], [], None))
+        if not entries:
+            return
+        node = self.node
+        STATS["cast_replies"] += 1
+        try:
+            node.send(node.ref_of(origin), cast_reply_msg(entries), buffers=bufs)
+            p = node.peers.by_id.get(origin)
+            if p is not None and p.conn is not None and not p.conn.closed:
+                p.conn.flush_now()      # now, not a loop turn later
+            return
+        except (pickle.PicklingError, TypeError, AttributeError, ValueError,
+                serialization.SerializationError) as e:
+            problem = e             # an exception among them that does not pickle
+        except Exception as e:  # noqa: BLE001 - the sender is gone: its supervision says so
+            log.debug("cannot return relayed replies to %s: %s", origin[:8], e)
+            return
+        # one by one, any that does not pickle replaced by what it said
+        log.debug("folded replies did not pickle (%s): sent one by one", problem)
+        at = 0
+        for port, kind, value, nbufs, seq in entries:
+            mine = bufs[at:at + nbufs]
+            at += nbufs
+            if kind == MSG_FAIL:
+                try:
+                    pickle.dumps(value)
+                except Exception:  # noqa: BLE001
+                    value = RuntimeError(describe_exception(value))
+            try:
+                node.send(node.ref_of(origin),
+                          cast_reply_msg([(port, kind, value, nbufs, seq)]), buffers=mine)
+            except Exception as e:  # noqa: BLE001
+                log.debug("cannot return a relayed reply to %s: %s", origin[:8], e)

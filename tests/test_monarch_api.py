@@ -561,7 +561,7 @@ def test_a_shut_down_host_mesh_refuses_further_use():
 class _Slow(Actor):
     def __init__(self) -> None:
         import time
-        time.sleep(1.0)             # still starting while it travels
+        time.sleep(1.0)             # sleep: a constructor that takes a while, so the mesh is still starting while it travels
 
     @endpoint
     def hello(self) -> str:

@@ -84,8 +84,14 @@ def test_attach_to_refused_port_fails_fast_and_names_the_address():
         port = s.getsockname()[1]          # nothing listens there once closed
     t0 = time.monotonic()
     with pytest.raises(ConnectionError, match=f"tcp://127.0.0.1:{port}.*refused"):
-        attach_to_workers([f"tcp://127.0.0.1:{port}"], timeout=5)
+        attach_to_workers([f"tcp://127.0.0.1:{port}"], timeout=5, wait=False)
     assert time.monotonic() - t0 < 3
+    # by default it waits for a worker that is not listening yet (as Monarch's), up to
+    # its timeout, then names the address all the same
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"attach failed.*tcp://127.0.0.1:{port}.*refused"):
+        attach_to_workers([f"tcp://127.0.0.1:{port}"], timeout=1.5)
+    assert time.monotonic() - t0 < 4
 
 
 def test_attach_to_bad_addresses():

@@ -40,6 +40,13 @@ def test_rows_of_a_tree():
         ("p-0", "failed", 0.0, "w[rank=0] failed", "died: killed by SIGKILL"),
         ("p-1", "running", 12.5, "w[rank=1]", "")]
     assert process_rows(tree)[0]["rate"] is None          # no telemetry: no rates
+    # how it ended and its class, where the tree knows them: not the first 120 characters
+    # of a Monarch-worded actor message that ends with them
+    tree["hosts"][0]["processes"][0].update(
+        error="The actor <train.W w{'gpus': 0/2}> and all its descendants have failed: "
+              "the process this actor was running on failed: Killed(sig=9) ...",
+        exit_status="killed by SIGKILL", failure_class="signal")
+    assert process_rows(tree)[0]["error"] == "killed by SIGKILL (signal)"
 
 
 def test_the_heatmap_lays_processes_out_as_their_mesh_hosts_down_gpus_across():

@@ -50,7 +50,9 @@ def collect_tree(rt: ClientRuntime, timeout: float = LOOP_TIMEOUT_S) -> dict:
                       "point": rec.point, "host": rec.host, "pid": rec.pid, "status": status,
                       "error": str(rec.failure) if rec.failure is not None else None,
                       "failure_class": (rec.failure.reason or None) if rec.failure is not None
-                      else None})
+                      else None,
+                      "exit_status": (rec.failure.exit_status or None)
+                      if rec.failure is not None else None})
         if status == "running":
             asks[rec.name] = node.rpc(rec.node, "admin_actors")
     deadline = time.monotonic() + timeout

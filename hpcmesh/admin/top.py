@@ -27,6 +27,15 @@ STATUS_STYLE = {"running": "green", "failed": "bold red", "stopped": "dim", "sta
                 "stopping": "yellow", "lost": "magenta"}
 
 
+def _process_error(p: dict) -> str:
+    """What a row says of a failed process: how it ended and the failure's class where
+    known (``killed by SIGKILL (signal)``), else its error's first line; "" if none."""
+    if p.get("exit_status"):
+        cls = p.get("failure_class")
+        return p["exit_status"] + (f" ({cls})" if cls else "")
+    return (p.get("error") or "").splitlines()[0][:120] if p.get("error") else ""
+
+
 def process_rows(tree: dict, rates: dict[str, float] | None = None) -> list[dict]:
     """One row per process of ``/api/tree``: where it runs, its status and last error, its
     actors (mesh[rank] status), its calls per second when telemetry gave them, and
@@ -42,8 +51,7 @@ def process_rows(tree: dict, rates: dict[str, float] | None = None) -> list[dict
             rows.append({"name": p["name"], "host": h["host"], "mesh": p.get("mesh"),
                          "point": p.get("label") or "", "pid": p.get("pid"),
                          "status": p.get("status"), "rate": rate, "actors": actors,
-                         "error": (p.get("error") or "").splitlines()[0][:120]
-                         if p.get("error") else "",
+                         "error": _process_error(p),
                          "late": f"{late['kind']} {late['waited_s']:.0f} s: {late['headline']}"
                          if late else ""})
     return rows

@@ -620,12 +620,16 @@ class SlurmJob(JobTrait):
         finally:
             _CONNECTING.reset(token)
 
+    def inherit_bad_nodes(self, cached: Any) -> None:
+        """A job submitted again keeps away from the nodes its cached self lost: the same
+        job (the same spec), not whatever job the context ran before."""
+        if (isinstance(cached, SlurmJob) and cached.bad_nodes
+                and cached._spec_key() == self._spec_key()):
+            self.bad_nodes = list(dict.fromkeys([*self.bad_nodes, *cached.bad_nodes]))
+
     def _state_of(self, cached_path: str | None) -> JobState:
         if cached_path is not None and not self.__dict__.get("_live_hosts"):
-            # a job submitted again keeps away from the nodes its cached one lost
-            cached = try_load(cached_path)
-            if isinstance(cached, SlurmJob) and cached.bad_nodes:
-                self.bad_nodes = list(dict.fromkeys([*self.bad_nodes, *cached.bad_nodes]))
+            self.inherit_bad_nodes(try_load(cached_path))
         if in_batch_job():
             path = os.environ.get("HPCMESH_JOB_STATE")
             running = try_load(path) if path else None

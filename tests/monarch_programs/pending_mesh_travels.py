@@ -9,7 +9,7 @@ from monarch.actor import Actor, Channel, Port, endpoint, this_host, this_proc
 
 class Slow(Actor):
     def __init__(self, tag: str) -> None:
-        time.sleep(1.0)             # still starting when it travels
+        time.sleep(1.0)             # sleep: a slow constructor: the mesh is still starting when it travels
         self.tag = tag
 
     @endpoint

@@ -31,7 +31,7 @@ def worker(listen: str, **popen) -> subprocess.Popen:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["worker"]:
-        time.sleep(1.0)                 # not listening yet when the client attaches
+        time.sleep(1.0)                 # sleep: a worker that starts late: not listening yet when the client attaches
         run_worker_loop_forever(address=sys.argv[2], ca="trust_all_connections")
         sys.exit(0)
 

@@ -4,6 +4,7 @@ Monarch, and a mesh's are folded in mesh order whatever order they arrive in."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -24,7 +25,12 @@ class Reversed(Actor):
             while not os.path.exists(flag) and time.monotonic() < deadline:
                 time.sleep(0.01)
         else:
-            open(flag, "w").close()
+            def later() -> None:
+                # sleep: rank 1's reply gets a head start on the way to the caller before
+                # rank 0 may answer (the flag at once raced it under load)
+                time.sleep(0.3)
+                open(flag, "w").close()
+            threading.Thread(target=later, daemon=True).start()
         return "ab"[rank]
 
 

@@ -82,7 +82,7 @@ class Recorder(Actor):
 
     @endpoint
     async def sleep(self, seconds: float) -> str:
-        await asyncio.sleep(seconds)    # the endpoint's work is to take this long
+        await asyncio.sleep(seconds)    # sleep: the endpoint's work is to take this long
         return "woke"
 
 

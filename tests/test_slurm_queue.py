@@ -34,13 +34,17 @@ def _hold_every_node(name: str) -> str:
          f"--job-name={PREFIX}-{name}", "--output=/dev/null", "--wrap", "sleep 600"],
         capture_output=True, text=True, timeout=30, check=True)
     jid = out.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 30
+    # nodes an earlier test's job still winds up (COMPLETING: Slurm's KillWait after a time
+    # limit, an epilog) free up within Slurm's own timeouts
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         rec = squeue_jobs([jid]).get(jid)
         if rec is not None and rec.state == "RUNNING":
             return jid
         time.sleep(0.2)
-    raise AssertionError(f"blocker job {jid} did not start: {squeue_jobs([jid])}")
+    subprocess.run(["scancel", jid], timeout=30)
+    raise AssertionError(f"blocker job {jid} did not start: {squeue_jobs([jid])}; "
+                         f"the nodes: {subprocess.run(['sinfo', '-N', '-h'], capture_output=True, text=True).stdout}")
 
 
 def _release(jid: str) -> float:

@@ -208,8 +208,8 @@ def test_lost_node_is_replaced_by_a_spare(cluster, cut_node, unhandled_faults):
         job.requeue()
         assert victim in _field(_scontrol_show("job", job.job_id), "ExcNodeList")
         job.kill()
-        # and so does a new submission from this cache (a one-node job lands elsewhere)
-        again = _job("spares2", cluster, meshes={"w": 1}, timeout=120)
+        # and so does the job submitted again from this cache (as one node: lands elsewhere)
+        again = _job("spares", cluster, meshes={"w": 1}, timeout=120)
         st = again.state()
         assert again.bad_nodes == [victim]
         assert f"--exclude={victim}" in open(os.path.join(again.job_dir, "job.sbatch")).read()

@@ -79,11 +79,12 @@ def test_lost_nodes_are_excluded_and_kept_with_the_job(tmp_path):
     job.dump(path)
     assert job_load(path).bad_nodes == ["node2"]
     assert SlurmJob.bad_nodes == ()      # the class default is never changed
-    # submitted again, the same job keeps off them; another job of the context does not
-    again = _job(tmp_path, spare_nodes=1)
+    # submitted again (by its name, even with other meshes), the job keeps off them;
+    # another job of the context does not
+    again = _job(tmp_path, meshes={"w": 1})
     again.inherit_bad_nodes(job_load(path))
     assert again.bad_nodes == ["node2"]
-    other = _job(tmp_path, meshes={"other": 1})
+    other = SlurmJob(meshes={"w": 1}, job_name="another")
     other.inherit_bad_nodes(job_load(path))
     assert other.bad_nodes == ()
 

@@ -622,10 +622,14 @@ class SlurmJob(JobTrait):
 
     def inherit_bad_nodes(self, cached: Any) -> None:
         """A job submitted again keeps away from the nodes its cached self lost: the same
-        job (the same spec), not whatever job the context ran before."""
+        job (by its name, however its meshes or limits changed), not whatever other job the
+        context ran before. Said in the log, with the way out."""
         if (isinstance(cached, SlurmJob) and cached.bad_nodes
-                and cached._spec_key() == self._spec_key()):
+                and cached.spec.job_name == self.spec.job_name):
             self.bad_nodes = list(dict.fromkeys([*self.bad_nodes, *cached.bad_nodes]))
+            log.warning("Slurm job %r keeps off the nodes it lost before: %s (a node back in "
+                        "service: set job.bad_nodes = [] before state())", self.spec.job_name,
+                        ", ".join(self.bad_nodes))
 
     def _state_of(self, cached_path: str | None) -> JobState:
         if cached_path is not None and not self.__dict__.get("_live_hosts"):

@@ -127,3 +127,24 @@ def test_bad_input():
     r = subprocess.run([sys.executable, "-c", CLIENT, "/no/such/dir"], input="exit 0\n",
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "workdir '/no/such/dir' does not exist" in r.stderr, r.stderr
+
+
+def test_a_shell_whose_process_dies_ends_instead_of_waiting_for_ever(tmp_path):
+    """kill -9 of the process the remote terminal runs in: shell() fails, naming it; the
+    client neither waits for output that can never come nor outlives its input."""
+    run = subprocess.Popen([sys.executable, "-c", CLIENT, str(tmp_path)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        run.stdin.write(b'echo SHELL""PID=$PPID END\n')     # (the echo of the line differs)
+        run.stdin.flush()
+        seen = _read_until(run.stdout.fileno(), b" END", timeout=60)
+        while b"SHELLPID=" not in seen:
+            seen += _read_until(run.stdout.fileno(), b" END", timeout=60)
+        pid = int(seen.split(b"SHELLPID=")[1].split()[0])
+        os.kill(pid, 9)
+        run.wait(timeout=30)        # stdin is still open: only the death can end it
+        assert run.returncode != 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()

@@ -490,31 +490,46 @@ class Endpoint(Generic[P, R]):
         return mesh._when_ready(lambda: mesh._send(g, 0, ext, self._name, payload, True),
                                 self._name)
 
+    def _fast_calls(self, args: tuple, kwargs: dict) -> tuple | None:
+        """call()'s and stream()'s common case, kept short (as call_one's): a live mesh whose
+        members are all reached directly, builtin arguments. Each member's Future and the
+        routes taken; None: the general path."""
+        routes = self._routes
+        if routes is None or kwargs or not is_plain(args):
+            return None
+        node, st, targets, ext, _ = routes
+        if st.failed is not None:
+            return None
+        name, payload = self._name, (args, kwargs)
+        return [node.call_actor(t, st.actor_id, name, payload, r, ext)
+                for r, t in targets], routes
+
+    def _learn_routes(self, members: list, ext: tuple) -> None:
+        """Once the mesh is live, what _fast_calls needs (never where members relay)."""
+        mesh = self._mesh
+        st = mesh._state
+        if st.live and self._routes is None and mesh._relay_plan() is None:
+            self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members],
+                            ext, Shape.from_extent(mesh._shape.extent))
+
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every member; a Future of a ValueMesh with this mesh's extent."""
         if _tel.RECORDER is not None:
             self._note_sent("call")
-        routes = self._routes
-        if routes is not None and not kwargs and is_plain(args):
-            # The common case, kept short (as in call_one): live mesh, builtin arguments.
-            node, st, targets, ext, result_shape = routes
-            if st.failed is None:
-                name, payload = self._name, (args, kwargs)
-                futs = [node.call_actor(t, st.actor_id, name, payload, r, ext)
-                        for r, t in targets]
-                # the straggler watch (runtime/observe/stragglers.py) until the result is made
-                w = _stragglers.WATCH
-                key = w.watch(futs, targets, st, name) if w is not None else None
-                return gather(futs, lambda vals: ValueMesh(result_shape, vals) if key is None
-                              else w.ended(key, ValueMesh(result_shape, vals)),
-                              node.poll_for_rest)
+        fast = self._fast_calls(args, kwargs)
+        if fast is not None:
+            futs, (node, st, targets, _, result_shape) = fast
+            # the straggler watch (runtime/observe/stragglers.py) until the result is made
+            w = _stragglers.WATCH
+            key = w.watch(futs, targets, st, self._name) if w is not None else None
+            return gather(futs, lambda vals: ValueMesh(result_shape, vals) if key is None
+                          else w.ended(key, ValueMesh(result_shape, vals)),
+                          node.poll_for_rest)
         mesh = self._mesh
         members, ext = self._members()
         result_shape = Shape.from_extent(mesh._shape.extent)
         st = mesh._state
-        if st.live and self._routes is None and mesh._relay_plan() is None:
-            self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members], ext,
-                            result_shape)
+        self._learn_routes(members, ext)
         payload = mesh._payload(self._name, args, kwargs)
 
         def go() -> Future:
@@ -594,26 +609,19 @@ class Endpoint(Generic[P, R]):
         ``for`` gives settled Futures (as Monarch's ``stream`` does)."""
         if _tel.RECORDER is not None:
             self._note_sent("stream")
-        routes = self._routes
-        if routes is not None and not kwargs and is_plain(args):
-            # call()'s fast path (a live mesh, builtin arguments): Accumulator streams
-            node, st, targets, ext, _ = routes
-            if st.failed is None:
-                stream = ResultStream(len(targets))
-                name, payload = self._name, (args, kwargs)
-                futs = [node.call_actor(t, st.actor_id, name, payload, r, ext)
-                        for r, t in targets]
-                for i, f in enumerate(futs):
-                    stream._sent(i, f)
-                if (w := _stragglers.WATCH) is not None:    # until the tick sees it end
-                    w.watch(futs, targets, st, name)
-                return stream
+        fast = self._fast_calls(args, kwargs)     # (Accumulator streams)
+        if fast is not None:
+            futs, (_, st, targets, _, _) = fast
+            stream = ResultStream(len(futs))
+            for i, f in enumerate(futs):
+                stream._sent(i, f)
+            if (w := _stragglers.WATCH) is not None:    # until the tick sees it end
+                w.watch(futs, targets, st, self._name)
+            return stream
         mesh = self._mesh
         members, ext = self._members()
         st = mesh._state
-        if st.live and self._routes is None and mesh._relay_plan() is None:
-            self._routes = (current_or_client_node(), st, [(r, st.nodes[g]) for r, g in members],
-                            ext, Shape.from_extent(mesh._shape.extent))
+        self._learn_routes(members, ext)
         stream = ResultStream(len(members))
         payload = mesh._payload(self._name, args, kwargs)
 

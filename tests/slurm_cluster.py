@@ -53,7 +53,7 @@ BRIDGE = "hpcm-br0"
 PARTITIONS = ("debug", "batch")  # "debug" is the default partition
 GPUS_PER_NODE = 2  # fake GPUs: CUDA_VISIBLE_DEVICES=0,1 with --gpus-per-node=2
 CPUS_PER_NODE = 4
-REAL_MEMORY_MB = 2000
+REAL_MEMORY_MB = 32000
 
 # Slurm node states (sinfo %t, lower-cased) that count as usable.
 _OK_STATES = {"idle", "alloc", "mix", "comp", "plnd"}  # plnd: planned by backfill

@@ -16,6 +16,7 @@ HPCM_HOSTS_END="# END hpcmesh-testcluster"
 HPCM_LOG_DIR=/var/log/slurm
 HPCM_CTLD_PID=/run/slurmctld.pid
 HPCM_FREEZER=/sys/fs/cgroup/freezer
+HPCM_MEMCG=/sys/fs/cgroup/memory
 HPCM_FAKE_GPUS=2
 
 # Number of nodes: explicit env wins, then what the running cluster was built

@@ -13,7 +13,7 @@ log() { echo "[down] $*"; }
 
 # Nodes to clean: everything matching our naming, whatever N was.
 mapfile -t NSES < <(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^hpcm-node[0-9]+$' || true)
-mapfile -t CGS < <(find "$HPCM_FREEZER" -maxdepth 1 -mindepth 1 -type d -name 'hpcm-node*' 2>/dev/null || true)
+mapfile -t CGS < <(find "$HPCM_FREEZER" "$HPCM_MEMCG" -maxdepth 1 -mindepth 1 -type d -name 'hpcm-node*' 2>/dev/null || true)
 mapfile -t PIDFILES < <(ls /run/slurmd-node*.pid 2>/dev/null || true)
 
 # 1. cancel all jobs while the controller is still there

@@ -40,6 +40,11 @@ if [[ "${1:-}" == "__node_init" ]]; then
     umount "$HPCM_FREEZER"
     mount -t cgroup -o rw,relatime,freezer cgroup "$HPCM_FREEZER"
     [[ ! -d $HPCM_FREEZER/hpcm-node$k ]] || { echo "freezer view not namespaced" >&2; exit 1; }
+    # the same for the memory hierarchy, so that task/cgroup's ConstrainRAMSpace
+    # limits a job step to its --mem and Slurm reports OUT_OF_MEMORY for real
+    umount "$HPCM_MEMCG"
+    mount -t cgroup -o rw,relatime,memory cgroup "$HPCM_MEMCG"
+    [[ ! -d $HPCM_MEMCG/hpcm-node$k ]] || { echo "memory cgroup view not namespaced" >&2; exit 1; }
     exec slurmd -N "$node"
 fi
 
@@ -212,11 +217,21 @@ SlurmdParameters=config_overrides
 # proctrack/cgroup (v1 freezer, per-node cgroup namespace) so that scancel
 # also kills daemonized (setsid) children of job tasks
 ProctrackType=proctrack/cgroup
-TaskPlugin=task/none
+# task/cgroup with ConstrainRAMSpace (cgroup.conf): a step that passes its --mem is
+# ended by the kernel's OOM killer and Slurm says OUT_OF_MEMORY (issue 31's failure class)
+TaskPlugin=task/cgroup
+# real preemption: a job of the 'urgent' partition (PriorityTier 10) requeues the
+# jobs of debug/batch it needs the nodes of (PreemptMode=REQUEUE)
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+# memory is a consumable resource, so that a step's --mem is its cgroup limit; a job
+# that asks for none gets DefMemPerNode (a quarter of a node: as many jobs fit by memory
+# as by CPUs)
+SelectTypeParameters=CR_Core_Memory
+DefMemPerNode=8000
 GresTypes=gpu
 KillWait=2
 ReturnToService=2
@@ -231,11 +246,12 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 EOF
 for ((k = 1; k <= N; k++)); do
-    echo "NodeName=node$k NodeAddr=$(hpcm_node_addr "$k") NodeHostname=node$k CPUs=4 RealMemory=2000 Gres=gpu:$HPCM_FAKE_GPUS State=UNKNOWN"
+    echo "NodeName=node$k NodeAddr=$(hpcm_node_addr "$k") NodeHostname=node$k CPUs=4 RealMemory=32000 Gres=gpu:$HPCM_FAKE_GPUS State=UNKNOWN"
 done >>"$HPCM_SLURM_ETC/slurm.conf"
 cat >>"$HPCM_SLURM_ETC/slurm.conf" <<EOF
 PartitionName=debug Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP
 PartitionName=batch Nodes=$nodelist Default=NO MaxTime=INFINITE State=UP
+PartitionName=urgent Nodes=$nodelist Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
 
 cat >"$HPCM_SLURM_ETC/cgroup.conf" <<EOF
@@ -244,7 +260,7 @@ CgroupPlugin=cgroup/v1
 CgroupAutomount=no
 ConstrainCores=no
 ConstrainDevices=no
-ConstrainRAMSpace=no
+ConstrainRAMSpace=yes
 ConstrainSwapSpace=no
 EOF
 
@@ -280,13 +296,15 @@ start_slurmd() {
     local k=$1 ns cg
     ns=$(hpcm_node_ns "$k")
     cg=$HPCM_FREEZER/$ns
-    mkdir -p "$cg"
+    mkdir -p "$cg" "$HPCM_MEMCG/$ns"
     manifest cgroup "$cg"
+    manifest memcg "$HPCM_MEMCG/$ns"
     # move a subshell into the node's freezer cgroup, then create the new
     # namespaces from there (cgroup ns root = that cgroup). Note: no
     # `ip netns exec` -- it remounts /sys, which hides the cgroup mounts.
     (
         echo "$BASHPID" >"$cg/cgroup.procs"
+        echo "$BASHPID" >"$HPCM_MEMCG/$ns/cgroup.procs"
         exec nsenter --net="/run/netns/$ns" \
             unshare --mount --uts --cgroup --propagation private \
             "$HERE/up.sh" __node_init "$k"
@@ -322,7 +340,7 @@ ms=$(((T1 - T0) / 1000000))
 log "cluster '$HPCM_CLUSTER_NAME' is up ($((ms / 1000)).$(printf %03d $((ms % 1000))) s)"
 echo "  login/slurmctld : $LOGIN_HOST  $HPCM_LOGIN_ADDR  (root namespace, bridge $HPCM_BRIDGE)"
 for ((k = 1; k <= N; k++)); do
-    echo "  node$k           : $(hpcm_node_addr "$k")  netns $(hpcm_node_ns "$k")  CPUs=4 RealMemory=2000 gpu:$HPCM_FAKE_GPUS"
+    echo "  node$k           : $(hpcm_node_addr "$k")  netns $(hpcm_node_ns "$k")  CPUs=4 RealMemory=32000 gpu:$HPCM_FAKE_GPUS"
 done
 echo "  partitions      : debug (default), batch"
 echo "  logs            : $HPCM_LOG_DIR/slurmctld.log, $HPCM_LOG_DIR/slurmd-nodeK.log, $HPCM_LOG_DIR/jobcomp.log"

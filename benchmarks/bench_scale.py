@@ -13,6 +13,8 @@ Each scenario builds one mesh of processes, then times:
 - the frames of a call() through the host agents (``HPCMESH_RELAY``, on unless 0): casts
   the controller sent and folded replies it took per call() (0 / 0: it talked to every
   process itself);
+- the machine's CPU per call() (every core's busy time, ``/proc/stat``): what the
+  controller, agents and members spent together, to set beside ``bench_scale_floor.py``;
 - the controller's CPU per broadcast (``--reps`` broadcasts in a row, then one call() to
   drain them, over the broadcasts);
 - stop.
@@ -95,6 +97,16 @@ def _mesh(scenario: str):
     return state.w, {"gpus": int(per)}, (job, attached)
 
 
+def _machine_cpu_s() -> float:
+    """CPU seconds every core of this machine spent busy so far (``/proc/stat``): over a
+    call() it is what the controller, the agents and every member spent, as
+    ``bench_scale_floor.py`` counts it (and whatever else runs: measure on a quiet VM)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]                         # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def run(scenario: str, reps: int) -> dict:
     hosts, per_host, job = _mesh(scenario)
     out: dict = {"scenario": scenario, "attached_s": job[1] if job else None}
@@ -106,13 +118,14 @@ def run(scenario: str, reps: int) -> dict:
     out["spawn_s"] = time.perf_counter() - t0
     for _ in range(3):                                   # warm the paths
         actors.ping.call().get(timeout=120)
-    walls, cpu0 = [], time.process_time()
+    walls, cpu0, machine0 = [], time.process_time(), _machine_cpu_s()
     frames0 = dict(relay.STATS)
     for _ in range(reps):
         t = time.perf_counter()
         actors.ping.call().get(timeout=120)
         walls.append(time.perf_counter() - t)
     cpu = time.process_time() - cpu0
+    out["machine_cpu_ms_per_call"] = (_machine_cpu_s() - machine0) / reps * 1e3
     # the controller's frames per call() through the host agents (0: it sent to each)
     out["casts_per_call"] = (relay.STATS["casts_sent"] - frames0["casts_sent"]) / reps
     out["folded_replies_per_call"] = (relay.STATS["replies_taken"]
@@ -153,8 +166,8 @@ def main() -> None:
     rows = [run(s, args.reps) for s in args.scenario]
     print("| tree | scenario | members | attached s | spawn s | call() ms | broadcast+call() ms "
           "| controller CPU µs/member/call | controller CPU ms/broadcast "
-          "| casts / folded replies per call() | stop s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| casts / folded replies per call() | machine CPU ms/call | stop s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         att = f"{r['attached_s']:.1f}" if r["attached_s"] is not None else "-"
         print(f"| {args.label} | {r['scenario']} | {r['members']} | {att} | {r['spawn_s']:.1f} "
@@ -162,7 +175,7 @@ def main() -> None:
               f"| {r['controller_cpu_us_per_member']:.1f} "
               f"| {r['controller_cpu_ms_per_broadcast']:.2f} "
               f"| {r['casts_per_call']:.0f} / {r['folded_replies_per_call']:.1f} "
-              f"| {r['stop_s']:.2f} |")
+              f"| {r['machine_cpu_ms_per_call']:.1f} | {r['stop_s']:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"label": args.label, "rows": rows}, f, indent=1)

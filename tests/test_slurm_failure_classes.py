@@ -19,41 +19,26 @@ import socket
 import pytest
 from ci_gate import import_or_skip
 from proc_helpers import wait_until
+from test_failure_classes import Hog, _failures_of, _says
 from test_slurm_e2e import _job, cluster  # noqa: F401 - cluster is a fixture
 
-from hpcmesh.actor import Actor, ActorError, MeshFailure, SupervisionError, endpoint
+from hpcmesh.actor import Actor, ActorError, SupervisionError, endpoint
 from hpcmesh.runtime.errors import (COLLECTIVE_TIMEOUT, OUT_OF_MEMORY, SIGNAL,
                                     USER_EXCEPTION)
 
 # each waits in a queue other test runs share
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
-#: SPEC §3: a dead process fails what is pending on it within 5 s; the margin is for a
-#: loaded test machine and a node's network namespace.
-BOUND_S = 8.0
 #: The job's memory (its step's memory cgroup limit): the agent, its fork server and two
 #: actor processes fit; an actor that touches ``HOG_MIB`` does not.
 JOB_MEM = "700M"
 HOG_MIB = 2048
 
 
-def _failures_of(faults: list, before: int, mesh: str, n: int = 1) -> list[MeshFailure]:
-    """The first ``n`` failures of ``mesh`` that reached the hook after ``before``."""
-    def got() -> list[MeshFailure] | None:
-        mine = [f for f in faults[before:] if f.mesh_name == mesh]
-        return mine if len(mine) >= n else None
-    return wait_until(got, BOUND_S + 20,
-                      f"{n} failure(s) of mesh {mesh!r} reach unhandled_fault_hook")
+class Probe(Actor):
+    """Beside test_failure_classes' Hog on the same processes: where each runs, and code
+    that raises."""
 
-
-def _says(failure: MeshFailure, cls: str) -> None:
-    """The failure has the class, as a field and on its report's last line."""
-    report = failure.report()
-    assert failure.reason == cls, (failure.reason, report)
-    assert report.splitlines()[-1] == f"failure class: {cls}", report
-
-
-class Hog(Actor):
     @endpoint
     def where(self) -> tuple[str, int]:
         return socket.gethostname(), os.getpid()
@@ -64,17 +49,6 @@ class Hog(Actor):
         with open("/proc/self/cgroup") as f:
             return next(ln.split(":", 2)[2] for ln in f.read().splitlines()
                         if "memory" in ln.split(":")[1].split(","))
-
-    @endpoint
-    def eat(self, mib: int) -> int:
-        """Touch ``mib`` MiB, a page at a time."""
-        chunks = []
-        for _ in range(mib // 16):
-            chunk = bytearray(16 << 20)
-            for i in range(0, len(chunk), 4096):
-                chunk[i] = 1
-            chunks.append(chunk)
-        return len(chunks)
 
     @endpoint
     def boom(self) -> None:
@@ -109,7 +83,12 @@ def test_an_actor_past_the_jobs_mem_is_out_of_memory_and_a_kill_9_is_not(
     it (ConstrainRAMSpace); an actor that touches far more is ended by the kernel's OOM
     killer there, which the node's host agent reads in that cgroup (oom.py, inside the
     node's cgroup namespace). A kill -9 of the other actor in the same cgroup is a signal;
-    an endpoint that raises is the user's. Slurm counts exactly the one OOM kill."""
+    an endpoint that raises is the user's. Slurm counts exactly the one OOM kill.
+
+    The agent's count is the only word in time: Slurm says its own (slurmstepd's "Detected
+    1 oom-kill event(s)", srun's "Out Of Memory") only once the agent step ends, in the
+    job's stderr log, and the job's state stays COMPLETED (Slurm 22.05 sets OUT_OF_MEMORY
+    on a job only for a kill in its batch step)."""
     import_or_skip("datafusion")
     from hpcmesh.telemetry import TelemetryConfig
     job = _job("oom", cluster, mem=JOB_MEM, grace=10)
@@ -118,8 +97,9 @@ def test_an_actor_past_the_jobs_mem_is_out_of_memory_and_a_kill_9_is_not(
         state = job.state(cached_path=None)
         procs = state.hosts.spawn_procs({"gpus": 2}, name="oom_procs")
         hogs = procs.spawn("hogs", Hog)
-        where = hogs.where.call().get(timeout=60).values()
-        cgroups = hogs.memory_cgroup.call().get(timeout=60).values()
+        probes = procs.spawn("probes", Probe)
+        where = probes.where.call().get(timeout=60).values()
+        cgroups = probes.memory_cgroup.call().get(timeout=60).values()
         print(f"\nhogs on {where}, memory cgroups {cgroups}")
         # the step's memory cgroup (Slurm's task/cgroup), not the test machine's
         assert all(f"/job_{job.job_id}/step_0/" in cg for cg in cgroups), cgroups
@@ -127,11 +107,10 @@ def test_an_actor_past_the_jobs_mem_is_out_of_memory_and_a_kill_9_is_not(
         # user code that raises: the caller's error and the failure are the user's
         before = len(unhandled_faults)
         with pytest.raises(ActorError) as ei:
-            hogs.slice(gpus=1).boom.call_one().get(timeout=60)
+            probes.slice(gpus=1).boom.call_one().get(timeout=60)
         assert ei.value.reason == USER_EXCEPTION, str(ei.value)
-        bugs = procs.spawn("bugs", Hog)
-        bugs.slice(gpus=1).boom.broadcast()     # nobody to tell: the actor fails
-        failure = _failures_of(unhandled_faults, before, "bugs")[0]
+        probes.slice(gpus=1).boom.broadcast()     # nobody to tell: the actor fails
+        failure = _failures_of(unhandled_faults, before, "probes")[0]
         _says(failure, USER_EXCEPTION)
         assert "KeyError" in failure.report()
 

@@ -25,7 +25,7 @@ from hpcmesh.actor import (Actor, ActorError, MeshFailure, SupervisionError, con
 from hpcmesh.job import ProcessJob
 from hpcmesh.runtime.errors import (COLLECTIVE_TIMEOUT, ENDED_BY_SLURM, HOST_LOST,
                                     OUT_OF_MEMORY, SIGNAL, USER_EXCEPTION, failure_class_of)
-from hpcmesh.runtime.process.oom import memory_cgroup_mounts
+from hpcmesh.runtime.process.oom import OOM_SCORE_BIAS, memory_cgroup_mounts, offer_to_oom_killer
 
 #: SPEC §3: a dead process fails what is pending on it within 5 s; the margin is for a
 #: loaded test machine.
@@ -194,6 +194,14 @@ class Hog(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    def oom_scores(self) -> tuple[int, int]:
+        """This process's ``oom_score_adj`` and its parent's (the fork server or agent)."""
+        def score(pid) -> int:
+            with open(f"/proc/{pid}/oom_score_adj") as f:
+                return int(f.read())
+        return score("self"), score(os.getppid())
 
     @endpoint
     def eat(self, mib: int) -> int:
@@ -581,3 +589,25 @@ def test_each_oom_kill_counted_explains_one_sigkill_only(tmp_path):
     watch.age()
     watch.age()
     assert watch.ended(start, -signal.SIGKILL) == ""               # counted two ages ago
+
+
+def test_an_actor_process_is_the_oom_killers_choice_before_its_agent():
+    """The agent must outlive an OOM in its cgroup to say which process died of it (a dead
+    agent reads as a lost host): each actor process raises its own oom_score_adj."""
+    procs = this_host().spawn_procs({"gpus": 2}, name="oom_score_procs")
+    try:
+        scores = procs.spawn("oom_score_mesh", Hog).oom_scores.call().get(timeout=60)
+        for own, parent in scores.values():
+            assert own == min(1000, parent + OOM_SCORE_BIAS) and own > parent or own == 1000, \
+                (own, parent)
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def test_offer_to_oom_killer_raises_the_score_and_caps_it(tmp_path):
+    path = tmp_path / "oom_score_adj"
+    path.write_text("-100\n")
+    assert offer_to_oom_killer(300, str(path)) == 200 and path.read_text() == "200"
+    path.write_text("900")
+    assert offer_to_oom_killer(300, str(path)) == 1000 and path.read_text() == "1000"
+    assert offer_to_oom_killer(300, str(tmp_path / "missing")) is None

@@ -30,6 +30,25 @@ KILLED = (-signal.SIGKILL, 128 + signal.SIGKILL)
 AGE_S = 5.0
 
 
+#: Added to an actor process's ``oom_score_adj`` when it starts (``offer_to_oom_killer``).
+OOM_SCORE_BIAS = 300
+
+
+def offer_to_oom_killer(bias: int = OOM_SCORE_BIAS, path: str = "/proc/self/oom_score_adj") -> int | None:
+    """Make this actor process the kernel's choice before its host agent when their memory
+    cgroup (a Slurm step's) runs out: the agent must live to say which process the OOM
+    killer ended; a dead agent reads as a lost host and hides the cause. Raising one's own
+    score needs no privilege. The new value, or None where the kernel has none to give."""
+    try:
+        with open(path) as f:
+            value = min(1000, int(f.read()) + bias)
+        with open(path, "w") as f:
+            f.write(str(value))
+        return value
+    except (OSError, ValueError):
+        return None
+
+
 def memory_cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str, str]]:
     """(kind, root, mount point) of the cgroup mounts: kind ``v2``, or ``v1`` for a v1
     hierarchy with the memory controller."""

@@ -27,6 +27,7 @@ from ..observe.introspect import install_services, install_stack_dump_handler
 from .lease_watchdog import LeaseWatchdog
 from ..observe import debugger, telemetry_recorder
 from .tuning import tune_malloc
+from .oom import offer_to_oom_killer
 from ..loop import new_event_loop
 from ..node import Node, NodeRef, set_current_node
 
@@ -197,6 +198,7 @@ def main() -> None:
         logging.basicConfig(level=log_level(),
                             format="%(levelname)s %(name)s: %(message)s")
         tune_malloc()
+        offer_to_oom_killer()
         loop = new_event_loop()
         asyncio.set_event_loop(loop)
         code = loop.run_until_complete(_amain())

@@ -220,8 +220,9 @@ def _urgent(node: str) -> str:
 
 
 def test_real_preemption_with_the_default_hook_resumes_from_the_checkpoint(cluster):
-    # this cluster's preemption gives no warning (no GraceTime on debug: see
-    # tests/cluster/README.md), so the program checkpoints every 8 steps besides
+    # this cluster's preemption gives no warning (no GraceTime: in Slurm 22.05 a GraceTime
+    # alone SIGTERMs the tasks, and the job's --signal needs preempt_send_user_signal
+    # besides), so the program checkpoints every 8 steps, as it must on such a site
     client = Client(cluster, "evpreemptreal", "--steps", "80", "--step-time", "0.25",
                     "--nodes", "1", "--ckpt-every", "8")
     jid = urgent = None

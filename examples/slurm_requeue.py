@@ -6,10 +6,10 @@ The job is submitted with ``--requeue`` and ``--signal=B:USR1@90``. Slurm's warn
 the time limit (and before a preemption, where the site gives one: a partition GraceTime
 with ``SlurmctldParameters=preempt_send_user_signal``) reaches the host agents as a notice;
 the controller sees it (``job.watch_notices``) and has every trainer write a checkpoint.
-Where preemption comes without a warning, ``--ckpt-every N`` checkpoints every N steps too. When Slurm then ends the
-run (``scontrol requeue``, a preemption, the time limit, ``scancel``), that is one job
-event (``job.watch_events``), not a failure per process: the training call in flight raises
-a SupervisionError whose reason is ``ENDED_BY_SLURM``, and
+Where preemption comes without a warning, ``--ckpt-every N`` checkpoints every N steps too.
+When Slurm then ends the run (``scontrol requeue``, a preemption, the time limit,
+``scancel``), that is one job event (``job.watch_events``), not a failure per process: the
+training call in flight raises a SupervisionError whose reason is ``ENDED_BY_SLURM``, and
 
 - if the job comes back (requeued): ``job.state()`` waits for it to run again, reconnects,
   and the new trainers resume from the checkpoint;

@@ -26,8 +26,8 @@ from ..runtime.observe import telemetry_recorder
 
 log = logging.getLogger("hpcmesh.job.events")
 
-__all__ = ["JobEvent", "JobEvents", "classify", "runs_again", "slurm_end_line", "EVENT_KINDS", "REQUEUED", "PREEMPTED",
-           "TIME_LIMIT", "CANCELLED", "ENDED", "RUNNING_AGAIN"]
+__all__ = ["JobEvent", "JobEvents", "classify", "runs_again", "slurm_end_line", "EVENT_KINDS",
+           "REQUEUED", "PREEMPTED", "TIME_LIMIT", "CANCELLED", "ENDED", "RUNNING_AGAIN"]
 
 REQUEUED = "requeued"
 PREEMPTED = "preempted"

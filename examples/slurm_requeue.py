@@ -2,12 +2,14 @@
 
     python examples/slurm_requeue.py --ckpt /shared/me/run1        # 2 nodes, 200 steps
 
-The job is submitted with ``--requeue`` and ``--signal=B:USR1@90``. Slurm's warning before a
-preemption or the time limit reaches the host agents as a notice; the controller sees it
-(``job.watch_notices``) and has every trainer write a checkpoint. When Slurm then ends the
-run (``scontrol requeue``, a preemption, the time limit, ``scancel``), that is one job
-event (``job.watch_events``), not a failure per process: the training call in flight raises
-a SupervisionError whose reason is ``ENDED_BY_SLURM``, and
+The job is submitted with ``--requeue`` and ``--signal=B:USR1@90``. Slurm's warning before
+the time limit (and before a preemption, where the site gives one: a partition GraceTime
+with ``SlurmctldParameters=preempt_send_user_signal``) reaches the host agents as a notice;
+the controller sees it (``job.watch_notices``) and has every trainer write a checkpoint.
+Where preemption comes without a warning, ``--ckpt-every N`` checkpoints every N steps too.
+When Slurm then ends the run (``scontrol requeue``, a preemption, the time limit,
+``scancel``), that is one job event (``job.watch_events``), not a failure per process: the
+training call in flight raises a SupervisionError whose reason is ``ENDED_BY_SLURM``, and
 
 - if the job comes back (requeued): ``job.state()`` waits for it to run again, reconnects,
   and the new trainers resume from the checkpoint;
@@ -74,6 +76,9 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--chunk", type=int, default=2, help="steps per call")
+    ap.add_argument("--ckpt-every", type=int, default=0,
+                    help="also checkpoint every N steps (0: only on Slurm's warning); for "
+                         "sites whose preemption gives no warning (no GraceTime)")
     ap.add_argument("--step-time", type=float, default=0.25, help="seconds per step")
     ap.add_argument("--time", default="00:30:00", help="the job's time limit")
     ap.add_argument("--signal", default="USR1@90", help="Slurm's warning: SIG@seconds")
@@ -94,12 +99,17 @@ def main() -> int:
 
     trainer, step = start(state, args.ckpt)
     print(f"starting at step {step}", flush=True)
+    saved_at = step
     while step < args.steps:
+        why = None
         if noticed.is_set():                       # Slurm's warning: checkpoint now
             noticed.clear()
-            saved = trainer.checkpoint.call().get(timeout=60)
-            print(f"checkpoint written at step {min(saved.values())} (Slurm's warning)",
-                  flush=True)
+            why = "Slurm's warning"
+        elif args.ckpt_every and step - saved_at >= args.ckpt_every:
+            why = f"every {args.ckpt_every} steps"
+        if why:
+            saved_at = min(trainer.checkpoint.call().get(timeout=60).values())
+            print(f"checkpoint written at step {saved_at} ({why})", flush=True)
         try:
             step = min(trainer.train.call(args.chunk, args.step_time).get(
                 timeout=600).values())
@@ -108,6 +118,7 @@ def main() -> int:
         except SupervisionError as e:
             if e.reason != ENDED_BY_SLURM:
                 raise                              # a fault of the program's own
+            print(f"training call failed ({e.exit_status}): {e}", flush=True)
         event = events.get(timeout=120)            # what happened to the job, in Slurm's words
         while event.kind == "running-again":
             event = events.get(timeout=120)
@@ -119,6 +130,7 @@ def main() -> int:
             return 0
         state = job.state(cached_path=None)        # waits in the queue, then reconnects
         trainer, step = start(state, args.ckpt)
+        saved_at = step
         print(f"resumed from step {step} on {state.trainers.hostnames} "
               f"(restart {job.restart_count})", flush=True)
     trainer.checkpoint.call().get(timeout=60)

@@ -15,7 +15,8 @@ from proc_helpers import wait_gone, wait_until
 
 from hpcmesh.actor import Actor, SupervisionError, endpoint, this_host
 from hpcmesh.job.events import (CANCELLED, ENDED, PREEMPTED, REQUEUED, RUNNING_AGAIN,
-                                TIME_LIMIT, JobEvent, JobEvents, classify, runs_again)
+                                TIME_LIMIT, JobEvent, JobEvents, classify, runs_again,
+                                slurm_end_line)
 from hpcmesh.runtime.client import client_runtime
 from hpcmesh.runtime.errors import ENDED_BY_SLURM
 from hpcmesh.runtime.observe import telemetry_recorder
@@ -48,6 +49,61 @@ from hpcmesh.runtime.observe import telemetry_recorder
 ])
 def test_classify_reads_slurms_view(state, reason, restarts, known, expected):
     assert classify(state, reason, restarts, known) == expected
+
+
+# The job's stderr as Slurm 22.05 left it on the test cluster (tests/cluster/up.sh: an
+# 'urgent' partition preempts debug's jobs in requeue mode), for one run each ended by:
+# a preemption (an urgent job took the node), scontrol requeue, the time limit, scancel.
+_ERR_PREEMPTED = """\
+hpcmesh worker on node2 listening on tcp://10.77.0.12:42199
+srun: Job step aborted: Waiting up to 4 seconds for job step to finish.
+slurmstepd-node2: error: *** STEP 43.0 ON node2 CANCELLED AT 2026-12-06T16:42:23 DUE TO PREEMPTION ***
+slurmstepd-node2: error: *** JOB 43 ON node2 CANCELLED AT 2026-12-06T16:42:23 DUE TO PREEMPTION ***
+hpcmesh worker on node2 exiting: received SIGTERM"""
+_ERR_REQUEUED = """\
+srun: Job step aborted: Waiting up to 4 seconds for job step to finish.
+slurmstepd-node2: error: *** JOB 47 ON node2 CANCELLED AT 2026-12-06T16:42:42 DUE TO JOB REQUEUE ***
+slurmstepd-node2: error: *** STEP 47.0 ON node2 CANCELLED AT 2026-12-06T16:42:42 DUE TO JOB REQUEUE ***"""
+_ERR_TIME_LIMIT = """\
+srun: Job step aborted: Waiting up to 4 seconds for job step to finish.
+slurmstepd-node2: error: *** STEP 48.0 ON node2 CANCELLED AT 2026-12-06T16:43:52 DUE TO TIME LIMIT ***
+slurmstepd-node2: error: *** JOB 48 ON node2 CANCELLED AT 2026-12-06T16:43:52 DUE TO TIME LIMIT ***
+srun: error: node2: task 0: Terminated"""
+_ERR_SCANCEL = """\
+slurmstepd-node2: error: *** STEP 51.0 ON node2 CANCELLED AT 2026-12-06T16:43:28 ***
+slurmstepd-node2: error: *** JOB 51 ON node2 CANCELLED AT 2026-12-06T16:43:28 ***"""
+
+
+@pytest.mark.parametrize("err, job_id, state, reason, restarts, expected", [
+    # a preemption in requeue mode looks like scontrol requeue to squeue and scontrol
+    # (wound up, then PENDING for BeginTime, one more restart): only slurmstepd's line
+    # in the job's stderr tells them apart
+    (_ERR_PREEMPTED, "43", "COMPLETING", "", 1, (PREEMPTED, True)),
+    (_ERR_PREEMPTED, "43", "PENDING", "BeginTime", 1, (PREEMPTED, True)),
+    (_ERR_REQUEUED, "47", "PENDING", "BeginTime", 1, (REQUEUED, True)),
+    ("", "43", "PENDING", "BeginTime", 1, (REQUEUED, True)),
+    # another job's line (a log shared by mistake) says nothing of this one
+    (_ERR_PREEMPTED, "4", "PENDING", "BeginTime", 1, (REQUEUED, True)),
+    # the time limit, while Slurm still winds the job up and says no reason yet
+    (_ERR_TIME_LIMIT, "48", "COMPLETING", "", 0, (TIME_LIMIT, True)),
+    # scancel: the line says no more than "cancelled"; the final state comes after
+    (_ERR_SCANCEL, "51", "COMPLETING", "", 0, (ENDED, False)),
+])
+def test_classify_reads_slurmstepds_line(err, job_id, state, reason, restarts, expected):
+    ended = slurm_end_line(err, job_id)
+    assert classify(state, reason, restarts, 0, ended) == expected
+    if ended:
+        assert ended.startswith(f"*** JOB {job_id} ON node2 CANCELLED AT ") and \
+            ended.endswith(" ***"), ended
+
+
+def test_a_line_of_an_earlier_run_says_nothing_of_this_one():
+    # with --open-mode=append the job's stderr keeps the lines of the runs before
+    line = slurm_end_line(_ERR_PREEMPTED, "43")
+    preempted_at = time.mktime(time.strptime("2026-12-06T16:42:23", "%Y-%m-%dT%H:%M:%S"))
+    assert slurm_end_line(_ERR_PREEMPTED, "43", since=preempted_at - 60) == line
+    assert slurm_end_line(_ERR_PREEMPTED, "43", since=preempted_at + 130) == ""
+    assert slurm_end_line("*** JOB 43 ON node2 CANCELLED AT garbage ***", "43", since=1) == ""
 
 
 def test_runs_again_after_a_requeue_only():

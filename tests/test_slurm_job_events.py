@@ -205,3 +205,69 @@ def test_a_job_with_no_processes_still_tells_its_end(cluster):
         stop.set()
         job.kill()
     assert not _listed(jid)
+
+
+def _urgent(node: str) -> str:
+    """A job of the cluster's ``urgent`` partition (PriorityTier 10, PreemptMode=REQUEUE on
+    the others) pinned to ``node``: Slurm preempts what holds the node, as a site's
+    high-priority queue does. Small (one CPU): the example's job is ``--exclusive``, so it
+    is the only job it can preempt there."""
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--partition=urgent", f"--nodelist={node}", "--ntasks=1",
+         "--mem=1000", f"--job-name={PREFIX}-urgent", "--output=/dev/null",
+         "--wrap=sleep 600"], capture_output=True, text=True, timeout=30, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+def test_real_preemption_with_the_default_hook_resumes_from_the_checkpoint(cluster):
+    # this cluster's preemption gives no warning (no GraceTime: in Slurm 22.05 a GraceTime
+    # alone SIGTERMs the tasks, and the job's --signal needs preempt_send_user_signal
+    # besides), so the program checkpoints every 8 steps, as it must on such a site
+    client = Client(cluster, "evpreemptreal", "--steps", "80", "--step-time", "0.25",
+                    "--nodes", "1", "--ckpt-every", "8")
+    jid = urgent = None
+    ok = False
+    try:
+        m = client.wait_for(r"^job (\d+) running on \['([^']+)'\]", 300)
+        jid, node = m.group(1), m.group(2)
+        client.wait_for(r"^checkpoint written at step [1-9]\d* \(every 8 steps\)", 120)
+        mark = client.line_count()
+        t_submit = time.monotonic()
+        urgent = _urgent(node)
+        # the call in flight fails at once, saying what happened and what to do
+        failed = client.wait_for(r"^training call failed \((.*?)\): (.*)", 30, after=mark)
+        took = time.monotonic() - t_submit
+        assert failed.group(1) == "ended by Slurm (preempted)", failed.string
+        assert f"Slurm job {jid} was preempted" in failed.group(2), failed.string
+        assert "call job.state()" in failed.group(2), failed.string
+        event = client.wait_for(rf"^job event: Slurm job {jid} (was \w+) \((.*)\)", 60,
+                                after=mark)
+        assert event.group(1) == "was preempted", event.string
+        assert "DUE TO PREEMPTION" in event.group(2), event.string
+        # state() waits in the queue while the urgent job holds the node
+        client.wait_for(rf"job {jid} PENDING", 60, after=mark)
+        assert squeue_jobs([urgent])[urgent].state == "RUNNING"
+        assert not re.search(r"^resumed from", client.output, re.M), client.output
+        _run("scancel", urgent)
+        # the requeued job waits for its begin time (Slurm's 2 minutes): let it start now
+        _run("scontrol", "update", f"jobid={jid}", "StartTime=now")
+        resumed = int(client.wait_for(r"^resumed from step (\d+) .*\(restart 1\)", 240,
+                                      after=mark).group(1))
+        assert client.finish(240) == 0, client.output
+        out = client.output
+        print(f"\nurgent job {urgent} submitted -> the call in flight failed: {took:.1f} s")
+        assert resumed == _last_checkpoint_before(out, "training call failed") > 0, out
+        assert "done: 80 steps" in out, out
+        _clean(out)
+        ok = True
+    finally:
+        if urgent:      # the preemptor goes whatever happened: other tests need the node
+            subprocess.run(["scancel", urgent], capture_output=True, timeout=30)
+        client.stop()
+        if jid and not ok:      # the client that failed left its requeued job behind
+            subprocess.run(["scancel", jid], capture_output=True, timeout=30)
+    deadline = time.monotonic() + 60
+    while (urgent and _listed(urgent)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not (urgent and _listed(urgent)), squeue_jobs([urgent])
+    assert not _listed(jid)

@@ -8,23 +8,26 @@ on the old meshes fail saying what happened and what to do (``job.state()``). A 
 runs again after a requeue is one more event, ``running-again``.
 
 :func:`classify` reads the kind from what Slurm says of the job (``squeue``'s state and
-reason, ``scontrol``'s restart count); :class:`JobEvents` hands the events to whoever
-watches, once each.
+reason, ``scontrol``'s restart count, and slurmstepd's line in the job's stderr, which
+:func:`slurm_end_line` finds); :class:`JobEvents` hands the events to whoever watches,
+once each.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
+import time
 from typing import Callable
 
 from ..runtime.observe import telemetry_recorder
 
 log = logging.getLogger("hpcmesh.job.events")
 
-__all__ = ["JobEvent", "JobEvents", "classify", "runs_again", "EVENT_KINDS", "REQUEUED", "PREEMPTED",
-           "TIME_LIMIT", "CANCELLED", "ENDED", "RUNNING_AGAIN"]
+__all__ = ["JobEvent", "JobEvents", "classify", "runs_again", "slurm_end_line", "EVENT_KINDS",
+           "REQUEUED", "PREEMPTED", "TIME_LIMIT", "CANCELLED", "ENDED", "RUNNING_AGAIN"]
 
 REQUEUED = "requeued"
 PREEMPTED = "preempted"
@@ -43,6 +46,33 @@ _GOES_ON = frozenset({"RUNNING", "CONFIGURING", "SIGNALING", "RESIZING", "SUSPEN
                       "STOPPED"})
 #: States of a job on its way back into the queue.
 _REQUEUE_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+
+#: What slurmstepd writes to a job's stderr when Slurm ends a run, e.g. (Slurm 22.05)
+#: ``slurmstepd-node2: error: *** JOB 43 ON node2 CANCELLED AT 2026-12-06T16:42:23 DUE TO
+#: PREEMPTION ***``; ``DUE TO JOB REQUEUE`` (scontrol requeue), ``DUE TO TIME LIMIT``,
+#: nothing after the time (scancel).
+_STEPD_END = re.compile(r"\*\*\* JOB (\d+) ON \S+ CANCELLED AT (\S+)(?: DUE TO [^*]*?)? \*\*\*")
+
+
+def slurm_end_line(text: str, job_id: str, since: float | None = None) -> str:
+    """slurmstepd's last word on how Slurm ended a run of job ``job_id`` in ``text`` (the
+    tail of the job's stderr): the ``*** JOB ... CANCELLED AT ... ***`` line, "" if none;
+    with ``since`` (Unix seconds: when the run began), none of an earlier run. A preemption
+    in requeue mode shows in squeue and scontrol exactly as a ``scontrol requeue`` does
+    (PENDING, BeginTime, one more restart); only this line tells them apart where there is
+    no accounting (``sacct``)."""
+    for m in reversed(list(_STEPD_END.finditer(text or ""))):
+        if m.group(1) != str(job_id):
+            continue
+        if since is not None:
+            try:    # slurmstepd's local time, to the second
+                at = time.mktime(time.strptime(m.group(2), "%Y-%m-%dT%H:%M:%S"))
+            except (ValueError, OverflowError):
+                continue
+            if at < since - 1:
+                return ""       # the last end told is of a run before this one
+        return m.group(0)
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,22 +95,25 @@ class JobEvent:
         return f"Slurm job {self.job_id} {_WORDS.get(self.kind, self.kind)} ({self.reason})"
 
 
-def classify(state: str, reason: str, restarts: int | None, known_restart: int
-             ) -> tuple[str | None, bool]:
+def classify(state: str, reason: str, restarts: int | None, known_restart: int,
+             ended: str = "") -> tuple[str | None, bool]:
     """What Slurm's view of a job (``state``, ``reason``, ``restarts``; ``state`` "" when
-    Slurm no longer knows the job) says happened to its run ``known_restart``:
+    Slurm no longer knows the job; ``ended``: slurmstepd's line on the end of a run,
+    :func:`slurm_end_line`) says happened to its run ``known_restart``:
     ``(kind, final)``. ``kind`` None: that run goes on (or waits to start). ``final`` False: the job is being
     wound up (COMPLETING) and its last word is still to come (``kind`` is then the best
     guess so far, ``ENDED`` unless the reason says more)."""
     reason_l = (reason or "").lower()
+    ended_u = (ended or "").upper()
+    preempted = "preempt" in reason_l or "DUE TO PREEMPTION" in ended_u
     if restarts is not None and restarts > known_restart:
-        return (PREEMPTED if "preempt" in reason_l else REQUEUED), True
+        return (PREEMPTED if preempted else REQUEUED), True
     if state in _GOES_ON:
         return None, True
     if state == "COMPLETING":
-        if "timelimit" in reason_l or "time limit" in reason_l:
+        if "timelimit" in reason_l or "time limit" in reason_l or "DUE TO TIME LIMIT" in ended_u:
             return TIME_LIMIT, True
-        if "preempt" in reason_l:
+        if preempted:
             return PREEMPTED, True
         return ENDED, False
     if state == "PREEMPTED":

@@ -71,7 +71,8 @@ from ..slurm.render import render_sbatch
 from ..slurm.spec import JobSpec
 from .agent_mesh import AgentHostMesh, agent_bootstrap
 from .base import COMPONENTS, DEFAULT_CACHE, JobState, JobTrait, cache_top, try_load
-from .events import REQUEUED, RUNNING_AGAIN, JobEvent, JobEvents, classify, runs_again
+from .events import (REQUEUED, RUNNING_AGAIN, JobEvent, JobEvents, classify, runs_again,
+                     slurm_end_line)
 from .local import in_batch_job
 from ..progress import Progress
 # agent_main and slurm_notice also by their names here from before slurm_agent.py: launch
@@ -319,6 +320,13 @@ class SlurmJob(JobTrait):
             out.append(os.path.join(self.spec.log_dir, f"{name}-{jid}.out"))
         return out
 
+    def _err_path(self, job_id: str) -> str | None:
+        """The stderr log of job ``job_id`` (where slurmstepd says why Slurm ended a run)."""
+        for jid, out in zip(self._ids(), self.log_paths()):
+            if jid == job_id:
+                return out[:-4] + ".err"
+        return None
+
     def _log_hint(self, index: int = 0) -> str:
         paths = self.log_paths()
         if index < len(paths):
@@ -539,11 +547,13 @@ class SlurmJob(JobTrait):
                  ",".join(ids), self.timings["submit_to_running_s"],
                  self.timings["running_to_attached_s"])
 
-    def _batch_started(self) -> float | None:
+    def _batch_started(self, restart: int | None = None) -> float | None:
+        """When the batch script of run ``restart`` (default: the current) started."""
         if not self.job_dir:
             return None
+        run = self.restart_count if restart is None else restart
         try:
-            with open(os.path.join(self.job_dir, f"batch-started-r{self.restart_count}")) as f:
+            with open(os.path.join(self.job_dir, f"batch-started-r{run}")) as f:
                 return float(f.read().strip())
         except (OSError, ValueError):
             return None
@@ -1010,10 +1020,20 @@ class SlurmJob(JobTrait):
             kind, final = classify(state, reason, restarts, known)
             if kind is None:
                 continue
+            # squeue shows a preemption in requeue mode as a requeue: slurmstepd's line
+            # in the job's stderr says which it was
+            # (one of the run that ended: with --open-mode=append the log keeps those of
+            # the runs before)
+            ended = slurm_end_line(log_tail(self._err_path(jid), 40), jid,
+                                   since=self._batch_started(known))
+            if ended:
+                kind, final = classify(state, reason, restarts, known, ended)
             said = [state or "no longer known to Slurm"] + ([f"reason {reason}"] if reason
                                                             else [])
             if restarts is not None:
                 said.append(f"restart count {restarts}")
+            if ended:
+                said.append(ended)
             return JobEvent(kind, jid, "Slurm says " + ", ".join(said), time.time(), known,
                             runs_again(state, restarts, known)), final
         return None

@@ -279,3 +279,57 @@ def test_the_agent_python_wrapper_unwraps_to_what_it_would_exec():
     assert unwrap_agent_python(cmd, {}).program == "/usr/bin/python3"
     other = BootstrapCommand("/bin/sh", ["-c", "exec python -m x", "n"])
     assert unwrap_agent_python(other, {AGENT_PYTHON_VAR: sys.executable}) is other
+
+
+def test_the_fork_server_imports_what_a_request_names_once_and_says_what_failed(
+        tmp_path, monkeypatch, capsys):
+    from hpcmesh.runtime.process import forkserver
+    from hpcmesh.runtime.process.zygote import PRELOAD_VAR, ZYGOTE_IMPORTS_VAR, preload_names
+    (tmp_path / "hpcm_probe_once.py").write_text("import builtins\n"
+                                                 "builtins.hpcm_probe_count = getattr(builtins, 'hpcm_probe_count', 0) + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(forkserver, "_preload_tried", set())
+    env = {ZYGOTE_IMPORTS_VAR: "json", PRELOAD_VAR: " hpcm_probe_once, no_such_module_here ,json"}
+    assert preload_names(env) == ["json", "hpcm_probe_once", "no_such_module_here"]
+    import builtins
+    try:
+        forkserver.preload(env)
+        forkserver.preload(env)
+        assert builtins.hpcm_probe_count == 1
+        err = capsys.readouterr().err
+        assert err.count("could not import 'no_such_module_here'") == 1, err
+    finally:
+        sys.modules.pop("hpcm_probe_once", None)
+        del builtins.hpcm_probe_count
+
+
+def test_actor_processes_get_the_actor_api_and_the_users_preloads_from_the_fork_server(
+        tmp_path, monkeypatch):
+    """The actor API every actor process needs (and what HPCMESH_PRELOAD adds) is imported
+    once by the host's fork server, so its processes start without importing it: a module
+    the server imported was imported by their parent."""
+    from hpcmesh.actor import Actor, endpoint
+    from hpcmesh.job import ProcessJob
+
+    (tmp_path / "hpcm_preload_probe.py").write_text("import os\nLOADED_IN = os.getpid()\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("HPCMESH_PRELOAD", "hpcm_preload_probe")
+
+    class Where(Actor):
+        @endpoint
+        def loaded(self):
+            import os as _os
+            import hpcm_preload_probe
+            return (_os.environ.get("HPCMESH_ZYGOTE_IMPORTS"), hpcm_preload_probe.LOADED_IN,
+                    _os.getpid(), _os.getppid())
+
+    job = ProcessJob({"hosts": 1})
+    try:
+        procs = job.state(cached_path=None).hosts.spawn_procs({"gpus": 2})
+        for imports, loaded_in, pid, parent in procs.spawn("w", Where).loaded.call().get(
+                timeout=60).values():
+            assert imports == "hpcmesh.actor"
+            assert loaded_in == parent != pid, (loaded_in, parent, pid)
+        procs.stop().get(timeout=30)
+    finally:
+        job.kill()

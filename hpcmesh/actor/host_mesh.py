@@ -22,6 +22,7 @@ from ..runtime.observe import telemetry_recorder as _tel
 from ..runtime.client import ProcRecord, client_runtime, existing_client_runtime
 from ..runtime.future import Future, completed, failed, gather, on_runtime_thread
 from ..runtime.process.gpu_binding import BINDING_VAR, SLOT_VAR, choose_binding
+from ..runtime.process.zygote import PRELOAD_VAR, ZYGOTE_IMPORTS_VAR
 from ..runtime.observe.introspect import ADMIN_URL_VARS
 from ..runtime.node import NodeRef
 from ..runtime.observe.spans import start_span
@@ -466,10 +467,13 @@ def _mesh_env(place: MemberPlace, master: tuple[str, int] | None,
     """torchrun's variables, so a user's own ``init_process_group()`` works, and the GPU
     binding the agent applies; they sit under the bootstrap command's env (which can
     override or remove them)."""
-    admin = {var: os.environ[var] for var in (*ADMIN_URL_VARS, _tel.TELEMETRY_VAR)
+    admin = {var: os.environ[var] for var in (*ADMIN_URL_VARS, _tel.TELEMETRY_VAR, PRELOAD_VAR)
              if var in os.environ}
+    # every actor process unpickles its actor with this package: its host's fork server
+    # imports it once, before forking them (zygote.py)
     return {**torchrun_env(place, master), SLOT_VAR: str(place.local_rank),
-            BINDING_VAR: binding, **admin}    # admin URL, telemetry: for other hosts too
+            BINDING_VAR: binding, ZYGOTE_IMPORTS_VAR: __package__,
+            **admin}    # admin URL, telemetry, the user's preloads: for other hosts too
 
 
 def this_host() -> HostMesh:

@@ -9,13 +9,15 @@ The protocol (``encode``, ``MessageReader``) is in ``zygote.py``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import select
 import signal
 import socket
 import sys
+import threading
 
-from .zygote import ZYGOTE_FD_VAR, MessageReader, encode
+from .zygote import PRELOAD_VAR, ZYGOTE_FD_VAR, MessageReader, encode, preload_names
 
 
 def _returncode(status: int) -> int:
@@ -62,6 +64,34 @@ def _child(env: dict, cwd: str, out_fd: int, err_fd: int) -> None:
     os._exit(70)
 
 
+_preload_tried: set[str] = set()
+
+
+def preload(env: dict) -> None:
+    """Import, in this zygote, the modules a request's ``env`` names (``zygote.py`` says
+    which and why), each once; one that fails is said once on stderr (the agent's log) and
+    left to each process to import, one that starts a thread is said too."""
+    for name in preload_names(env):
+        if name in _preload_tried:
+            continue
+        _preload_tried.add(name)
+        if name in sys.modules:
+            continue
+        threads = threading.active_count()
+        try:
+            importlib.import_module(name)
+        except BaseException as e:  # noqa: BLE001 - a user's module: any error, never fatal
+            print(f"hpcmesh fork server: could not import {name!r} before forking "
+                  f"({type(e).__name__}: {e}); each process imports it itself",
+                  file=sys.stderr, flush=True)
+            continue
+        if threading.active_count() > threads:
+            print(f"hpcmesh fork server: importing {name!r} started a thread, and the "
+                  f"processes forked from now on copy it mid-flight (a lock it held stays "
+                  f"held in them): take {name!r} out of {PRELOAD_VAR} if they hang",
+                  file=sys.stderr, flush=True)
+
+
 def serve(sock: socket.socket) -> None:
     """The zygote's loop: fork on request, report exits, stop when the agent goes away."""
     from . import proc  # noqa: F401 - the point: import once, fork many times
@@ -98,6 +128,7 @@ def _handle(sock: socket.socket, msg: tuple, reader: MessageReader) -> None:
     kind, req_id, env, cwd = msg
     out_fd, err_fd = reader.fds[:2]
     del reader.fds[:2]
+    preload(env)
     try:
         sys.stdout.flush()
         sys.stderr.flush()

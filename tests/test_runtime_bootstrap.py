@@ -288,7 +288,6 @@ def test_the_fork_server_imports_what_a_request_names_once_and_says_what_failed(
     (tmp_path / "hpcm_probe_once.py").write_text("import builtins\n"
                                                  "builtins.hpcm_probe_count = getattr(builtins, 'hpcm_probe_count', 0) + 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(forkserver, "_preload_tried", set())
     env = {ZYGOTE_IMPORTS_VAR: "json", PRELOAD_VAR: " hpcm_probe_once, no_such_module_here ,json"}
     assert preload_names(env) == ["json", "hpcm_probe_once", "no_such_module_here"]
     import builtins

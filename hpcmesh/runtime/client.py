@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import inspect
 import logging
 import os
-import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -22,11 +20,11 @@ from ..settings import check_process_settings, env_number
 from ..shapes import Point
 from ..transport.addresses import new_secret
 from . import actor_host
-from .actor_host import ActorThread, shown_name
+from .actor_host import shown_name
 from .observe import stragglers, telemetry_recorder
-from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, USER_EXCEPTION, MeshFailure,
-                     MeshStoppedError, SupervisionError, actor_failed, describe_actor,
-                     describe_exit, exit_class, process_exit_words)
+from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, MeshFailure, SupervisionError,
+                     actor_failed, describe_actor, describe_exit, exit_class,
+                     process_exit_words)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
@@ -35,7 +33,7 @@ from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG
 from .links import describe_peer
 from .job_ends import JobEnds
 from .node import Node, NodeRef, current_node, set_current_node
-from .supervision import run_unhandled_fault_hook
+from .supervision import Supervisor
 from .process.tuning import tune_malloc
 
 log = logging.getLogger("hpcmesh.client")
@@ -128,8 +126,6 @@ class ClientRuntime:
             self.node = node
             node.on_stop.append(self.shutdown)    # the process stops: what it owns goes too
         self.procs: dict[str, ProcRecord] = {}
-        # actor mesh id -> the ActorInstance that spawned it (absent: this process's code)
-        self._owners: dict[str, Any] = {}
         # actor mesh id -> its state while someone holds it (the admin view's record of the
         # actors of a process that cannot be asked): see track_actor_mesh
         self._actor_meshes: weakref.WeakValueDictionary[str, TrackedActorMesh] = \
@@ -138,14 +134,16 @@ class ClientRuntime:
         # somebody else owns (their exits come here too: watch_processes); it also keeps
         # their record, so that they are stopped with their owner when nobody holds them
         self._watched: dict[str, list[tuple[TrackedActorMesh, Any, Point]]] = {}
-        self._hook_thread: ActorThread | None = None
         self._closing = False
         # id of the error a dead process's calls fail with -> (it, its ProcRecord, its
         # return code): to name each call it fails (``_name_failed_call``)
         self._dead: dict[int, tuple[SupervisionError, ProcRecord, int | None]] = {}
         self.node.ports.name_call = self._name_failed_call
-        actor_host.on_actor_failed.append(self.end_descendants)
-        actor_host.on_actor_stopped.append(self.stop_descendants)
+        # where its meshes' failures go; what an owner's failure or stop takes with it
+        self.supervisor = Supervisor(self.node, self.procs, self._actor_meshes,
+                                     lambda: self._closing)
+        actor_host.on_actor_failed.append(self.supervisor.end_descendants)
+        actor_host.on_actor_stopped.append(self.supervisor.stop_descendants)
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
@@ -205,7 +203,7 @@ class ClientRuntime:
         elif kind == EVENT_EXIT:
             self._on_exit(*event[1:])
         elif kind == EVENT_ACTOR_FAULT:
-            self.report_failure(self._owners.get(event[1]), event[2])
+            self.report_failure(self.supervisor.owners.get(event[1]), event[2])
         elif kind == EVENT_AGENT_EXIT:
             self._on_agent_exit(*event[1:])
 
@@ -478,7 +476,7 @@ class ClientRuntime:
         (``end_descendants``), its actors' ends are recorded with their processes', and
         the admin view lists it, while somebody holds it (it is kept weakly)."""
         if owner is not None:
-            self._owners[mesh.actor_id] = owner
+            self.supervisor.owners[mesh.actor_id] = owner
         self._actor_meshes[mesh.actor_id] = mesh
 
     def watch_processes(self, mesh: TrackedActorMesh, records: list[ProcRecord],
@@ -528,123 +526,16 @@ class ClientRuntime:
         """The actor meshes tracked here that somebody still holds."""
         return list(self._actor_meshes.values())
 
-    # -- supervision by owning actors ---------------------------------------------
+    # -- supervision by owning actors (supervision.py) -------------------------------
     def report_failure(self, owner, failure: MeshFailure) -> None:
-        """A member of a mesh ``owner`` spawned failed: offer it to the owner's
-        ``__supervise__``; with no owner (this process's own code spawned it), to
-        ``unhandled_fault_hook`` on the controller."""
-        if owner is not None:
-            self.supervise(owner, failure)
-        elif self.node.role == "proc":    # no hook in an actor process: say so, at least
-            log.error("unhandled failure: %s", failure)
-            print(f"hpcmesh: unhandled failure: {failure.report()}", file=sys.stderr,
-                  flush=True)
-        elif not self._closing:           # (processes killed at exit are no failure)
-            if self._hook_thread is None:
-                self._hook_thread = ActorThread("hpcmesh-unhandled-fault-hook")
-            self._hook_thread.submit(run_unhandled_fault_hook, failure)
+        """A member of a mesh ``owner`` spawned failed: to the owner's ``__supervise__``,
+        else to ``unhandled_fault_hook`` (``Supervisor.report_failure``)."""
+        self.supervisor.report_failure(owner, failure)
 
     def wait_for_fault_hook(self, timeout: float) -> None:
         """Wait until ``unhandled_fault_hook`` has run for every failure offered to it so
-        far (it runs on a thread of its own, in order)."""
-        thread = self._hook_thread
-        if thread is not None:
-            thread.submit(lambda: None).result(timeout=timeout)
-
-    def supervise(self, owner, failure: MeshFailure) -> None:
-        """Offer ``failure`` to the owning actor's ``__supervise__``; a true result handles
-        it. Otherwise that actor fails too (as in Monarch), which its own owner hears of,
-        up to ``unhandled_fault_hook`` on the controller."""
-        host = self.node.actors.get(owner.actor_id)
-        if host is None or host.fault is not None:   # stopped, or failed already
-            return
-        handler = getattr(owner.actor, "__supervise__", None)
-
-        async def offer() -> None:
-            handled = False
-            why = ""
-            cls = failure.reason or USER_EXCEPTION   # the cause below, unless its handler raised
-            if handler is not None:
-                try:
-                    if inspect.iscoroutinefunction(handler):
-                        handled = bool(await handler(failure))
-                    else:
-                        handled = bool(await self.node.loop.run_in_executor(
-                            host.executor(), handler, failure))
-                except Exception as e:  # noqa: BLE001 - a failing handler does not handle it
-                    log.exception("__supervise__ of %s raised", owner.class_name)
-                    why = f" (__supervise__ raised {type(e).__name__}: {e})"
-                    cls = USER_EXCEPTION
-            else:           # (a sync handler ran on the actor's thread, after that call)
-                await host.between_calls()
-            if not handled:
-                host.fail_actor(f"it did not handle the failure of mesh {failure.mesh_name!r} "
-                                f"that it owns{why}: {failure.error.message}",
-                                failure_class=cls)
-        self.node.call_soon(lambda: self.node.loop.create_task(offer()))
-
-    def end_descendants(self, owner) -> None:
-        """An actor that failed takes what it spawned with it (Monarch: the actor "and all
-        its descendants have failed"): its actor meshes are stopped and its processes
-        stopped at once, quietly (their ends are no further failure). Fire and forget: on
-        the event loop, which must not wait."""
-        for actor_id, who in list(self._owners.items()):
-            if who is not owner:
-                continue
-            state = self._actor_meshes.get(actor_id)
-            for n in dict.fromkeys((state.nodes if state is not None else None) or ()):
-                self.node.rpc(n, "stop_actors", [actor_id])
-        by_agent: dict[str, tuple] = {}
-        for rec in list(self.procs.values()):
-            if rec.owner is owner and not rec.stopping and rec.failure is None:
-                rec.stopping = True
-                by_agent.setdefault(rec.agent.node_id, (rec.agent, []))[1].append(rec.name)
-        for agent, names in by_agent.values():
-            self.node.rpc(agent, "stop_procs", names, 0.0)
-
-    async def stop_descendants(self, owner, grace: float | None = None) -> None:
-        """An actor that is stopped stops what it spawned, as in Monarch: its actor meshes
-        (their ``__cleanup__`` runs; later calls raise that they were stopped), then its
-        processes, cleanly (as ``ProcMesh.stop()``: they get ``grace`` seconds, default
-        ``HPCMESH_STOP_GRACE``, before SIGTERM). On the event loop; bounded by the grace."""
-        grace = env_number("HPCMESH_STOP_GRACE", 5.0, finite=True) if grace is None else grace
-        calls = []
-        for actor_id, who in list(self._owners.items()):
-            if who is not owner:
-                continue
-            state = self._actor_meshes.get(actor_id)
-            if state is None or state.nodes is None or state.failed is not None:
-                continue
-            state.failed = MeshStoppedError(
-                f"actor mesh {state.name!r} was stopped: the actor that spawned it, "
-                f"{owner.mesh_name}, was stopped", state.name)
-            calls += [self.node.rpc(n, "stop_actors", [actor_id])
-                      for n in dict.fromkeys(state.nodes)]
-        recs = [r for r in self.procs.values()
-                if r.owner is owner and not r.stopping and r.failure is None]
-        for r in recs:
-            r.stopping = True
-            r.stop_reason = f"the actor that spawned it, {owner.mesh_name}, was stopped"
-        calls += [self.node.rpc(r.node, "stop") for r in recs if r.node is not None]
-        loop = self.node.loop
-        deadline = loop.time() + grace
-        if calls:
-            await asyncio.wait([asyncio.ensure_future(self._settled(c)) for c in calls],
-                               timeout=grace)
-        by_agent: dict[str, tuple] = {}
-        for r in recs:
-            by_agent.setdefault(r.agent.node_id, (r.agent, []))[1].append(r.name)
-        left = max(0.0, deadline - loop.time())
-        for agent, names in by_agent.values():
-            # they exit (finalizers run) within what is left of the grace, else SIGTERM
-            self.node.rpc(agent, "stop_procs", names, left)
-
-    @staticmethod
-    async def _settled(f: Future) -> None:
-        try:
-            await f
-        except Exception:  # noqa: BLE001 - gone already: stopped all the same
-            pass
+        far (``Supervisor.wait_for_fault_hook``)."""
+        self.supervisor.wait_for_fault_hook(timeout)
 
     # -- shutdown ---------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -661,10 +552,10 @@ class ClientRuntime:
                     pass
         if stragglers.WATCH is not None and stragglers.WATCH.runtime is self:
             stragglers.stop()
-        if self.end_descendants in actor_host.on_actor_failed:
-            actor_host.on_actor_failed.remove(self.end_descendants)
-        if self.stop_descendants in actor_host.on_actor_stopped:
-            actor_host.on_actor_stopped.remove(self.stop_descendants)
+        if self.supervisor.end_descendants in actor_host.on_actor_failed:
+            actor_host.on_actor_failed.remove(self.supervisor.end_descendants)
+        if self.supervisor.stop_descendants in actor_host.on_actor_stopped:
+            actor_host.on_actor_stopped.remove(self.supervisor.stop_descendants)
         if self._local_agent is not None:
             self._local_agent.kill_all()
         if self._follower is not None:

@@ -57,9 +57,9 @@ def test_alike_lines_fold_on_each_host_and_again_across_hosts(two_hosts, monkeyp
     procs, printer = two_hosts
     rt = existing_client_runtime()
     host_folds = []           # what the hosts sent: their folds, before the client's
-    # private: the client's handler of what the hosts folded, spied on (no public hook)
-    monkeypatch.setattr(rt, "_fold_log", lambda window, folds, fold_log=rt._fold_log: (
-        host_folds.extend(folds), fold_log(window, folds)))
+    # the console's handler of what the hosts folded, spied on
+    monkeypatch.setattr(rt.console, "fold", lambda window, folds, fold=rt.console.fold: (
+        host_folds.extend(folds), fold(window, folds)))
     out = Recorder.install(monkeypatch, "stdout")
     asyncio.run(procs.logging_option(stream_to_client=True, aggregate_window_sec=2))
     printer.step.call(10, "folded").get(timeout=60)

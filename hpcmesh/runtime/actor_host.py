@@ -368,7 +368,6 @@ class ActorHost:
         current_context_var.set(ctx if ctx is not None else self._message_context(rank, extent_items))
         tel = _tel.RECORDER
         seen = (_time_ns(), payload_bytes(payload, buffers)) if tel is not None else None
-        ok = False
         try:
             args, kwargs = decode_args(payload, buffers)
             coro = fn(self.obj, *args, **kwargs)
@@ -376,22 +375,16 @@ class ActorHost:
                 waiting_on = coro.send(None)
             except StopIteration as done:
                 value = done.value
-            else:
+            else:       # recorded when it finishes (_finish)
                 self._handoff = (contextvars.copy_context(), coro, waiting_on, endpoint, origin,
                                  reply, seen)
                 self._busy = True
                 self._wake_mailbox()
-                seen = None         # recorded when it finishes (_finish)
                 return
         except BaseException as e:  # noqa: BLE001 - SystemExit too: the actor's, not the process's
-            self._raised(e, endpoint, origin, reply)
+            self._ended(endpoint, origin, reply, seen, e, self._raised)
         else:
-            ok = True
-            if reply is not None:
-                self._reply(endpoint, origin, reply, value)
-        finally:
-            if seen is not None:
-                self._note(seen, endpoint, origin, ok)
+            self._ended(endpoint, origin, reply, seen, value)
 
     async def _run_mailbox(self) -> None:
         """The actor's mailbox task: parked while the actor is idle; finishes an endpoint
@@ -426,18 +419,12 @@ class ActorHost:
 
     async def _finish(self, handoff: tuple, cancelled: bool) -> None:
         ctx, coro, waiting_on, endpoint, origin, reply, seen = handoff
-        ok = False
         try:
             value = await _Resume(ctx, coro, waiting_on, cancelled)
         except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
-            self._failed(e, endpoint, origin, reply)
+            self._ended(endpoint, origin, reply, seen, e, self._failed)
         else:
-            ok = True
-            if reply is not None:
-                self._reply(endpoint, origin, reply, value)
-        finally:
-            if seen is not None:
-                self._note(seen, endpoint, origin, ok)
+            self._ended(endpoint, origin, reply, seen, value)
 
     async def _drain(self) -> None:
         queue = self._queue
@@ -527,7 +514,6 @@ class ActorHost:
         token = current_context_var.set(self._message_context(rank, extent_items))
         tel = _tel.RECORDER
         seen = (_time_ns(), payload_bytes(payload, buffers)) if tel is not None else None
-        ok = False
         try:
             args, kwargs = decode_args(payload, buffers)
             if info.is_async:
@@ -537,15 +523,26 @@ class ActorHost:
                 value = await asyncio.wrap_future(
                     self.executor().submit(cctx.run, fn, self.obj, *args, **kwargs))
         except BaseException as e:  # noqa: BLE001 - _failed re-raises what it must
-            self._failed(e, endpoint, origin, reply)
+            self._ended(endpoint, origin, reply, seen, e, self._failed)
         else:
-            ok = True
-            if reply is not None:
-                self._reply(endpoint, origin, reply, value)
+            self._ended(endpoint, origin, reply, seen, value)
         finally:
             current_context_var.reset(token)
+
+    def _ended(self, endpoint: str, origin: str | None, reply: int | None,
+               seen: tuple | None, outcome: Any, failed=None) -> None:
+        """An endpoint ended (the one home of its ending, but for the pipelined hot path in
+        ``_drain``): it returned ``outcome``, which goes to the caller, or, given ``failed``
+        (``_raised`` or ``_failed``), it raised ``outcome``, which ``failed`` handles. Either
+        way the call is noted in the telemetry (``seen``: when it started, its size)."""
+        try:
+            if failed is not None:
+                failed(outcome, endpoint, origin, reply)
+            elif reply is not None:
+                self._reply(endpoint, origin, reply, outcome)
+        finally:
             if seen is not None:
-                self._note(seen, endpoint, origin, ok)
+                self._note(seen, endpoint, origin, failed is None)
 
     def _note(self, seen: tuple, endpoint: str, origin: str | None, ok: bool) -> None:
         """One handled call into the telemetry's ``messages`` table (``seen``: when it

@@ -1,16 +1,15 @@
 """The controller's runtime: its node (on a background thread), the local host
-agent, and the bookkeeping that turns agent events into supervision errors and
-prefixed log lines (the alike lines hosts folded are folded again across hosts here).
+agent, and the bookkeeping that turns agent events into supervision errors. The lines its
+processes print go to its console (``observe/console.py``); whether an end on a job's
+agents is the job's own is asked through ``job_ends.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import inspect
 import logging
 import os
-import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -21,19 +20,20 @@ from ..settings import check_process_settings, env_number
 from ..shapes import Point
 from ..transport.addresses import new_secret
 from . import actor_host
-from .actor_host import ActorThread, shown_name
+from .actor_host import shown_name
 from .observe import stragglers, telemetry_recorder
-from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, USER_EXCEPTION, MeshFailure,
-                     MeshStoppedError, SupervisionError, actor_failed, describe_actor,
-                     describe_exit, exit_class, process_exit_words)
+from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, MeshFailure, SupervisionError,
+                     actor_failed, describe_actor, describe_exit, exit_class,
+                     process_exit_words)
 from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
-from .observe.log_fold import Fold, TimedFolders, describe_ranks, fold_prefix
+from .observe.console import Console
 from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED
 from .links import describe_peer
+from .job_ends import JobEnds
 from .node import Node, NodeRef, current_node, set_current_node
-from .supervision import run_unhandled_fault_hook
+from .supervision import Supervisor
 from .process.tuning import tune_malloc
 
 log = logging.getLogger("hpcmesh.client")
@@ -87,17 +87,6 @@ def _listen_addresses(node_id_unix: str) -> list[str]:
     return addrs
 
 
-@dataclass(eq=False)
-class JobAgents:
-    """The host agents of one job that its scheduler may end, requeue or preempt as a
-    whole (``ClientRuntime.watch_job_ends``), and what is known of that so far."""
-    agent_ids: frozenset
-    explain: Callable[[str], "SupervisionError | None"]
-    held: list = field(default_factory=list)    # what to report if the job did not move
-    asking: bool = False
-    ended: SupervisionError | None = None       # the job moved: why, in its words
-
-
 class TrackedActorMesh(Protocol):
     """What the runtime reads of an actor mesh it tracks (``track_actor_mesh``): the
     actor layer's mesh state, which sits a layer above and is not imported here."""
@@ -137,8 +126,6 @@ class ClientRuntime:
             self.node = node
             node.on_stop.append(self.shutdown)    # the process stops: what it owns goes too
         self.procs: dict[str, ProcRecord] = {}
-        # actor mesh id -> the ActorInstance that spawned it (absent: this process's code)
-        self._owners: dict[str, Any] = {}
         # actor mesh id -> its state while someone holds it (the admin view's record of the
         # actors of a process that cannot be asked): see track_actor_mesh
         self._actor_meshes: weakref.WeakValueDictionary[str, TrackedActorMesh] = \
@@ -147,14 +134,16 @@ class ClientRuntime:
         # somebody else owns (their exits come here too: watch_processes); it also keeps
         # their record, so that they are stopped with their owner when nobody holds them
         self._watched: dict[str, list[tuple[TrackedActorMesh, Any, Point]]] = {}
-        self._hook_thread: ActorThread | None = None
         self._closing = False
         # id of the error a dead process's calls fail with -> (it, its ProcRecord, its
         # return code): to name each call it fails (``_name_failed_call``)
         self._dead: dict[int, tuple[SupervisionError, ProcRecord, int | None]] = {}
         self.node.ports.name_call = self._name_failed_call
-        actor_host.on_actor_failed.append(self.end_descendants)
-        actor_host.on_actor_stopped.append(self.stop_descendants)
+        # where its meshes' failures go; what an owner's failure or stop takes with it
+        self.supervisor = Supervisor(self.node, self.procs, self._actor_meshes,
+                                     lambda: self._closing)
+        actor_host.on_actor_failed.append(self.supervisor.end_descendants)
+        actor_host.on_actor_stopped.append(self.supervisor.stop_descendants)
         self._local_agent: HostAgent | None = None
         self.events = self.node.open_port(self._on_event)
         self.node.on_peer_hello.append(self._on_hello)
@@ -162,12 +151,11 @@ class ClientRuntime:
         # host agent node id -> its hello (name, host, pid): to name it once it is gone
         self._agents: dict[str, dict] = {}
         self._agent_checks: set = set()      # the tasks asking agents whether they live
-        # host agent node id -> the job it belongs to, where watch_job_ends was asked
-        self._job_agents: dict[str, JobAgents] = {}
+        # the jobs a scheduler may end as a whole, whose agents' ends wait for its verdict
+        self.job_ends = JobEnds(self.node, self._end_with_job, lambda: self._closing)
         self.lease_grace = env_number("HPCMESH_LEASE_GRACE", 10, finite=True)
-        self._print_lock = threading.Lock()
-        # (mesh name, window) -> what hosts folded, folded across hosts
-        self._log_folds = TimedFolders(self.node.loop, self._print_folds)
+        # its processes' lines, prefixed with their ranks, folded again across hosts
+        self.console = Console(self.node.loop, self.procs)
         set_current_node(self.node)
         if node is None:        # the controller: name its calls' stragglers and hangs
             stragglers.start(self, late)
@@ -209,69 +197,20 @@ class ClientRuntime:
     def _on_event(self, event: tuple) -> None:
         kind = event[0]
         if kind == EVENT_LOG:
-            self._print_log(*event[1:])
+            self.console.print_lines(*event[1:])
         elif kind == EVENT_LOG_FOLDED:
-            self._fold_log(*event[1:])
+            self.console.fold(*event[1:])
         elif kind == EVENT_EXIT:
             self._on_exit(*event[1:])
         elif kind == EVENT_ACTOR_FAULT:
-            self.report_failure(self._owners.get(event[1]), event[2])
+            self.report_failure(self.supervisor.owners.get(event[1]), event[2])
         elif kind == EVENT_AGENT_EXIT:
             self._on_agent_exit(*event[1:])
 
-    def _print_log(self, name: str, stream: str, lines: list[str]) -> None:
-        rec = self.procs.get(name)
-        if rec is not None and not rec.forward_logs:
-            return
-        prefix = f"[{rec.label}] " if rec is not None else f"[{name}] "
-        if (tel := telemetry_recorder.RECORDER) is not None:
-            source = rec.name if rec is not None else name
-            for ln in lines:
-                tel.event(stream, source, ln)
-        self._write(stream, "".join(f"{prefix}{ln}\n" for ln in lines))
-
-    def _write(self, stream: str, text: str) -> None:
-        out = sys.stdout if stream == "stdout" else sys.stderr
-        with self._print_lock:
-            out.write(text)
-            out.flush()
-
-    # -- alike lines folded (logging_option's aggregate_window_sec) -------------------
-    def _fold_log(self, window: float, folds: list) -> None:
-        """Alike lines a host folded for one window: folded again with the other hosts'
-        over ``window`` here (the host already left out the ranks the console filters)."""
-        for stream, text, count, names in folds:
-            rec = self.procs.get(names[0]) if names else None
-            key = (rec.mesh_name if rec is not None else "", window)
-            self._log_folds.add(key, window, stream, text, names, count)
-
-    def _print_folds(self, _key: tuple[str, float], folds: list[Fold]) -> None:
-        """A window closed (or its mesh stopped or lost a process, or this client ends):
-        one line per fold, its count and ranks in front."""
-        tel = telemetry_recorder.RECORDER
-        out: dict[str, list[str]] = {}
-        for f in folds:
-            line = f"{fold_prefix(f.count, self._who(f))}{f.text}"
-            out.setdefault(f.stream, []).append(line + "\n")
-            if tel is not None:
-                tel.event(f.stream, next(iter(f.ranks)), line if f.count > 1 else f.text)
-        for stream, lines in out.items():
-            self._write(stream, "".join(lines))
-
-    def _who(self, f: Fold) -> str:
-        """The ranks that printed ``f``'s lines, as a prefix shows them."""
-        recs = [self.procs.get(n) for n in f.ranks]
-        if len(recs) == 1:
-            return recs[0].label if recs[0] is not None else next(iter(f.ranks))
-        if all(r is not None and isinstance(r.point, Point) for r in recs):
-            return describe_ranks([r.point for r in recs])
-        return " ".join(r.label if r is not None else n for r, n in zip(recs, f.ranks))
-
+    # -- its processes' lines (observe/console.py) -----------------------------------
     def flush_logs(self, mesh_name: str | None = None) -> None:
         """Print the folded lines still in a window, of one mesh or all (on the loop)."""
-        for key in self._log_folds.keys():
-            if mesh_name is None or key[0] == mesh_name:
-                self._log_folds.flush(key)
+        self.console.flush(mesh_name)
 
     async def _flush_all_logs(self) -> None:
         """What the local agent and this client still fold goes out (this client ends)."""
@@ -293,7 +232,7 @@ class ClientRuntime:
             return
         if rec.failure is not None:     # (lost with its host already)
             return
-        if not rec.stopping and not judged and self._held_for_job(
+        if not rec.stopping and not judged and self.job_ends.held(
                 rec.agent.node_id, f"process {rec.label} of mesh {rec.mesh_name!r} on host "
                 f"{host} (pid {pid}) ended: {describe_exit(returncode)}",
                 lambda: self._on_exit(name, pid, returncode, host, cause, stop_asked,
@@ -395,7 +334,7 @@ class ClientRuntime:
         shutdown) and takes its processes: their end is no lost host, and no failure to
         supervise (the job's lifecycle, SPEC §12); calls to them fail now, saying why (an
         agent of a watched job: once its job said whether it moved)."""
-        if not judged and self._live_on(agent_id) and self._held_for_job(
+        if not judged and self._live_on(agent_id) and self.job_ends.held(
                 agent_id, f"the host agent on {host} is ending ({reason})",
                 lambda: self._on_agent_exit(agent_id, host, reason, judged=True)):
             return
@@ -446,7 +385,7 @@ class ClientRuntime:
         recs = self._live_on(agent_id)
         if not recs:
             return
-        if not judged and self._held_for_job(
+        if not judged and self.job_ends.held(
                 agent_id, f"the host agent of {recs[0].host or '?'} is gone: {why}",
                 lambda: self._host_lost(agent_id, why, judged=True)):
             return
@@ -476,74 +415,24 @@ class ClientRuntime:
                 LOST_STATUS, HOST_LOST)
             self.report_failure(owner, MeshFailure(mesh, error))
 
-    # -- jobs a scheduler may end as a whole (SPEC §12) ------------------------------
+    # -- jobs a scheduler may end as a whole (SPEC §12): job_ends.py ------------------
     def watch_job_ends(self, agent_ids, explain: Callable[[str], SupervisionError | None]
                        ) -> Callable[[], None]:
-        """These host agents are one job's, which its scheduler may end, requeue or preempt
-        as a whole. When one of them, or a process on one, ends unasked, ``explain(what)``
-        is asked before anything is reported, on a thread of its own (it may ask the
-        scheduler, and should answer within a second or two): a SupervisionError back means
-        the job itself moved, and every process on these agents ends with it
-        (:meth:`end_with_job`), no fault reported; None means it did not, and what happened
-        is reported as it would have been. Calls pending on a process that ended wait for
-        that answer. Returns the undo."""
-        group = JobAgents(frozenset(agent_ids), explain)
-
-        def add() -> None:
-            for agent_id in group.agent_ids:
-                self._job_agents[agent_id] = group
-
-        def remove() -> None:
-            for agent_id in group.agent_ids:
-                if self._job_agents.get(agent_id) is group:
-                    del self._job_agents[agent_id]
-        self.node.call_soon(add)
-        return lambda: self.node.call_soon(remove)
+        """These host agents are one job's, which its scheduler may end as a whole: an
+        unasked end on them waits for ``explain``'s verdict (``JobEnds.watch``). Returns
+        the undo."""
+        return self.job_ends.watch(agent_ids, explain)
 
     def end_with_job(self, agent_ids, error: SupervisionError) -> None:
         """The job of these agents ended, was requeued or preempted: every process on them
-        is gone with it, on purpose as far as supervision goes (no MeshFailure), and calls
-        to them fail now, later ones at once, with ``error``'s words. Again with newer
-        words (the job's final state, once Slurm has it), it rewords what they raise."""
-        self.node.call_soon(self._end_with_job, frozenset(agent_ids), error, True)
-
-    def _held_for_job(self, agent_id: str, what: str, report: Callable[[], None]) -> bool:
-        """(loop) ``report`` is what the runtime would do about ``what``, which happened on
-        ``agent_id``. On a watched job's agent it waits for the job's answer (True)."""
-        group = self._job_agents.get(agent_id)
-        if group is None or self._closing:
-            return False
-        if group.ended is not None:
-            self._end_with_job(group.agent_ids, group.ended)
-            return True
-        group.held.append(report)
-        if not group.asking:
-            group.asking = True
-            threading.Thread(target=self._ask_job, args=(group, what), daemon=True,
-                             name="hpcmesh-job-ends").start()
-        return True
-
-    def _ask_job(self, group: JobAgents, what: str) -> None:
-        try:
-            verdict = group.explain(what)
-        except Exception:  # noqa: BLE001 - cannot tell: report it as a fault, as before
-            log.exception("could not tell whether the job moved (%s)", what)
-            verdict = None
-        self.node.call_soon(self._job_verdict, group, verdict)
-
-    def _job_verdict(self, group: JobAgents, verdict: SupervisionError | None) -> None:
-        held, group.held, group.asking = group.held, [], False
-        if verdict is None:
-            for report in held:
-                report()
-            return
-        group.ended = verdict
-        self._end_with_job(group.agent_ids, verdict)
+        is gone with it, no fault (``JobEnds.end``)."""
+        self.job_ends.end(agent_ids, error)
 
     def _end_with_job(self, agent_ids: frozenset, error: SupervisionError,
-                      reword: bool = False) -> None:
-        """(loop) ``end_with_job``; ``reword``: those that ended with the job already get
-        ``error``'s words too."""
+                      reword: bool) -> None:
+        """(loop) Every process on these agents ended with their job (``JobEnds``'s verdict,
+        or ``end_with_job``), in ``error``'s words; ``reword``: those that did already take
+        them too."""
         for rec in list(self.procs.values()):
             if rec.agent.node_id not in agent_ids:
                 continue
@@ -561,10 +450,6 @@ class ClientRuntime:
             self._fail(rec, SupervisionError(
                 f"{error.message} (process {rec.label} of mesh {rec.mesh_name!r} on host "
                 f"{host})", rec.mesh_name, rec.point, host, rec.pid, status, cls))
-        for agent_id in agent_ids:
-            group = self._job_agents.get(agent_id)
-            if group is not None:
-                group.ended = error     # what happens on its agents later is this too
 
     def _record_exit(self, rec: ProcRecord, pid: int, host: str, status: str,
                      failure_class: str | None = None) -> None:
@@ -591,7 +476,7 @@ class ClientRuntime:
         (``end_descendants``), its actors' ends are recorded with their processes', and
         the admin view lists it, while somebody holds it (it is kept weakly)."""
         if owner is not None:
-            self._owners[mesh.actor_id] = owner
+            self.supervisor.owners[mesh.actor_id] = owner
         self._actor_meshes[mesh.actor_id] = mesh
 
     def watch_processes(self, mesh: TrackedActorMesh, records: list[ProcRecord],
@@ -641,130 +526,23 @@ class ClientRuntime:
         """The actor meshes tracked here that somebody still holds."""
         return list(self._actor_meshes.values())
 
-    # -- supervision by owning actors ---------------------------------------------
+    # -- supervision by owning actors (supervision.py) -------------------------------
     def report_failure(self, owner, failure: MeshFailure) -> None:
-        """A member of a mesh ``owner`` spawned failed: offer it to the owner's
-        ``__supervise__``; with no owner (this process's own code spawned it), to
-        ``unhandled_fault_hook`` on the controller."""
-        if owner is not None:
-            self.supervise(owner, failure)
-        elif self.node.role == "proc":    # no hook in an actor process: say so, at least
-            log.error("unhandled failure: %s", failure)
-            print(f"hpcmesh: unhandled failure: {failure.report()}", file=sys.stderr,
-                  flush=True)
-        elif not self._closing:           # (processes killed at exit are no failure)
-            if self._hook_thread is None:
-                self._hook_thread = ActorThread("hpcmesh-unhandled-fault-hook")
-            self._hook_thread.submit(run_unhandled_fault_hook, failure)
+        """A member of a mesh ``owner`` spawned failed: to the owner's ``__supervise__``,
+        else to ``unhandled_fault_hook`` (``Supervisor.report_failure``)."""
+        self.supervisor.report_failure(owner, failure)
 
     def wait_for_fault_hook(self, timeout: float) -> None:
         """Wait until ``unhandled_fault_hook`` has run for every failure offered to it so
-        far (it runs on a thread of its own, in order)."""
-        thread = self._hook_thread
-        if thread is not None:
-            thread.submit(lambda: None).result(timeout=timeout)
-
-    def supervise(self, owner, failure: MeshFailure) -> None:
-        """Offer ``failure`` to the owning actor's ``__supervise__``; a true result handles
-        it. Otherwise that actor fails too (as in Monarch), which its own owner hears of,
-        up to ``unhandled_fault_hook`` on the controller."""
-        host = self.node.actors.get(owner.actor_id)
-        if host is None or host.fault is not None:   # stopped, or failed already
-            return
-        handler = getattr(owner.actor, "__supervise__", None)
-
-        async def offer() -> None:
-            handled = False
-            why = ""
-            cls = failure.reason or USER_EXCEPTION   # the cause below, unless its handler raised
-            if handler is not None:
-                try:
-                    if inspect.iscoroutinefunction(handler):
-                        handled = bool(await handler(failure))
-                    else:
-                        handled = bool(await self.node.loop.run_in_executor(
-                            host.executor(), handler, failure))
-                except Exception as e:  # noqa: BLE001 - a failing handler does not handle it
-                    log.exception("__supervise__ of %s raised", owner.class_name)
-                    why = f" (__supervise__ raised {type(e).__name__}: {e})"
-                    cls = USER_EXCEPTION
-            else:           # (a sync handler ran on the actor's thread, after that call)
-                await host.between_calls()
-            if not handled:
-                host.fail_actor(f"it did not handle the failure of mesh {failure.mesh_name!r} "
-                                f"that it owns{why}: {failure.error.message}",
-                                failure_class=cls)
-        self.node.call_soon(lambda: self.node.loop.create_task(offer()))
-
-    def end_descendants(self, owner) -> None:
-        """An actor that failed takes what it spawned with it (Monarch: the actor "and all
-        its descendants have failed"): its actor meshes are stopped and its processes
-        stopped at once, quietly (their ends are no further failure). Fire and forget: on
-        the event loop, which must not wait."""
-        for actor_id, who in list(self._owners.items()):
-            if who is not owner:
-                continue
-            state = self._actor_meshes.get(actor_id)
-            for n in dict.fromkeys((state.nodes if state is not None else None) or ()):
-                self.node.rpc(n, "stop_actors", [actor_id])
-        by_agent: dict[str, tuple] = {}
-        for rec in list(self.procs.values()):
-            if rec.owner is owner and not rec.stopping and rec.failure is None:
-                rec.stopping = True
-                by_agent.setdefault(rec.agent.node_id, (rec.agent, []))[1].append(rec.name)
-        for agent, names in by_agent.values():
-            self.node.rpc(agent, "stop_procs", names, 0.0)
-
-    async def stop_descendants(self, owner, grace: float | None = None) -> None:
-        """An actor that is stopped stops what it spawned, as in Monarch: its actor meshes
-        (their ``__cleanup__`` runs; later calls raise that they were stopped), then its
-        processes, cleanly (as ``ProcMesh.stop()``: they get ``grace`` seconds, default
-        ``HPCMESH_STOP_GRACE``, before SIGTERM). On the event loop; bounded by the grace."""
-        grace = env_number("HPCMESH_STOP_GRACE", 5.0, finite=True) if grace is None else grace
-        calls = []
-        for actor_id, who in list(self._owners.items()):
-            if who is not owner:
-                continue
-            state = self._actor_meshes.get(actor_id)
-            if state is None or state.nodes is None or state.failed is not None:
-                continue
-            state.failed = MeshStoppedError(
-                f"actor mesh {state.name!r} was stopped: the actor that spawned it, "
-                f"{owner.mesh_name}, was stopped", state.name)
-            calls += [self.node.rpc(n, "stop_actors", [actor_id])
-                      for n in dict.fromkeys(state.nodes)]
-        recs = [r for r in self.procs.values()
-                if r.owner is owner and not r.stopping and r.failure is None]
-        for r in recs:
-            r.stopping = True
-            r.stop_reason = f"the actor that spawned it, {owner.mesh_name}, was stopped"
-        calls += [self.node.rpc(r.node, "stop") for r in recs if r.node is not None]
-        loop = self.node.loop
-        deadline = loop.time() + grace
-        if calls:
-            await asyncio.wait([asyncio.ensure_future(self._settled(c)) for c in calls],
-                               timeout=grace)
-        by_agent: dict[str, tuple] = {}
-        for r in recs:
-            by_agent.setdefault(r.agent.node_id, (r.agent, []))[1].append(r.name)
-        left = max(0.0, deadline - loop.time())
-        for agent, names in by_agent.values():
-            # they exit (finalizers run) within what is left of the grace, else SIGTERM
-            self.node.rpc(agent, "stop_procs", names, left)
-
-    @staticmethod
-    async def _settled(f: Future) -> None:
-        try:
-            await f
-        except Exception:  # noqa: BLE001 - gone already: stopped all the same
-            pass
+        far (``Supervisor.wait_for_fault_hook``)."""
+        self.supervisor.wait_for_fault_hook(timeout)
 
     # -- shutdown ---------------------------------------------------------------------
     def shutdown(self) -> None:
         """Kill what the local agent started, close the node. Runs at interpreter exit."""
         global _runtime
         self._closing = True
-        if self._log_folds or (self._local_agent is not None and self._local_agent.folding):
+        if self.console.folding() or (self._local_agent is not None and self._local_agent.folding):
             if self.node.on_loop_thread():
                 self.flush_logs()
             elif self.node.loop.is_running():
@@ -774,10 +552,10 @@ class ClientRuntime:
                     pass
         if stragglers.WATCH is not None and stragglers.WATCH.runtime is self:
             stragglers.stop()
-        if self.end_descendants in actor_host.on_actor_failed:
-            actor_host.on_actor_failed.remove(self.end_descendants)
-        if self.stop_descendants in actor_host.on_actor_stopped:
-            actor_host.on_actor_stopped.remove(self.stop_descendants)
+        if self.supervisor.end_descendants in actor_host.on_actor_failed:
+            actor_host.on_actor_failed.remove(self.supervisor.end_descendants)
+        if self.supervisor.stop_descendants in actor_host.on_actor_stopped:
+            actor_host.on_actor_stopped.remove(self.supervisor.stop_descendants)
         if self._local_agent is not None:
             self._local_agent.kill_all()
         if self._follower is not None:

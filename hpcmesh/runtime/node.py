@@ -3,8 +3,9 @@
 Every hpcmesh process (controller, host agent, actor process) runs one ``Node``. Nodes
 talk in small tuples (see ``MSG_*``); a reply is just a message to a *port* (an integer id
 on some node), so call replies, channels and supervision events share one mechanism. The
-connections it routes over are ``runtime/links.py``'s; where their bytes go, the
-transport backend's (sockets, or ``memory://`` in tests).
+connections it routes over are ``runtime/links.py``'s, what they read is decoded into
+messages by ``runtime/inbound.py``; where their bytes go, the transport backend's
+(sockets, or ``memory://`` in tests).
 
 A node never blocks its loop: handlers run inline when they are short (actor endpoints
 decide for themselves) and dialing is async.
@@ -29,19 +30,17 @@ from .errors import SupervisionError
 from .fanin import FaninPoller
 from . import relay
 from .future import Future
-from .inbound import UnhandledFrames, dropped_frame
-from .links import Links, describe_conn
+from .inbound import FrameReader
+from .links import Links
 from .loop import running_loop, start_loop_thread
 from .peers import Peer, PeerTable
 from .ports import PortTable
 from .services import Services
 # the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
 from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
-                       MSG_CAST, MSG_CAST_REPLY, MSG_HELLO, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
-                       BatchShare, ReplyNotSent,
-                       call_msg, cast_reply_msg, deliver_msg, describe_exception,
-                       encode_result, fail_msg, frozen_size, layout_problem, rpc_msg,
-                       unreadable_result)
+                       MSG_CAST, MSG_CAST_REPLY, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
+                       ReplyNotSent, call_msg, cast_reply_msg, deliver_msg, encode_result,
+                       fail_msg, frozen_size, rpc_msg, unreadable_result)
 
 log = logging.getLogger("hpcmesh.runtime")
 
@@ -83,7 +82,8 @@ class Node:
         self._deliver_local = self.ports.deliver
         self._replied: set[Connection] = set()   # replies queued while handling frames
         self._handling_frames = False
-        self._unhandled = UnhandledFrames()     # of reads being handled (a debugger pause)
+        #: what the connections read, decoded into messages and handed to _dispatch
+        self.reader = FrameReader(self, self._dispatch)
         #: True while the messages of a batch frame are dispatched: a pipelining sender,
         #: whose calls an actor runs faster from its mailbox task than one by one inline.
         self.in_batch = False
@@ -323,7 +323,7 @@ class Node:
     def _on_frames(self, conn: Connection, frames: list) -> None:
         self._handling_frames = True
         try:
-            self._handle_frames(conn, frames)
+            self.reader.handle(conn, frames)
         finally:
             self._handling_frames = False
             self.in_batch = False
@@ -333,89 +333,9 @@ class Node:
             while dirty:
                 dirty.pop().flush_now()
 
-    def _handle_frames(self, conn: Connection, frames: list) -> None:
-        if len(frames) == 1:
-            self._handle_frame_list(conn, frames)
-        else:
-            with self._unhandled.reading(conn, frames) as rest:
-                self._handle_frame_list(conn, rest)
-
     def take_unhandled_frames(self) -> list[tuple[Connection, list]]:
         """The frames read with a paused call and not handled yet (``UnhandledFrames``)."""
-        return self._unhandled.take()
-
-    def _handle_frame_list(self, conn: Connection, frames) -> None:
-        for fr in frames:
-            if fr.dropped:
-                try:
-                    if not self._fail_dropped(conn, fr):
-                        return
-                except Exception:  # noqa: BLE001 - as _dispatch: the other frames go on
-                    log.exception("error failing a message dropped from %s", conn.peer)
-                continue
-            try:
-                if fr.count == 1:
-                    msgs = (serialization.loads(fr.meta, fr.buffers),)
-                else:
-                    msgs = serialization.loads_batch(fr.meta, fr.count)
-            except Exception as e:  # noqa: BLE001
-                log.warning("closing connection from %s: undecodable message (%s: %s)",
-                            describe_conn(conn), type(e).__name__, e)
-                conn.close(e)
-                return
-            origin = conn.info.get("peer_id")
-            self.in_batch = batch = fr.count > 1
-            # a batch carries no buffers; what goes instead tells each message its share of
-            # the frame's bytes (the telemetry's ``messages.bytes``: nothing to compute)
-            buffers = BatchShare(len(fr.meta) // fr.count) if batch else fr.buffers
-            for msg in msgs:
-                if type(msg) is not tuple or not msg:
-                    log.warning("closing connection from %s: not a protocol message (%s)",
-                                describe_conn(conn), type(msg).__name__)
-                    conn.close(ConnectionClosed(f"{conn.peer} sent a malformed message"))
-                    return
-                if msg[0] == MSG_HELLO:
-                    if len(msg) != 4 or type(msg[1]) is not str or not isinstance(msg[3], dict):
-                        log.warning("closing connection from %s: malformed hello", conn.peer)
-                        conn.close(ConnectionClosed(f"{conn.peer} sent a malformed hello"))
-                        return
-                    self.links.on_hello(conn, msg)
-                    origin = conn.info.get("peer_id")
-                    continue
-                try:
-                    self._dispatch(msg, origin, buffers)
-                except Exception as e:  # noqa: BLE001 - a bad message must not kill the node
-                    problem = layout_problem(msg)
-                    if problem is None:         # a well-formed message: a bug here
-                        log.exception("error handling a message from %s", describe_conn(conn))
-                        continue
-                    # the peer's doing (SPEC §7: a malformed frame closes that connection
-                    # only): one line naming it, no traceback of this side's code
-                    log.warning("closing connection from %s: malformed message (%s; %s)",
-                                describe_conn(conn), problem, describe_exception(e))
-                    conn.close(ConnectionClosed(f"{conn.peer} sent a malformed message"))
-                    return
-
-    def _fail_dropped(self, conn: Connection, fr) -> bool:
-        """A frame whose buffer could not be allocated here: fail the one call or result it
-        carried (``inbound.dropped_frame``), else close the connection. False if closed."""
-        origin = conn.info.get("peer_id")
-        here = f"{self.name or self.role} (host {socket.gethostname()}, pid {os.getpid()})"
-        answer = dropped_frame(fr, here, self.links.peer_name(origin))
-        if answer is None:
-            err = ConnectionClosed(f"out of memory reading from {conn.peer}: a buffer of "
-                                   f"{fr.dropped} bytes could not be allocated on {here}; the "
-                                   f"connection is closed")
-            log.warning("%s", err)
-            conn.close(err)
-            return False
-        kind, port_id, failure = answer
-        log.warning("%s", failure.exc)
-        if kind == MSG_CALL:
-            self.reply_to(origin, port_id, failure)
-        else:
-            self._deliver_local(port_id, failure)
-        return True
+        return self.reader.take_unhandled()
 
     def _dispatch_local(self, msg: tuple, buffers: list = ()) -> None:
         try:

@@ -6,6 +6,7 @@ wait is on a condition with a deadline. ``HPCMESH_TEST_STRAGGLER_PROCS=64`` runs
 grouping test over 64 processes (60 + 4) instead of 16 (12 + 4).
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -102,8 +103,16 @@ class Reports(logging.Handler):
 @pytest.fixture
 def watch():
     """The controller's watch with small thresholds; the warnings it logs."""
+    with _watching(Settings(factor=3, after_s=1.0, hang_s=3.0, tick_s=0.1)) as got:
+        yield got
+
+
+@contextlib.contextmanager
+def _watching(settings: Settings | None):
+    """The controller's watch (``settings``, else as the environment says) and the
+    warnings it logs; then the watch as the environment says again."""
     rt = client_runtime()
-    w = stragglers.start(rt, Settings(factor=3, after_s=1.0, hang_s=3.0, tick_s=0.1))
+    w = stragglers.start(rt, settings)
     handler = Reports()
     logger = logging.getLogger("hpcmesh.stragglers")
     logger.addHandler(handler)
@@ -280,20 +289,9 @@ def hang_after_2s(monkeypatch):
     """The watch as the environment sets it: a hang after 2 s, looks every 0.1 s."""
     monkeypatch.setenv("HPCMESH_HANG_AFTER_S", "2")
     monkeypatch.setenv("HPCMESH_STRAGGLER_TICK_S", "0.1")
-    rt = client_runtime()
-    w = stragglers.start(rt)
-    handler = Reports()
-    logger = logging.getLogger("hpcmesh.stragglers")
-    logger.addHandler(handler)
-    try:
-        yield w, handler
-    finally:
-        logger.removeHandler(handler)
-        monkeypatch.undo()
-        stragglers.start(rt)
-        stop_admin()
-        from hpcmesh.telemetry.server import stop_telemetry
-        stop_telemetry()
+    with _watching(None) as got:
+        yield got
+        monkeypatch.undo()      # before the watch is started again as the environment says
 
 
 def test_a_hung_call_one_or_choose_is_named_once_with_its_point_host_pid_and_stack(

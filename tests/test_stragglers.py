@@ -79,6 +79,15 @@ class Stepper(Actor):
         return rank
 
     @endpoint
+    def step_or_raise(self, in_step: list) -> int:
+        """The ranks named wait as in step; the others raise."""
+        rank = current_rank().rank
+        if rank not in in_step:
+            raise ValueError(f"rank {rank} raised")
+        blocked_in_step(self.release)
+        return rank
+
+    @endpoint
     def pid(self) -> int:
         return os.getpid()
 
@@ -320,8 +329,9 @@ def test_a_hung_call_one_or_choose_is_named_once_with_its_point_host_pid_and_sta
                           "the hung call_one's warning")
         assert time.monotonic() - t0 < hang_s + 5
         assert not fut.done() and not behind.done()
-        assert "a call_one/choose() of Stepper.step to actor mesh 'stepper' has had no " \
-               "answer after" in text, text
+        assert "a call Stepper.step to actor mesh 'stepper' outside any call() still " \
+               "waited on (call_one, choose, " in text, text
+        assert "has had no answer after" in text
         assert "HPCMESH_HANG_AFTER_S=2" in text
         assert f"1 member: wait at {HERE}:" in text and "(in blocked_in_step)" in text
         assert "gpus=1 (process " in text and f"pid {pids[1]}," in text
@@ -357,11 +367,24 @@ def test_a_hung_call_one_or_choose_is_named_once_with_its_point_host_pid_and_sta
         fut = m.step.choose([0, 1])
         text = wait_until(lambda: reports.texts and reports.texts[0], hang_s + 5,
                           "the hung choose's warning")
-        assert "a call_one/choose() of Stepper.step" in text and "blocked_in_step" in text
+        assert "a call Stepper.step to actor mesh 'stepper' outside" in text
+        assert "blocked_in_step" in text
         assert any(f"gpus={i} (process " in text and f"pid {pids[i]}," in text
                    for i in (0, 1)), text
         _release(m)
         fut.get(timeout=60)
+
+        # a call() that failed at once (rank 0 raised): rank 1, still waiting, is named
+        reports.texts.clear()
+        fut = m.step_or_raise.call([1])
+        with pytest.raises(Exception, match="rank 0 raised"):
+            fut.get(timeout=60)
+        text = wait_until(lambda: reports.texts and reports.texts[0], hang_s + 5,
+                          "the warning for the failed call()'s waiting member")
+        assert "a call Stepper.step_or_raise to actor mesh 'stepper' outside" in text
+        assert "left by a call() that failed" in text and "gpus=1 (process " in text
+        assert "blocked_in_step" in text
+        _release(m)
 
         # a one-member stream (an Accumulator's): the call()'s hang
         reports.texts.clear()

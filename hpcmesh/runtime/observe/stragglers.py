@@ -296,12 +296,10 @@ class Report:
         late = sum(len(g.members) for g in self.groups)
         call = f"call {self.class_name}.{self.endpoint} to actor mesh {self.mesh!r}"
         if self.call == "call_one":
-            calls = (f"a call_one/choose() of {self.class_name}.{self.endpoint} to actor "
-                     f"mesh {self.mesh!r} has" if late == 1 else
-                     f"{late} calls of {self.class_name}.{self.endpoint} to single members "
-                     f"of actor mesh {self.mesh!r} (call_one, choose, or what a failed "
-                     f"call() left waiting) have")
-            head = (f"{calls} had no answer after {self.waited_s:.1f} s "
+            calls, have = ("a call", "has") if late == 1 else (f"{late} calls", "have")
+            head = (f"{calls} {self.class_name}.{self.endpoint} to actor mesh {self.mesh!r} "
+                    f"outside any call() still waited on (call_one, choose, or left by a "
+                    f"call() that failed) {have} had no answer after {self.waited_s:.1f} s "
                     f"(HPCMESH_HANG_AFTER_S={self.threshold_s:g}; an endpoint long on "
                     f"purpose: raise it, inf for never)")
         elif self.kind == "hang":

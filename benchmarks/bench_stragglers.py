@@ -12,8 +12,10 @@ drifts by more between minutes than the watch costs). call_one notes nothing per
 timer finds a hung one in the reply table): its ratio says what the timer costs, and the
 noise.
 
-Then what the timer's look for hung call_ones (the reply table's walk) costs its loop,
-timed directly: one look in the steady state, with ``--in-flight`` calls in flight (young)
+Then what the timer's walk of the reply table for hung call_ones costs a call_one: its
+``.get()`` in alternating blocks (1.5 s each, so that looks fall inside) with the walk on
+(HPCMESH_HANG_AFTER_S=0.05: a walk at every look) and off (inf), at the default tick and at
+0.01 s; and the look itself, timed directly: one look in the steady state, with ``--in-flight`` calls in flight (young)
 behind ``--waiting`` long-lived replies (a host agent's ``watch_procs`` each), as µs per
 look and as a share of one core at the default tick (HPCMESH_STRAGGLER_TICK_S=0.5).
 """
@@ -86,8 +88,11 @@ def main() -> None:
     for r in range(args.rounds):
         for on in (False, True) if r % 2 == 0 else (True, False):
             runs[on].append(block(on))
+    walks = [walk_ab(rt, one, tick, args.rounds) for tick in (0.5, 0.01)]
     stragglers.start(rt)
     procs.stop().get(timeout=60)
+    for line in walks:
+        print(line)
     print(f"straggler watch off/on, {args.rounds} rounds of alternating blocks, 4 processes\n"
           "| workload | off | on | on/off (median of pairs) |\n|---|---|---|---|")
     for key, label, unit in (("call_one", "call_one .get(), median", "µs"),
@@ -98,6 +103,27 @@ def main() -> None:
         on = statistics.median(b[key] for b in runs[True])
         paired = statistics.median(a[key] / b[key] for a, b in zip(runs[True], runs[False]))
         print(f"| {label} ({unit}) | {off:.1f} | {on:.1f} | {paired:.3f} |")
+
+
+def walk_ab(rt, one, tick: float, rounds: int, block_s: float = 1.5) -> str:
+    """call_one ``.get()`` with the walk for hung call_ones on and off, alternating."""
+    runs: dict = {False: [], True: []}
+    for r in range(rounds):
+        for on in (False, True) if r % 2 == 0 else (True, False):
+            stragglers.start(rt, stragglers.Settings(
+                hang_s=0.05 if on else float("inf"), tick_s=tick))
+            lat = []
+            end = time.perf_counter() + block_s
+            while time.perf_counter() < end:
+                t0 = time.perf_counter_ns()
+                one.call_one(1).get()
+                lat.append(time.perf_counter_ns() - t0)
+            runs[on].append(statistics.median(lat) / 1e3)
+    off, on = statistics.median(runs[False]), statistics.median(runs[True])
+    paired = statistics.median(a / b for a, b in zip(runs[True], runs[False]))
+    return (f"call_one .get() with the walk for hung call_ones off / on (a look every "
+            f"{tick:g} s), {rounds} rounds of alternating blocks: {off:.1f} / {on:.1f} µs, "
+            f"on/off {paired:.3f} (median of pairs)")
 
 
 def look_cost(rt, in_flight: int, waiting: int, batches: int = 30, looks: int = 100) -> None:

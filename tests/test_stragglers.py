@@ -6,6 +6,7 @@ wait is on a condition with a deadline. ``HPCMESH_TEST_STRAGGLER_PROCS=64`` runs
 grouping test over 64 processes (60 + 4) instead of 16 (12 + 4).
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -78,6 +79,15 @@ class Stepper(Actor):
         return rank
 
     @endpoint
+    def step_or_raise(self, in_step: list) -> int:
+        """The ranks named wait as in step; the others raise."""
+        rank = current_rank().rank
+        if rank not in in_step:
+            raise ValueError(f"rank {rank} raised")
+        blocked_in_step(self.release)
+        return rank
+
+    @endpoint
     def pid(self) -> int:
         return os.getpid()
 
@@ -102,8 +112,16 @@ class Reports(logging.Handler):
 @pytest.fixture
 def watch():
     """The controller's watch with small thresholds; the warnings it logs."""
+    with _watching(Settings(factor=3, after_s=1.0, hang_s=3.0, tick_s=0.1)) as got:
+        yield got
+
+
+@contextlib.contextmanager
+def _watching(settings: Settings | None):
+    """The controller's watch (``settings``, else as the environment says) and the
+    warnings it logs; then the watch as the environment says again."""
     rt = client_runtime()
-    w = stragglers.start(rt, Settings(factor=3, after_s=1.0, hang_s=3.0, tick_s=0.1))
+    w = stragglers.start(rt, settings)
     handler = Reports()
     logger = logging.getLogger("hpcmesh.stragglers")
     logger.addHandler(handler)
@@ -273,6 +291,112 @@ def _get_json(url: str) -> dict:
     import urllib.request
     with urllib.request.urlopen(url, timeout=30) as r:
         return json.loads(r.read())
+
+
+@pytest.fixture
+def hang_after_2s(monkeypatch):
+    """The watch as the environment sets it: a hang after 2 s, looks every 0.1 s."""
+    monkeypatch.setenv("HPCMESH_HANG_AFTER_S", "2")
+    monkeypatch.setenv("HPCMESH_STRAGGLER_TICK_S", "0.1")
+    with _watching(None) as got:
+        yield got
+        monkeypatch.undo()      # before the watch is started again as the environment says
+
+
+def test_a_hung_call_one_or_choose_is_named_once_with_its_point_host_pid_and_stack(
+        hang_after_2s):
+    """call_one and choose() are not noted per call (their hot path stays as it was): the
+    watch finds them in the reply table once older than HPCMESH_HANG_AFTER_S, and names
+    them as a call()'s hang: once, in the log, the admin tree and the telemetry table. A
+    one-member stream (an Accumulator) is a call()'s hang already."""
+    from hpcmesh.actor import Accumulator
+    w, reports = hang_after_2s
+    hang_s = 2.0
+    job = LocalJob(hosts=("hosts",)).enable_admin().enable_telemetry(TelemetryConfig())
+    state = job.state(cached_path=None)
+    pm = state.hosts.spawn_procs(per_host={"gpus": 2}, name="stragone")
+    try:
+        m = pm.spawn("stepper", Stepper)
+        pids = m.pid.call().get(timeout=120).values()
+        one = m.slice(gpus=1)
+        # a call_one that answers says nothing; the one after it waits (rank 0 of the
+        # slice), and a call_one queued behind it is no second report
+        assert one.step.call_one([]).get(timeout=60) == 0
+        t0 = time.monotonic()
+        fut = one.step.call_one([0])
+        behind = one.step.call_one([])
+        text = wait_until(lambda: reports.texts and reports.texts[0], hang_s + 5,
+                          "the hung call_one's warning")
+        assert time.monotonic() - t0 < hang_s + 5
+        assert not fut.done() and not behind.done()
+        assert "a call Stepper.step to actor mesh 'stepper' outside any call() still " \
+               "waited on (call_one, choose, " in text, text
+        assert "has had no answer after" in text
+        assert "HPCMESH_HANG_AFTER_S=2" in text
+        assert f"1 member: wait at {HERE}:" in text and "(in blocked_in_step)" in text
+        assert "gpus=1 (process " in text and f"pid {pids[1]}," in text
+        assert "host " in text and "blocked_in_step" in text.split("gpus=1 (process ")[1]
+        rep = w.reports[-1]
+        assert (rep.kind, rep.call, rep.members, rep.answered) == ("hang", "call_one", 1, 0)
+        assert rep.waited_s >= hang_s
+
+        # once: later looks say nothing more
+        for _ in range(3):
+            w.node.run_sync(_check(w))
+        assert len(reports.texts) == 1
+
+        # the admin tree marks the process; the telemetry table has its row
+        tree = _get_json(admin_endpoint(state.admin_url, "/api/tree"))
+        (r,) = [r for r in tree["stragglers"] if r["mesh"] == "stepper"]
+        assert r["kind"] == "hang" and r["call"] == "call_one"
+        marked = [p for h in tree["hosts"] for p in h["processes"] if p.get("straggler")]
+        assert [p["pid"] for p in marked] == [pids[1]]
+        got = wait_until(lambda: state.query_engine.query(
+            "SELECT kind, point, pid, endpoint FROM stragglers WHERE mesh = 'stepper' "
+            "AND kind <> 'finished'").to_pylist(), 30, "the stragglers row")
+        assert got == [{"kind": "hang", "point": "gpus=1", "pid": pids[1],
+                        "endpoint": "step"}]
+
+        _release(m)
+        assert fut.get(timeout=60) == 0 and behind.get(timeout=60) == 0
+        wait_until(lambda: rep.finished_after_s is not None, 10, "the report marked finished")
+        assert rep.finished_after_s >= hang_s
+
+        # choose(): the member it picked, named the same way
+        reports.texts.clear()
+        fut = m.step.choose([0, 1])
+        text = wait_until(lambda: reports.texts and reports.texts[0], hang_s + 5,
+                          "the hung choose's warning")
+        assert "a call Stepper.step to actor mesh 'stepper' outside" in text
+        assert "blocked_in_step" in text
+        assert any(f"gpus={i} (process " in text and f"pid {pids[i]}," in text
+                   for i in (0, 1)), text
+        _release(m)
+        fut.get(timeout=60)
+
+        # a call() that failed at once (rank 0 raised): rank 1, still waiting, is named
+        reports.texts.clear()
+        fut = m.step_or_raise.call([1])
+        with pytest.raises(Exception, match="rank 0 raised"):
+            fut.get(timeout=60)
+        text = wait_until(lambda: reports.texts and reports.texts[0], hang_s + 5,
+                          "the warning for the failed call()'s waiting member")
+        assert "a call Stepper.step_or_raise to actor mesh 'stepper' outside" in text
+        assert "left by a call() that failed" in text and "gpus=1 (process " in text
+        assert "blocked_in_step" in text
+        _release(m)
+
+        # a one-member stream (an Accumulator's): the call()'s hang
+        reports.texts.clear()
+        fut = Accumulator(one.step, 0, lambda a, b: a + b).accumulate([0])
+        text = wait_until(lambda: reports.texts and reports.texts[0], hang_s + 5,
+                          "the hung one-member stream's warning")
+        assert "none of its 1 members has answered" in text and "gpus=1 (process " in text
+        _release(m)
+        assert fut.get(timeout=60) == 0
+        assert len(reports.texts) == 1
+    finally:
+        pm.stop().get(timeout=60)
 
 
 def test_many_members_blocked_in_two_places_are_two_groups_and_a_hang_is_dumped(watch):

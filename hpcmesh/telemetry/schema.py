@@ -160,7 +160,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           "(runtime/observe/stragglers.py): a straggler (others answered; it has not after "
           "HPCMESH_STRAGGLER_FACTOR x their median answer time and at least "
           "HPCMESH_STRAGGLER_AFTER_S) or a hang (no member answered after "
-          "HPCMESH_HANG_AFTER_S); members with the same stack share a group", (
+          "HPCMESH_HANG_AFTER_S; a call_one or choose() not answered after it is a hang "
+          "too); members with the same stack share a group", (
         TS,
         ("report_id", "int64", "the report (one per call; its rows share it)"),
         ("kind", "string", "straggler or hang; finished: the report's call finished "

@@ -20,6 +20,17 @@ in the ``stragglers`` telemetry table (the dashboard rings the late processes on
 hosts x gpus grid from it), and ``WATCH.reports`` (the admin tree). The stacks come as the admin view gets them: the process's event loop
 (``admin_stacks``), else ``py-spy dump`` or faulthandler through its host agent.
 
+Calls to one member (``call_one``, ``choose``) are not noted at all: their hot path stays
+as it was. The same timer finds them where they already are, in the node's reply table
+(``PortTable.replies``: a reply port per call in flight, its actor id and endpoint). Port
+ids grow with time, so one id taken every so often (a *mark*) dates every port made
+before it; the look walks the table from its oldest entry and stops at the first one
+younger than ``HPCMESH_HANG_AFTER_S`` (one member, nothing answered: the threshold
+of a hang, as for a call() of one member). Endpoint calls older than that which no
+watched call() or stream() covers are named as a hang, the same way, once, grouped per
+actor mesh (``Report.call``: ``"call_one"``): call_one's, choose()'s, and the members a
+call() that failed left waiting (nobody waits on them any more: stuck all the same).
+
 A call that finishes costs nothing more. Answer times are exact for members that answer
 after the first tick that saw their call at least a tick old (a done callback is added then, to
 slow calls only); those that answered before count as answering then, an upper bound, so
@@ -277,11 +288,21 @@ class Report:
     id: int = field(default_factory=lambda: next(_report_ids))
     #: seconds after the call when its last laggard answered (None: not yet)
     finished_after_s: float | None = None
+    #: ``"call"`` (a call() or stream()), or ``"call_one"``: calls to one member each
+    #: (call_one, choose), found in the reply table
+    call: str = "call"
 
     def text(self) -> str:
         late = sum(len(g.members) for g in self.groups)
         call = f"call {self.class_name}.{self.endpoint} to actor mesh {self.mesh!r}"
-        if self.kind == "hang":
+        if self.call == "call_one":
+            calls, have = ("a call", "has") if late == 1 else (f"{late} calls", "have")
+            head = (f"{calls} {self.class_name}.{self.endpoint} to actor mesh {self.mesh!r} "
+                    f"outside any call() still waited on (call_one, choose, or left by a "
+                    f"call() that failed) {have} had no answer after {self.waited_s:.1f} s "
+                    f"(HPCMESH_HANG_AFTER_S={self.threshold_s:g}; an endpoint long on "
+                    f"purpose: raise it, inf for never)")
+        elif self.kind == "hang":
             head = (f"{call}: none of its {self.members} members has answered after "
                     f"{self.waited_s:.1f} s (HPCMESH_HANG_AFTER_S={self.threshold_s:g}; an "
                     f"endpoint long on purpose: raise it, inf for never)")
@@ -308,7 +329,7 @@ class Report:
                 "class": self.class_name, "endpoint": self.endpoint, "members": self.members,
                 "answered": self.answered, "median_s": self.median_s,
                 "threshold_s": self.threshold_s, "waited_s": self.waited_s,
-                "finished_after_s": self.finished_after_s,
+                "finished_after_s": self.finished_after_s, "call": self.call,
                 "groups": [{"count": len(g.members), "headline": g.headline, "stack": g.stack,
                             "members": [{"rank": m.rank, "point": m.point,
                                          "process": m.process, "host": m.host, "pid": m.pid,
@@ -361,6 +382,19 @@ class _Watched:
         self.report: Report | None = None
 
 
+@dataclass(frozen=True)
+class _UnknownMesh:
+    """A mesh called by its actor id that this controller does not track (one it was
+    sent): what a report says of it."""
+    actor_id: str
+
+    @property
+    def name(self) -> str:
+        return f"(actor mesh {self.actor_id[:8]})"
+
+    class_name = "?"
+
+
 class StragglerWatch:
     """The controller's one timer over its outstanding calls (see the module's doc)."""
 
@@ -378,6 +412,14 @@ class StragglerWatch:
         self.closed = False
         self._timer = None
         self._tasks: set = set()
+        # calls to one member, read from the reply table (see the module's doc)
+        self._ports = self.node.ports
+        #: (time, a port id taken then): every port id below it was made before that time
+        self._marks: collections.deque[tuple[float, int]] = collections.deque()
+        #: a mark at most this often: ~64 marks span the hang threshold, whatever it is
+        self._mark_every = max(settings.tick_s, settings.hang_s / 64)
+        #: reply ports of single calls named already, or not ours to name
+        self._named: set[int] = set()
         self.node.call_soon(self._arm)
 
     # -- any thread ------------------------------------------------------------------
@@ -434,6 +476,85 @@ class StragglerWatch:
                 self._finished(w, now)
             elif w.report is None:
                 self._look(w, now)
+        if self.settings.hang_s != float("inf"):
+            self._look_at_single_calls(now)
+
+    def _look_at_single_calls(self, now: float) -> None:
+        """Name the endpoint calls in the reply table older than the hang threshold that
+        no watched call covers: call_one's and choose()'s (module doc). Costs the calls
+        nothing; a look walks only the table's entries older than the threshold."""
+        marks, hang_s = self._marks, self.settings.hang_s
+        if not marks or now - marks[-1][0] >= self._mark_every:
+            marks.append((now, next(self._ports.ids)))
+        while len(marks) > 1 and now - marks[1][0] >= hang_s:
+            marks.popleft()
+        cut_t, cut = marks[0]
+        if now - cut_t < hang_s:
+            return
+        replies = self._ports.replies
+        named = self._named
+        if named:       # forget the answered ones
+            named = self._named = {pid for pid in named if pid in replies}
+        found = []
+        try:
+            # in the order the ports were made (port ids grow): the old ones come first
+            for pid, entry in replies.items():
+                if pid >= cut:
+                    break
+                if entry[2] is not None and pid not in named:
+                    found.append((pid, entry))
+        except RuntimeError:    # another thread's call changed the table: the next look
+            return
+        if found:
+            self._name_single_calls(found, now - cut_t, now)
+
+    def _name_single_calls(self, found: list, waited: float, now: float) -> None:
+        """``found``: (port id, reply entry) of endpoint calls older than the threshold
+        (``waited``: at least this old). Those of a watched call() or stream() are its
+        to name; the rest, per actor mesh not already reported, one report: a laggard per
+        process (its oldest call; those behind it say nothing new)."""
+        covered = {(e[3].actor_id, t.node_id) for e in list(self.live.values())
+                   for _, t in e[2]}
+        busy = self.busy
+        left = []
+        for pid, (sink, peer, actor_id, endpoint) in found:
+            ref = peer.ref if peer is not None else None
+            if ref is None:
+                self._named.add(pid)        # no process to name
+            elif (actor_id, ref.node_id) not in covered and actor_id not in busy:
+                left.append((pid, sink, ref, actor_id, endpoint))
+            # else a watched call's, or behind a reported one: theirs to say
+        if not left:
+            return
+        by_node = {rec.node.node_id: rec for rec in list(self.runtime.procs.values())
+                   if rec.node is not None}
+        per_mesh: dict[str, dict[str, tuple]] = {}
+        for pid, sink, ref, actor_id, endpoint in left:
+            if ref.node_id not in by_node:
+                self._named.add(pid)        # not a process this controller started
+                continue
+            per_mesh.setdefault(actor_id, {}).setdefault(ref.node_id,
+                                                         (pid, sink, ref, endpoint))
+        meshes = {m.actor_id: m for m in self.runtime.actor_meshes()}
+        for actor_id, calls in per_mesh.items():
+            st = meshes.get(actor_id) or _UnknownMesh(actor_id)
+            names = list(getattr(st, "proc_names", ()) or ())
+            pids = [c[0] for c in calls.values()]
+            futs = [c[1] for c in calls.values()]
+            targets = []
+            for _, _, ref, _ in calls.values():
+                name = by_node[ref.node_id].name
+                targets.append((names.index(name) if name in names else 0, ref))
+            endpoint = ", ".join(sorted({c[3] for c in calls.values()}))
+            self._named.update(pids)
+            key = next(self._keys)
+            w = _Watched(key, now - waited, futs, targets, st, endpoint)
+            self.live[key] = (w.t0, futs, targets, st, endpoint)   # until they answer
+            self.slow[key] = w
+            self.busy[actor_id] = w
+            w.report = Report("hang", st.name, actor_id, st.class_name, endpoint, len(futs),
+                              0, None, self.settings.hang_s, waited, [], call="call_one")
+            self._tell(w, list(range(len(futs))), waited)
 
     def _finished(self, w: _Watched, now: float) -> None:
         if w.report is not None:
@@ -468,10 +589,13 @@ class StragglerWatch:
         if age < threshold or w.st.actor_id in self.busy:
             return
         self.busy[w.st.actor_id] = w
-        report = w.report = Report(kind, w.st.name, w.st.actor_id, w.st.class_name,
-                                   w.endpoint, len(futs), len(futs) - len(pending), median,
-                                   threshold, age, [])
-        task = self.node.loop.create_task(self._report(w, report, pending, age))
+        w.report = Report(kind, w.st.name, w.st.actor_id, w.st.class_name, w.endpoint,
+                          len(futs), len(futs) - len(pending), median, threshold, age, [])
+        self._tell(w, pending, age)
+
+    def _tell(self, w: _Watched, pending: list[int], age: float) -> None:
+        """Read the stacks of ``w``'s members ``pending`` and tell its report (a task)."""
+        task = self.node.loop.create_task(self._report(w, w.report, pending, age))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -2,14 +2,22 @@
 
     python examples/slurm_requeue.py --ckpt /shared/me/run1        # 2 nodes, 200 steps
 
-The job is submitted with ``--requeue`` and ``--signal=B:USR1@90``. Slurm's warning before
-the time limit (and before a preemption, where the site gives one: a partition GraceTime
-with ``SlurmctldParameters=preempt_send_user_signal``) reaches the host agents as a notice;
-the controller sees it (``job.watch_notices``) and has every trainer write a checkpoint.
-Where preemption comes without a warning, ``--ckpt-every N`` checkpoints every N steps too.
-When Slurm then ends the run (``scontrol requeue``, a preemption, the time limit,
-``scancel``), that is one job event (``job.watch_events``), not a failure per process: the
-training call in flight raises a SupervisionError whose reason is ``ENDED_BY_SLURM``, and
+The job is submitted with ``--requeue`` and ``--signal=B:USR1@90``. Slurm's notices reach
+the host agents, which record them and go on serving; the controller sees them
+(``job.watch_notices``) and has every trainer write a checkpoint:
+
+- the warning before the time limit (``--signal``: USR1 90 s before);
+- a preemption on a site that gives a grace (the partition's ``GraceTime``): Slurm sends
+  SIGTERM to the job's tasks at once and SIGKILL after GraceTime; in a job step hpcmesh's
+  agents and processes take that SIGTERM as a notice, not a death (as submitit's tasks
+  do), so the checkpoint is written in the grace. (With
+  ``SlurmctldParameters=preempt_send_user_signal`` Slurm sends the ``--signal`` instead.)
+
+Where preemption comes without a grace (GraceTime 0: SIGTERM, then SIGKILL after KillWait),
+``--ckpt-every N`` checkpoints every N steps too. When Slurm then ends the run (``scontrol
+requeue``, the preemption, the time limit, ``scancel``), that is one job event
+(``job.watch_events``), not a failure per process: the call in flight raises a
+SupervisionError whose reason is ``ENDED_BY_SLURM``, and
 
 - if the job comes back (requeued): ``job.state()`` waits for it to run again, reconnects,
   and the new trainers resume from the checkpoint;
@@ -24,7 +32,6 @@ import argparse
 import os
 import queue
 import sys
-import threading
 
 from hpcmesh.actor import Actor, context, endpoint
 from hpcmesh.job import SlurmJob
@@ -77,8 +84,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--chunk", type=int, default=2, help="steps per call")
     ap.add_argument("--ckpt-every", type=int, default=0,
-                    help="also checkpoint every N steps (0: only on Slurm's warning); for "
-                         "sites whose preemption gives no warning (no GraceTime)")
+                    help="also checkpoint every N steps (0: only on Slurm's notices); for "
+                         "sites whose preemption gives no grace (GraceTime 0)")
     ap.add_argument("--step-time", type=float, default=0.25, help="seconds per step")
     ap.add_argument("--time", default="00:30:00", help="the job's time limit")
     ap.add_argument("--signal", default="USR1@90", help="Slurm's warning: SIG@seconds")
@@ -92,8 +99,8 @@ def main() -> int:
     state = job.state(cached_path=None)
     print(f"job {job.job_id} running on {state.trainers.hostnames}", flush=True)
 
-    noticed = threading.Event()
-    job.watch_notices(lambda notice: noticed.set(), interval=0.5)
+    notices: "queue.Queue" = queue.Queue()
+    job.watch_notices(notices.put, interval=0.5)
     events: "queue.Queue" = queue.Queue()
     job.watch_events(events.put, interval=2.0)
 
@@ -101,16 +108,17 @@ def main() -> int:
     print(f"starting at step {step}", flush=True)
     saved_at = step
     while step < args.steps:
-        why = None
-        if noticed.is_set():                       # Slurm's warning: checkpoint now
-            noticed.clear()
-            why = "Slurm's warning"
-        elif args.ckpt_every and step - saved_at >= args.ckpt_every:
-            why = f"every {args.ckpt_every} steps"
-        if why:
-            saved_at = min(trainer.checkpoint.call().get(timeout=60).values())
-            print(f"checkpoint written at step {saved_at} ({why})", flush=True)
         try:
+            why = None
+            while not notices.empty():             # Slurm's notice: checkpoint now
+                notice = notices.get()
+                if notice.get("restart", 0) == job.restart_count:      # (not a run's before)
+                    why = f"Slurm's notice: {notice['signal']} on {notice['host']}"
+            if why is None and args.ckpt_every and step - saved_at >= args.ckpt_every:
+                why = f"every {args.ckpt_every} steps"
+            if why:
+                saved_at = min(trainer.checkpoint.call().get(timeout=60).values())
+                print(f"checkpoint written at step {saved_at} ({why})", flush=True)
             step = min(trainer.train.call(args.chunk, args.step_time).get(
                 timeout=600).values())
             print(f"step {step}", flush=True)

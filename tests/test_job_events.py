@@ -106,6 +106,30 @@ def test_a_line_of_an_earlier_run_says_nothing_of_this_one():
     assert slurm_end_line("*** JOB 43 ON node2 CANCELLED AT garbage ***", "43", since=1) == ""
 
 
+# ``scontrol -o show job`` (Slurm 22.05, the test cluster) of a job chosen for preemption
+# while it runs on for its partition's GraceTime, and of one that was not
+_SHOW_PREEMPTING = ("JobId=82 JobName=g31exp JobState=RUNNING Reason=None Requeue=1 "
+                    "Restarts=0 PreemptEligibleTime=2026-12-06T16:52:41 "
+                    "PreemptTime=2026-12-06T16:53:09 SuspendTime=None")
+_SHOW_RUNNING = _SHOW_PREEMPTING.replace("PreemptTime=2026-12-06T16:53:09", "PreemptTime=None")
+
+
+def test_a_preemption_with_a_grace_time_is_told_as_one_from_scontrols_preempt_time():
+    from hpcmesh.slurm.parsing import parse_scontrol_preempt_time, parse_scontrol_restarts
+    at = parse_scontrol_preempt_time(_SHOW_PREEMPTING)
+    assert at == "2026-12-06T16:53:09" and parse_scontrol_restarts(_SHOW_PREEMPTING) == 0
+    assert parse_scontrol_preempt_time(_SHOW_RUNNING) is None
+    assert parse_scontrol_preempt_time("JobId=1 JobState=RUNNING") is None
+    # running on in its grace: the run goes on (its tasks got SIGTERM: a notice)
+    assert classify("RUNNING", "None", 0, 0, preempted_at=at) == (None, True)
+    # then requeued: without slurmstepd's line yet, the PreemptTime seen says what it was
+    assert classify("COMPLETING", "", 1, 0, preempted_at=at) == (PREEMPTED, True)
+    assert classify("PENDING", "BeginTime", 1, 0, preempted_at=at) == (PREEMPTED, True)
+    assert classify("PENDING", "BeginTime", 1, 0) == (REQUEUED, True)
+    # not requeueable: Slurm ends it; what it was is known before the final state
+    assert classify("COMPLETING", "", 0, 0, preempted_at=at) == (PREEMPTED, True)
+
+
 def test_runs_again_after_a_requeue_only():
     assert runs_again("COMPLETING", 1, 0) and runs_again("PENDING", None, 0)
     assert not runs_again("CANCELLED", 0, 0) and not runs_again("COMPLETING", 0, 0)

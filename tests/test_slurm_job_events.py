@@ -151,8 +151,14 @@ def test_preemption_warning_then_the_job_ends_exits_cleanly(cluster):
         jid = client.wait_for(r"^job (\d+) running", 300).group(1)
         saved = _warn_and_checkpoint(client, jid)
         mark = client.line_count()
+        t0 = time.monotonic()
         _run("scancel", jid)          # the preemptor takes the nodes: the job ends
+        # the agents take scancel's SIGTERM as a notice (they live until Slurm's SIGKILL,
+        # KillWait later): the client asks Slurm on it, and the call in flight fails now
+        client.wait_for(r"^training call failed \(ended by Slurm", 60, after=mark)
+        took = time.monotonic() - t0
         client.wait_for(rf"^job event: Slurm job {jid} was cancelled", 60, after=mark)
+        print(f"\nscancel -> the call in flight failed: {took:.2f} s")
         assert client.finish(60) == 0, client.output
         out = client.output
         assert re.search(rf"Slurm job {jid} will not run again \(cancelled\); the checkpoint "
@@ -219,23 +225,42 @@ def _urgent(node: str) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def test_real_preemption_with_the_default_hook_resumes_from_the_checkpoint(cluster):
-    # this cluster's preemption gives no warning (no GraceTime: in Slurm 22.05 a GraceTime
-    # alone SIGTERMs the tasks, and the job's --signal needs preempt_send_user_signal
-    # besides), so the program checkpoints every 8 steps, as it must on such a site
-    client = Client(cluster, "evpreemptreal", "--steps", "80", "--step-time", "0.25",
-                    "--nodes", "1", "--ckpt-every", "8")
+def _grace_time(partition: str = "debug") -> int:
+    """The partition's preemption GraceTime (tests/cluster/up.sh sets 10 s)."""
+    out = subprocess.run(["scontrol", "show", "partition", partition], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return int(re.search(r"GraceTime=(\d+)", out).group(1))
+
+
+def test_real_preemption_with_a_grace_time_checkpoints_on_the_notice_and_resumes(cluster):
+    # The site gives preempted jobs a grace (GraceTime): Slurm SIGTERMs the job's tasks at
+    # once and SIGKILLs them GraceTime later. With the default hook and no periodic
+    # checkpoint, the program hears the SIGTERM as a notice, checkpoints in the grace, the
+    # job is requeued ('preempted') and the program resumes from that checkpoint.
+    grace = _grace_time()
+    if grace <= 0:
+        pytest.fail("the debug partition has no GraceTime (tests/cluster/up.sh sets 10); on "
+                    "a running cluster: scontrol update PartitionName=debug GraceTime=10")
+    # (enough steps to outlast the grace and the scheduler's pass after it)
+    client = Client(cluster, "evpreemptreal", "--steps", "400", "--step-time", "0.1",
+                    "--nodes", "1")
     jid = urgent = None
     ok = False
     try:
         m = client.wait_for(r"^job (\d+) running on \['([^']+)'\]", 300)
         jid, node = m.group(1), m.group(2)
-        client.wait_for(r"^checkpoint written at step [1-9]\d* \(every 8 steps\)", 120)
+        client.wait_for(r"^step [1-9]\d*", 120)
         mark = client.line_count()
         t_submit = time.monotonic()
         urgent = _urgent(node)
-        # the call in flight fails at once, saying what happened and what to do
-        failed = client.wait_for(r"^training call failed \((.*?)\): (.*)", 30, after=mark)
+        # SIGTERM to the agent: a notice, the program checkpoints on it in the grace
+        saved = client.wait_for(rf"^checkpoint written at step (\d+) \(Slurm's notice: "
+                                rf"SIGTERM on {node}\)", grace, after=mark)
+        t_saved = time.monotonic() - t_submit
+        # training goes on in the grace; then the call in flight fails, saying what
+        # happened and what to do
+        failed = client.wait_for(r"^training call failed \((.*?)\): (.*)", grace + 30,
+                                 after=mark)
         took = time.monotonic() - t_submit
         assert failed.group(1) == "ended by Slurm (preempted)", failed.string
         assert f"Slurm job {jid} was preempted" in failed.group(2), failed.string
@@ -243,7 +268,8 @@ def test_real_preemption_with_the_default_hook_resumes_from_the_checkpoint(clust
         event = client.wait_for(rf"^job event: Slurm job {jid} (was \w+) \((.*)\)", 60,
                                 after=mark)
         assert event.group(1) == "was preempted", event.string
-        assert "DUE TO PREEMPTION" in event.group(2), event.string
+        assert "PreemptTime" in event.group(2) or "DUE TO PREEMPTION" in event.group(2), \
+            event.string
         # state() waits in the queue while the urgent job holds the node
         client.wait_for(rf"job {jid} PENDING", 60, after=mark)
         assert squeue_jobs([urgent])[urgent].state == "RUNNING"
@@ -255,9 +281,17 @@ def test_real_preemption_with_the_default_hook_resumes_from_the_checkpoint(clust
                                       after=mark).group(1))
         assert client.finish(240) == 0, client.output
         out = client.output
-        print(f"\nurgent job {urgent} submitted -> the call in flight failed: {took:.1f} s")
-        assert resumed == _last_checkpoint_before(out, "training call failed") > 0, out
-        assert "done: 80 steps" in out, out
+        print(f"\nurgent job {urgent} submitted (GraceTime {grace} s) -> checkpoint on the "
+              f"SIGTERM notice written: {t_saved:.1f} s; the call in flight failed: "
+              f"{took:.1f} s")
+        # from the checkpoint written on the notice (or on the SIGTERM of the grace's end,
+        # where it was written before the end came), the only kind this run wrote
+        head = out.split("training call failed", 1)[0]
+        assert resumed == _last_checkpoint_before(out, "training call failed") >= int(
+            saved.group(1)) > 0, out
+        assert all("(Slurm's notice: SIGTERM" in ln for ln in head.splitlines()
+                   if ln.startswith("checkpoint written")), out
+        assert "done: 400 steps" in out, out
         _clean(out)
         ok = True
     finally:

@@ -8,9 +8,9 @@ on the old meshes fail saying what happened and what to do (``job.state()``). A 
 runs again after a requeue is one more event, ``running-again``.
 
 :func:`classify` reads the kind from what Slurm says of the job (``squeue``'s state and
-reason, ``scontrol``'s restart count, and slurmstepd's line in the job's stderr, which
-:func:`slurm_end_line` finds); :class:`JobEvents` hands the events to whoever watches,
-once each.
+reason, ``scontrol``'s restart count and PreemptTime, and slurmstepd's line in the job's
+stderr, which :func:`slurm_end_line` finds); :class:`JobEvents` hands the events to whoever
+watches, once each.
 """
 
 from __future__ import annotations
@@ -96,16 +96,17 @@ class JobEvent:
 
 
 def classify(state: str, reason: str, restarts: int | None, known_restart: int,
-             ended: str = "") -> tuple[str | None, bool]:
+             ended: str = "", preempted_at: str | None = None) -> tuple[str | None, bool]:
     """What Slurm's view of a job (``state``, ``reason``, ``restarts``; ``state`` "" when
     Slurm no longer knows the job; ``ended``: slurmstepd's line on the end of a run,
-    :func:`slurm_end_line`) says happened to its run ``known_restart``:
+    :func:`slurm_end_line`; ``preempted_at``: ``scontrol``'s PreemptTime of run
+    ``known_restart``, set while it ran on for a GraceTime) says happened to that run:
     ``(kind, final)``. ``kind`` None: that run goes on (or waits to start). ``final`` False: the job is being
     wound up (COMPLETING) and its last word is still to come (``kind`` is then the best
     guess so far, ``ENDED`` unless the reason says more)."""
     reason_l = (reason or "").lower()
     ended_u = (ended or "").upper()
-    preempted = "preempt" in reason_l or "DUE TO PREEMPTION" in ended_u
+    preempted = "preempt" in reason_l or "DUE TO PREEMPTION" in ended_u or bool(preempted_at)
     if restarts is not None and restarts > known_restart:
         return (PREEMPTED if preempted else REQUEUED), True
     if state in _GOES_ON:

@@ -1014,10 +1014,19 @@ class SlurmJob(JobTrait):
             state = rec.state if rec is not None else ""
             reason = rec.reason if rec is not None and rec.reason not in (
                 "", "None", "(null)") else ""
-            restarts = None
-            if state != "RUNNING" or self.spec.meshes[self.mesh_names[0]].requeue:
-                restarts = slurmctl.restart_count(jid) if rec is not None else None
-            kind, final = classify(state, reason, restarts, known)
+            restarts = preempt_at = None
+            if rec is not None and (state != "RUNNING" or
+                                    self.spec.meshes[self.mesh_names[0]].requeue):
+                restarts, preempt_at = slurmctl.restarts_and_preemption(jid)
+            # chosen for preemption, running on for the partition's GraceTime (its tasks got
+            # SIGTERM: a notice to the agents): kept, since the job's next state may no
+            # longer show it, and slurmstepd's line may not be in its stderr yet
+            chosen = self.__dict__.setdefault("_live_preempt_at", {})
+            if preempt_at and (restarts in (None, known) or
+                               (restarts == known + 1 and state != "RUNNING")):
+                chosen[(jid, known)] = preempt_at       # (not the next run's, running)
+            preempt_at = chosen.get((jid, known))
+            kind, final = classify(state, reason, restarts, known, preempted_at=preempt_at)
             if kind is None:
                 continue
             # squeue shows a preemption in requeue mode as a requeue: slurmstepd's line
@@ -1027,11 +1036,13 @@ class SlurmJob(JobTrait):
             ended = slurm_end_line(log_tail(self._err_path(jid), 40), jid,
                                    since=self._batch_started(known))
             if ended:
-                kind, final = classify(state, reason, restarts, known, ended)
+                kind, final = classify(state, reason, restarts, known, ended, preempt_at)
             said = [state or "no longer known to Slurm"] + ([f"reason {reason}"] if reason
                                                             else [])
             if restarts is not None:
                 said.append(f"restart count {restarts}")
+            if preempt_at:
+                said.append(f"PreemptTime {preempt_at}")
             if ended:
                 said.append(ended)
             return JobEvent(kind, jid, "Slurm says " + ", ".join(said), time.time(), known,

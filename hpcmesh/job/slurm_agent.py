@@ -39,7 +39,8 @@ def ready_name(mesh: str, restart: int | str, procid: str) -> str:
 def agent_main(argv: Sequence[str] | None = None) -> None:
     """One host agent of a Slurm step: listen on this node's chosen interface, dial the
     client (if given), write a ready file in the job folder, exit 0 when it ends. Its
-    signals (HUP: stop now, USR1/USR2: record a notice) are run_agent's."""
+    signals (HUP: stop now, USR1/USR2 and, in a job step, TERM: record a notice) are
+    run_agent's."""
     p = argparse.ArgumentParser(prog="hpcmesh-slurm-agent")
     p.add_argument("--attach", default="", help="client addresses, comma separated")
     p.add_argument("--grace", type=float, default=None)
@@ -75,8 +76,10 @@ def agent_main(argv: Sequence[str] | None = None) -> None:
         # if the client is gone before we started, do not hold the nodes
         initial_wait = args.grace if args.grace is not None else env_number(
             "HPCMESH_LEASE_GRACE", 30, finite=True, env=env)
+    # in a job step, Slurm's SIGTERM is a preemption (GraceTime) or the job's end: a notice
     reason = run_agent(listen, attach, grace=args.grace, initial_wait=initial_wait,
-                       advertise_host=ips[0], ready_file=ready)
+                       advertise_host=ips[0], ready_file=ready,
+                       term_is_notice=bool(env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID")))
     print(f"hpcmesh agent on {socket.gethostname()} done: {reason}", file=sys.stderr, flush=True)
     sys.exit(0)
 

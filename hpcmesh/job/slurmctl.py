@@ -18,13 +18,14 @@ import time
 from typing import Mapping, Sequence
 
 from ..slurm.parsing import (JobRecord, SlurmParseError, command_for_squeue,
-                             command_for_squeue_start, parse_scontrol_restarts, parse_squeue,
+                             command_for_squeue_start, parse_scontrol_preempt_time,
+                             parse_scontrol_restarts, parse_squeue,
                              parse_squeue_start, squeue_job_unknown)
 from ..errors import HpcmeshError
 from ..private_files import append_file
 
 __all__ = ["SlurmError", "need", "run", "start_srun", "squeue_jobs", "squeue_expected_starts",
-           "squeue_steps", "scancel", "scancel_once", "restart_count"]
+           "squeue_steps", "scancel", "scancel_once", "restart_count", "restarts_and_preemption"]
 
 
 class SlurmError(HpcmeshError, RuntimeError):
@@ -139,8 +140,14 @@ def scancel(job_ids: Sequence[str], *, wait: float = 60.0) -> None:
 def restart_count(job_id: str) -> int | None:
     """How often the job was requeued (``Restarts=N`` of ``scontrol show job``); None if
     scontrol cannot say."""
+    return restarts_and_preemption(job_id)[0]
+
+
+def restarts_and_preemption(job_id: str) -> tuple[int | None, str | None]:
+    """``scontrol show job``'s restart count (None: it cannot say) and PreemptTime (None:
+    the job was not chosen for preemption, or scontrol cannot say), in one call."""
     try:
         proc = run(["scontrol", "-o", "show", "job", job_id], timeout=20)
     except SlurmError:
-        return None
-    return parse_scontrol_restarts(proc.stdout)
+        return None, None
+    return parse_scontrol_restarts(proc.stdout), parse_scontrol_preempt_time(proc.stdout)

@@ -29,7 +29,8 @@ from .process import placement
 from .future import Future, set_wait_hook
 from .process.host_agent import HostAgent
 from .observe.console import Console
-from .messages import EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED
+from .messages import (EVENT_ACTOR_FAULT, EVENT_AGENT_EXIT, EVENT_AGENT_NOTICE, EVENT_EXIT,
+                       EVENT_LOG, EVENT_LOG_FOLDED)
 from .links import describe_peer
 from .job_ends import JobEnds
 from .node import Node, NodeRef, current_node, set_current_node
@@ -206,6 +207,8 @@ class ClientRuntime:
             self.report_failure(self.supervisor.owners.get(event[1]), event[2])
         elif kind == EVENT_AGENT_EXIT:
             self._on_agent_exit(*event[1:])
+        elif kind == EVENT_AGENT_NOTICE:
+            self._on_agent_notice(*event[1:])
 
     # -- its processes' lines (observe/console.py) -----------------------------------
     def flush_logs(self, mesh_name: str | None = None) -> None:
@@ -344,6 +347,14 @@ class ClientRuntime:
             rec.stop_class = AGENT_EXITED
             self._fail_waiters(rec, self._stopped(
                 rec, host, rec.pid, f"killed by its host agent ({reason})"))
+
+    def _on_agent_notice(self, agent_id: str, host: str, what: str) -> None:
+        """An agent of a watched job got a notice (SIGTERM in a Slurm step) and goes on:
+        the job is asked now whether it moved (scancel, time limit: its processes end
+        with it at once, not when Slurm's SIGKILL comes) or only will (a preemption's
+        GraceTime: nothing to do here; the program hears of it through the job's
+        notices). Nothing is held: there is nothing to report if it did not move."""
+        self.job_ends.notice(agent_id, f"the host agent on {host} {what}")
 
     def _on_peer_closed(self, node, peer_id: str, exc: BaseException | None) -> None:
         """The last connection to a peer closed. If it is an agent with live processes of

@@ -93,6 +93,14 @@ class JobEnds:
                              name="hpcmesh-job-ends").start()
         return True
 
+    def notice(self, agent_id: str, what: str) -> None:
+        """(loop) A watched job's agent got a notice and goes on (``what``: SIGTERM in a
+        Slurm step): the job is asked whether it moved, nothing held (there is nothing to
+        report if it did not). An ask in flight answers for this notice too."""
+        group = self._groups.get(agent_id)
+        if group is not None and not group.asking and group.ended is None:
+            self.held(agent_id, what, lambda: None)
+
     def _ask(self, group: JobAgents, what: str) -> None:
         try:
             verdict = group.explain(what)
@@ -109,6 +117,11 @@ class JobEnds:
             return
         group.ended = verdict
         self._end(group.agent_ids, verdict)
+        # the agents of the run that ended may still live (a notice of its end came, and
+        # they go on until Slurm's SIGKILL): nothing is left for them to serve
+        for agent_id in group.agent_ids:
+            if self.node.peer_connected(agent_id):
+                self.node.rpc(self.node.ref_of(agent_id), "shutdown_agent")
 
     def _end(self, agent_ids: frozenset, error: SupervisionError, reword: bool = False) -> None:
         """(loop) :meth:`end`; ``reword``: those that ended with the job already get

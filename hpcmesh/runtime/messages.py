@@ -83,6 +83,9 @@ EVENT_LOG_FOLDED = "log_folded"
 EVENT_EXIT = "exit"
 EVENT_ACTOR_FAULT = "actor_fault"          # (ACTOR_FAULT, actor_id, MeshFailure)
 EVENT_AGENT_EXIT = "agent_exit"            # (AGENT_EXIT, agent_node_id, hostname, reason)
+# (AGENT_NOTICE, agent_node_id, hostname, what): a signal the agent takes as a notice, not a
+# stop (SIGTERM in a Slurm step: the job is being preempted or ended); it goes on serving
+EVENT_AGENT_NOTICE = "agent_notice"
 
 
 #: Each kind's name and how many fields its messages have, the code included.

@@ -1036,6 +1036,16 @@ def parse_scontrol_restarts(text: str) -> int | None:
     return None
 
 
+def parse_scontrol_preempt_time(text: str) -> str | None:
+    """``PreemptTime`` from ``scontrol -o show job ID``: when Slurm chose the running job
+    for preemption (it runs on for the partition's GraceTime), None when it did not."""
+    for word in (text or "").split():
+        if word.startswith("PreemptTime="):
+            value = word.split("=", 1)[1]
+            return None if value in ("", "None", "Unknown", "(null)") else value
+    return None
+
+
 # --------------------------------------------------------------------------
 # sbatch
 

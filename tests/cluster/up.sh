@@ -221,7 +221,9 @@ ProctrackType=proctrack/cgroup
 # ended by the kernel's OOM killer and Slurm says OUT_OF_MEMORY (issue 31's failure class)
 TaskPlugin=task/cgroup
 # real preemption: a job of the 'urgent' partition (PriorityTier 10) requeues the
-# jobs of debug/batch it needs the nodes of (PreemptMode=REQUEUE)
+# jobs of debug/batch it needs the nodes of (PreemptMode=REQUEUE), after their
+# partition's GraceTime (10 s: SIGTERM to their tasks at once, SIGKILL at its end), as
+# sites that let jobs checkpoint do (no preempt_send_user_signal: SIGTERM is the notice)
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 SchedulerType=sched/backfill
@@ -249,8 +251,8 @@ for ((k = 1; k <= N; k++)); do
     echo "NodeName=node$k NodeAddr=$(hpcm_node_addr "$k") NodeHostname=node$k CPUs=4 RealMemory=32000 Gres=gpu:$HPCM_FAKE_GPUS State=UNKNOWN"
 done >>"$HPCM_SLURM_ETC/slurm.conf"
 cat >>"$HPCM_SLURM_ETC/slurm.conf" <<EOF
-PartitionName=debug Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP
-PartitionName=batch Nodes=$nodelist Default=NO MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=$nodelist Default=YES MaxTime=INFINITE State=UP GraceTime=10
+PartitionName=batch Nodes=$nodelist Default=NO MaxTime=INFINITE State=UP GraceTime=10
 PartitionName=urgent Nodes=$nodelist Default=NO MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF
 EOF
 

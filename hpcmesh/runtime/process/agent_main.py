@@ -20,6 +20,16 @@ SIGUSR1, SIGUSR2            Slurm's warning before a time limit or preemption (`
                             the notice file (``$HPCMESH_SLURM_NOTICE``, which the agent's
                             processes read through ``slurm_notice()``), say so on stderr and
                             keep serving, so actors can checkpoint before the end.
+SIGTERM in a Slurm step     (``term_is_notice``: the Slurm agent inside a job step) a notice
+                            too, not a stop: Slurm sends it to the steps' tasks when it
+                            preempts the job (at the start of the partition's GraceTime) and
+                            when it ends it (scancel, time limit, requeue), and SIGKILLs them
+                            GraceTime or KillWait later. The agent records it as above, tells
+                            its controllers at once (``HostAgent.announce_notice``: the client
+                            asks Slurm whether the job moved, so a scancel still ends its view
+                            at once) and keeps serving, as do its fork server and processes
+                            (``TERM_NOTICE_VAR``), so the program can checkpoint in the grace.
+                            submitit ignores SIGTERM in its tasks for the same reason.
 ==========================  ===============================================================
 
 Before this module there were three policies. ``hpcmesh worker`` and
@@ -51,9 +61,10 @@ from ...transport import tls
 from ...transport.addresses import secret_from_env
 from ..loop import new_event_loop
 from .agent_serve import Lease, serve
+from .bootstrap import TERM_NOTICE_VAR
 
 __all__ = ["run_agent", "exit_status", "record_notice", "configure_logging", "NOTICE_VAR",
-           "STOP_SIGNALS", "NOTICE_SIGNALS"]
+           "STOP_SIGNALS", "NOTICE_SIGNALS", "TERM_NOTICE_VAR"]
 
 #: The notice file of an agent and its processes (``slurm_notice()`` reads it).
 NOTICE_VAR = "HPCMESH_SLURM_NOTICE"
@@ -65,7 +76,7 @@ def run_agent(listen: str | Sequence[str] = "tcp://0.0.0.0:0", attach: Sequence[
               secret: bytes | None = None, *, grace: float | None = None,
               initial_wait: float | None = None, advertise_host: str | None = None,
               ready_file: str | None = None, notice_file: str | None = None,
-              ca=None) -> str:
+              ca=None, term_is_notice: bool = False) -> str:
     """Run a host agent in this process (its main thread) until it ends; why it ended.
 
     ``secret``: default ``$HPCMESH_SECRET`` / ``$HPCMESH_SECRET_FILE``. ``grace``: seconds
@@ -74,6 +85,9 @@ def run_agent(listen: str | Sequence[str] = "tcp://0.0.0.0:0", attach: Sequence[
     ``notice_file``: default ``$HPCMESH_SLURM_NOTICE``. ``ca``: TLS as in
     :func:`hpcmesh.transport.tls.settings` (default ``$HPCMESH_TLS_CA``); it is put in the
     environment, which the agent's node and every process it starts read.
+    ``term_is_notice``: SIGTERM is a notice, not a stop (an agent in a Slurm job step; see
+    the module's table); also put in the environment (``TERM_NOTICE_VAR``), for its
+    processes, or taken out of it.
     """
     secret = secret or secret_from_env()
     listen = [listen] if isinstance(listen, str) else list(listen)
@@ -92,14 +106,21 @@ def run_agent(listen: str | Sequence[str] = "tcp://0.0.0.0:0", attach: Sequence[
     tls_settings = tls.settings(ca)
     if tls_settings is not None:
         os.environ.update(tls_settings.env())
+    if term_is_notice:
+        os.environ[TERM_NOTICE_VAR] = "1"
+    else:       # (inherited from an agent above this one: not ours to follow)
+        os.environ.pop(TERM_NOTICE_VAR, None)
     lease = Lease(grace, initial_wait)
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, lease.stop, f"received {sig.name}")
+            if not (term_is_notice and sig == signal.SIGTERM):
+                loop.add_signal_handler(sig, lease.stop, f"received {sig.name}")
         for sig in NOTICE_SIGNALS:
             loop.add_signal_handler(sig, record_notice, notice_file, sig)
+        if term_is_notice:
+            loop.add_signal_handler(signal.SIGTERM, _term_notice, notice_file, lease)
         return loop.run_until_complete(serve(listen, list(attach), secret, lease,
                                              advertise_host, ready_file))
     finally:
@@ -115,6 +136,12 @@ def exit_status(reason: str) -> int:
     return 0 if reason.startswith(("received", "controller gone")) else 1
 
 
+def _term_notice(path: str | None, lease: Lease) -> None:
+    """SIGTERM in a Slurm step: recorded like a warning, and told to the controllers now."""
+    record_notice(path, signal.SIGTERM)
+    lease.notice("received SIGTERM from Slurm (preemption, or the job's end)")
+
+
 def record_notice(path: str | None, signum: int) -> None:
     """Append one time-limit/preemption warning to the notice file (a JSON line: signal,
     time, host, Slurm job id, node id, pid, restart count) and say so on stderr."""
@@ -122,9 +149,11 @@ def record_notice(path: str | None, signum: int) -> None:
              "host": socket.gethostname(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
              "slurm_nodeid": os.environ.get("SLURM_NODEID"), "pid": os.getpid(),
              "restart": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
-    print(f"hpcmesh agent on {entry['host']}: received {entry['signal']} (Slurm time-limit or "
-          f"preemption warning); recorded in {path or '(no notice file)'}", file=sys.stderr,
-          flush=True)
+    what = ("Slurm preempts or ends the job: SIGKILL follows after the partition's "
+            "GraceTime or KillWait; serving on until then" if signum == signal.SIGTERM
+            else "Slurm time-limit or preemption warning")
+    print(f"hpcmesh agent on {entry['host']}: received {entry['signal']} ({what}); recorded "
+          f"in {path or '(no notice file)'}", file=sys.stderr, flush=True)
     if not path:
         return
     try:    # one write of one line in append mode: agents sharing the file do not interleave

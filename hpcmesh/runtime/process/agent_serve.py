@@ -39,6 +39,10 @@ class Lease:
         self.reason = ""
         self.controllers: set[str] = set()
         self._timer = None
+        #: who hears of a notice (``notice``): the agent, once it runs; those that came
+        #: before it are kept for it
+        self.on_notice = None
+        self._notices: list[str] = []
 
     def watch(self, node: Node) -> None:
         """Start counting: follow the controllers that say hello to ``node`` and leave it."""
@@ -68,6 +72,21 @@ class Lease:
         if not self.controllers:
             self.stop(reason)
 
+    def notice(self, what: str) -> None:
+        """A signal that is a notice, not a stop (SIGTERM in a Slurm step): the agent tells
+        its controllers."""
+        if self.on_notice is None:
+            self._notices.append(what)
+        else:
+            self.on_notice(what)
+
+    def hear_notices(self, callback) -> None:
+        """``callback(what)`` for each notice from now on, and for those that came before."""
+        self.on_notice = callback
+        early, self._notices = self._notices, []
+        for what in early:
+            callback(what)
+
     def stop(self, reason: str) -> None:
         """End now, controller or not; the first reason given is the one reported."""
         if not self.done.is_set():
@@ -92,6 +111,7 @@ async def serve(listen: list[str], attach: list[str], secret: bytes, lease: Leas
     # HostMesh.shutdown(): the controller ends this agent (its processes were stopped first)
     node.services["shutdown_agent"] = lambda: lease.stop("shut down by its HostMesh")
     lease.watch(node)
+    lease.hear_notices(agent.announce_notice)
     if ready_file:
         with open(ready_file, "w") as f:
             f.write("\n".join(node.addresses) + "\n")

@@ -28,6 +28,11 @@ PROC_MODULE = "hpcmesh.runtime.proc"
 #: SlurmAllocation, ``sbatch/workers.sh``): the interpreter it runs, which its processes
 #: run too (``job.agent_mesh.agent_bootstrap``: a compute node may lack the controller's).
 AGENT_PYTHON_VAR = "HPCMESH_AGENT_PYTHON"
+#: "1" in a host agent whose SIGTERM is a notice, not a stop (one in a Slurm job step:
+#: Slurm's SIGTERM there is a preemption's or the job's end, SIGKILL follows after GraceTime
+#: or KillWait; ``agent_main``), and so in the fork server and the processes it starts:
+#: they keep running on SIGTERM, and the agent stops them with SIGHUP instead.
+TERM_NOTICE_VAR = "HPCMESH_TERM_IS_NOTICE"
 
 
 class BootstrapCommand:

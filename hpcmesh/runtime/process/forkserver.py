@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 
+from .bootstrap import TERM_NOTICE_VAR
 from .zygote import PRELOAD_VAR, ZYGOTE_FD_VAR, MessageReader, encode, preload_names
 
 
@@ -53,6 +54,7 @@ def _child(env: dict, cwd: str, out_fd: int, err_fd: int) -> None:
         os.environ.update(env)
         os.chdir(cwd)       # the agent's directory now, as an exec'd process would have
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # (ignored by the zygote: serve())
         sys.argv = [sys.argv[0]]
         from . import proc
         proc.main()            # ends with os._exit, or SystemExit(0) once stopped cleanly
@@ -100,6 +102,10 @@ def serve(sock: socket.socket) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    if os.environ.get(TERM_NOTICE_VAR):
+        # a notice to its agent (a Slurm step's SIGTERM): were it to end, the exits of the
+        # processes it forked would go unreported; the agent ends it with SIGKILL
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     reader = MessageReader()
     while True:
         ready, _, _ = select.select([sock, wake_r], [], [])

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 from .exit_actions import VAR as EXIT_ACTIONS_VAR, run_exit_actions
 from ..observe import telemetry_recorder
-from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, BootstrapCommand,
-                        build_environment, runs_entry_point, unwrap_agent_python)
+from .bootstrap import (BOOTSTRAP_MODE_VAR, LOG_CHANNEL_VAR, PROCESS_NAME_VAR, TERM_NOTICE_VAR,
+                        BootstrapCommand, build_environment, runs_entry_point,
+                        unwrap_agent_python)
 from ...private_files import RUNTIME_VAR, append_file, private_dir, runtime_dir
 from ...settings import env_flag
 from . import placement
@@ -33,7 +34,8 @@ from ...log_tail import log_tail
 from .gpu_binding import BINDING_VAR, SLOT_VAR, can_pin, gpu_env, gpu_indexes
 from ..observe.introspect import dump_stacks_by_pyspy, dump_stacks_by_signal, remove_stack_file
 from ..observe.log_fold import TimedFolders
-from ..messages import EVENT_AGENT_EXIT, EVENT_EXIT, EVENT_LOG, EVENT_LOG_FOLDED, deliver_msg
+from ..messages import (EVENT_AGENT_EXIT, EVENT_AGENT_NOTICE, EVENT_EXIT, EVENT_LOG,
+                        EVENT_LOG_FOLDED, deliver_msg)
 from ..node import Node, NodeRef, PortRef
 from ..relay import CastRelay
 from .oom import AGE_S as OOM_AGE_S, OomWatch
@@ -581,13 +583,15 @@ class HostAgent:
     # -- stopping -------------------------------------------------------------------
     async def stop_procs(self, names: list[str], grace: float = 5.0) -> dict:
         """Stop processes: wait up to ``grace`` for them to exit (the controller has asked
-        them to), then SIGTERM, then SIGKILL; returns their exit codes."""
+        them to), then SIGTERM (SIGHUP where SIGTERM is a notice: ``TERM_NOTICE_VAR``), then
+        SIGKILL; returns their exit codes."""
         procs = [self.procs[n] for n in names if n in self.procs]
         for p in procs:
             p.stop_asked = True
         gone = {n: self.exited[n] for n in names if n not in self.procs and n in self.exited}
         await self._wait_exited(procs, grace)
-        for sig, wait in ((signal.SIGTERM, min(max(grace, 0.5), 2.0)), (signal.SIGKILL, 5.0)):
+        stop = signal.SIGHUP if os.environ.get(TERM_NOTICE_VAR) else signal.SIGTERM
+        for sig, wait in ((stop, min(max(grace, 0.5), 2.0)), (signal.SIGKILL, 5.0)):
             left = [p for p in procs if p.returncode is None]
             if not left:
                 break
@@ -626,11 +630,21 @@ class HostAgent:
         signal, its lease, its HostMesh's shutdown) and takes them along. An agent that
         just vanishes says nothing: its controllers count its host as lost."""
         self.flush_logs()                # the folded lines come before the news
+        self._tell_controllers(EVENT_AGENT_EXIT, reason)
+
+    def announce_notice(self, what: str) -> None:
+        """Tell each controller with processes here of a notice this agent got (``what``;
+        SIGTERM in a Slurm step), now: it asks its job whether it moved (a scancel, a time
+        limit) or only will (a preemption's GraceTime). The agent and its processes go on."""
+        self._tell_controllers(EVENT_AGENT_NOTICE, what)
+
+    def _tell_controllers(self, kind: str, why: str) -> None:
+        """(kind, this agent's node id, host, why) to each controller with processes here."""
         ports = {p.events for p in self.procs.values() if p.events is not None}
         for port in ports:
             try:
                 self.node.send(port.node, deliver_msg(port.port_id, (
-                    EVENT_AGENT_EXIT, self.node.node_id, self.hostname, reason)))
+                    kind, self.node.node_id, self.hostname, why)))
             except Exception:  # noqa: BLE001 - that controller is gone already
                 pass
 

@@ -21,7 +21,7 @@ from ...private_files.modules import current_folder_last
 from ...settings import env_number, log_level
 from ...transport.addresses import secret_from_env
 from ..actor_services import ActorServices
-from .bootstrap import PROCESS_NAME_VAR
+from .bootstrap import PROCESS_NAME_VAR, TERM_NOTICE_VAR
 from ..future import register_loop_thread
 from ..observe.introspect import install_services, install_stack_dump_handler
 from .lease_watchdog import LeaseWatchdog
@@ -113,13 +113,23 @@ class ProcRuntime:
         self.node.loop.call_later(0.02, self.done.set)
         return os.getpid()
 
-    def on_sigterm(self) -> None:
-        """SIGTERM (the agent's force-stop, Slurm's end of job): stop cleanly, then exit.
-        The calls in flight get no answer from here: why they end is the controller's to
-        say (the job was requeued, the mesh was stopped, ...; SPEC §12), from this exit."""
+    def on_sigterm(self, signum: int = signal.SIGTERM) -> None:
+        """SIGTERM (the agent's force-stop, Slurm's end of job; SIGHUP where SIGTERM is a
+        notice, ``TERM_NOTICE_VAR``): stop cleanly, then exit. The calls in flight get no
+        answer from here: why they end is the controller's to say (the job was requeued,
+        the mesh was stopped, ...; SPEC §12), from this exit."""
         if self._stopping is None and not self.done.is_set():
-            self.exit_code = 128 + signal.SIGTERM
+            self.exit_code = 128 + signum
             self._stopping = self.node.loop.create_task(self.stop(quietly=True))
+
+    @staticmethod
+    def on_term_notice() -> None:
+        """SIGTERM in a Slurm step: the job is being preempted or ended, SIGKILL follows
+        after the grace; keep running (the agent told the controller) so the program can
+        checkpoint."""
+        print(f"hpcmesh process {os.environ.get(PROCESS_NAME_VAR, os.getpid())}: received "
+              f"SIGTERM in a Slurm step (a preemption, or the job's end): going on until "
+              f"stopped", file=sys.stderr, flush=True)
 
 async def _amain() -> int:
     env = os.environ
@@ -140,7 +150,11 @@ async def _amain() -> int:
     node.listen([node.unix_address(), f"tcp://{host}:0"])
     set_current_node(node)
     rt = ProcRuntime(node, controller, grace)
-    loop.add_signal_handler(signal.SIGTERM, rt.on_sigterm)
+    if env.get(TERM_NOTICE_VAR):
+        loop.add_signal_handler(signal.SIGTERM, rt.on_term_notice)
+        loop.add_signal_handler(signal.SIGHUP, rt.on_sigterm, signal.SIGHUP)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, rt.on_sigterm)
     install_stack_dump_handler()    # stacks even while an endpoint blocks the loop
     # A SIGTERM while still connecting (a mesh stopped as it starts) ends the process now:
     # there are no actors to clean up yet.

@@ -206,3 +206,56 @@ def test_sigterm_outside_a_slurm_step_still_stops_the_slurm_agent(tmp_path):
     agent.send_signal(signal.SIGTERM)
     assert agent.wait(15) == 0 and time.monotonic() - t0 < 5
     assert "exiting: received SIGTERM" in agent.stderr.read()
+
+
+def test_a_notice_of_a_job_that_moved_ends_its_run_at_once(tmp_path):
+    """SIGTERM of a job's end (scancel, time limit, requeue: Slurm says the job moved): the
+    calls on its processes fail at once with the job's words, and the client ends the old
+    run's agent (and so its processes) instead of leaving them to Slurm's SIGKILL."""
+    from hpcmesh.actor import Actor, SupervisionError, attach_to_workers, endpoint
+    from hpcmesh.runtime.client import client_runtime
+    from hpcmesh.runtime.errors import ENDED_BY_SLURM
+
+    class Slow(Actor):
+        @endpoint
+        def pid(self) -> int:
+            return os.getpid()
+
+        @endpoint
+        def sleep(self, s: float) -> None:
+            time.sleep(s)
+
+    secret = os.urandom(32)
+    agent, addr = _start_slurm_agent(tmp_path, secret, SLURM_STEP_ID="0")
+    pids: list[int] = []
+    try:
+        hosts = attach_to_workers([addr], secret=secret, timeout=30)
+        moved = SupervisionError("Slurm job 4242 was cancelled (Slurm says CANCELLED)",
+                                 exit_status="ended by Slurm (cancelled)",
+                                 reason=ENDED_BY_SLURM)
+        unwatch = client_runtime().watch_job_ends([hosts.refs[0].agent.node_id],
+                                                  lambda what: moved)
+        procs = hosts.spawn_procs({"p": 1})
+        slow = procs.spawn("slow", Slow)
+        pids = list(slow.pid.call().get(timeout=60).values())
+        call = slow.sleep.call(600)
+        t0 = time.monotonic()
+        agent.send_signal(signal.SIGTERM)
+        with pytest.raises(SupervisionError, match="was cancelled") as e:
+            call.get(timeout=30)
+        failed = time.monotonic() - t0
+        assert e.value.reason == ENDED_BY_SLURM
+        assert agent.wait(15) == 0
+        gone = time.monotonic() - t0
+        assert wait_gone(pids, 5) == []
+        print(f"\nSIGTERM of a job that moved -> the call failed: {failed:.3f} s, its agent "
+              f"was gone: {gone:.2f} s")
+        assert failed < 3 and gone < 5
+        assert "exiting: shut down by its HostMesh" in agent.stderr.read()
+        unwatch()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        for pid in wait_gone(pids, 0):
+            os.kill(pid, signal.SIGKILL)

@@ -79,11 +79,16 @@ def test_worker_notes_usr1_and_stop_signals_kill_what_actors_started(tmp_path, s
         assert f"exiting: received {stop}" in err and "recorded in" in err
         assert wait_gone(pids, 10) == [], f"survived {stop} to their agent"
     finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
-        for pid in wait_gone(pids, 0):
-            os.kill(pid, signal.SIGKILL)
+        _end(agent, pids)
+
+
+def _end(agent: subprocess.Popen, pids: list[int]) -> None:
+    """Whatever a test's agent and processes left running goes."""
+    if agent.poll() is None:
+        agent.kill()
+        agent.wait()
+    for pid in wait_gone(pids, 0):
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_exit_status_of_an_agent():
@@ -182,11 +187,7 @@ def test_sigterm_in_a_slurm_step_is_a_notice_the_client_hears_at_once(tmp_path):
         assert agent.wait(15) == 0 and time.monotonic() - t0 < 5
         assert "exiting: received SIGHUP" in agent.stderr.read()
     finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
-        for pid in wait_gone(pids, 0):
-            os.kill(pid, signal.SIGKILL)
+        _end(agent, pids)
 
 
 def _children(pid: int) -> list[int]:
@@ -254,8 +255,4 @@ def test_a_notice_of_a_job_that_moved_ends_its_run_at_once(tmp_path):
         assert "exiting: shut down by its HostMesh" in agent.stderr.read()
         unwatch()
     finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
-        for pid in wait_gone(pids, 0):
-            os.kill(pid, signal.SIGKILL)
+        _end(agent, pids)

@@ -283,7 +283,7 @@ def test_real_preemption_with_a_grace_time_checkpoints_on_the_notice_and_resumes
         out = client.output
         print(f"\nurgent job {urgent} submitted (GraceTime {grace} s) -> checkpoint on the "
               f"SIGTERM notice written: {t_saved:.1f} s; the call in flight failed: "
-              f"{took:.1f} s")
+              f"{took:.1f} s\n{event.string}")
         # from the checkpoint written on the notice (or on the SIGTERM of the grace's end,
         # where it was written before the end came), the only kind this run wrote
         head = out.split("training call failed", 1)[0]

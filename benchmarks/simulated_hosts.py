@@ -9,7 +9,9 @@ with the handshake), every frame and every message. What is simulated: a "proces
 hundreds of them share one event loop in one OS process (``--sim-processes`` of those), so
 no fork, no interpreter start, no lease, no log pipes, no exit reports. Each simulated
 agent relays casts (``runtime/relay.py``) to its processes over the memory backend (in the
-simulating process) rather than Unix sockets. A simulated process's
+simulating process) rather than Unix sockets, and listens as a real one does, so that the
+head of a tree of relays forwards to it (memory backend within a simulating process, a
+Unix socket across two). A simulated process's
 work (decoding a call, running a no-op async endpoint, replying) costs what a real one's
 does, but they take turns on the simulating processes' cores: wall times past a few
 hundred members measure those cores as much as the controller. The controller's own CPU
@@ -64,8 +66,10 @@ async def _serve(attach: list[str], hosts: list[int], per_host: int, prefix: str
         return node
 
     def agent_node(h: int) -> Node:
-        node = Node(secret, loop, role="agent", name=f"{prefix}-agent-{h}",
-                    info={"simulated": True})
+        name = f"{prefix}-agent-{h}"
+        node = Node(secret, loop, role="agent", name=name, info={"simulated": True})
+        # where a tree's head forwards to it from (another simulating process: Unix)
+        node.listen([f"memory://{name}", node.unix_address()])
         CastRelay(node)         # fans calls out to its processes, folds their answers
 
         def stop_procs(names: list, grace: float) -> dict:

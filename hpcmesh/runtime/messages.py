@@ -56,10 +56,11 @@ MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host
 #                   count (its ``seqs`` entry; 0 where none)
 MSG_CAST_TREE = 8  # (CAST_TREE, reply_to, actor_id, endpoint, payload, extent_items, share,
 #                   subtrees): a cast through a tree of host agents (``runtime/relay.py``):
-#                   the agent forwards each of ``subtrees`` [(agent NodeRef, share,
-#                   subtrees)] to its agent, then hands its own ``share`` (members, ports,
-#                   seqs as in MSG_CAST; members may come pickled, None: none here) their
-#                   calls; answers go straight to ``reply_to`` (the sender's NodeRef)
+#                   the agent forwards each of ``subtrees`` [(agent node_id, addresses,
+#                   share, subtrees)] to its agent, then hands its own ``share`` (members,
+#                   ports, seqs as in MSG_CAST; members may come pickled, None: none here)
+#                   their calls; answers go straight to ``reply_to`` (the sender's
+#                   (node_id, addresses))
 
 #: Where a call's fields sit (for the few places that read one field, not all).
 CALL_ACTOR, CALL_ENDPOINT, CALL_PAYLOAD, CALL_REPLY, CALL_RANK, CALL_EXTENT = range(1, 7)
@@ -116,7 +117,7 @@ def layout_problem(msg: tuple) -> str | None:
                 MSG_CAST: (str, str, object, (tuple, type(None)), tuple, (list, type(None)),
                            list),
                 MSG_CAST_REPLY: (list,),
-                MSG_CAST_TREE: (NodeRef, str, str, object, (tuple, type(None)), tuple, list),
+                MSG_CAST_TREE: (tuple, str, str, object, (tuple, type(None)), tuple, list),
                 }.get(kind, ())
     for i, (value, types) in enumerate(zip(msg[1:], expected), 1):
         if not isinstance(value, types):

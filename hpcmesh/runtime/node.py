@@ -456,10 +456,10 @@ class Node:
             if self.cast_handler is None:
                 err = LookupError(f"{self.name or self.role} relays no calls (not a host agent)")
                 ports = msg[6] if kind == MSG_CAST else list(relay.tree_ports(msg[6], msg[7]))
-                to = origin if kind == MSG_CAST else msg[1].node_id
+                to = origin if kind == MSG_CAST else msg[1][0]
                 if to is not None and ports:
                     if kind == MSG_CAST_TREE:
-                        self.peers.peer(msg[1])
+                        self.peers.peer(NodeRef(msg[1][0], tuple(msg[1][1])))
                     self.send(self.ref_of(to), cast_reply_msg(
                         [(port, MSG_FAIL, err, 0, 0) for port in ports]), buffers=[])
                 return

@@ -241,6 +241,7 @@ def cast_tree(node: Node, heads: list[HostGroup], actor_id: str, endpoint: str,
     straight: list = []
     detours: list = []
     flat: list = []
+    reply_to = _reply_to(node)
     with _SENDING:
         for head in heads:
             hp = by_id.get(head.agent.node_id)
@@ -250,7 +251,7 @@ def cast_tree(node: Node, heads: list[HostGroup], actor_id: str, endpoint: str,
                 continue
             share, sub = _tree_share(node, head, hp.inflight, actor_id, endpoint, reply,
                                      out, fan, straight, detours)
-            _send_tree(node, head.agent, (MSG_CAST_TREE, node.ref, actor_id, endpoint,
+            _send_tree(node, head.agent, (MSG_CAST_TREE, reply_to, actor_id, endpoint,
                                           payload, ext, share, sub), bufs)
         for d in detours:
             _detour(node, *d, actor_id, endpoint, payload, bufs, ext, reply, out, fan)
@@ -276,46 +277,49 @@ def _tree_share(node: Node, g: HostGroup, inflight: set, actor_id: str, endpoint
     """Group ``g``'s share of a tree cast, numbered, and its children's: (share,
     subtrees) as MSG_CAST_TREE carries them. Under ``_SENDING``."""
     via, path = g.via, g.path
-    ports = [] if reply else None
-    seqs = [] if reply else None
-    chosen = []
-    all_in = True
+    skipped = None              # positions in g of members not in this share
     if reply:
+        ports, seqs = [], []
         expect = node.ports.expect_reply
         expect_into = node.ports.expect_into
-    for slot, ref, member, p in zip(g.slots, g.refs, g.members, g.peers):
+    for i, p in enumerate(g.peers):
         if p.lost is not None and p.conn is None:
-            straight.append((slot, ref))        # gone: the direct path says why
-            all_in = False
+            straight.append((g.slots[i], g.refs[i]))    # gone: the direct path says why
+            skipped = (skipped or set()) | {i}
             continue
         if p.relay_sent != p.relay_acked:
             if (p.relay_via is not via or p.relay_path is not path) \
                     and not _on_route(node, p, via, path):
-                detours.append((slot, p, ref, member))
-                all_in = False
+                detours.append((g.slots[i], p, g.refs[i], g.members[i]))
+                skipped = (skipped or set()) | {i}
                 continue
         elif p.inflight:
-            straight.append((slot, ref))        # behind its direct calls in flight
-            all_in = False
+            straight.append((g.slots[i], g.refs[i]))    # behind its direct calls in flight
+            skipped = (skipped or set()) | {i}
             continue
         p.relay_sent += 1
         p.relay_via = via
         p.relay_path = path
-        chosen.append(member)
         if reply:
             seqs.append(p.relay_sent)
+            slot = g.slots[i]
             if fan is not None:
                 pid = expect_into(p, fan.slot(slot), actor_id, endpoint)
             else:
                 out[slot], pid = expect(p, actor_id, endpoint)
             inflight.add(pid)
             ports.append(pid)
-    if not chosen:
+    if skipped is None:
+        share = (g.blob, ports, seqs) if reply else (g.blob, None, None)
+    elif len(skipped) == len(g.peers):
         share = (None, None, None)
     else:
-        share = (g.blob if all_in else pickle.dumps(tuple(chosen), PROTOCOL), ports, seqs)
-    return share, [(c.path[-1], *_tree_share(node, c, inflight, actor_id, endpoint, reply,
-                                             out, fan, straight, detours))
+        chosen = tuple(m for i, m in enumerate(g.members) if i not in skipped)
+        share = (pickle.dumps(chosen, PROTOCOL), ports if reply else None,
+                 seqs if reply else None)
+    return share, [(c.path[-1].node_id, c.path[-1].addresses,
+                    *_tree_share(node, c, inflight, actor_id, endpoint, reply, out, fan,
+                                 straight, detours))
                    for c in g.children]
 
 
@@ -372,17 +376,23 @@ def _send_route(node: Node, p: Peer, members: tuple, ports: list | None, seqs: l
         return
     share, sub = (members, ports, seqs), []
     for hop in reversed(p.relay_path):
-        sub = [(hop, share, sub)]
+        sub = [(hop.node_id, hop.addresses, share, sub)]
         share = (None, None, None)
-    _send_tree(node, p.relay_via, (MSG_CAST_TREE, node.ref, actor_id, endpoint, payload, ext,
-                                   share, sub), bufs)
+    _send_tree(node, p.relay_via, (MSG_CAST_TREE, _reply_to(node), actor_id, endpoint,
+                                   payload, ext, share, sub), bufs)
+
+
+def _reply_to(node: Node) -> tuple:
+    """This node as a tree cast names where answers go (a plain tuple: a dataclass
+    pickles slowly)."""
+    return (node.node_id, tuple(node.addresses))
 
 
 def tree_ports(share: tuple, subtrees: list):
     """Every reply port of a MSG_CAST_TREE's ``share`` and ``subtrees``."""
     if share[1]:
         yield from share[1]
-    for _, sh, sub in subtrees:
+    for _, _, sh, sub in subtrees:
         yield from tree_ports(sh, sub)
 
 
@@ -590,18 +600,18 @@ class CastRelay:
         node = self.node
         STATS["casts"] += 1
         bufs = list(buffers) if type(payload) is not tuple else []
-        origin = reply_to.node_id
-        node.peers.peer(reply_to)       # how to answer a sender this agent never met
+        origin = reply_to[0]
+        node.peers.peer(NodeRef(*reply_to))     # how to answer a sender never met
         sent = []
-        for child in subtrees:
-            ref, child_share, child_sub = child
+        for nid, addresses, child_share, child_sub in subtrees:
+            ref = NodeRef(nid, tuple(addresses))
             try:
                 node.send(ref, (MSG_CAST_TREE, reply_to, actor_id, endpoint, payload, ext,
                                 child_share, child_sub), buffers=bufs)
                 STATS["forwards"] += 1
-                sent.append(ref.node_id)
+                sent.append(nid)
             except Exception as e:  # noqa: BLE001 - that subtree's calls fail, named
-                err = ConnectionError(f"host agent {ref.node_id[:8]} cannot be reached from "
+                err = ConnectionError(f"host agent {nid[:8]} cannot be reached from "
                                       f"the host agent {node.name or node.node_id[:8]} "
                                       f"relaying to it: {e}")
                 for port in tree_ports(child_share, child_sub):

@@ -150,11 +150,14 @@ def test_a_lost_head_with_nothing_in_flight_leaves_its_subtree_working(width2):
         with pytest.raises(SupervisionError) as ei:     # host 0's members are lost
             mesh.slice(hosts=0).note.call("x").get(timeout=BOUND_S + MARGIN_S)
         assert ei.value.reason == HOST_LOST, ei.value
-        # host 1's answered everything relayed: they go on, from their own agent now
+        # host 1's answered everything relayed: they go on, their own agent relaying
+        # what the lost head would have (the others get theirs, the lost ones fail)
+        with pytest.raises(SupervisionError):
+            mesh.note.broadcast("everyone")
         rest = mesh.slice(hosts=slice(1, 4))
-        assert rest.note.call("after").get(timeout=30).values() == [3] * 6
-        assert mesh.slice(hosts=1, gpus=1).note.call_one("one").get(timeout=30) == 4
-        seen = ["relayed", "answered", "after"]
+        assert rest.note.call("after").get(timeout=30).values() == [4] * 6
+        assert mesh.slice(hosts=1, gpus=1).note.call_one("one").get(timeout=30) == 5
+        seen = ["relayed", "answered", "everyone", "after"]
         assert rest.log.call().get(timeout=30).values() == \
             [seen, seen + ["one"]] + [seen] * 4
     finally:

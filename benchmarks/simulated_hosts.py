@@ -87,13 +87,15 @@ async def _serve(attach: list[str], hosts: list[int], per_host: int, prefix: str
         return node
 
     agents = {h: agent_node(h) for h in hosts}
-    await asyncio.gather(*(a.connect_first(attach) for a in agents.values()))
+    crowd = list(agents.values())
+    for i in range(0, len(crowd), 64):      # under the listener's cap of handshakes, loaded
+        await asyncio.gather(*(a.connect_first(attach, timeout=120) for a in crowd[i:i + 64]))
     print(json.dumps({"agents": {h: a.node_id for h, a in agents.items()}}), flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)      # the records are made: go
     for h in hosts:
         procs_of[h] = [proc_node(h, g) for g in range(per_host)]
     nodes = [p for ps in procs_of.values() for p in ps]
-    for i in range(0, len(nodes), 256):          # a crowd, but not past the listener's cap
+    for i in range(0, len(nodes), 64):          # a crowd, but not past the listener's cap
         await asyncio.gather(*(p.connect_first(attach, timeout=120) for p in nodes[i:i + 256]))
     print(json.dumps({"connected": len(nodes)}), flush=True)
     await done.wait()

@@ -485,17 +485,20 @@ class ClientRuntime:
             self.report_failure(lost[0].owner, MeshFailure(mesh, error))
 
     def _lost_with_relay(self, agent_id: str, host: str, agent: str) -> dict:
-        """Agent ``agent_id`` headed a tree of relays (``relay.cast_tree``): the calls it
-        relayed to other hosts' processes fail, naming it, and so does each such process
+        """Agent ``agent_id`` relayed in a tree (``relay.cast_tree``): the calls it headed
+        to other hosts' processes fail, naming it, and so does each process below it
         whose relayed messages it may have held unforwarded (nothing says whether they
-        arrived: going on could skip a broadcast unseen). Those processes, by mesh."""
+        arrived: going on could skip a broadcast unseen; their calls fail with them).
+        Those processes, by mesh."""
         relay.fail_relayed(self.node, agent_id, SupervisionError(
             f"relayed through the host agent of host {host}, which was lost: {agent}",
             None, None, host, None, LOST_STATUS, HOST_LOST))
         meshes: dict[tuple, list[ProcRecord]] = {}
         for p in self.node.peers.values():
-            if p.relay_path and p.relay_via.node_id == agent_id \
-                    and p.relay_sent != p.relay_acked:
+            # relayed through it: as the head, or an agent further down (not its own)
+            if p.relay_path and p.relay_sent != p.relay_acked and (
+                    p.relay_via.node_id == agent_id
+                    or any(r.node_id == agent_id for r in p.relay_path[:-1])):
                 rec = self.procs.get(p.relay_name)
                 if rec is None or rec.failure is not None or rec.node is None \
                         or rec.node.node_id != p.ref.node_id:

@@ -11,7 +11,8 @@ no fork, no interpreter start, no lease, no log pipes, no exit reports. Each sim
 agent relays casts (``runtime/relay.py``) to its processes over the memory backend (in the
 simulating process) rather than Unix sockets, and listens as a real one does, so that the
 head of a tree of relays forwards to it (memory backend within a simulating process, a
-Unix socket across two). A simulated process's
+Unix socket across two; neighbouring hosts share a simulating process, so a tree's
+branches mostly stay within one). A simulated process's
 work (decoding a call, running a no-op async endpoint, replying) costs what a real one's
 does, but they take turns on the simulating processes' cores: wall times past a few
 hundred members measure those cores as much as the controller. The controller's own CPU
@@ -88,14 +89,14 @@ async def _serve(attach: list[str], hosts: list[int], per_host: int, prefix: str
 
     agents = {h: agent_node(h) for h in hosts}
     crowd = list(agents.values())
-    for i in range(0, len(crowd), 64):      # under the listener's cap of handshakes, loaded
-        await asyncio.gather(*(a.connect_first(attach, timeout=120) for a in crowd[i:i + 64]))
+    for i in range(0, len(crowd), 256):     # under the listener's cap of handshakes
+        await asyncio.gather(*(a.connect_first(attach, timeout=120) for a in crowd[i:i + 256]))
     print(json.dumps({"agents": {h: a.node_id for h, a in agents.items()}}), flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)      # the records are made: go
     for h in hosts:
         procs_of[h] = [proc_node(h, g) for g in range(per_host)]
     nodes = [p for ps in procs_of.values() for p in ps]
-    for i in range(0, len(nodes), 64):          # a crowd, but not past the listener's cap
+    for i in range(0, len(nodes), 256):          # a crowd, but not past the listener's cap
         await asyncio.gather(*(p.connect_first(attach, timeout=120) for p in nodes[i:i + 256]))
     print(json.dumps({"connected": len(nodes)}), flush=True)
     await done.wait()
@@ -112,7 +113,10 @@ def simulated_proc_mesh(hosts: int, per_host: int, sim_processes: int = 1,
     env = dict(os.environ, HPCMESH_SECRET=rt.node.secret.hex(),
                PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(
                    os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
-    chunks = [list(range(hosts))[k::sim_processes] for k in range(sim_processes)]
+    # neighbours together: the agents of one branch of a tree of relays (runtime/relay.py)
+    # in one simulating process, which they share with their processes anyway
+    chunks = [list(range(hosts))[k * hosts // sim_processes:(k + 1) * hosts // sim_processes]
+              for k in range(sim_processes)]
     sims, agents = [], {}
     for chunk in chunks:
         if not chunk:

@@ -610,6 +610,10 @@ class CastRelay:
                                 child_share, child_sub), buffers=bufs)
                 STATS["forwards"] += 1
                 sent.append(nid)
+                p = node.peers.by_id.get(nid)
+                if p is None or p.conn is None or p.conn.closed:    # queued: being dialed
+                    node.loop.call_soon(self._watch_dial, nid, origin,
+                                        list(tree_ports(child_share, child_sub)))
             except Exception as e:  # noqa: BLE001 - that subtree's calls fail, named
                 err = ConnectionError(f"host agent {nid[:8]} cannot be reached from "
                                       f"the host agent {node.name or node.node_id[:8]} "
@@ -627,6 +631,25 @@ class CastRelay:
                 members = pickle.loads(members)
             self._hand_out(origin, actor_id, endpoint, payload, ext, members, ports, seqs,
                            bufs)
+
+    def _watch_dial(self, nid: str, origin: str, ports: list) -> None:
+        """A subtree queued for an agent this one is dialing: if the dial fails (what was
+        queued is dropped), its calls fail, named, rather than wait for ever."""
+        p = self.node.peers.by_id.get(nid)
+
+        def check(_=None) -> None:
+            if p.conn is None or p.conn.closed:
+                err = ConnectionError(f"host agent {nid[:8]} cannot be reached from the host "
+                                      f"agent {self.node.name or self.node.node_id[:8]} "
+                                      f"relaying to it: {p.lost or 'not connected'}")
+                for port in ports:
+                    self._add_failure(origin, port, err)
+        if p is None or not ports:
+            return
+        if p.dialing is not None:
+            p.dialing.add_done_callback(check)
+        else:
+            check()
 
     def _add_failure(self, origin: str, port: int, exc: BaseException) -> None:
         self._add(origin, (port, MSG_FAIL, exc, 0, 0), ())

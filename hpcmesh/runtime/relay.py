@@ -25,6 +25,15 @@ Failures need nothing new: each relayed reply port is registered with the member
 (its exit or its host's loss fails it, as a direct call's) and with the agent's (an agent
 whose connection is lost for good fails what it held).
 
+Past ``HPCMESH_RELAY_FANOUT`` (32) hosts a view casts through a tree of its agents that
+wide (``tree``, ``cast_tree``): one MSG_CAST_TREE to each head, which forwards the shares
+of the agents below it and hands out its own; every agent answers the sender straight. A
+member's route is then its head and the agents down to its own (``relay_via``,
+``relay_path``): the rule above holds per route, and a cast routed otherwise sends a
+relayed member its share alone along its route (``_detour``). A head lost fails what it
+relayed (``fail_relayed``; the controller also fails the members it may have held
+messages for, ``ClientRuntime._lost_with_relay``).
+
 ``HPCMESH_RELAY=0`` turns the relay off (every call goes straight to its member).
 """
 

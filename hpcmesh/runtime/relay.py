@@ -439,6 +439,7 @@ def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payl
         p.relay_sent += 1
         seqs.append(p.relay_sent)
         p.relay_via = group.agent
+        p.relay_path = ()
         if reply:
             if fan is not None:
                 pid = expect_into(p, fan.slot(slot), actor_id, endpoint)

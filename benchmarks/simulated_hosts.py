@@ -9,7 +9,10 @@ with the handshake), every frame and every message. What is simulated: a "proces
 hundreds of them share one event loop in one OS process (``--sim-processes`` of those), so
 no fork, no interpreter start, no lease, no log pipes, no exit reports. Each simulated
 agent relays casts (``runtime/relay.py``) to its processes over the memory backend (in the
-simulating process) rather than Unix sockets. A simulated process's
+simulating process) rather than Unix sockets, and listens as a real one does, so that the
+head of a tree of relays forwards to it (memory backend within a simulating process, a
+Unix socket across two; neighbouring hosts share a simulating process, so a tree's
+branches mostly stay within one). A simulated process's
 work (decoding a call, running a no-op async endpoint, replying) costs what a real one's
 does, but they take turns on the simulating processes' cores: wall times past a few
 hundred members measure those cores as much as the controller. The controller's own CPU
@@ -64,8 +67,10 @@ async def _serve(attach: list[str], hosts: list[int], per_host: int, prefix: str
         return node
 
     def agent_node(h: int) -> Node:
-        node = Node(secret, loop, role="agent", name=f"{prefix}-agent-{h}",
-                    info={"simulated": True})
+        name = f"{prefix}-agent-{h}"
+        node = Node(secret, loop, role="agent", name=name, info={"simulated": True})
+        # where a tree's head forwards to it from (another simulating process: Unix)
+        node.listen([f"memory://{name}", node.unix_address()])
         CastRelay(node)         # fans calls out to its processes, folds their answers
 
         def stop_procs(names: list, grace: float) -> dict:
@@ -83,7 +88,9 @@ async def _serve(attach: list[str], hosts: list[int], per_host: int, prefix: str
         return node
 
     agents = {h: agent_node(h) for h in hosts}
-    await asyncio.gather(*(a.connect_first(attach) for a in agents.values()))
+    crowd = list(agents.values())
+    for i in range(0, len(crowd), 256):     # under the listener's cap of handshakes
+        await asyncio.gather(*(a.connect_first(attach, timeout=120) for a in crowd[i:i + 256]))
     print(json.dumps({"agents": {h: a.node_id for h, a in agents.items()}}), flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)      # the records are made: go
     for h in hosts:
@@ -106,7 +113,10 @@ def simulated_proc_mesh(hosts: int, per_host: int, sim_processes: int = 1,
     env = dict(os.environ, HPCMESH_SECRET=rt.node.secret.hex(),
                PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(
                    os.path.abspath(__file__))), os.environ.get("PYTHONPATH", "")]))
-    chunks = [list(range(hosts))[k::sim_processes] for k in range(sim_processes)]
+    # neighbours together: the agents of one branch of a tree of relays (runtime/relay.py)
+    # in one simulating process, which they share with their processes anyway
+    chunks = [list(range(hosts))[k * hosts // sim_processes:(k + 1) * hosts // sim_processes]
+              for k in range(sim_processes)]
     sims, agents = [], {}
     for chunk in chunks:
         if not chunk:

@@ -80,4 +80,5 @@ def memory_proc_mesh(extent: dict, name: str | None = None) -> ProcMesh:
         done.add_done_callback(lambda _f: [a.shutdown_thread() for a in agents])
         return done
     mesh.stop = stop_all
+    mesh.agent_nodes = agents       # a test may end one (its host then counts as lost)
     return mesh

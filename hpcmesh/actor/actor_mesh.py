@@ -201,9 +201,12 @@ class ActorMesh(MeshView, Generic[T]):
         if not st.relay or st.nodes is None:
             return None
         members, _ = self._members()
-        groups, alone = relay.plan(current_or_client_node(), [
+        node = current_or_client_node()
+        groups, alone = relay.plan(node, [
             (r, st.records[g].name, st.nodes[g], st.records[g].agent) for r, g in members])
-        plan = self.__dict__["_relay_cache"] = (groups, alone) if groups else None
+        # past a few dozen hosts, a tree of agents (HPCMESH_RELAY_FANOUT)
+        plan = self.__dict__["_relay_cache"] = (groups, alone, relay.tree(node, groups)) \
+            if groups else None
         return plan
 
     def _fan_out(self, endpoint: str, payload: tuple[Any, list | None], reply: bool,
@@ -230,13 +233,17 @@ class ActorMesh(MeshView, Generic[T]):
         if plan is None:
             out = [direct(slot) for slot in range(len(members))]
         else:
-            groups, alone = plan
+            groups, alone, heads = plan
             out = [None] * len(members)
             for slot in alone:
                 out[slot] = direct(slot)
             st = self._state
             node = current_or_client_node()
             args, bufs = payload
+            if heads is not None:
+                relay.cast_tree(node, heads, st.actor_id, endpoint, args, bufs or [], ext,
+                                reply, out, direct, fan)
+                groups = ()
             for group in groups:
                 # a broadcast goes through the agent even to one member: no ping of this
                 # process's is then needed to keep its order (see relay.py)

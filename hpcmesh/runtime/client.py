@@ -19,7 +19,7 @@ from ..log_tail import log_tail
 from ..settings import check_process_settings, env_number
 from ..shapes import Point
 from ..transport.addresses import new_secret
-from . import actor_host
+from . import actor_host, relay
 from .actor_host import shown_name
 from .observe import stragglers, telemetry_recorder
 from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, MeshFailure, SupervisionError,
@@ -415,6 +415,7 @@ class ClientRuntime:
             self._record_exit(rec, rec.pid, host, LOST_STATUS, HOST_LOST)
             self._fail(rec, exc)
             meshes.setdefault((rec.mesh_name, id(rec.owner)), []).append(rec)
+        relayed = self._lost_with_relay(agent_id, host, agent)
         for (mesh, _), lost in meshes.items():
             owner = lost[0].owner
             if owner is None and all(r.node is None for r in lost):
@@ -425,6 +426,40 @@ class ClientRuntime:
                 f"of the mesh with it ({which}): {agent}", mesh, None, host, None,
                 LOST_STATUS, HOST_LOST)
             self.report_failure(owner, MeshFailure(mesh, error))
+        for (mesh, _), lost in relayed.items():
+            which = ", ".join(f"{r.label} (pid {r.pid})" for r in lost)
+            error = SupervisionError(
+                f"host {host} was lost while messages to {len(lost)} process(es) of mesh "
+                f"{mesh!r} on other hosts went through its agent ({which}): {agent}", mesh,
+                None, host, None, LOST_STATUS, HOST_LOST)
+            self.report_failure(lost[0].owner, MeshFailure(mesh, error))
+
+    def _lost_with_relay(self, agent_id: str, host: str, agent: str) -> dict:
+        """Agent ``agent_id`` relayed in a tree (``relay.cast_tree``): the calls it headed
+        to other hosts' processes fail, naming it, and so does each process below it
+        whose relayed messages it may have held unforwarded (nothing says whether they
+        arrived: going on could skip a broadcast unseen; their calls fail with them).
+        Those processes, by mesh."""
+        relay.fail_relayed(self.node, agent_id, SupervisionError(
+            f"relayed through the host agent of host {host}, which was lost: {agent}",
+            None, None, host, None, LOST_STATUS, HOST_LOST))
+        meshes: dict[tuple, list[ProcRecord]] = {}
+        for p in self.node.peers.values():
+            # relayed through it: as the head, or an agent further down (not its own)
+            if p.relay_path and p.relay_sent != p.relay_acked and (
+                    p.relay_via.node_id == agent_id
+                    or any(r.node_id == agent_id for r in p.relay_path[:-1])):
+                rec = self.procs.get(p.relay_name)
+                if rec is None or rec.failure is not None or rec.node is None \
+                        or rec.node.node_id != p.ref.node_id:
+                    continue
+                self._fail(rec, SupervisionError(
+                    f"process {rec.label} of mesh {rec.mesh_name!r} on host {rec.host} (pid "
+                    f"{rec.pid}): messages to it went through the host agent of host {host}, "
+                    f"lost before they were known to arrive: {agent}", rec.mesh_name,
+                    rec.point, rec.host, rec.pid, LOST_STATUS, HOST_LOST))
+                meshes.setdefault((rec.mesh_name, id(rec.owner)), []).append(rec)
+        return meshes
 
     # -- jobs a scheduler may end as a whole (SPEC §12): job_ends.py ------------------
     def watch_job_ends(self, agent_ids, explain: Callable[[str], SupervisionError | None]

@@ -53,6 +53,14 @@ MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host
 #                   folded answers to casts; kind MSG_DELIVER (value), MSG_FAIL (an
 #                   exception) or MSG_RESULT (a pickled value the agent never unpickled, its
 #                   ``nbufs`` out-of-band buffers next in the frame's); ``seq`` the call's
+#                   count (its ``seqs`` entry; 0 where none)
+MSG_CAST_TREE = 8  # (CAST_TREE, reply_to, actor_id, endpoint, payload, extent_items, share,
+#                   subtrees): a cast through a tree of host agents (``runtime/relay.py``):
+#                   the agent forwards each of ``subtrees`` [(agent node_id, addresses,
+#                   share, subtrees)] to its agent, then hands its own ``share`` (members,
+#                   ports, seqs as in MSG_CAST; members may come pickled, None: none here)
+#                   their calls; answers go straight to ``reply_to`` (the sender's
+#                   (node_id, addresses))
 
 #: Where a call's fields sit (for the few places that read one field, not all).
 CALL_ACTOR, CALL_ENDPOINT, CALL_PAYLOAD, CALL_REPLY, CALL_RANK, CALL_EXTENT = range(1, 7)
@@ -91,7 +99,8 @@ EVENT_AGENT_NOTICE = "agent_notice"
 #: Each kind's name and how many fields its messages have, the code included.
 _FIELDS = {MSG_HELLO: ("hello", 4), MSG_CALL: ("call", 7), MSG_DELIVER: ("deliver", 3),
            MSG_RPC: ("rpc", 4), MSG_FAIL: ("fail", 3), MSG_RESULT: ("result", 3),
-           MSG_CAST: ("cast", 8), MSG_CAST_REPLY: ("cast reply", 2)}
+           MSG_CAST: ("cast", 8), MSG_CAST_REPLY: ("cast reply", 2),
+           MSG_CAST_TREE: ("cast tree", 8)}
 
 
 def layout_problem(msg: tuple) -> str | None:
@@ -110,7 +119,9 @@ def layout_problem(msg: tuple) -> str | None:
                 MSG_RPC: (str, tuple, (PortRef, type(None))),
                 MSG_CAST: (str, str, object, (tuple, type(None)), tuple, (list, type(None)),
                            list),
-                MSG_CAST_REPLY: (list,)}.get(kind, ())
+                MSG_CAST_REPLY: (list,),
+                MSG_CAST_TREE: (tuple, str, str, object, (tuple, type(None)), tuple, list),
+                }.get(kind, ())
     for i, (value, types) in enumerate(zip(msg[1:], expected), 1):
         if not isinstance(value, types):
             return f"field {i} of a {name} message is a {type(value).__name__}"

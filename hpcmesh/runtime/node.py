@@ -38,7 +38,7 @@ from .ports import PortTable
 from .services import Services
 # the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
 from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
-                       MSG_CAST, MSG_CAST_REPLY, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
+                       MSG_CAST, MSG_CAST_REPLY, MSG_CAST_TREE, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
                        ReplyNotSent, call_msg, cast_reply_msg, deliver_msg, encode_result,
                        fail_msg, frozen_size, rpc_msg, unreadable_result)
 
@@ -217,8 +217,8 @@ class Node:
             return
         if msg[0] == MSG_CALL:
             p = self._peers.get(target.node_id)
-            if p is not None and p.relay_sent != p.relay_acked:    # behind relayed ones
-                relay.relay_one(self, p, target, msg, buffers or [])
+            if p is not None and p.relay_sent != p.relay_acked and \
+                    relay.relay_one(self, p, target, msg, buffers or []):    # behind relayed ones
                 return
         if buffers is None:
             meta, bufs = serialization.dumps(msg, what)
@@ -372,12 +372,16 @@ class Node:
             self._handle_rpc(msg)
         elif kind == MSG_CAST_REPLY:
             relay.on_cast_reply(self, origin, msg[1], buffers)
-        elif kind == MSG_CAST:
+        elif kind == MSG_CAST or kind == MSG_CAST_TREE:
             if self.cast_handler is None:
                 err = LookupError(f"{self.name or self.role} relays no calls (not a host agent)")
-                if origin is not None and msg[6]:
-                    self.send(self.ref_of(origin), cast_reply_msg(
-                        [(port, MSG_FAIL, err, 0, 0) for port in msg[6]]), buffers=[])
+                ports = msg[6] if kind == MSG_CAST else list(relay.tree_ports(msg[6], msg[7]))
+                to = origin if kind == MSG_CAST else msg[1][0]
+                if to is not None and ports:
+                    if kind == MSG_CAST_TREE:
+                        self.peers.peer(NodeRef(msg[1][0], tuple(msg[1][1])))
+                    self.send(self.ref_of(to), cast_reply_msg(
+                        [(port, MSG_FAIL, err, 0, 0) for port in ports]), buffers=[])
                 return
             self.cast_handler(msg, origin, buffers)
         else:

@@ -38,10 +38,12 @@ class Peer:
     # Messages to this node sent through its host agent (``runtime/relay.py``): how many,
     # and how many of them it is known to have read (its answer to the last of them came
     # back). While they differ, later calls to it go that way too (order: SPEC §11),
-    # through ``relay_via`` (that agent), naming it ``relay_name``.
+    # through ``relay_via`` (that agent, or the head of a tree of agents, and then down
+    # ``relay_path``, the agents below it to the member's own), naming it ``relay_name``.
     relay_sent: int = 0
     relay_acked: int = 0
     relay_via: NodeRef | None = None
+    relay_path: tuple = ()
     relay_name: str = ""
     #: the secret to dial it with, where not this node's own (a host agent relaying to a
     #: process started under another secret than its own)

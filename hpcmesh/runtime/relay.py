@@ -25,6 +25,15 @@ Failures need nothing new: each relayed reply port is registered with the member
 (its exit or its host's loss fails it, as a direct call's) and with the agent's (an agent
 whose connection is lost for good fails what it held).
 
+Past ``HPCMESH_RELAY_FANOUT`` (32) hosts a view casts through a tree of its agents that
+wide (``tree``, ``cast_tree``): one MSG_CAST_TREE to each head, which forwards the shares
+of the agents below it and hands out its own; every agent answers the sender straight. A
+member's route is then its head and the agents down to its own (``relay_via``,
+``relay_path``): the rule above holds per route, and a cast routed otherwise sends a
+relayed member its share alone along its route (``_detour``). A head lost fails what it
+relayed (``fail_relayed``; the controller also fails the members it may have held
+messages for, ``ClientRuntime._lost_with_relay``).
+
 ``HPCMESH_RELAY=0`` turns the relay off (every call goes straight to its member).
 """
 
@@ -33,16 +42,17 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..settings import env_flag, env_number
 from ..transport import serialization
 from .future import FanIn, Future
-from .messages import (MSG_DELIVER, MSG_FAIL, MSG_RESULT, Failure, NodeRef, call_msg, cast_msg,
-                       cast_reply_msg, describe_exception, unreadable_result)
+from .messages import (MSG_CAST_TREE, MSG_DELIVER, MSG_FAIL, MSG_RESULT, PROTOCOL, Failure,
+                       NodeRef, call_msg, cast_msg, cast_reply_msg, describe_exception,
+                       unreadable_result)
 from .links import LOST_PEER_REPORT_WAIT
-from .peers import Peer
+from .peers import Peer, PeerTable
 
 #: the ``runtime.node.Node`` sending or relaying (not imported: node.py imports this module)
 Node = Any
@@ -50,6 +60,8 @@ Node = Any
 log = logging.getLogger("hpcmesh.runtime")
 
 RELAY_VAR = "HPCMESH_RELAY"
+#: Past this many hosts a view's casts go through a tree of agents this wide (0: never).
+FANOUT_VAR = "HPCMESH_RELAY_FANOUT"
 #: The key of a node's hello info that says it relays casts (a host agent's does).
 RELAYS = "relays"
 #: A result bigger than this (its buffers) leaves the agent at once in a frame of its own
@@ -60,12 +72,21 @@ FOLD_BYTES = 1 << 20
 FOLD_WINDOW = env_number("HPCMESH_RELAY_FOLD_US", 200, unit="microseconds") * 1e-6
 #: Counts, per process: casts sent and folded answers taken (a caller's), casts relayed
 #: and folded answers sent (an agent's). Tests and benchmarks count frames with them.
-STATS = {"casts_sent": 0, "replies_taken": 0, "casts": 0, "cast_replies": 0}
+STATS = {"casts_sent": 0, "replies_taken": 0, "casts": 0, "cast_replies": 0,
+         "forwards": 0}
 
 
 def relay_enabled() -> bool:
     """``HPCMESH_RELAY`` (on unless 0): whether calls fan out through host agents."""
     return env_flag(RELAY_VAR, True)
+
+
+def tree_width() -> int:
+    """``HPCMESH_RELAY_FANOUT`` (32): a view over more hosts than this casts through a tree
+    of host agents this wide, so that the sender writes this many frames, not one per
+    host; 0 keeps every view's casts flat."""
+    return int(env_number(FANOUT_VAR, 32, unit="hosts", integer=True,
+                          note="0 or 1 keep casts flat (one per host agent)"))
 
 
 @dataclass(slots=True)
@@ -84,6 +105,14 @@ class HostGroup:
     slots: list[int]            # their positions in the view's member order
     refs: list[NodeRef]         # their nodes
     members: tuple              # ((proc_name, node_id, addresses, rank), ...)
+    # In a tree (``tree``): the agent its casts are sent to (its subtree's head) and the
+    # agents from there down to its own (a member's route, ``Peer.relay_via`` and
+    # ``relay_path``), the groups it forwards to, its members pickled once and their peers.
+    via: NodeRef | None = None
+    path: tuple = ()
+    children: list = field(default_factory=list)
+    blob: bytes = b""
+    peers: list = field(default_factory=list)
 
 
 def plan(node: Node, members: list[tuple[int, str, NodeRef, NodeRef]]
@@ -104,6 +133,48 @@ def plan(node: Node, members: list[tuple[int, str, NodeRef, NodeRef]]
         g.refs.append(ref)
         g.members += ((name, ref.node_id, tuple(ref.addresses), rank),)
     return list(groups.values()), alone
+
+
+def tree(node: Node, groups: list[HostGroup], width: int | None = None
+         ) -> list[HostGroup] | None:
+    """The heads of a tree over ``groups`` (each with its ``children``, its ``via`` and
+    ``path`` set), or None where casts stay flat: no more groups than ``width``
+    (``tree_width()``), or an agent the others could not dial (no address known here, or
+    another secret than this node's: a head dials its children with its own)."""
+    width = tree_width() if width is None else width
+    if width < 2 or len(groups) <= width:
+        return None
+    by_id = node.peers.by_id
+    refs = []
+    for g in groups:
+        p = by_id.get(g.agent.node_id)
+        if p is None or p.ref is None or not p.ref.addresses or p.secret is not None:
+            return None
+        refs.append(p.ref)
+
+    def build(chunk: list[int], via: NodeRef | None, path: tuple) -> list[HostGroup]:
+        heads = []
+        k = min(width, len(chunk))
+        for i in range(k):
+            part = chunk[i * len(chunk) // k:(i + 1) * len(chunk) // k]
+            g = groups[part[0]]
+            g.via = via or g.agent
+            g.path = path + (refs[part[0]],) if via is not None else ()
+            g.children = build(part[1:], g.via, g.path)
+            g.blob = pickle.dumps(g.members, PROTOCOL)
+            g.peers = [node.peers.peer(ref) for ref in g.refs]
+            for p, member in zip(g.peers, g.members):
+                if not p.relay_name:
+                    p.relay_name = member[0]
+            heads.append(g)
+        return heads
+    return build(list(range(len(groups))), None, ())
+
+
+def _walk(g: HostGroup):
+    yield g
+    for c in g.children:
+        yield from _walk(c)
 
 
 #: Held while a member's relayed messages are numbered and sent, so that their numbers are
@@ -133,12 +204,20 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
     agent_p = by_id.get(group.agent.node_id)
     agent_up = (agent_p is not None and agent_p.conn is not None and not agent_p.conn.closed
                 and agent_p.conn.info.get("peer_info", {}).get(RELAYS) is True)
-    members, chosen, straight = [], [], []
+    members, chosen, straight, detours = [], [], [], []
     for slot, ref, member in zip(group.slots, group.refs, group.members):
         p = by_id.get(ref.node_id) or peers.peer(ref)
         if p.lost is not None and p.conn is None:
             straight.append((slot, ref))        # gone: the direct path says why
-        elif p.relay_sent != p.relay_acked or (agent_up and not p.inflight):
+        elif p.relay_sent != p.relay_acked:
+            if (p.relay_path or p.relay_via is None
+                    or p.relay_via.node_id != group.agent.node_id) \
+                    and not _on_route(node, p, group.agent, ()):
+                detours.append((slot, p, ref, member))    # relayed through a tree
+            else:
+                members.append(member)
+                chosen.append((slot, p, ref))
+        elif agent_up and not p.inflight:
             members.append(member)
             chosen.append((slot, p, ref))
         else:
@@ -146,12 +225,203 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
     if len(members) < min_members and not any(relayed(p) for _, p, _ in chosen):
         straight += [(slot, ref) for slot, _, ref in chosen]
         members = []
-    if members:
+    if members or detours:
         with _SENDING:
-            _cast_share(node, group, actor_id, endpoint, payload, bufs, ext, reply, out,
-                        fan, agent_p, chosen, members)
+            if members:
+                _cast_share(node, group, actor_id, endpoint, payload, bufs, ext, reply, out,
+                            fan, agent_p, chosen, members)
+            for d in detours:
+                _detour(node, *d, actor_id, endpoint, payload, bufs, ext, reply, out, fan)
     for slot, ref in straight:
         out[slot] = _direct(node, direct, slot, ref, reply)
+
+
+def cast_tree(node: Node, heads: list[HostGroup], actor_id: str, endpoint: str,
+              payload: Any, bufs: list, ext: tuple, reply: bool, out: list,
+              direct: Callable[[int], Future | None], fan: FanIn | None = None) -> None:
+    """``cast`` for a view whose host groups form a tree (``tree``): one MSG_CAST_TREE to
+    each head, which forwards its subtree's shares down and hands out its own; every
+    agent answers the sender straight. Each member's reply port is also registered with
+    its head (its loss fails the subtree's slots; the agent's own supervision names the
+    host, ``fail_relayed``). The same choice per member as ``cast``: straight where it
+    has direct calls in flight or is lost, on its own route where relayed messages took
+    another. A head whose subtree has an agent that is not up casts flat instead."""
+    by_id = node.peers.by_id
+    straight: list = []
+    detours: list = []
+    flat: list = []
+    reply_to = _reply_to(node)
+    with _SENDING:
+        for head in heads:
+            hp = by_id.get(head.agent.node_id)
+            if not _relays(hp) or not all(_up(by_id.get(g.agent.node_id))
+                                          for c in head.children for g in _walk(c)):
+                flat.append(head)
+                continue
+            share, sub = _tree_share(node, head, hp.inflight, actor_id, endpoint, reply,
+                                     out, fan, straight, detours)
+            _send_tree(node, head.agent, (MSG_CAST_TREE, reply_to, actor_id, endpoint,
+                                          payload, ext, share, sub), bufs)
+        for d in detours:
+            _detour(node, *d, actor_id, endpoint, payload, bufs, ext, reply, out, fan)
+    for head in flat:
+        for g in _walk(head):
+            cast(node, g, actor_id, endpoint, payload, bufs, ext, reply, out, direct,
+                 2 if reply else 1, fan)
+    for slot, ref in straight:
+        out[slot] = _direct(node, direct, slot, ref, reply)
+
+
+def _up(p: Peer | None) -> bool:
+    return p is not None and p.conn is not None and not p.conn.closed
+
+
+def _relays(p: Peer | None) -> bool:
+    return _up(p) and p.conn.info.get("peer_info", {}).get(RELAYS) is True
+
+
+def _tree_share(node: Node, g: HostGroup, inflight: set, actor_id: str, endpoint: str,
+                reply: bool, out: list, fan: FanIn | None, straight: list, detours: list
+                ) -> tuple[tuple, list]:
+    """Group ``g``'s share of a tree cast, numbered, and its children's: (share,
+    subtrees) as MSG_CAST_TREE carries them. Under ``_SENDING``."""
+    via, path = g.via, g.path
+    skipped = None              # positions in g of members not in this share
+    if reply:
+        ports, seqs = [], []
+        expect = node.ports.expect_reply
+        expect_into = node.ports.expect_into
+    for i, p in enumerate(g.peers):
+        if p.lost is not None and p.conn is None:
+            straight.append((g.slots[i], g.refs[i]))    # gone: the direct path says why
+            skipped = (skipped or set()) | {i}
+            continue
+        if p.relay_sent != p.relay_acked:
+            if (p.relay_via is not via or p.relay_path is not path) \
+                    and not _on_route(node, p, via, path):
+                detours.append((g.slots[i], p, g.refs[i], g.members[i]))
+                skipped = (skipped or set()) | {i}
+                continue
+        elif p.inflight:
+            straight.append((g.slots[i], g.refs[i]))    # behind its direct calls in flight
+            skipped = (skipped or set()) | {i}
+            continue
+        p.relay_sent += 1
+        p.relay_via = via
+        p.relay_path = path
+        if reply:
+            seqs.append(p.relay_sent)
+            slot = g.slots[i]
+            if fan is not None:
+                pid = expect_into(p, fan.slot(slot), actor_id, endpoint)
+            else:
+                out[slot], pid = expect(p, actor_id, endpoint)
+            inflight.add(pid)
+            ports.append(pid)
+    if skipped is None:
+        share = (g.blob, ports, seqs) if reply else (g.blob, None, None)
+    elif len(skipped) == len(g.peers):
+        share = (None, None, None)
+    else:
+        chosen = tuple(m for i, m in enumerate(g.members) if i not in skipped)
+        share = (pickle.dumps(chosen, PROTOCOL), ports if reply else None,
+                 seqs if reply else None)
+    return share, [(c.path[-1].node_id, c.path[-1].addresses,
+                    *_tree_share(node, c, inflight, actor_id, endpoint, reply, out, fan,
+                                 straight, detours))
+                   for c in g.children]
+
+
+def _on_route(node: Node, p: Peer, via: NodeRef, path: tuple) -> bool:
+    """Whether a message to relayed member ``p`` may go through ``via`` and down
+    ``path``: the route its relayed messages took (after ``_mend``), or any once none
+    is left unread."""
+    _mend(node, p)
+    if p.relay_sent == p.relay_acked:
+        return True
+    return (p.relay_via is not None and p.relay_via.node_id == via.node_id
+            and [r.node_id for r in p.relay_path] == [r.node_id for r in path])
+
+
+def _mend(node: Node, p: Peer) -> None:
+    """A relayed member whose route's first agent is lost: what that agent forwarded went
+    on to the next agent down the route already (or was lost with it), so later messages
+    go from that next one; with none left, straight (nothing relayed is left to overtake).
+    """
+    while p.relay_sent != p.relay_acked and p.relay_via is not None:
+        vp = node.peers.by_id.get(p.relay_via.node_id)
+        if vp is None or vp.lost is None or vp.conn is not None:
+            return
+        if p.relay_path:
+            p.relay_via, p.relay_path = p.relay_path[0], p.relay_path[1:]
+        else:
+            p.relay_acked = p.relay_sent
+
+
+def _detour(node: Node, slot: int, p: Peer, ref: NodeRef, member: tuple, actor_id: str,
+            endpoint: str, payload: Any, bufs: list, ext: tuple, reply: bool, out: list,
+            fan: FanIn | None) -> None:
+    """One member's share alone, on the route its relayed messages took (a cast routed
+    otherwise could overtake them). Under ``_SENDING``."""
+    port = None
+    if reply:
+        if fan is not None:
+            port = node.ports.expect_into(p, fan.slot(slot), actor_id, endpoint)
+        else:
+            out[slot], port = node.ports.expect_reply(p, actor_id, endpoint)
+        node.peers.peer(p.relay_via).inflight.add(port)
+    p.relay_sent += 1
+    _send_route(node, p, (member,), None if port is None else [port], [p.relay_sent],
+                actor_id, endpoint, payload, ext, bufs)
+
+
+def _send_route(node: Node, p: Peer, members: tuple, ports: list | None, seqs: list,
+                actor_id: str, endpoint: str, payload: Any, ext: tuple, bufs: list) -> None:
+    """A cast to ``members`` (of ``p``'s host) along ``p``'s route: to its agent, or to
+    the head of its tree with the share nested down the path."""
+    if not p.relay_path:
+        _send_cast(node, p.relay_via, cast_msg(actor_id, endpoint, payload, ext, members,
+                                               ports, seqs), bufs)
+        return
+    share, sub = (members, ports, seqs), []
+    for hop in reversed(p.relay_path):
+        sub = [(hop.node_id, hop.addresses, share, sub)]
+        share = (None, None, None)
+    _send_tree(node, p.relay_via, (MSG_CAST_TREE, _reply_to(node), actor_id, endpoint,
+                                   payload, ext, share, sub), bufs)
+
+
+def _reply_to(node: Node) -> tuple:
+    """This node as a tree cast names where answers go (a plain tuple: a dataclass
+    pickles slowly)."""
+    return (node.node_id, tuple(node.addresses))
+
+
+def tree_ports(share: tuple, subtrees: list):
+    """Every reply port of a MSG_CAST_TREE's ``share`` and ``subtrees``."""
+    if share[1]:
+        yield from share[1]
+    for _, _, sh, sub in subtrees:
+        yield from tree_ports(sh, sub)
+
+
+def _send_tree(node: Node, head: NodeRef, msg: tuple, bufs: list) -> None:
+    """Send a tree cast; if it cannot leave, fail every port it carried."""
+    STATS["casts_sent"] += 1
+    try:
+        node.send(head, msg, buffers=bufs or [], cork=False)
+    except Exception as e:  # noqa: BLE001 - those calls fail, named; the others go on
+        for pid in tree_ports(msg[6], msg[7]):
+            node.ports.deliver(pid, Failure(e))
+
+
+def fail_relayed(node: Node, agent_id: str, exc: BaseException) -> None:
+    """Host agent ``agent_id`` is lost: every call relayed through it that is still
+    awaited fails with ``exc`` now (the members of a subtree it headed, whose own hosts
+    may be fine, among them)."""
+    p = node.peers.by_id.get(agent_id)
+    if p is not None:
+        PeerTable.fail_inflight(p, exc, node.ports.deliver)
 
 
 def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: Any,
@@ -169,6 +439,7 @@ def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payl
         p.relay_sent += 1
         seqs.append(p.relay_sent)
         p.relay_via = group.agent
+        p.relay_path = ()
         if reply:
             if fan is not None:
                 pid = expect_into(p, fan.slot(slot), actor_id, endpoint)
@@ -208,21 +479,25 @@ def _send_cast(node: Node, agent: NodeRef, msg: tuple, bufs: list) -> None:
             node.ports.deliver(pid, Failure(e))
 
 
-def relay_one(node: Node, p: Peer, target: NodeRef, msg: tuple, bufs: list) -> None:
-    """A MSG_CALL to a member that relayed messages may not have reached yet: through the
-    same agent, so that it cannot overtake them. A call's port is registered with the
-    member already (as a direct call's); the agent's peer learns it too."""
+def relay_one(node: Node, p: Peer, target: NodeRef, msg: tuple, bufs: list) -> bool:
+    """A MSG_CALL to a member that relayed messages may not have reached yet: along the
+    same route, so that it cannot overtake them. A call's port is registered with the
+    member already (as a direct call's); the route's first agent learns it too. False:
+    not sent (nothing relayed is left on the way: the caller sends it straight)."""
     _, actor_id, endpoint, payload, port, rank, ext = msg
     if p.lost is not None and p.conn is None:
         raise p.lost
-    if port is not None:
-        node.peers.peer(p.relay_via).inflight.add(port)
     member = ((p.relay_name, target.node_id, tuple(target.addresses), rank),)
     with _SENDING:
+        _mend(node, p)
+        if p.relay_sent == p.relay_acked:
+            return False        # its route is gone with what it held: straight
+        if port is not None:
+            node.peers.peer(p.relay_via).inflight.add(port)
         p.relay_sent += 1
-        _send_cast(node, p.relay_via, cast_msg(actor_id, endpoint, payload, ext, member,
-                                               None if port is None else [port],
-                                               [p.relay_sent]), bufs)
+        _send_route(node, p, member, None if port is None else [port], [p.relay_sent],
+                    actor_id, endpoint, payload, ext, bufs)
+    return True
 
 
 def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) -> None:
@@ -235,11 +510,16 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
     replies = node.ports.replies
     deliver = node.ports.deliver
     at = 0
+    by_id = node.peers.by_id
     for port, kind, value, nbufs, seq in entries:
         agent_inflight.discard(port)
         rep = replies.get(port)
-        if rep is not None and (p := rep[1]) is not None and seq > p.relay_acked:
-            p.relay_acked = seq
+        if rep is not None and (p := rep[1]) is not None:
+            if seq > p.relay_acked:
+                p.relay_acked = seq
+            via = p.relay_via
+            if via is not None and via.node_id != origin and (vp := by_id.get(via.node_id)):
+                vp.inflight.discard(port)       # its tree's head held it too
         if kind == MSG_RESULT:
             bufs = buffers[at:at + nbufs]
             at += nbufs
@@ -311,12 +591,83 @@ class CastRelay:
         node.info[RELAYS] = True        # said in its hellos: senders may cast to it
 
     def on_cast(self, msg: tuple, origin: str | None, buffers: list) -> None:
-        _, actor_id, endpoint, payload, ext, members, ports, seqs = msg
-        node = self.node
         if origin is None:
             return
+        if msg[0] == MSG_CAST_TREE:
+            self.on_tree_cast(msg, buffers)
+            return
+        _, actor_id, endpoint, payload, ext, members, ports, seqs = msg
+        STATS["casts"] += 1
+        self._hand_out(origin, actor_id, endpoint, payload, ext, members, ports, seqs,
+                       list(buffers) if type(payload) is not tuple else [])
+
+    def on_tree_cast(self, msg: tuple, buffers: list) -> None:
+        """A cast through a tree: each subtree forwarded to its agent first (the payload
+        as it came, its buffers unread), then this host's share handed out; the answers
+        go straight to the sender. A subtree whose agent cannot be reached from here fails
+        its members' calls, naming it."""
+        _, reply_to, actor_id, endpoint, payload, ext, share, subtrees = msg
+        node = self.node
         STATS["casts"] += 1
         bufs = list(buffers) if type(payload) is not tuple else []
+        origin = reply_to[0]
+        node.peers.peer(NodeRef(*reply_to))     # how to answer a sender never met
+        sent = []
+        for nid, addresses, child_share, child_sub in subtrees:
+            ref = NodeRef(nid, tuple(addresses))
+            try:
+                node.send(ref, (MSG_CAST_TREE, reply_to, actor_id, endpoint, payload, ext,
+                                child_share, child_sub), buffers=bufs)
+                STATS["forwards"] += 1
+                sent.append(nid)
+                p = node.peers.by_id.get(nid)
+                if p is None or p.conn is None or p.conn.closed:    # queued: being dialed
+                    node.loop.call_soon(self._watch_dial, nid, origin,
+                                        list(tree_ports(child_share, child_sub)))
+            except Exception as e:  # noqa: BLE001 - that subtree's calls fail, named
+                err = ConnectionError(f"host agent {nid[:8]} cannot be reached from "
+                                      f"the host agent {node.name or node.node_id[:8]} "
+                                      f"relaying to it: {e}")
+                for port in tree_ports(child_share, child_sub):
+                    self._add_failure(origin, port, err)
+        by_id = node.peers.by_id
+        for nid in sent:
+            p = by_id.get(nid)
+            if p is not None and p.conn is not None and not p.conn.closed:
+                p.conn.flush_now()
+        members, ports, seqs = share
+        if members:
+            if type(members) is bytes:
+                members = pickle.loads(members)
+            self._hand_out(origin, actor_id, endpoint, payload, ext, members, ports, seqs,
+                           bufs)
+
+    def _watch_dial(self, nid: str, origin: str, ports: list) -> None:
+        """A subtree queued for an agent this one is dialing: if the dial fails (what was
+        queued is dropped), its calls fail, named, rather than wait for ever."""
+        p = self.node.peers.by_id.get(nid)
+
+        def check(_=None) -> None:
+            if p.conn is None or p.conn.closed:
+                err = ConnectionError(f"host agent {nid[:8]} cannot be reached from the host "
+                                      f"agent {self.node.name or self.node.node_id[:8]} "
+                                      f"relaying to it: {p.lost or 'not connected'}")
+                for port in ports:
+                    self._add_failure(origin, port, err)
+        if p is None or not ports:
+            return
+        if p.dialing is not None:
+            p.dialing.add_done_callback(check)
+        else:
+            check()
+
+    def _add_failure(self, origin: str, port: int, exc: BaseException) -> None:
+        self._add(origin, (port, MSG_FAIL, exc, 0, 0), ())
+
+    def _hand_out(self, origin: str, actor_id: str, endpoint: str, payload: Any, ext,
+                  members: tuple, ports: list | None, seqs: list | None, bufs: list) -> None:
+        """Each member its MSG_CALL; their answers are owed to ``origin``."""
+        node = self.node
         touched = []
         for i, (name, nid, addrs, rank) in enumerate(members):
             ref = NodeRef(nid, tuple(addrs))

@@ -224,7 +224,7 @@ def test_a_notice_of_a_job_that_moved_ends_its_run_at_once(tmp_path):
 
         @endpoint
         def sleep(self, s: float) -> None:
-            time.sleep(s)
+            time.sleep(s)       # sleep: the endpoint's work, a call in flight when the job moves
 
     secret = os.urandom(32)
     agent, addr = _start_slurm_agent(tmp_path, secret, SLURM_STEP_ID="0")

@@ -78,6 +78,30 @@ class _Countdown:
             return
 
 
+class _Downstream:
+    """The connections one process fans out to: each says hello (its pids), then its
+    frames are counted by one ``_Countdown``; ``all_in`` once ``expected`` have said it."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.writers: list[asyncio.StreamWriter] = []
+        self.hellos: list[bytes] = []
+        self.replies = _Countdown()
+        self.pumps: list[asyncio.Task] = []
+        self.all_in = asyncio.get_running_loop().create_future()
+
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _nodelay(writer)
+        self.hellos.append(await _read_frame(reader))
+        self.writers.append(writer)
+        self.pumps.append(asyncio.create_task(self.replies.pump(reader)))
+        if len(self.writers) == self.expected:
+            self.all_in.set_result(None)
+
+    def pids(self) -> list[bytes]:
+        return [p for hello in self.hellos for p in hello.split(b",")]
+
+
 # ------------------------------------------------------------------------------ members
 def _member(connect) -> None:
     async def main() -> None:
@@ -112,35 +136,23 @@ def _agent(controller_port: int, per_host: int, workdir: str) -> None:
         _fork(lambda: _member(lambda: asyncio.open_unix_connection(path)))
 
     async def main() -> None:
-        members: list[asyncio.StreamWriter] = []
-        pids: list[bytes] = [str(os.getpid()).encode()]
-        replies = _Countdown()
-        pumps: list[asyncio.Task] = []
-        accepted = asyncio.get_running_loop().create_future()
-
-        async def on_member(reader, writer) -> None:
-            pids.append(await _read_frame(reader))
-            members.append(writer)
-            pumps.append(asyncio.create_task(replies.pump(reader)))
-            if len(members) == per_host:
-                accepted.set_result(None)
-
-        server = await asyncio.start_unix_server(on_member, sock=listener)
-        await accepted
+        members = _Downstream(per_host)
+        server = await asyncio.start_unix_server(members.accept, sock=listener)
+        await members.all_in
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", controller_port)
         _nodelay(up_writer)
-        _write_frame(up_writer, b",".join(pids))
+        _write_frame(up_writer, b",".join([str(os.getpid()).encode(), *members.pids()]))
         try:
             while True:
                 frame = await _read_frame(up_reader)
-                done = replies.start(per_host)
-                for w in members:
+                done = members.replies.start(per_host)
+                for w in members.writers:
                     _write_frame(w, frame)
                 await done
-                _write_frame(up_writer, b"".join(replies.frames))
+                _write_frame(up_writer, b"".join(members.replies.frames))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
-        await _hang_up(members, pumps)
+        await _hang_up(members.writers, members.pumps)
         server.close()
     asyncio.run(main())
 
@@ -165,22 +177,11 @@ def _cpu_ticks(pids: list[int]) -> int:
 
 
 async def _controller(listener: socket.socket, conns: int, rounds: int) -> dict:
-    writers: list[asyncio.StreamWriter] = []
-    pids: list[int] = [os.getpid()]
-    replies = _Countdown()
-    pumps: list[asyncio.Task] = []
-    all_in = asyncio.get_running_loop().create_future()
-
-    async def on_conn(reader, writer) -> None:
-        _nodelay(writer)
-        pids.extend(int(p) for p in (await _read_frame(reader)).split(b","))
-        writers.append(writer)
-        pumps.append(asyncio.create_task(replies.pump(reader)))
-        if len(writers) == conns:
-            all_in.set_result(None)
-
-    server = await asyncio.start_server(on_conn, sock=listener)
-    await all_in
+    down = _Downstream(conns)
+    server = await asyncio.start_server(down.accept, sock=listener)
+    await down.all_in
+    writers, replies = down.writers, down.replies
+    pids = [os.getpid(), *(int(p) for p in down.pids())]
     for _ in range(max(20, rounds // 10)):      # warm up
         done = replies.start(conns)
         for w in writers:
@@ -197,7 +198,7 @@ async def _controller(listener: socket.socket, conns: int, rounds: int) -> dict:
         walls.append(time.perf_counter() - t0)
     ticks = _cpu_ticks(pids) - ticks0
     own = time.process_time() - own0
-    await _hang_up(writers, pumps)
+    await _hang_up(writers, down.pumps)
     server.close()
     hz = os.sysconf("SC_CLK_TCK")
     walls.sort()

@@ -22,8 +22,8 @@ from ..transport.addresses import new_secret
 from . import actor_host, relay
 from .actor_host import shown_name
 from .observe import stragglers, telemetry_recorder
-from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, MeshFailure, SupervisionError,
-                     actor_failed, describe_actor, describe_exit, exit_class,
+from .errors import (AGENT_EXITED, ENDED_BY_SLURM, HOST_LOST, LOST_STATUS, MeshFailure,
+                     SupervisionError, actor_failed, describe_actor, describe_exit, exit_class,
                      process_exit_words)
 from .process import placement
 from .future import Future, set_wait_hook
@@ -42,9 +42,6 @@ log = logging.getLogger("hpcmesh.client")
 #: How long a host agent whose connection closed gets to answer a new one before its host
 #: counts as lost (a killed agent refuses at once; this bounds a host that went silent).
 AGENT_PROBE_S = 2.0
-#: The exit status a process lost with its host is reported with: nobody saw it end.
-LOST_STATUS = "exit status unknown (its host was lost)"
-
 
 @dataclass(eq=False)
 class ProcRecord:
@@ -284,11 +281,20 @@ class ClientRuntime:
                 f"{rec.mesh_name!r} on host {host}, pid {pid}: {status}{others})")
 
     def _name_failed_call(self, exc: BaseException, actor_id: str,
-                          endpoint: str) -> BaseException:
+                          endpoint: str, peer=None) -> BaseException:
         """The error of a call to ``endpoint`` of actor mesh ``actor_id`` that ``exc``
         fails: where ``exc`` is a process's death and this runtime tracks that mesh,
         Monarch's "Endpoint call m.ep() failed, The actor <that mesh's actor there> ...";
-        else ``exc``."""
+        where it is a lost host that names no process (a relaying agent could not reach the
+        next one: ``relay._unreachable``), the process ``peer`` the call was to; else
+        ``exc``."""
+        if (peer is not None and type(exc) is SupervisionError and exc.point is None
+                and exc.reason == HOST_LOST
+                and (rec := self.procs.get(peer.relay_name)) is not None):
+            return SupervisionError(
+                f"process {rec.label} of mesh {rec.mesh_name!r} on host {rec.host} (pid "
+                f"{rec.pid}): {exc}", rec.mesh_name, rec.point, rec.host, rec.pid,
+                exc.exit_status, exc.reason)
         dead = self._dead.get(id(exc))
         mesh = self._actor_meshes.get(actor_id)
         if dead is None or dead[0] is not exc or mesh is None:

@@ -47,6 +47,8 @@ class ActorError(_FieldsError):
 #: ``SupervisionError.reason``, ``MeshFailure.reason``: why, as a word a classifier of
 #: failures reads (SPEC §12: every failure carries a class); "" where nobody said.
 HOST_LOST = "host lost"           # its host agent is gone (killed, its node down or cut off)
+#: The exit status a process lost with its host is reported with: nobody saw it end.
+LOST_STATUS = "exit status unknown (its host was lost)"
 AGENT_EXITED = "agent exited"     # its host agent ended on purpose and took its processes
 ENDED_BY_SLURM = "ended by Slurm"  # the job ended, was requeued, preempted, timed out, cancelled
 USER_EXCEPTION = "user exception"  # the user's code raised

@@ -28,7 +28,7 @@ class PortTable:
         #: call, its actor id and endpoint: what a failure that is not the endpoint's is told)
         self.replies: dict[int, tuple[Any, Peer | None, str | None, str | None]] = {}
         self.ids = itertools.count(1)
-        #: ``name_call(exc, actor_id, endpoint)``: the error a call fails with when its
+        #: ``name_call(exc, actor_id, endpoint, peer)``: the error a call fails with when its
         #: peer is lost with ``exc`` (the runtime's owner names the call in it, as
         #: Monarch's "Endpoint call m.ep() failed, ..."); None: ``exc`` as it is
         self.name_call: Callable[[BaseException, str, str], BaseException] | None = None
@@ -37,11 +37,12 @@ class PortTable:
         self.raw: set[int] = set()
 
     def failed_call(self, exc: BaseException, actor_id: str | None,
-                    endpoint: str | None) -> BaseException:
-        """``exc`` as the call (``actor_id``, ``endpoint``) that it fails should raise it."""
+                    endpoint: str | None, peer=None) -> BaseException:
+        """``exc`` as the call (``actor_id``, ``endpoint``) to ``peer``, if known, that it
+        fails should raise it."""
         if actor_id is None or self.name_call is None:
             return exc
-        return self.name_call(exc, actor_id, endpoint)
+        return self.name_call(exc, actor_id, endpoint, peer)
 
     def open(self, callback: Callable[[Any], None], once: bool = False) -> int:
         pid = next(self.ids)
@@ -95,7 +96,7 @@ class PortTable:
                 p.inflight.discard(port_id)
             if type(value) is Failure:
                 fut.set_exception(value.exc if actor_id is None else
-                                  self.failed_call(value.exc, actor_id, endpoint))
+                                  self.failed_call(value.exc, actor_id, endpoint, p))
             else:
                 fut.set_result(value)
             return

@@ -51,6 +51,7 @@ from .future import FanIn, Future
 from .messages import (MSG_CAST_TREE, MSG_DELIVER, MSG_FAIL, MSG_RESULT, PROTOCOL, Failure,
                        NodeRef, call_msg, cast_msg, cast_reply_msg, describe_exception,
                        unreadable_result)
+from .errors import HOST_LOST, LOST_STATUS, SupervisionError
 from .links import LOST_PEER_REPORT_WAIT
 from .peers import Peer, PeerTable
 
@@ -570,6 +571,15 @@ class _Answer:
         self.relay.answered(self, None, exc)
 
 
+def _unreachable(nid: str, node, why) -> SupervisionError:
+    """What the calls of a subtree get when the agent this one relays them to cannot be
+    reached: that host is lost to them, as the controller says when it sees it lost."""
+    return SupervisionError(
+        f"host agent {nid[:8]} cannot be reached from the host agent "
+        f"{node.name or node.node_id[:8]} relaying to it: {why}", None, None, None, None,
+        LOST_STATUS, HOST_LOST)
+
+
 class CastRelay:
     """On a host agent's node: hands each member of a cast its call and folds their
     answers into one frame per sender: it leaves once every member of that sender's casts
@@ -625,9 +635,7 @@ class CastRelay:
                     node.loop.call_soon(self._watch_dial, nid, origin,
                                         list(tree_ports(child_share, child_sub)))
             except Exception as e:  # noqa: BLE001 - that subtree's calls fail, named
-                err = ConnectionError(f"host agent {nid[:8]} cannot be reached from "
-                                      f"the host agent {node.name or node.node_id[:8]} "
-                                      f"relaying to it: {e}")
+                err = _unreachable(nid, node, e)
                 for port in tree_ports(child_share, child_sub):
                     self._add_failure(origin, port, err)
         by_id = node.peers.by_id
@@ -649,9 +657,7 @@ class CastRelay:
 
         def check(_=None) -> None:
             if p.conn is None or p.conn.closed:
-                err = ConnectionError(f"host agent {nid[:8]} cannot be reached from the host "
-                                      f"agent {self.node.name or self.node.node_id[:8]} "
-                                      f"relaying to it: {p.lost or 'not connected'}")
+                err = _unreachable(nid, self.node, p.lost or "not connected")
                 for port in ports:
                     self._add_failure(origin, port, err)
         if p is None or not ports:

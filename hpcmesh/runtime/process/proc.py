@@ -131,6 +131,7 @@ class ProcRuntime:
               f"SIGTERM in a Slurm step (a preemption, or the job's end): going on until "
               f"stopped", file=sys.stderr, flush=True)
 
+
 async def _amain() -> int:
     env = os.environ
     secret = secret_from_env(env)

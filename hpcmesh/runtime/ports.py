@@ -31,7 +31,7 @@ class PortTable:
         #: ``name_call(exc, actor_id, endpoint, peer)``: the error a call fails with when its
         #: peer is lost with ``exc`` (the runtime's owner names the call in it, as
         #: Monarch's "Endpoint call m.ep() failed, ..."); None: ``exc`` as it is
-        self.name_call: Callable[[BaseException, str, str], BaseException] | None = None
+        self.name_call: Callable[[BaseException, str, str, Any], BaseException] | None = None
         #: reply ports whose MSG_RESULT is delivered still pickled (a ``RawResult``): a
         #: host agent relaying a member's reply never unpickles the user's value
         self.raw: set[int] = set()

@@ -338,3 +338,53 @@ def test_an_agent_killed_fails_its_hosts_slots_with_host_lost():
     finally:
         job.kill()
         wait_until(lambda: not any(alive(p) for p in pids), 15, "the lost host's processes end")
+
+
+def test_a_member_killed_mid_call_fails_the_call_naming_it_and_not_its_host(job):
+    """call() takes one reply port per host (``runtime/host_share.py``): a member killed
+    mid-call still fails its own slot within the bound, named as the direct path names it,
+    and the rest of its host's share still counts (the next calls to them answer)."""
+    procs = job.state(cached_path=None).hosts.spawn_procs({"gpus": 4}, name="sharekill")
+    try:
+        mesh = procs.spawn("sleepers", Recorder)
+        pids = mesh.pid.call().get(timeout=60).values()
+        victim = 6                      # host 1, gpu 2
+        fut = mesh.sleep.call(3.0)
+        t0 = time.monotonic()
+        os.kill(pids[victim], signal.SIGKILL)
+        with pytest.raises(SupervisionError) as ei:
+            fut.get(timeout=BOUND_S + MARGIN_S)
+        took = time.monotonic() - t0
+        assert took < BOUND_S + MARGIN_S, took
+        assert ei.value.pid == pids[victim], ei.value
+        assert "hosts=1,gpus=2" in str(ei.value), ei.value
+        # its host's other members answered that call (their order counts are settled):
+        # every later call to them goes on, relayed or one by one
+        assert mesh.slice(hosts=1, gpus=0).log.call_one().get(timeout=30) == []
+        assert mesh.slice(hosts=1).slice(gpus=slice(0, 2)).pid.call().get(
+            timeout=30).values() == pids[4:6]
+        assert mesh.slice(hosts=0).pid.call().get(timeout=30).values() == pids[:4]
+    finally:
+        procs.stop(grace=0.5).get(timeout=60)
+
+
+def test_an_agent_killed_mid_call_fails_the_call_with_host_lost_naming_a_member():
+    job = ProcessJob({"hosts": 2})
+    pids: list[int] = []
+    try:
+        procs = job.state(cached_path=None).hosts.spawn_procs({"gpus": 4}, name="sharelost")
+        mesh = procs.spawn("sleepers", Recorder)
+        pids = mesh.pid.call().get(timeout=60).values()
+        fut = mesh.sleep.call(3.0)
+        t0 = time.monotonic()
+        os.kill(job.pids["hosts"][1], signal.SIGKILL)
+        with pytest.raises(SupervisionError) as ei:
+            fut.get(timeout=BOUND_S + MARGIN_S)
+        assert time.monotonic() - t0 < BOUND_S + MARGIN_S
+        assert ei.value.reason == HOST_LOST, ei.value
+        assert ei.value.pid in pids[4:], ei.value
+        # host 0's share of the same call() was answered; it goes on through its agent
+        assert mesh.slice(hosts=0).sleep.call(0.0).get(timeout=30).values() == ["woke"] * 4
+    finally:
+        job.kill()
+        wait_until(lambda: not any(alive(p) for p in pids), 15, "the lost host's processes end")

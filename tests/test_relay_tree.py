@@ -231,3 +231,23 @@ def test_a_member_moved_off_the_tree_is_relayed_by_its_own_agent_alone(width2):
         assert relay.STATS["forwards"] == forwards
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_a_lost_head_fails_a_call_over_its_subtree_and_not_the_rest(width2):
+    """call() takes one reply port per host share (``runtime/host_share.py``), held by the
+    head too: the head lost mid-call fails the call with HOST_LOST within the bound; the
+    other head's hosts answered theirs and go on."""
+    pm, mesh = _memory_mesh(4, 2, "headcall")
+    try:
+        mesh.note.broadcast("relayed")
+        fut = mesh.sleep.call(2.0)
+        t0 = time.monotonic()
+        pm.agent_nodes[0].shutdown_thread()
+        with pytest.raises(SupervisionError) as ei:
+            fut.get(timeout=BOUND_S + MARGIN_S)
+        assert time.monotonic() - t0 < BOUND_S + MARGIN_S
+        assert ei.value.reason == HOST_LOST and ei.value.point.rank in (0, 1, 2, 3), ei.value
+        assert mesh.slice(hosts=slice(2, 4)).log.call().get(timeout=30).values() == [
+            ["relayed"]] * 4
+    finally:
+        pm.stop().get(timeout=30)

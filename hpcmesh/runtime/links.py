@@ -80,6 +80,8 @@ class Links:
         self._tls_contexts: tuple | None = None
         #: run when a peer says hello: (node, peer_ref, info, conn)
         self.on_peer_hello: list[Callable] = []
+        #: run when a peer is lost and what awaited it fails: (peer, exc)
+        self.on_peer_failed: list[Callable] = []
         #: run when a peer's last connection closes: (node, peer_id, exc)
         self.on_peer_closed: list[Callable] = []
         self.closed = False
@@ -352,6 +354,8 @@ class Links:
         """Fail every reply port waiting on ``p`` (``p.lost`` already set)."""
         self._drop_backlog(p)
         self.peers.fail_inflight(p, exc, self._deliver)
+        for cb in self.on_peer_failed:
+            cb(p, exc)
 
     def fail_peer(self, peer_id: str, exc: BaseException) -> None:
         """Fail everything pending on a peer now (a precise exit report arrived)."""

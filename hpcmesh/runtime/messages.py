@@ -46,14 +46,17 @@ MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, 
 #                   one call to several actors of one host, sent to its host agent, which
 #                   hands each member a MSG_CALL (``runtime/relay.py``): ``payload`` as in
 #                   MSG_CALL (its buffers in the frame, once for all), ``members`` a tuple
-#                   of (proc_name, node_id, addresses, rank), ``ports`` the sender's reply
-#                   port for each (None: a broadcast), ``seqs`` each member's count of
-#                   messages relayed to it by that sender, this one included
+#                   of (proc_name, node_id, addresses, rank) (or that tuple pickled),
+#                   ``ports`` the sender's reply port for each, or one port for them all
+#                   (an int: a call()'s host share, ``runtime/host_share.py``), or None (a
+#                   broadcast), ``seqs`` with a port per member, each member's count of
+#                   messages relayed to it by that sender, this one included (else None)
 MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host agent's
 #                   folded answers to casts; kind MSG_DELIVER (value), MSG_FAIL (an
 #                   exception) or MSG_RESULT (a pickled value the agent never unpickled, its
 #                   ``nbufs`` out-of-band buffers next in the frame's); ``seq`` the call's
-#                   count (its ``seqs`` entry; 0 where none)
+#                   count (its ``seqs`` entry), or for a host share's port the member's
+#                   position in the cast's ``members`` (-1: all of them)
 MSG_CAST_TREE = 8  # (CAST_TREE, reply_to, actor_id, endpoint, payload, extent_items, share,
 #                   subtrees): a cast through a tree of host agents (``runtime/relay.py``):
 #                   the agent forwards each of ``subtrees`` [(agent node_id, addresses,

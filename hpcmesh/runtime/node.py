@@ -28,7 +28,7 @@ from ..transport.connection import Connection, ConnectionClosed
 from ..transport.framing import FrameError, check_frame_limits
 from .errors import SupervisionError
 from .fanin import FaninPoller
-from . import relay
+from . import host_share, relay
 from .future import Future
 from .inbound import FrameReader
 from .links import Links
@@ -74,6 +74,8 @@ class Node:
         self.links.loop_tid = self.loop_tid
         self.on_peer_hello = self.links.on_peer_hello     # hooks: see Links
         self.on_peer_closed = self.links.on_peer_closed
+        # a lost process's slots in the call()s relayed to it (one port per host share)
+        self.links.on_peer_failed.append(lambda p, exc: host_share.fail_member(self, p, exc))
         # the tables' own dicts and counter, bound here for the hot paths (one attribute
         # lookup, not two, per call and per reply)
         self._peers = self.peers.by_id

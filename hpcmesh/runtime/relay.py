@@ -2,8 +2,8 @@
 grows with hosts, not processes).
 
 A call() over a mesh whose members sit G to a host costs the sender one ``MSG_CAST`` per
-host, to that host's agent: the payload pickled once, the members, a reply port of the
-sender's for each. The agent hands each member an ordinary ``MSG_CALL`` over its Unix
+host, to that host's agent: the payload pickled once, the members (pickled once per view),
+one reply port for the host's share (``host_share.HostShare``; a stream() one per member). The agent hands each member an ordinary ``MSG_CALL`` over its Unix
 socket and folds the replies of one loop pass into one ``MSG_CAST_REPLY``; the sender
 unpickles each member's value on its own (the agent never unpickles a user's value: a
 result travels as the bytes the member pickled, ``RawResult``).
@@ -48,6 +48,7 @@ from typing import Any, Callable
 from ..settings import env_flag, env_number
 from ..transport import serialization
 from .future import FanIn, Future
+from .host_share import ALL, HostShare
 from .messages import (MSG_CAST_TREE, MSG_DELIVER, MSG_FAIL, MSG_RESULT, PROTOCOL, Failure,
                        NodeRef, call_msg, cast_msg, cast_reply_msg, describe_exception,
                        unreadable_result)
@@ -259,7 +260,7 @@ def cast_tree(node: Node, heads: list[HostGroup], actor_id: str, endpoint: str,
                                           for c in head.children for g in _walk(c)):
                 flat.append(head)
                 continue
-            share, sub = _tree_share(node, head, hp.inflight, actor_id, endpoint, reply,
+            share, sub = _tree_share(node, head, hp, actor_id, endpoint, reply,
                                      out, fan, straight, detours)
             _send_tree(node, head.agent, (MSG_CAST_TREE, reply_to, actor_id, endpoint,
                                           payload, ext, share, sub), bufs)
@@ -281,17 +282,20 @@ def _relays(p: Peer | None) -> bool:
     return _up(p) and p.conn.info.get("peer_info", {}).get(RELAYS) is True
 
 
-def _tree_share(node: Node, g: HostGroup, inflight: set, actor_id: str, endpoint: str,
+def _tree_share(node: Node, g: HostGroup, head: Peer, actor_id: str, endpoint: str,
                 reply: bool, out: list, fan: FanIn | None, straight: list, detours: list
                 ) -> tuple[tuple, list]:
     """Group ``g``'s share of a tree cast, numbered, and its children's: (share,
     subtrees) as MSG_CAST_TREE carries them. Under ``_SENDING``."""
     via, path = g.via, g.path
     skipped = None              # positions in g of members not in this share
+    hs = None                   # with a FanIn: the share's one reply port
     if reply:
         ports, seqs = [], []
-        expect = node.ports.expect_reply
-        expect_into = node.ports.expect_into
+        if fan is not None:
+            hs = HostShare(node.ports, fan, actor_id, endpoint)
+        else:
+            expect = node.ports.expect_reply
     for i, p in enumerate(g.peers):
         if p.lost is not None and p.conn is None:
             straight.append((g.slots[i], g.refs[i]))    # gone: the direct path says why
@@ -311,14 +315,16 @@ def _tree_share(node: Node, g: HostGroup, inflight: set, actor_id: str, endpoint
         p.relay_via = via
         p.relay_path = path
         if reply:
-            seqs.append(p.relay_sent)
             slot = g.slots[i]
-            if fan is not None:
-                pid = expect_into(p, fan.slot(slot), actor_id, endpoint)
+            if hs is not None:
+                hs.add(slot, p, p.relay_sent)
             else:
+                seqs.append(p.relay_sent)
                 out[slot], pid = expect(p, actor_id, endpoint)
-            inflight.add(pid)
-            ports.append(pid)
+                head.inflight.add(pid)
+                ports.append(pid)
+    if hs is not None and hs.peers:
+        ports, seqs = _register(node, hs, node.peers.peer(g.agent), head), None
     if skipped is None:
         share = (g.blob, ports, seqs) if reply else (g.blob, None, None)
     elif len(skipped) == len(g.peers):
@@ -328,7 +334,7 @@ def _tree_share(node: Node, g: HostGroup, inflight: set, actor_id: str, endpoint
         share = (pickle.dumps(chosen, PROTOCOL), ports if reply else None,
                  seqs if reply else None)
     return share, [(c.path[-1].node_id, c.path[-1].addresses,
-                    *_tree_share(node, c, inflight, actor_id, endpoint, reply, out, fan,
+                    *_tree_share(node, c, head, actor_id, endpoint, reply, out, fan,
                                  straight, detours))
                    for c in g.children]
 
@@ -400,7 +406,9 @@ def _reply_to(node: Node) -> tuple:
 
 def tree_ports(share: tuple, subtrees: list):
     """Every reply port of a MSG_CAST_TREE's ``share`` and ``subtrees``."""
-    if share[1]:
+    if type(share[1]) is int:
+        yield share[1]
+    elif share[1]:
         yield from share[1]
     for _, _, sh, sub in subtrees:
         yield from tree_ports(sh, sub)
@@ -428,32 +436,56 @@ def fail_relayed(node: Node, agent_id: str, exc: BaseException) -> None:
 def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: Any,
                 bufs: list, ext: tuple, reply: bool, out: list, fan: FanIn | None,
                 agent_p: Peer | None, chosen: list, members: list) -> None:
-    """The relayed part of ``cast``: numbered and sent under ``_SENDING``."""
+    """The relayed part of ``cast``: numbered and sent under ``_SENDING``. A call() into a
+    ``FanIn`` gets one reply port for the whole share (``HostShare``); other calls one
+    per member."""
     peers = node.peers
-    seqs = []
+    seqs = [] if reply else None     # each member's number, echoed with its answer
     ports = [] if reply else None
+    share = None
     if reply:
-        agent_inflight = (agent_p or peers.peer(group.agent)).inflight
-        expect = node.ports.expect_reply
-        expect_into = node.ports.expect_into
+        agent_p = agent_p or peers.peer(group.agent)
+        if fan is not None:
+            share = HostShare(node.ports, fan, actor_id, endpoint)
+        else:
+            agent_inflight = agent_p.inflight
+            expect = node.ports.expect_reply
     for slot, p, _ in chosen:
         p.relay_sent += 1
-        seqs.append(p.relay_sent)
         p.relay_via = group.agent
         p.relay_path = ()
-        if reply:
-            if fan is not None:
-                pid = expect_into(p, fan.slot(slot), actor_id, endpoint)
-            else:
-                fut, pid = expect(p, actor_id, endpoint)
-                out[slot] = fut
+        if share is not None:
+            share.add(slot, p, p.relay_sent)
+        elif reply:
+            seqs.append(p.relay_sent)
+            fut, pid = expect(p, actor_id, endpoint)
+            out[slot] = fut
             agent_inflight.add(pid)
             ports.append(pid)
     if chosen[0][1].relay_name == "":
         for (_, p, _), member in zip(chosen, members):
             p.relay_name = member[0]
-    _send_cast(node, group.agent, cast_msg(actor_id, endpoint, payload, ext,
-                                           tuple(members), ports, seqs), bufs)
+    if share is not None:
+        ports, seqs = _register(node, share, agent_p, None), None
+    if len(members) == len(group.members):
+        if not group.blob:
+            group.blob = pickle.dumps(group.members, PROTOCOL)
+        members = group.blob
+    else:
+        members = tuple(members)
+    _send_cast(node, group.agent, cast_msg(actor_id, endpoint, payload, ext, members, ports,
+                                           seqs), bufs)
+
+
+def _register(node: Node, share: HostShare, agent_p: Peer, head: Peer | None) -> int:
+    """``share``'s one reply port, registered with its agent (its loss fails the share)
+    and held by ``head`` too where a tree's head forwards it."""
+    share.open = len(share.peers)
+    share.pid = pid = node.ports.expect_into(agent_p, share)
+    if head is not None and head is not agent_p and share.open:
+        share.also = head
+        head.inflight.add(pid)
+    return pid
 
 
 def _direct(node: Node, direct: Callable[[int], Future | None], slot: int, ref: NodeRef,
@@ -476,7 +508,8 @@ def _send_cast(node: Node, agent: NodeRef, msg: tuple, bufs: list) -> None:
         # wake-up of the loop thread per agent)
         node.send(agent, msg, buffers=bufs or [], cork=False)
     except Exception as e:  # noqa: BLE001 - those calls fail, named; the others go on
-        for pid in msg[6] or ():
+        ports = msg[6]
+        for pid in (ports,) if type(ports) is int else ports or ():
             node.ports.deliver(pid, Failure(e))
 
 
@@ -513,8 +546,23 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
     at = 0
     by_id = node.peers.by_id
     for port, kind, value, nbufs, seq in entries:
-        agent_inflight.discard(port)
         rep = replies.get(port)
+        if rep is not None and type(sink := rep[0]) is HostShare:
+            # one call()'s share: ``seq`` is the member's position in it
+            if kind == MSG_RESULT:
+                bufs = buffers[at:at + nbufs]
+                at += nbufs
+                try:
+                    value = _loads(value, bufs)
+                except Exception as e:  # noqa: BLE001 - fails this one member's slot
+                    member = sink.peers[seq].ref.node_id if seq >= 0 else None
+                    value = unreadable_result(f"{node.links.peer_name(member)} through its "
+                                              f"host agent", e)
+            elif kind == MSG_FAIL:
+                value = Failure(value)
+            sink.take(seq, value)
+            continue
+        agent_inflight.discard(port)
         if rep is not None and (p := rep[1]) is not None:
             if seq > p.relay_acked:
                 p.relay_acked = seq
@@ -534,6 +582,28 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
         elif kind == MSG_FAIL:
             value = Failure(value)
         deliver(port, value)
+
+
+#: Results every member of a call() tends to send alike (None, 0, True, a short str):
+#: the last one's pickle and value, reused while the next is the same bytes (an immutable
+#: value, so sharing it is unseen). One tuple, swapped whole: safe from any thread.
+_LAST_SMALL: tuple = (None, None)
+_SHAREABLE = (type(None), bool, int, float, str, bytes)
+
+
+def _loads(data: bytes, bufs: list) -> Any:
+    """``serialization.loads``, skipping the unpickling of a small immutable result that
+    is the same as the last one."""
+    global _LAST_SMALL
+    if bufs:
+        return serialization.loads(data, bufs)
+    last = _LAST_SMALL
+    if last[0] == data:
+        return last[1]
+    value = serialization.loads(data, bufs)
+    if len(data) <= 64 and type(value) in _SHAREABLE:
+        _LAST_SMALL = (data, value)
+    return value
 
 
 # -- the agent's half -------------------------------------------------------------------
@@ -608,6 +678,8 @@ class CastRelay:
             return
         _, actor_id, endpoint, payload, ext, members, ports, seqs = msg
         STATS["casts"] += 1
+        if type(members) is bytes:
+            members = pickle.loads(members)
         self._hand_out(origin, actor_id, endpoint, payload, ext, members, ports, seqs,
                        list(buffers) if type(payload) is not tuple else [])
 
@@ -668,7 +740,8 @@ class CastRelay:
             check()
 
     def _add_failure(self, origin: str, port: int, exc: BaseException) -> None:
-        self._add(origin, (port, MSG_FAIL, exc, 0, 0), ())
+        # ALL: a host share's every member (a member's own port: no sequence number)
+        self._add(origin, (port, MSG_FAIL, exc, 0, ALL), ())
 
     def _hand_out(self, origin: str, actor_id: str, endpoint: str, payload: Any, ext,
                   members: tuple, ports: list | None, seqs: list | None, bufs: list) -> None:
@@ -689,7 +762,10 @@ class CastRelay:
                     log.debug("cannot relay a broadcast to %s: %s", name, e)
                 continue
             self._waiting[origin] = self._waiting.get(origin, 0) + 1
-            answer = _Answer(self, origin, ports[i], seqs[i], p)
+            # one port for a call()'s whole share (its answers say which member they are),
+            # or one per member (each answer echoes its number)
+            answer = (_Answer(self, origin, ports, i, p) if type(ports) is int
+                      else _Answer(self, origin, ports[i], seqs[i], p))
             answer.pid = pid = node.ports.expect_into(p, answer)
             if answer.done:         # known lost: failed already, nothing to send
                 continue

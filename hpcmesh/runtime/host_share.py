@@ -1,0 +1,133 @@
+"""One host's share of a call(): one reply port for every member a host agent relays to.
+
+A call() over G members of a host used to cost its sender a reply port per member: a
+registration, a lookup, a peer's set touched and a slot resolved through a Future's
+setters, on the way out and again on the way back. A ``HostShare`` is the sender's one
+record of that share: the agent's folded answers name it once, and each entry says which
+member it is by its position in the share. What stays per member is only what the
+answer itself is: its value (unpickled on its own) and the order bookkeeping of its peer
+(``Peer.relay_acked``, see ``relay.py``).
+
+Failures keep their grain. The share's port is registered with the agent's peer (and, in
+a tree, is in its head's in-flight set too): that agent lost fails every member not yet
+answered. A member lost fails its own slot only (``fail_member``, run when its peer's
+in-flight calls fail), named as a direct call to it would be.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .messages import Failure
+
+if TYPE_CHECKING:
+    from .future import FanIn
+    from .peers import Peer
+    from .ports import PortTable
+
+#: The position an entry names for "every member of the share" (the agent could not hand
+#: the share out at all: an agent below it in a tree cannot be reached).
+ALL = -1
+
+
+class HostShare:
+    """The members of one call() that one host agent relays (a reply port's sink)."""
+    __slots__ = ("ports", "fan", "slots", "peers", "seqs", "actor_id", "endpoint",
+                 "pid", "open", "also")
+
+    def __init__(self, ports: PortTable, fan: FanIn, actor_id: str, endpoint: str):
+        self.ports = ports
+        self.fan = fan
+        self.slots: list[int] = []      # each member's position in the call's results
+        self.peers: list[Peer] = []
+        self.seqs: list[int] = []       # the number of the call relayed to each member
+        self.actor_id = actor_id
+        self.endpoint = endpoint
+        self.pid = 0
+        self.open = 0                   # members not answered yet
+        self.also: Peer | None = None   # a tree's head, which holds the port too
+
+    def add(self, slot: int, p: Peer, seq: int) -> None:
+        self.slots.append(slot)
+        self.peers.append(p)
+        self.seqs.append(seq)
+
+    def take(self, i: int, value: Any) -> None:
+        """The answer of member ``i`` (a ``Failure`` for an error; ``ALL``: every member
+        still open gets it). A second answer of a member (its loss raced its reply) is
+        dropped."""
+        if i == ALL:
+            self.set_exception(value.exc)
+            return
+        seqs = self.seqs
+        seq = seqs[i]
+        if seq == 0:
+            return
+        seqs[i] = 0
+        p = self.peers[i]
+        if seq > p.relay_acked:
+            p.relay_acked = seq
+        if type(value) is Failure:
+            self._fail(i, self.ports.failed_call(value.exc, self.actor_id, self.endpoint, p))
+        else:
+            slots = self.fan.slots
+            if slots is not None:
+                slots[self.slots[i]].set_result(value)
+            else:
+                self.fan.put(self.slots[i], value)
+        self._answered()
+
+    def fail_member(self, p: Peer, exc: BaseException) -> None:
+        """Member ``p`` is lost: its slot fails (the others still come)."""
+        for i, q in enumerate(self.peers):
+            if q is p and self.seqs[i]:
+                self.seqs[i] = 0
+                self._fail(i, self.ports.failed_call(exc, self.actor_id, self.endpoint, p))
+                self._answered()
+
+    # a reply port's sink: the agent lost (``PortTable.deliver`` hands over ``exc`` as it
+    # is: the port is registered with no actor id, so each member's slot names it here)
+    def set_exception(self, exc: BaseException) -> None:
+        for i, seq in enumerate(self.seqs):
+            if seq:
+                self.seqs[i] = 0
+                self._fail(i, self.ports.failed_call(exc, self.actor_id, self.endpoint,
+                                                     self.peers[i]))
+        self.open = 0
+        self._close()
+
+    def set_result(self, value: Any) -> None:       # never: answers come through take()
+        raise TypeError("a host share's answers come one member at a time (take)")
+
+    def _fail(self, i: int, exc: BaseException) -> None:
+        slots = self.fan.slots
+        if slots is not None:
+            slots[self.slots[i]].set_exception(exc)
+        else:
+            self.fan.fail(exc)
+
+    def _answered(self) -> None:
+        self.open -= 1
+        if self.open <= 0:
+            self._close()
+
+    def _close(self) -> None:
+        self.ports.close(self.pid)
+        if self.also is not None:
+            self.also.inflight.discard(self.pid)
+
+
+def fail_member(node: Any, p: Peer, exc: BaseException) -> None:
+    """Member ``p`` is lost: its slot in each call() whose share went through its route's
+    first agent (``p.relay_via``) fails. Only a member with relayed calls unanswered can
+    be in one, and all of those went that way (relay.py's routing rule)."""
+    if p.relay_sent == p.relay_acked or p.relay_via is None:
+        return
+    via = node.peers.by_id.get(p.relay_via.node_id)
+    if via is None:
+        return
+    replies = node.ports.replies
+    for pid in list(via.inflight):
+        entry = replies.get(pid)
+        if entry is not None and type(entry[0]) is HostShare:
+            entry[0].fail_member(p, exc)

@@ -251,3 +251,28 @@ def test_a_lost_head_fails_a_call_over_its_subtree_and_not_the_rest(width2):
             ["relayed"]] * 4
     finally:
         pm.stop().get(timeout=30)
+
+
+@pytest.mark.parametrize("hosts", [4, 8])
+def test_answers_fold_up_the_tree_the_sender_reads_a_frame_per_head(width2, monkeypatch,
+                                                                   hosts):
+    """Every agent's answers go up to the agent that forwarded it the cast, which folds
+    them with its own: a call() over 4 or 8 hosts (2 heads; 8 hosts: three agents deep)
+    costs the sender two frames to read, not one per host. (The fold window is made long
+    here so that no head lets its answers leave before those from below are in.)"""
+    monkeypatch.setattr(relay, "FOLD_WINDOW", 5.0)
+    pm, mesh = _memory_mesh(hosts, 2, f"fold{hosts}")
+    try:
+        mesh.note.call("warm").get(timeout=30)
+        for what, do in [
+                ("call", lambda: mesh.note.call("c").get(timeout=30).values()),
+                ("stream", lambda: [f.get(timeout=30) for f in mesh.note.stream("s")])]:
+            before = dict(relay.STATS)
+            answers = do()
+            assert len(answers) == 2 * hosts, what
+            assert relay.STATS["replies_taken"] - before["replies_taken"] == 2, what
+            # every agent but the heads passed its answers up, once
+            assert relay.STATS["ups"] - before["ups"] == hosts - 2, what
+        assert mesh.log.call().get(timeout=30).values() == [["warm", "c", "s"]] * (2 * hosts)
+    finally:
+        pm.stop().get(timeout=30)

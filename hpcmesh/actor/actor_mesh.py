@@ -182,6 +182,25 @@ class ActorMesh(MeshView, Generic[T]):
             sp.end_after(fut)
         return fut
 
+    def _result_shape(self) -> Shape:
+        """The shape of this view's call() results (made once: a call() over hundreds of
+        members should cost the caller per host, not per member, where it can)."""
+        shape = self.__dict__.get("_result_shape_cache")
+        if shape is None:
+            shape = self.__dict__["_result_shape_cache"] = Shape.from_extent(
+                self._shape.extent)
+        return shape
+
+    def _targets(self) -> list:
+        """[(rank, NodeRef)] of this view's members, for the straggler watch (made once
+        the mesh is live: its nodes no longer change)."""
+        targets = self.__dict__.get("_targets_cache")
+        if targets is None:
+            nodes = self._state.nodes
+            targets = [(r, nodes[g]) for r, g in self._members()[0]]
+            self.__dict__["_targets_cache"] = targets
+        return targets
+
     def _members(self) -> tuple[list[tuple[int, int]], tuple]:
         """[(rank in this view, global index)] and the view's extent as plain items (cached)."""
         m = self.__dict__.get("_members_cache")
@@ -534,7 +553,7 @@ class Endpoint(Generic[P, R]):
                           node.poll_for_rest)
         mesh = self._mesh
         members, ext = self._members()
-        result_shape = Shape.from_extent(mesh._shape.extent)
+        result_shape = mesh._result_shape()
         st = mesh._state
         self._learn_routes(members, ext)
         payload = mesh._payload(self._name, args, kwargs)
@@ -553,7 +572,7 @@ class Endpoint(Generic[P, R]):
                 return w.ended(key, ValueMesh(result_shape, vals))
             fan = FanIn(len(members), made, current_or_client_node().poll_for_rest)
             slots = fan.all_slots()         # the straggler watch reads the members' slots
-            key = w.watch(slots, [(r, st.nodes[g]) for r, g in members], st, self._name)
+            key = w.watch(slots, mesh._targets(), st, self._name)
             mesh._fan_out(self._name, payload, True, fan=fan)
             return fan.out
         return mesh._when_ready(go, self._name)

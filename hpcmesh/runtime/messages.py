@@ -58,12 +58,17 @@ MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host
 #                   count (its ``seqs`` entry), or for a host share's port the member's
 #                   position in the cast's ``members`` (-1: all of them)
 MSG_CAST_TREE = 8  # (CAST_TREE, reply_to, actor_id, endpoint, payload, extent_items, share,
-#                   subtrees): a cast through a tree of host agents (``runtime/relay.py``):
+#                   subtrees, up): a cast through a tree of host agents (``runtime/relay.py``):
 #                   the agent forwards each of ``subtrees`` [(agent node_id, addresses,
 #                   share, subtrees)] to its agent, then hands its own ``share`` (members,
 #                   ports, seqs as in MSG_CAST; members may come pickled, None: none here)
-#                   their calls; answers go straight to ``reply_to`` (the sender's
-#                   (node_id, addresses))
+#                   their calls; answers go to ``up`` where it is set (the agent that
+#                   forwarded this cast: (node_id, addresses, token)), as MSG_CAST_UP, else
+#                   straight to ``reply_to`` (the sender's (node_id, addresses))
+MSG_CAST_UP = 9    # (CAST_UP, sender_id, token, entries, answers): an agent's folded answers
+#                   passed up the tree to the agent that forwarded it the cast, which folds
+#                   them with its own (``token``: where that agent sends them); ``entries``
+#                   as MSG_CAST_REPLY's, ``answers`` how many members' answers they settle
 
 #: Where a call's fields sit (for the few places that read one field, not all).
 CALL_ACTOR, CALL_ENDPOINT, CALL_PAYLOAD, CALL_REPLY, CALL_RANK, CALL_EXTENT = range(1, 7)
@@ -103,7 +108,7 @@ EVENT_AGENT_NOTICE = "agent_notice"
 _FIELDS = {MSG_HELLO: ("hello", 4), MSG_CALL: ("call", 7), MSG_DELIVER: ("deliver", 3),
            MSG_RPC: ("rpc", 4), MSG_FAIL: ("fail", 3), MSG_RESULT: ("result", 3),
            MSG_CAST: ("cast", 8), MSG_CAST_REPLY: ("cast reply", 2),
-           MSG_CAST_TREE: ("cast tree", 8)}
+           MSG_CAST_TREE: ("cast tree", 9), MSG_CAST_UP: ("cast up", 5)}
 
 
 def layout_problem(msg: tuple) -> str | None:
@@ -120,10 +125,12 @@ def layout_problem(msg: tuple) -> str | None:
                 MSG_DELIVER: (int, object), MSG_FAIL: (int, BaseException),
                 MSG_RESULT: (int, (bytes, bytearray)),
                 MSG_RPC: (str, tuple, (PortRef, type(None))),
-                MSG_CAST: (str, str, object, (tuple, type(None)), tuple, (list, type(None)),
-                           list),
+                MSG_CAST: (str, str, object, (tuple, type(None)), (tuple, bytes),
+                           (list, int, type(None)), (list, type(None))),
                 MSG_CAST_REPLY: (list,),
-                MSG_CAST_TREE: (tuple, str, str, object, (tuple, type(None)), tuple, list),
+                MSG_CAST_TREE: (tuple, str, str, object, (tuple, type(None)), tuple, list,
+                                (tuple, type(None))),
+                MSG_CAST_UP: (str, int, list, int),
                 }.get(kind, ())
     for i, (value, types) in enumerate(zip(msg[1:], expected), 1):
         if not isinstance(value, types):

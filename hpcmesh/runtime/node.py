@@ -38,7 +38,8 @@ from .ports import PortTable
 from .services import Services
 # the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
 from .messages import (ANSWERED_THROUGH_PORT, CHECK_LIMITS_OVER, MSG_CALL, MSG_DELIVER, MSG_FAIL,  # noqa: F401
-                       MSG_CAST, MSG_CAST_REPLY, MSG_CAST_TREE, MSG_RESULT, MSG_RPC, PROTOCOL, Failure, NodeRef, PortRef,
+                       MSG_CAST, MSG_CAST_REPLY, MSG_CAST_TREE, MSG_CAST_UP, MSG_RESULT, MSG_RPC,
+                       PROTOCOL, Failure, NodeRef, PortRef,
                        ReplyNotSent, call_msg, cast_reply_msg, deliver_msg, encode_result,
                        fail_msg, frozen_size, rpc_msg, unreadable_result)
 
@@ -374,16 +375,21 @@ class Node:
             self._handle_rpc(msg)
         elif kind == MSG_CAST_REPLY:
             relay.on_cast_reply(self, origin, msg[1], buffers)
-        elif kind == MSG_CAST or kind == MSG_CAST_TREE:
+        elif kind == MSG_CAST or kind == MSG_CAST_TREE or kind == MSG_CAST_UP:
             if self.cast_handler is None:
+                if kind == MSG_CAST_UP:
+                    return          # answers for a relay this node is not
                 err = LookupError(f"{self.name or self.role} relays no calls (not a host agent)")
                 ports = msg[6] if kind == MSG_CAST else list(relay.tree_ports(msg[6], msg[7]))
+                ports = [ports] if type(ports) is int else ports    # a host share's one port
                 to = origin if kind == MSG_CAST else msg[1][0]
                 if to is not None and ports:
                     if kind == MSG_CAST_TREE:
                         self.peers.peer(NodeRef(msg[1][0], tuple(msg[1][1])))
+                    # ALL: every member of a host share (a member's own port: no number)
                     self.send(self.ref_of(to), cast_reply_msg(
-                        [(port, MSG_FAIL, err, 0, 0) for port in ports]), buffers=[])
+                        [(port, MSG_FAIL, err, 0, host_share.ALL) for port in ports]),
+                        buffers=[])
                 return
             self.cast_handler(msg, origin, buffers)
         else:

@@ -3,10 +3,11 @@ grows with hosts, not processes).
 
 A call() over a mesh whose members sit G to a host costs the sender one ``MSG_CAST`` per
 host, to that host's agent: the payload pickled once, the members (pickled once per view),
-one reply port for the host's share (``host_share.HostShare``; a stream() one per member). The agent hands each member an ordinary ``MSG_CALL`` over its Unix
-socket and folds the replies of one loop pass into one ``MSG_CAST_REPLY``; the sender
-unpickles each member's value on its own (the agent never unpickles a user's value: a
-result travels as the bytes the member pickled, ``RawResult``).
+one reply port for the host's share (``host_share.HostShare``; a stream() one per member).
+The agent hands each member an ordinary ``MSG_CALL`` over its Unix socket and folds their
+replies into one ``MSG_CAST_REPLY``; the sender unpickles each member's value on its own
+(the agent never unpickles a user's value: a result travels as the bytes the member
+pickled, ``RawResult``).
 
 Order (messages from one sender to one actor are delivered in send order, whichever path
 each took) is kept by routing, never by waiting. Each member's peer counts the messages
@@ -27,8 +28,9 @@ whose connection is lost for good fails what it held).
 
 Past ``HPCMESH_RELAY_FANOUT`` (32) hosts a view casts through a tree of its agents that
 wide (``tree``, ``cast_tree``): one MSG_CAST_TREE to each head, which forwards the shares
-of the agents below it and hands out its own; every agent answers the sender straight. A
-member's route is then its head and the agents down to its own (``relay_via``,
+of the agents below it and hands out its own; each agent's answers go up to the agent that
+forwarded it the cast (``MSG_CAST_UP``), which folds them with its own, so the sender reads
+a frame per head, not per host. A member's route is then its head and the agents down to its own (``relay_via``,
 ``relay_path``): the rule above holds per route, and a cast routed otherwise sends a
 relayed member its share alone along its route (``_detour``). A head lost fails what it
 relayed (``fail_relayed``; the controller also fails the members it may have held
@@ -43,15 +45,16 @@ import logging
 import pickle
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ..settings import env_flag, env_number
 from ..transport import serialization
+from ..transport.framing import check_frame_limits
 from .future import FanIn, Future
 from .host_share import ALL, HostShare
-from .messages import (MSG_CAST_TREE, MSG_DELIVER, MSG_FAIL, MSG_RESULT, PROTOCOL, Failure,
-                       NodeRef, call_msg, cast_msg, cast_reply_msg, describe_exception,
-                       unreadable_result)
+from .messages import (CHECK_LIMITS_OVER, MSG_CAST_TREE, MSG_CAST_UP, MSG_DELIVER, MSG_FAIL,
+                       MSG_RESULT, PROTOCOL, Failure, NodeRef, call_msg, cast_msg, cast_reply_msg,
+                       describe_exception, unreadable_result)
 from .errors import HOST_LOST, LOST_STATUS, SupervisionError
 from .links import LOST_PEER_REPORT_WAIT
 from .peers import Peer, PeerTable
@@ -75,7 +78,7 @@ FOLD_WINDOW = env_number("HPCMESH_RELAY_FOLD_US", 200, unit="microseconds") * 1e
 #: Counts, per process: casts sent and folded answers taken (a caller's), casts relayed
 #: and folded answers sent (an agent's). Tests and benchmarks count frames with them.
 STATS = {"casts_sent": 0, "replies_taken": 0, "casts": 0, "cast_replies": 0,
-         "forwards": 0}
+         "forwards": 0, "ups": 0}
 
 
 def relay_enabled() -> bool:
@@ -207,8 +210,9 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
     agent_up = (agent_p is not None and agent_p.conn is not None and not agent_p.conn.closed
                 and agent_p.conn.info.get("peer_info", {}).get(RELAYS) is True)
     members, chosen, straight, detours = [], [], [], []
-    for slot, ref, member in zip(group.slots, group.refs, group.members):
-        p = by_id.get(ref.node_id) or peers.peer(ref)
+    if not group.peers:         # a node's Peer entries live as long as it (made once)
+        group.peers = [peers.peer(ref) for ref in group.refs]
+    for slot, ref, member, p in zip(group.slots, group.refs, group.members, group.peers):
         if p.lost is not None and p.conn is None:
             straight.append((slot, ref))        # gone: the direct path says why
         elif p.relay_sent != p.relay_acked:
@@ -263,7 +267,7 @@ def cast_tree(node: Node, heads: list[HostGroup], actor_id: str, endpoint: str,
             share, sub = _tree_share(node, head, hp, actor_id, endpoint, reply,
                                      out, fan, straight, detours)
             _send_tree(node, head.agent, (MSG_CAST_TREE, reply_to, actor_id, endpoint,
-                                          payload, ext, share, sub), bufs)
+                                          payload, ext, share, sub, None), bufs)
         for d in detours:
             _detour(node, *d, actor_id, endpoint, payload, bufs, ext, reply, out, fan)
     for head in flat:
@@ -395,7 +399,7 @@ def _send_route(node: Node, p: Peer, members: tuple, ports: list | None, seqs: l
         sub = [(hop.node_id, hop.addresses, share, sub)]
         share = (None, None, None)
     _send_tree(node, p.relay_via, (MSG_CAST_TREE, _reply_to(node), actor_id, endpoint,
-                                   payload, ext, share, sub), bufs)
+                                   payload, ext, share, sub, None), bufs)
 
 
 def _reply_to(node: Node) -> tuple:
@@ -607,6 +611,14 @@ def _loads(data: bytes, bufs: list) -> Any:
 
 
 # -- the agent's half -------------------------------------------------------------------
+class Dest(NamedTuple):
+    """Where an agent sends the answers of a cast that came down a tree: up to ``agent``
+    (which forwarded it), naming ``sender``'s destination there by ``token``."""
+    sender: str
+    agent: str
+    token: int
+
+
 class _Answer:
     """Where a member's reply to a relayed call goes on its agent: a reply port's sink
     (a Future's two setters, ``PortTable.expect_into``), no Future made per member."""
@@ -652,9 +664,16 @@ def _unreachable(nid: str, node, why) -> SupervisionError:
 
 class CastRelay:
     """On a host agent's node: hands each member of a cast its call and folds their
-    answers into one frame per sender: it leaves once every member of that sender's casts
-    answered, or ``FOLD_WINDOW`` after the first answer it holds (a result over
+    answers into one frame per destination: it leaves once every answer that destination
+    is owed is in, or ``FOLD_WINDOW`` after the first answer it holds (a result over
     ``FOLD_BYTES`` leaves at once).
+
+    A destination (``Dest``) is the sender itself, or, for a cast that came down a tree,
+    the agent that forwarded it (the answers go up the tree, ``MSG_CAST_UP``, and that
+    agent folds them with its own: the sender reads a frame per head, not per host). An
+    agent that forwards a subtree is owed that subtree's answers; if the agent below is
+    lost, what it still owed is forgotten (the sender fails those members itself: their
+    route's agent was lost).
 
     ``member_secret(proc_name, node_id)`` is the secret to dial a member with (None: this
     node's own); the host agent also learns the member's node there (to fail what it
@@ -664,11 +683,20 @@ class CastRelay:
                  member_secret: Callable[[str, str], bytes | None] | None = None):
         self.node = node
         self.member_secret = member_secret
-        self._out: dict[str, tuple[list, list, list]] = {}   # origin -> entries, bufs, [size]
-        self._waiting: dict[str, int] = {}      # origin -> answers still out
-        self._timers: dict[str, Any] = {}       # origin -> its fold window's timer
+        # per destination: the entries, their buffers, [their bytes, the answers they settle]
+        self._out: dict[Any, tuple[list, list, list]] = {}
+        self._waiting: dict[Any, int] = {}      # destination -> answers still out
+        self._timers: dict[Any, Any] = {}       # destination -> its fold window's timer
+        self._known: dict[bytes, list] = {}     # pickled members -> _members' answer
+        self._counts: dict[bytes, int] = {}     # pickled members (of a subtree) -> how many
+        # the destinations agents below this one name by a token (MSG_CAST_UP), both ways
+        self._tokens: dict[Any, int] = {}
+        self._dests: dict[int, Any] = {}
+        # agent below -> {destination: answers it still owes there}
+        self._owed: dict[str, dict[Any, int]] = {}
         node.cast_handler = self.on_cast
         node.info[RELAYS] = True        # said in its hellos: senders may cast to it
+        node.on_peer_closed.append(self._on_peer_closed)
 
     def on_cast(self, msg: tuple, origin: str | None, buffers: list) -> None:
         if origin is None:
@@ -676,40 +704,56 @@ class CastRelay:
         if msg[0] == MSG_CAST_TREE:
             self.on_tree_cast(msg, buffers)
             return
+        if msg[0] == MSG_CAST_UP:
+            self.on_cast_up(msg, origin, buffers)
+            return
         _, actor_id, endpoint, payload, ext, members, ports, seqs = msg
         STATS["casts"] += 1
-        if type(members) is bytes:
-            members = pickle.loads(members)
         self._hand_out(origin, actor_id, endpoint, payload, ext, members, ports, seqs,
                        list(buffers) if type(payload) is not tuple else [])
 
     def on_tree_cast(self, msg: tuple, buffers: list) -> None:
         """A cast through a tree: each subtree forwarded to its agent first (the payload
         as it came, its buffers unread), then this host's share handed out; the answers
-        go straight to the sender. A subtree whose agent cannot be reached from here fails
-        its members' calls, naming it."""
-        _, reply_to, actor_id, endpoint, payload, ext, share, subtrees = msg
+        go up to the agent that forwarded this cast, or, at a head, to the sender. A
+        subtree whose agent cannot be reached from here fails its members' calls, naming
+        it."""
+        _, reply_to, actor_id, endpoint, payload, ext, share, subtrees, up = msg
         node = self.node
         STATS["casts"] += 1
         bufs = list(buffers) if type(payload) is not tuple else []
         origin = reply_to[0]
-        node.peers.peer(NodeRef(*reply_to))     # how to answer a sender never met
+        if up is None:
+            dest = origin
+            node.peers.peer(NodeRef(*reply_to))     # how to answer a sender never met
+        else:
+            dest = Dest(origin, up[0], up[2])
+            node.peers.peer(NodeRef(up[0], tuple(up[1])))
         sent = []
+        if subtrees:
+            token = self._tokens.get(dest)
+            if token is None:
+                token = self._tokens[dest] = len(self._tokens) + 1
+                self._dests[token] = dest
+            mine = (node.node_id, node.addresses, token)
         for nid, addresses, child_share, child_sub in subtrees:
             ref = NodeRef(nid, tuple(addresses))
+            owed = self._answers_in(child_share, child_sub)
+            if owed:
+                self._waiting[dest] = self._waiting.get(dest, 0) + owed
+                by_dest = self._owed.setdefault(nid, {})
+                by_dest[dest] = by_dest.get(dest, 0) + owed
             try:
                 node.send(ref, (MSG_CAST_TREE, reply_to, actor_id, endpoint, payload, ext,
-                                child_share, child_sub), buffers=bufs)
+                                child_share, child_sub, mine), buffers=bufs)
                 STATS["forwards"] += 1
                 sent.append(nid)
                 p = node.peers.by_id.get(nid)
                 if p is None or p.conn is None or p.conn.closed:    # queued: being dialed
-                    node.loop.call_soon(self._watch_dial, nid, origin,
-                                        list(tree_ports(child_share, child_sub)))
+                    node.loop.call_soon(self._watch_dial, nid, dest, child_share, child_sub)
             except Exception as e:  # noqa: BLE001 - that subtree's calls fail, named
-                err = _unreachable(nid, node, e)
-                for port in tree_ports(child_share, child_sub):
-                    self._add_failure(origin, port, err)
+                self._fail_subtree(nid, dest, child_share, child_sub,
+                                   _unreachable(nid, node, e))
         by_id = node.peers.by_id
         for nid in sent:
             p = by_id.get(nid)
@@ -717,109 +761,209 @@ class CastRelay:
                 p.conn.flush_now()
         members, ports, seqs = share
         if members:
-            if type(members) is bytes:
-                members = pickle.loads(members)
-            self._hand_out(origin, actor_id, endpoint, payload, ext, members, ports, seqs,
+            self._hand_out(dest, actor_id, endpoint, payload, ext, members, ports, seqs,
                            bufs)
 
-    def _watch_dial(self, nid: str, origin: str, ports: list) -> None:
+    def on_cast_up(self, msg: tuple, origin: str, buffers: list) -> None:
+        """Answers an agent below this one folded: folded again with this agent's own,
+        toward where this one's go (its token says)."""
+        _, _, token, entries, answers = msg
+        dest = self._dests.get(token)
+        if dest is None:
+            log.debug("answers passed up from %s for an unknown destination", origin[:8])
+            return
+        by_dest = self._owed.get(origin)
+        if by_dest is not None and dest in by_dest:
+            by_dest[dest] -= answers
+            if by_dest[dest] <= 0:
+                del by_dest[dest]
+        self._waiting[dest] = max(0, self._waiting.get(dest, 0) - answers)
+        self._add(dest, entries, list(buffers), answers)
+
+    def _answers_in(self, share: tuple, subtrees: list) -> int:
+        """How many members' answers a subtree of a tree cast owes (0: a broadcast)."""
+        members, ports, _ = share
+        n = 0
+        if ports is not None and members:
+            if type(ports) is int:          # a host share: one answer per member
+                if type(members) is bytes:
+                    n = self._counts.get(members)
+                    if n is None:
+                        if len(self._counts) >= 256:
+                            self._counts.clear()
+                        n = self._counts[members] = len(pickle.loads(members))
+                else:
+                    n = len(members)
+            else:
+                n = len(ports)
+        for _, _, sh, sub in subtrees:
+            n += self._answers_in(sh, sub)
+        return n
+
+    def _fail_subtree(self, nid: str, dest: Any, share: tuple, subtrees: list,
+                      exc: BaseException) -> None:
+        """The agent ``nid`` a subtree went to cannot be reached from here: its calls
+        fail, named, and it owes nothing any more."""
+        owed = self._answers_in(share, subtrees)
+        by_dest = self._owed.get(nid)
+        if by_dest is not None and dest in by_dest:
+            by_dest[dest] -= owed
+            if by_dest[dest] <= 0:
+                del by_dest[dest]
+        self._waiting[dest] = max(0, self._waiting.get(dest, 0) - owed)
+        # ALL: a host share's every member (a member's own port: no sequence number)
+        self._add(dest, [(port, MSG_FAIL, exc, 0, ALL)
+                         for port in tree_ports(share, subtrees)], [], owed)
+
+    def _on_peer_closed(self, node, peer_id: str, exc) -> None:
+        """An agent below this one is gone: the answers it owed are not waited for (the
+        sender fails those members: their route's agent was lost)."""
+        by_dest = self._owed.pop(peer_id, None)
+        for dest, owed in (by_dest or {}).items():
+            self._waiting[dest] = max(0, self._waiting.get(dest, 0) - owed)
+            if dest in self._out:
+                self._add(dest, [], [], 0)      # what it holds leaves now if nothing is out
+
+    def _watch_dial(self, nid: str, dest: Any, share: tuple, subtrees: list) -> None:
         """A subtree queued for an agent this one is dialing: if the dial fails (what was
         queued is dropped), its calls fail, named, rather than wait for ever."""
         p = self.node.peers.by_id.get(nid)
 
         def check(_=None) -> None:
             if p.conn is None or p.conn.closed:
-                err = _unreachable(nid, self.node, p.lost or "not connected")
-                for port in ports:
-                    self._add_failure(origin, port, err)
-        if p is None or not ports:
+                self._fail_subtree(nid, dest, share, subtrees,
+                                   _unreachable(nid, self.node, p.lost or "not connected"))
+        if p is None or not any(True for _ in tree_ports(share, subtrees)):
             return
         if p.dialing is not None:
             p.dialing.add_done_callback(check)
         else:
             check()
 
-    def _add_failure(self, origin: str, port: int, exc: BaseException) -> None:
-        # ALL: a host share's every member (a member's own port: no sequence number)
-        self._add(origin, (port, MSG_FAIL, exc, 0, ALL), ())
-
-    def _hand_out(self, origin: str, actor_id: str, endpoint: str, payload: Any, ext,
-                  members: tuple, ports: list | None, seqs: list | None, bufs: list) -> None:
-        """Each member its MSG_CALL; their answers are owed to ``origin``."""
-        node = self.node
-        touched = []
-        for i, (name, nid, addrs, rank) in enumerate(members):
+    def _members(self, members) -> list:
+        """A cast's ``members`` (pickled or not) as [(ref, peer, name, rank)]: a view's
+        members come pickled alike on every cast, so they are unpickled and looked up
+        once (a bounded cache)."""
+        if type(members) is bytes:
+            known = self._known.get(members)
+            if known is not None:
+                return known
+            blob, members = members, pickle.loads(members)
+        else:
+            blob = None
+        peer = self.node.peers.peer
+        out = []
+        for name, nid, addrs, rank in members:
             ref = NodeRef(nid, tuple(addrs))
-            p = node.peers.peer(ref)
-            touched.append(p)
+            out.append((ref, peer(ref), name, rank))
+        if blob is not None:
+            if len(self._known) >= 256:
+                self._known.clear()
+            self._known[blob] = out
+        return out
+
+    def _hand_out(self, dest: Any, actor_id: str, endpoint: str, payload: Any, ext,
+                  members, ports: list | None, seqs: list | None, bufs: list) -> None:
+        """Each member its MSG_CALL; their answers are owed to ``dest``."""
+        node = self.node
+        members = self._members(members)
+        if ports is not None:
+            self._waiting[dest] = self._waiting.get(dest, 0) + len(members)
+        share = type(ports) is int
+        for i, (ref, p, name, rank) in enumerate(members):
             if p.conn is None and p.secret is None and self.member_secret is not None:
-                p.secret = self.member_secret(name, nid)
+                p.secret = self.member_secret(name, ref.node_id)
             if ports is None:       # a broadcast: nothing comes back (its failure is the
                 try:                # actor's fault, reported to the mesh's owner)
-                    node.send(ref, call_msg(actor_id, endpoint, payload, None, rank, ext),
-                              buffers=bufs)
+                    self._send(p, ref, call_msg(actor_id, endpoint, payload, None, rank, ext),
+                               bufs)
                 except Exception as e:  # noqa: BLE001 - its exit reaches the owner
                     log.debug("cannot relay a broadcast to %s: %s", name, e)
                 continue
-            self._waiting[origin] = self._waiting.get(origin, 0) + 1
             # one port for a call()'s whole share (its answers say which member they are),
             # or one per member (each answer echoes its number)
-            answer = (_Answer(self, origin, ports, i, p) if type(ports) is int
-                      else _Answer(self, origin, ports[i], seqs[i], p))
+            answer = (_Answer(self, dest, ports, i, p) if share
+                      else _Answer(self, dest, ports[i], seqs[i], p))
             answer.pid = pid = node.ports.expect_into(p, answer)
             if answer.done:         # known lost: failed already, nothing to send
                 continue
             node.ports.raw.add(pid)
             try:
-                node.send(ref, call_msg(actor_id, endpoint, payload, pid, rank, ext),
-                          buffers=bufs)
+                self._send(p, ref, call_msg(actor_id, endpoint, payload, pid, rank, ext), bufs)
             except Exception as e:  # noqa: BLE001 - this member's call fails, named
                 node.close_port(pid)
                 answer.set_exception(e)
         # written now, not a loop turn later (the loop batches what it sends in a pass)
-        for p in touched:
+        for _, p, _, _ in members:
             conn = p.conn
             if conn is not None and not conn.closed:
                 conn.flush_now()
 
+    def _send(self, p: Peer, ref: NodeRef, msg: tuple, bufs: list) -> None:
+        """``node.send`` of a member's call, corked (``_hand_out`` flushes each member's
+        connection once): straight onto its connection when that is up with nothing
+        queued before it, the common case, else through the node."""
+        conn = p.conn
+        if conn is None or conn.closed or p.backlog or p.relay_sent != p.relay_acked:
+            self.node.send(ref, msg, buffers=bufs)
+            return
+        meta = serialization.dumps_envelope(msg)
+        if bufs or len(meta) > CHECK_LIMITS_OVER:
+            check_frame_limits(len(meta), bufs)
+        if bufs:
+            conn.send_frame(meta, bufs, cork=True)
+        else:
+            conn.send_msg(meta, True)
+
     def answered(self, a: "_Answer", value: Any, exc: BaseException | None) -> None:
-        """Member ``a`` answered: its entry joins what ``a.origin`` is owed."""
+        """Member ``a`` answered: its entry joins what ``a.origin`` (its destination) is
+        owed."""
         self._waiting[a.origin] -= 1
         self.node.ports.raw.discard(a.pid)
         if exc is not None:
-            self._add(a.origin, (a.cport, MSG_FAIL, exc, 0, a.seq), ())
+            self._add(a.origin, [(a.cport, MSG_FAIL, exc, 0, a.seq)], (), 1)
         elif type(value) is RawResult:
-            self._add(a.origin, (a.cport, MSG_RESULT, value.data, len(value.buffers), a.seq),
-                      value.buffers)
+            self._add(a.origin, [(a.cport, MSG_RESULT, value.data, len(value.buffers), a.seq)],
+                      value.buffers, 1)
         else:
-            self._add(a.origin, (a.cport, MSG_DELIVER, value, 0, a.seq), ())
+            self._add(a.origin, [(a.cport, MSG_DELIVER, value, 0, a.seq)], (), 1)
 
-    def _add(self, origin: str, entry: tuple, bufs) -> None:
-        """``entry`` (port, kind, value, nbufs, seq) and its buffers, for ``origin``."""
-        entries, out_bufs, size = self._out.setdefault(origin, ([], [], [0]))
-        entries.append(entry)
-        out_bufs.extend(bufs)
-        size[0] += sum(memoryview(b).nbytes for b in bufs) if bufs else 0
-        if size[0] >= FOLD_BYTES or not self._waiting.get(origin):
-            self._flush_one(origin)
-        elif origin not in self._timers:
-            self._timers[origin] = self.node.loop.call_later(FOLD_WINDOW, self._flush_one,
-                                                             origin)
+    def _add(self, dest: Any, entries: list, bufs, answers: int) -> None:
+        """``entries`` [(port, kind, value, nbufs, seq)] and their buffers, settling
+        ``answers`` of what ``dest`` is owed; they leave with the rest once nothing more
+        is out (or the fold window ends)."""
+        out = self._out.get(dest)
+        if out is None:
+            out = self._out[dest] = ([], [], [0, 0])
+        out[0].extend(entries)
+        out[1].extend(bufs)
+        out[2][0] += sum(memoryview(b).nbytes for b in bufs) if bufs else 0
+        out[2][1] += answers
+        if out[2][0] >= FOLD_BYTES or not self._waiting.get(dest):
+            self._flush_one(dest)
+        elif dest not in self._timers:
+            self._timers[dest] = self.node.loop.call_later(FOLD_WINDOW, self._flush_one, dest)
 
-    def _flush_one(self, origin: str) -> None:
-        timer = self._timers.pop(origin, None)
+    def _flush_one(self, dest: Any) -> None:
+        timer = self._timers.pop(dest, None)
         if timer is not None:
             timer.cancel()
-        if not self._waiting.get(origin):
-            self._waiting.pop(origin, None)
-        entries, bufs, _ = self._out.pop(origin, ([], [], None))
-        if not entries:
+        if not self._waiting.get(dest):
+            self._waiting.pop(dest, None)
+        entries, bufs, (_, answers) = self._out.pop(dest, ([], [], (0, 0)))
+        up = type(dest) is Dest
+        if not entries and not (up and answers):
             return
         node = self.node
-        STATS["cast_replies"] += 1
+        to = node.ref_of(dest.agent if up else dest)
+
+        def msg(entries: list, answers: int) -> tuple:
+            return ((MSG_CAST_UP, dest.sender, dest.token, entries, answers) if up
+                    else cast_reply_msg(entries))
+        STATS["ups" if up else "cast_replies"] += 1
         try:
-            node.send(node.ref_of(origin), cast_reply_msg(entries), buffers=bufs)
-            p = node.peers.by_id.get(origin)
+            node.send(to, msg(entries, answers), buffers=bufs)
+            p = node.peers.by_id.get(to.node_id)
             if p is not None and p.conn is not None and not p.conn.closed:
                 p.conn.flush_now()      # now, not a loop turn later
             return
@@ -827,12 +971,13 @@ class CastRelay:
                 serialization.SerializationError) as e:
             problem = e             # an exception among them that does not pickle
         except Exception as e:  # noqa: BLE001 - the sender is gone: its supervision says so
-            log.debug("cannot return relayed replies to %s: %s", origin[:8], e)
+            log.debug("cannot return relayed replies to %s: %s", to.node_id[:8], e)
             return
-        # one by one, any that does not pickle replaced by what it said
+        # one by one, any that does not pickle replaced by what it said (the count of
+        # answers they settle goes with the last)
         log.debug("folded replies did not pickle (%s): sent one by one", problem)
         at = 0
-        for port, kind, value, nbufs, seq in entries:
+        for i, (port, kind, value, nbufs, seq) in enumerate(entries):
             mine = bufs[at:at + nbufs]
             at += nbufs
             if kind == MSG_FAIL:
@@ -841,7 +986,7 @@ class CastRelay:
                 except Exception:  # noqa: BLE001
                     value = RuntimeError(describe_exception(value))
             try:
-                node.send(node.ref_of(origin),
-                          cast_reply_msg([(port, kind, value, nbufs, seq)]), buffers=mine)
+                node.send(to, msg([(port, kind, value, nbufs, seq)],
+                                  answers if i == len(entries) - 1 else 0), buffers=mine)
             except Exception as e:  # noqa: BLE001
-                log.debug("cannot return a relayed reply to %s: %s", origin[:8], e)
+                log.debug("cannot return a relayed reply to %s: %s", to.node_id[:8], e)

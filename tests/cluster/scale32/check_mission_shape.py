@@ -27,6 +27,7 @@ from proc_helpers import wait_until  # noqa: E402
 
 from hpcmesh.actor import Actor, SupervisionError, current_rank, endpoint  # noqa: E402
 from hpcmesh.job import SlurmJob  # noqa: E402
+from hpcmesh.runtime import relay  # noqa: E402
 
 #: 32 (test.sh); HPCMESH_SCALE_HOSTS=3 runs the same program on the 3-node cluster
 HOSTS, PER_HOST = int(os.environ.get("HPCMESH_SCALE_HOSTS", "32")), 8
@@ -75,7 +76,15 @@ def _procs_of(pids) -> list[int]:
 
 
 @pytest.mark.timeout(600)
-def test_the_mission_shape(tmp_path, monkeypatch):
+@pytest.mark.parametrize("route", ["flat", "tree"])
+def test_the_mission_shape(tmp_path, monkeypatch, route):
+    """``flat``: one cast per host agent (32 hosts is the tree's width); ``tree``: the
+    casts go through a tree of agents 4 wide (``HPCMESH_RELAY_FANOUT``), answers folding
+    up it, each agent in its own node's network namespace."""
+    heads = HOSTS
+    if route == "tree":
+        heads = 4 if HOSTS > 4 else 2
+        monkeypatch.setenv(relay.FANOUT_VAR, str(heads))
     job = SlurmJob(meshes={"w": HOSTS}, job_name=NAME, log_dir=str(tmp_path / "logs"),
                    timeout=300, grace=10)
     pids = []
@@ -90,6 +99,9 @@ def test_the_mission_shape(tmp_path, monkeypatch):
         pids = list(got.values())
         assert len(set(pids)) == N
         assert dict(got.extent) == {"hosts": HOSTS, "gpus": PER_HOST}
+        before = relay.STATS["casts_sent"]
+        assert members.pid.call().get(timeout=60).values() == pids
+        assert relay.STATS["casts_sent"] - before == heads     # one per host, or per head
 
         # one sender, one actor: its messages in send order, whichever way they went
         one = members.slice(hosts=ONE_HOST, gpus=5)

@@ -174,3 +174,28 @@ def test_a_slow_member_costs_the_controller_at_most_the_window(staggered, monkey
     assert time.monotonic() - t0 >= 0.35
     used = runtime_cpu() - before
     assert used < 0.1, f"the runtime thread used {used * 1e3:.1f} ms of CPU waiting for 0.3 s"
+
+
+def test_fanin_slots_are_views_of_its_own_state():
+    """A FanIn keeps each slot's state itself; slot objects (what a reply port resolves,
+    what the straggler watch reads) are views made on demand, and agree with it."""
+    from hpcmesh.runtime.future import FanIn
+    fan = FanIn(3, lambda vals: tuple(vals))
+    slots = fan.all_slots()
+    assert len(slots) == 3 and [s.done() for s in slots] == [False] * 3
+    seen = []
+    slots[2].add_done_callback(lambda s: seen.append((s.i, s.done(), s.exception())))
+    fan.put(0, "a")
+    fan.slot(0).set_result("again")             # a second answer of a slot is dropped
+    assert slots[0].done() and not slots[1].done() and not fan.out.done()
+    fan.slot(1).set_result("b")
+    err = RuntimeError("member 2 lost")
+    fan.fail_slot(2, err)
+    assert seen == [(2, True, err)]
+    assert slots[2].exception() is err and slots[0].exception() is None
+    assert fan.out.exception() is err           # a failed slot fails the whole
+    late = []
+    slots[1].add_done_callback(lambda s: late.append(s.i))     # settled: runs at once
+    assert late == [1]
+    with pytest.raises(IndexError):
+        slots[3]

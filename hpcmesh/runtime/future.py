@@ -257,11 +257,14 @@ def gather(futures: list[Future], finish: Callable[[list], Any] | None = None,
 class FanIn:
     """``n`` results into one Future (``out``) of their list, or of ``finish(list)``;
     it fails with the first failure. A result comes from a Future it follows, or is put
-    straight into its slot (``slot(i)``: what a reply port resolves, with no Future of its
-    own: a call() through the host agents makes none per member). Results may arrive on
-    several threads at once: the count of those still missing is taken with ``next()`` on
-    a shared counter, which is atomic."""
-    __slots__ = ("out", "results", "n", "arrived", "finish", "on_first", "slots")
+    straight into its slot (``put``/``fail_slot``, or a reply port resolving ``slot(i)``:
+    a call() through the host agents makes no Future per member). Each slot's state is
+    kept here (``done``: a byte a slot); ``FanInSlot`` objects are views of it, made only
+    where something asks for them (the straggler watch, on a call that is late). Results
+    may arrive on several threads at once: the count of those still missing is taken with
+    ``next()`` on a shared counter, which is atomic."""
+    __slots__ = ("out", "results", "n", "arrived", "finish", "on_first", "done", "excs",
+                 "callbacks")
 
     def __init__(self, n: int, finish: Callable[[list], Any] | None = None,
                  on_first: Callable[[Future], None] | None = None):
@@ -271,11 +274,19 @@ class FanIn:
         self.arrived = itertools.count(1)
         self.finish = finish
         self.on_first = on_first
-        self.slots: list[FanInSlot] | None = None    # made by slot() / all_slots()
+        self.done = bytearray(n)            # per slot: 0 waiting, 1 a result, 2 failed
+        self.excs: dict[int, BaseException] | None = None   # the failed slots' errors
+        self.callbacks: dict[int, list] | None = None       # a slot's watchers
         if n == 0:
             self._settle()
 
     def put(self, i: int, value: Any) -> None:
+        """Slot ``i``'s result (a second one for the same slot is dropped)."""
+        if self.done[i]:
+            return
+        self.done[i] = 1
+        if self.callbacks is not None:
+            self._fire(i)
         out = self.out
         if out._state:
             return
@@ -285,6 +296,18 @@ class FanIn:
             self.on_first(out)
         if k == self.n:
             self._settle()
+
+    def fail_slot(self, i: int, exc: BaseException) -> None:
+        """Slot ``i`` failed with ``exc``: so does ``out`` (unless settled already)."""
+        if self.done[i]:
+            return
+        self.done[i] = 2
+        if self.excs is None:
+            self.excs = {}
+        self.excs[i] = exc
+        if self.callbacks is not None:
+            self._fire(i)
+        self.fail(exc)
 
     def fail(self, exc: BaseException) -> None:
         self.out.set_exception(exc)
@@ -300,84 +323,86 @@ class FanIn:
 
     def follow(self, i: int, f: Future) -> None:
         """Slot ``i`` gets ``f``'s result."""
-        slots = self.slots
-
         def done(f: Future) -> None:
-            if slots is not None:
-                if f._exc is not None:
-                    slots[i].set_exception(f._exc)
-                else:
-                    slots[i].set_result(f._value)
-            elif f._exc is not None:
-                self.fail(f._exc)
+            if f._exc is not None:
+                self.fail_slot(i, f._exc)
             else:
                 self.put(i, f._value)
         f.add_done_callback(done)
 
     def slot(self, i: int) -> "FanInSlot":
-        """Slot ``i`` (the same object each time it is asked for)."""
-        return self.all_slots()[i]
+        """Slot ``i`` as a Future's two setters and watchers' reads (a view)."""
+        return FanInSlot(self, i)
 
-    def all_slots(self) -> list["FanInSlot"]:
-        """Every slot, in order: one per result, each settled once its result is in (a
-        followed Future's too)."""
-        if self.slots is None:
-            self.slots = [FanInSlot(self, i) for i in range(self.n)]
-        return self.slots
+    def all_slots(self) -> "SlotViews":
+        """Every slot, in order, as views made when read (``len``, index, iterate)."""
+        return SlotViews(self)
+
+    def watch_slot(self, i: int, cb: Callable[["FanInSlot"], None]) -> None:
+        """``cb(slot i)`` once slot ``i`` is settled (now, if it is)."""
+        with _cb_lock:
+            added = not self.done[i]
+            if added:
+                if self.callbacks is None:
+                    self.callbacks = {}
+                self.callbacks.setdefault(i, []).append(cb)
+        if not added:
+            cb(FanInSlot(self, i))
+        elif self.done[i]:      # settled meanwhile, maybe without seeing our callback
+            self._fire(i)
+
+    def _fire(self, i: int) -> None:
+        with _cb_lock:
+            cbs = self.callbacks.pop(i, None) if self.callbacks else None
+        for cb in cbs or ():
+            cb(FanInSlot(self, i))
+
+
+class SlotViews:
+    """A FanIn's slots as a read-only sequence of ``FanInSlot`` views."""
+    __slots__ = ("fan",)
+
+    def __init__(self, fan: FanIn):
+        self.fan = fan
+
+    def __len__(self) -> int:
+        return self.fan.n
+
+    def __getitem__(self, i: int) -> "FanInSlot":
+        if not -self.fan.n <= i < self.fan.n:
+            raise IndexError(i)
+        return FanInSlot(self.fan, i % self.fan.n)
+
+    def __iter__(self):
+        fan = self.fan
+        return (FanInSlot(fan, i) for i in range(fan.n))
 
 
 class FanInSlot:
-    """Slot ``i`` of a ``FanIn``: what a reply port resolves (a Future's two setters), and
-    what a watcher of the members reads (``done``, ``exception``, ``add_done_callback``:
-    the straggler watch), without a Future of its own."""
-    __slots__ = ("fan", "i", "_state", "_exc", "_callbacks")
+    """Slot ``i`` of a ``FanIn`` (a view: its state is the FanIn's): what a reply port
+    resolves (a Future's two setters), and what a watcher of the members reads (``done``,
+    ``exception``, ``add_done_callback``: the straggler watch), without a Future of its
+    own."""
+    __slots__ = ("fan", "i")
 
     def __init__(self, fan: FanIn, i: int):
         self.fan = fan
         self.i = i
-        self._state = False
-        self._exc: BaseException | None = None
-        self._callbacks: list | None = None
 
     def set_result(self, value: Any) -> None:
-        if self._state:
-            return
-        self._state = True
         self.fan.put(self.i, value)
-        if self._callbacks is not None:
-            self._fire()
 
     def set_exception(self, exc: BaseException) -> None:
-        if self._state:
-            return
-        self._exc = exc
-        self._state = True
-        self.fan.fail(exc)
-        if self._callbacks is not None:
-            self._fire()
+        self.fan.fail_slot(self.i, exc)
 
     def done(self) -> bool:
-        return self._state
+        return self.fan.done[self.i] != 0
 
     def exception(self) -> BaseException | None:
-        return self._exc
-
-    def _fire(self) -> None:
-        with _cb_lock:
-            cbs, self._callbacks = self._callbacks, None
-        for cb in cbs or ():
-            cb(self)
+        excs = self.fan.excs
+        return excs.get(self.i) if excs is not None else None
 
     def add_done_callback(self, cb: Callable[["FanInSlot"], None]) -> None:
         """As ``Future.add_done_callback``."""
-        with _cb_lock:
-            added = not self._state
-            if added:
-                if self._callbacks is None:
-                    self._callbacks = [cb]
-                else:
-                    self._callbacks.append(cb)
-        if not added:
-            cb(self)
-        elif self._state:       # settled meanwhile, maybe without seeing our callback
-            self._fire()
+        self.fan.watch_slot(self.i, cb)
+

@@ -70,11 +70,7 @@ class HostShare:
         if type(value) is Failure:
             self._fail(i, self.ports.failed_call(value.exc, self.actor_id, self.endpoint, p))
         else:
-            slots = self.fan.slots
-            if slots is not None:
-                slots[self.slots[i]].set_result(value)
-            else:
-                self.fan.put(self.slots[i], value)
+            self.fan.put(self.slots[i], value)
         self._answered()
 
     def fail_member(self, p: Peer, exc: BaseException) -> None:
@@ -100,11 +96,7 @@ class HostShare:
         raise TypeError("a host share's answers come one member at a time (take)")
 
     def _fail(self, i: int, exc: BaseException) -> None:
-        slots = self.fan.slots
-        if slots is not None:
-            slots[self.slots[i]].set_exception(exc)
-        else:
-            self.fan.fail(exc)
+        self.fan.fail_slot(self.slots[i], exc)
 
     def _answered(self) -> None:
         self.open -= 1

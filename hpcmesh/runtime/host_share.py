@@ -47,10 +47,14 @@ class HostShare:
         self.open = 0                   # members not answered yet
         self.also: Peer | None = None   # a tree's head, which holds the port too
 
-    def add(self, slot: int, p: Peer, seq: int) -> None:
-        self.slots.append(slot)
-        self.peers.append(p)
-        self.seqs.append(seq)
+    def fill(self, slots: list, peers: list, seqs: list, skipped: set | None) -> None:
+        """The members: ``seqs`` (each one's number, this call's own list) for those of
+        ``slots``/``peers`` (a view's lists, read only here) not in ``skipped``."""
+        if skipped:
+            keep = [i for i in range(len(slots)) if i not in skipped]
+            slots = [slots[i] for i in keep]
+            peers = [peers[i] for i in keep]
+        self.slots, self.peers, self.seqs = slots, peers, seqs
 
     def take(self, i: int, value: Any) -> None:
         """The answer of member ``i`` (a ``Failure`` for an error; ``ALL``: every member

@@ -319,15 +319,14 @@ def _tree_share(node: Node, g: HostGroup, head: Peer, actor_id: str, endpoint: s
         p.relay_via = via
         p.relay_path = path
         if reply:
-            slot = g.slots[i]
-            if hs is not None:
-                hs.add(slot, p, p.relay_sent)
-            else:
-                seqs.append(p.relay_sent)
+            seqs.append(p.relay_sent)
+            if hs is None:
+                slot = g.slots[i]
                 out[slot], pid = expect(p, actor_id, endpoint)
                 head.inflight.add(pid)
                 ports.append(pid)
-    if hs is not None and hs.peers:
+    if hs is not None and seqs:
+        hs.fill(g.slots, g.peers, seqs, skipped)
         ports, seqs = _register(node, hs, node.peers.peer(g.agent), head), None
     if skipped is None:
         share = (g.blob, ports, seqs) if reply else (g.blob, None, None)
@@ -459,7 +458,7 @@ def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payl
         p.relay_via = group.agent
         p.relay_path = ()
         if share is not None:
-            share.add(slot, p, p.relay_sent)
+            seqs.append(p.relay_sent)
         elif reply:
             seqs.append(p.relay_sent)
             fut, pid = expect(p, actor_id, endpoint)
@@ -470,6 +469,10 @@ def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payl
         for (_, p, _), member in zip(chosen, members):
             p.relay_name = member[0]
     if share is not None:
+        if len(chosen) == len(group.slots):
+            share.fill(group.slots, group.peers, seqs, None)
+        else:
+            share.fill([c[0] for c in chosen], [c[1] for c in chosen], seqs, None)
         ports, seqs = _register(node, share, agent_p, None), None
     if len(members) == len(group.members):
         if not group.blob:

@@ -261,6 +261,7 @@ def test_answers_fold_up_the_tree_the_sender_reads_a_frame_per_head(width2, monk
     costs the sender two frames to read, not one per host. (The fold window is made long
     here so that no head lets its answers leave before those from below are in.)"""
     monkeypatch.setattr(relay, "FOLD_WINDOW", 5.0)
+    monkeypatch.setattr(relay, "FOLD_BELOW", 5.0)
     pm, mesh = _memory_mesh(hosts, 2, f"fold{hosts}")
     try:
         mesh.note.call("warm").get(timeout=30)

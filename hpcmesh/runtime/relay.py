@@ -75,6 +75,10 @@ FOLD_BYTES = 1 << 20
 #: How long an agent holds the answers it has while others of the same sender's casts are
 #: still out (once all are in, they leave at once): a slow member costs the others this.
 FOLD_WINDOW = env_number("HPCMESH_RELAY_FOLD_US", 200, unit="microseconds") * 1e-6
+#: How long an agent in a tree holds what it has once only agents below it still owe
+#: answers (they are a hop behind its own members; a call() waits for the last answer
+#: anyway): the sender then reads one frame per head, not one per head and per late hop.
+FOLD_BELOW = 10 * FOLD_WINDOW
 #: Counts, per process: casts sent and folded answers taken (a caller's), casts relayed
 #: and folded answers sent (an agent's). Tests and benchmarks count frames with them.
 STATS = {"casts_sent": 0, "replies_taken": 0, "casts": 0, "cast_replies": 0,
@@ -668,8 +672,9 @@ def _unreachable(nid: str, node, why) -> SupervisionError:
 class CastRelay:
     """On a host agent's node: hands each member of a cast its call and folds their
     answers into one frame per destination: it leaves once every answer that destination
-    is owed is in, or ``FOLD_WINDOW`` after the first answer it holds (a result over
-    ``FOLD_BYTES`` leaves at once).
+    is owed is in, or ``FOLD_WINDOW`` after the first answer it holds (``FOLD_BELOW``
+    once only agents below it still owe answers; a result over ``FOLD_BYTES`` leaves at
+    once).
 
     A destination (``Dest``) is the sender itself, or, for a cast that came down a tree,
     the agent that forwarded it (the answers go up the tree, ``MSG_CAST_UP``, and that
@@ -689,14 +694,17 @@ class CastRelay:
         # per destination: the entries, their buffers, [their bytes, the answers they settle]
         self._out: dict[Any, tuple[list, list, list]] = {}
         self._waiting: dict[Any, int] = {}      # destination -> answers still out
-        self._timers: dict[Any, Any] = {}       # destination -> its fold window's timer
+        # destination -> (its fold window's timer, whether only agents below are waited for)
+        self._timers: dict[Any, tuple] = {}
         self._known: dict[bytes, list] = {}     # pickled members -> _members' answer
         self._counts: dict[bytes, int] = {}     # pickled members (of a subtree) -> how many
         # the destinations agents below this one name by a token (MSG_CAST_UP), both ways
         self._tokens: dict[Any, int] = {}
         self._dests: dict[int, Any] = {}
-        # agent below -> {destination: answers it still owes there}
+        # agent below -> {destination: answers it still owes there}, and their sum per
+        # destination
         self._owed: dict[str, dict[Any, int]] = {}
+        self._below: dict[Any, int] = {}
         node.cast_handler = self.on_cast
         node.info[RELAYS] = True        # said in its hellos: senders may cast to it
         node.on_peer_closed.append(self._on_peer_closed)
@@ -744,6 +752,7 @@ class CastRelay:
             owed = self._answers_in(child_share, child_sub)
             if owed:
                 self._waiting[dest] = self._waiting.get(dest, 0) + owed
+                self._below[dest] = self._below.get(dest, 0) + owed
                 by_dest = self._owed.setdefault(nid, {})
                 by_dest[dest] = by_dest.get(dest, 0) + owed
             try:
@@ -775,12 +784,7 @@ class CastRelay:
         if dest is None:
             log.debug("answers passed up from %s for an unknown destination", origin[:8])
             return
-        by_dest = self._owed.get(origin)
-        if by_dest is not None and dest in by_dest:
-            by_dest[dest] -= answers
-            if by_dest[dest] <= 0:
-                del by_dest[dest]
-        self._waiting[dest] = max(0, self._waiting.get(dest, 0) - answers)
+        self._paid(origin, dest, answers)
         self._add(dest, entries, list(buffers), answers)
 
     def _answers_in(self, share: tuple, subtrees: list) -> int:
@@ -808,15 +812,20 @@ class CastRelay:
         """The agent ``nid`` a subtree went to cannot be reached from here: its calls
         fail, named, and it owes nothing any more."""
         owed = self._answers_in(share, subtrees)
-        by_dest = self._owed.get(nid)
-        if by_dest is not None and dest in by_dest:
-            by_dest[dest] -= owed
-            if by_dest[dest] <= 0:
-                del by_dest[dest]
-        self._waiting[dest] = max(0, self._waiting.get(dest, 0) - owed)
+        self._paid(nid, dest, owed)
         # ALL: a host share's every member (a member's own port: no sequence number)
         self._add(dest, [(port, MSG_FAIL, exc, 0, ALL)
                          for port in tree_ports(share, subtrees)], [], owed)
+
+    def _paid(self, nid: str, dest: Any, answers: int) -> None:
+        """Agent ``nid`` below this one settled ``answers`` of what it owed ``dest``."""
+        by_dest = self._owed.get(nid)
+        if by_dest is not None and dest in by_dest:
+            by_dest[dest] -= answers
+            if by_dest[dest] <= 0:
+                del by_dest[dest]
+        self._waiting[dest] = max(0, self._waiting.get(dest, 0) - answers)
+        self._below[dest] = max(0, self._below.get(dest, 0) - answers)
 
     def _on_peer_closed(self, node, peer_id: str, exc) -> None:
         """An agent below this one is gone: the answers it owed are not waited for (the
@@ -824,6 +833,7 @@ class CastRelay:
         by_dest = self._owed.pop(peer_id, None)
         for dest, owed in (by_dest or {}).items():
             self._waiting[dest] = max(0, self._waiting.get(dest, 0) - owed)
+            self._below[dest] = max(0, self._below.get(dest, 0) - owed)
             if dest in self._out:
                 self._add(dest, [], [], 0)      # what it holds leaves now if nothing is out
 
@@ -942,17 +952,26 @@ class CastRelay:
         out[1].extend(bufs)
         out[2][0] += sum(memoryview(b).nbytes for b in bufs) if bufs else 0
         out[2][1] += answers
-        if out[2][0] >= FOLD_BYTES or not self._waiting.get(dest):
+        waiting = self._waiting.get(dest)
+        if out[2][0] >= FOLD_BYTES or not waiting:
             self._flush_one(dest)
-        elif dest not in self._timers:
-            self._timers[dest] = self.node.loop.call_later(FOLD_WINDOW, self._flush_one, dest)
+            return
+        # only agents below still owe answers: they are a hop behind, held for longer
+        below = waiting <= self._below.get(dest, 0)
+        timer = self._timers.get(dest)
+        if timer is None or (below and not timer[1]):
+            if timer is not None:
+                timer[0].cancel()
+            self._timers[dest] = (self.node.loop.call_later(
+                FOLD_BELOW if below else FOLD_WINDOW, self._flush_one, dest), below)
 
     def _flush_one(self, dest: Any) -> None:
         timer = self._timers.pop(dest, None)
         if timer is not None:
-            timer.cancel()
+            timer[0].cancel()
         if not self._waiting.get(dest):
             self._waiting.pop(dest, None)
+            self._below.pop(dest, None)
         entries, bufs, (_, answers) = self._out.pop(dest, ([], [], (0, 0)))
         up = type(dest) is Dest
         if not entries and not (up and answers):

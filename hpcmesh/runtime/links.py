@@ -53,6 +53,12 @@ def describe_conn(conn: Connection) -> str:
     return describe_peer(peer_id, conn.info.get("peer_info")) if peer_id else conn.peer
 
 
+def _retrieve(task: asyncio.Task) -> None:
+    """Take a finished task's outcome (asyncio logs an exception nobody took)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Links:
     """The connections of one node (its loop thread calls everything here, except
     ``connect``/``connect_first``, which are coroutines on that loop).
@@ -211,7 +217,13 @@ class Links:
         Attempts start in the advertised order, each ``stagger`` seconds after the one
         before (or at once when it fails), so a blackholed first address costs a
         quarter second, not a whole connect timeout. Returns (address, connection);
-        raises ConnectionError naming every address and why it failed."""
+        raises ConnectionError naming every address and why it failed.
+
+        Attempts still in their handshake when one wins are cancelled (their sockets
+        close before any hello). One that came up as well is kept, read, as a spare of
+        the peer (``on_hello``): each side sends on the connection whose hello it read
+        first, and the peer's may be this one, with messages already on their way
+        (issue 30: closing it lost a spawn's first call, or a relayed one, for good)."""
         addresses = list(addresses)
         if not addresses:
             raise ConnectionError("no address to connect to")
@@ -234,10 +246,9 @@ class Links:
                 for t in done:
                     addr = pending.pop(t)
                     exc = t.exception()
-                    if exc is None and winner is None:
-                        winner = (addr, t.result())
-                    elif exc is None:
-                        t.result().close()
+                    if exc is None:
+                        if winner is None:
+                            winner = (addr, t.result())
                     else:
                         errors[addr] = f"{type(exc).__name__}: {exc}" if str(exc) else \
                             type(exc).__name__
@@ -248,6 +259,9 @@ class Links:
         finally:
             for t, addr in pending.items():
                 t.cancel()
+                # one whose cancellation came as it finished ends on its own: its outcome
+                # is not an error to log ("Task exception was never retrieved")
+                t.add_done_callback(_retrieve)
                 errors.setdefault(addr, f"no handshake within {timeout:.0f} s")
         if winner is None:
             raise ConnectionError("cannot connect to any of " + "; ".join(

@@ -493,7 +493,9 @@ def test_a_process_closed_for_room_after_its_handshake_dials_again():
 
 
 def test_a_process_still_turned_away_at_its_timeout_says_so():
-    # every try closed right after the handshake, until the process's connect timeout
+    # every try closed right after the handshake, until the process's connect timeout;
+    # a controller that is gone (refused) is not waited for
+    from hpcmesh.runtime.links import CannotConnect
     from hpcmesh.runtime.node import Node
     from hpcmesh.runtime.process.proc import reach_controller
 
@@ -508,6 +510,13 @@ def test_a_process_still_turned_away_at_its_timeout_says_so():
                                                    r"controller's listeners at their cap"):
             member.run_sync(reach_controller(member, list(controller.addresses),
                                              controller.node_id, 1.0), timeout=30)
+        addresses = list(controller.addresses)
+        controller.shutdown_thread()
+        t0 = time.monotonic()
+        with pytest.raises(CannotConnect, match="ConnectionRefusedError") as gone:
+            member.run_sync(reach_controller(member, addresses, controller.node_id, 30.0),
+                            timeout=60)
+        assert not gone.value.turned_away and time.monotonic() - t0 < 10
     finally:
         controller.shutdown_thread()
         member.shutdown_thread()

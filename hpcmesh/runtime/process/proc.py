@@ -152,9 +152,9 @@ async def reach_controller(node: Node, addresses: list[str], expect: str | None,
                                      timeout=max(0.1, deadline - loop.time()))
             return
         except CannotConnect as e:
-            wait = next(pauses)
-            if not e.turned_away:
+            if not e.turned_away:       # refused (the controller is gone), unreachable, ...
                 raise
+            wait = next(pauses)
             if loop.time() + wait >= deadline:
                 raise ConnectionError(
                     f"{e}; turned away {tries} times in {timeout:g} s (the controller's "

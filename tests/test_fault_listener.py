@@ -452,3 +452,71 @@ def test_a_spawn_whose_processes_dial_back_past_the_cap_starts_them_all(monkeypa
     finally:
         monkeypatch.undo()
         procs.stop().get(timeout=60)
+
+
+def test_a_process_closed_for_room_after_its_handshake_dials_again():
+    # Issue 30: past twice its cap the flood defence closes connections that have spoken
+    # (_evict_one), some after the dialer's side of the handshake is done: the process
+    # dialing back sees its connection close before the hello. One that met this on
+    # every address exited "cannot reach the controller" and failed the spawn of a
+    # controller waiting for it; now it dials again within its connect timeout.
+    from hpcmesh.actor import this_host
+    from hpcmesh.runtime.client import client_runtime
+
+    this_host()
+    node = client_runtime().node
+    closed: list[str] = []          # who dialed and was closed right after the handshake
+    rounds = 2                      # every address of the controller twice
+
+    def closing_the_first(accept):
+        def on_accept(sock, name, leftover, tls=None):
+            if len(closed) < rounds * len(node.addresses):
+                closed.append(name)
+                sock.close()
+            else:
+                accept(sock, name, leftover, tls)
+        return on_accept
+    listeners = [(lst, lst._on_accept) for lst in node.links.listeners]
+    for lst, accept in listeners:
+        lst._on_accept = closing_the_first(accept)
+    procs = None
+    try:
+        procs = this_host().spawn_procs(per_host={"gpus": 1}, name="closedforroom")
+        pids = procs.spawn("pid", Pid).pid.call().get(timeout=90)
+        assert len(pids.values()) == 1
+        assert len(closed) == rounds * len(node.addresses), closed
+    finally:
+        for lst, accept in listeners:
+            lst._on_accept = accept
+        if procs is not None:
+            procs.stop().get(timeout=60)
+
+
+def test_a_process_still_turned_away_at_its_timeout_says_so():
+    # every try closed right after the handshake, until the process's connect timeout;
+    # a controller that is gone (refused) is not waited for
+    from hpcmesh.runtime.links import CannotConnect
+    from hpcmesh.runtime.node import Node
+    from hpcmesh.runtime.process.proc import reach_controller
+
+    secret = os.urandom(32)
+    controller = Node.start_in_thread(secret, role="test", name="controller",
+                                      listen=["tcp://127.0.0.1:0"])
+    member = Node.start_in_thread(secret, role="test", name="member")
+    try:
+        lst = controller.links.listeners[0]
+        lst._on_accept = lambda sock, name, leftover, tls=None: sock.close()
+        with pytest.raises(ConnectionError, match=r"turned away \d+ times in 1 s \(the "
+                                                   r"controller's listeners at their cap"):
+            member.run_sync(reach_controller(member, list(controller.addresses),
+                                             controller.node_id, 1.0), timeout=30)
+        addresses = list(controller.addresses)
+        controller.shutdown_thread()
+        t0 = time.monotonic()
+        with pytest.raises(CannotConnect, match="ConnectionRefusedError") as gone:
+            member.run_sync(reach_controller(member, addresses, controller.node_id, 30.0),
+                            timeout=60)
+        assert not gone.value.turned_away and time.monotonic() - t0 < 10
+    finally:
+        controller.shutdown_thread()
+        member.shutdown_thread()

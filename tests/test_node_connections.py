@@ -143,3 +143,95 @@ def test_closing_a_connection_while_other_threads_write_to_it(tmp_path):
             a.shutdown_thread()
             b.shutdown_thread()
     assert unexpected == []
+
+
+def test_a_dial_whose_attempts_both_come_up_keeps_both():
+    # Issue 30: a node dials each address of a peer a quarter second apart; on a busy
+    # machine two attempts finish together. Each side sends on the connection whose hello
+    # it read first, and the two sides need not pick the same one: closing the dialer's
+    # "loser" dropped what the peer sent on it (a spawn's first call to a process, or a
+    # host agent's relayed call to a member, never answered: the call hung).
+    import asyncio
+    import pickle
+
+    a = Node.start_in_thread(SECRET, role="test", name="a",
+                             listen=["tcp://127.0.0.1:0", "tcp://127.0.0.1:0"])
+    b = Node.start_in_thread(SECRET, role="test", name="b", listen=["tcp://127.0.0.1:0"])
+    try:
+        real_connect = b.links.connect
+        up: list = []           # what the first attempt up waits on: the second
+
+        async def connect_together(address, **kw):
+            # both attempts come up before connect_first looks at either
+            conn = await real_connect(address, **kw)
+            if not up:
+                up.append(asyncio.get_running_loop().create_future())
+                await up[0]
+            else:
+                up[0].set_result(None)
+            return conn
+        b.links.connect = connect_together
+        hellos = []             # a's connections on which b said hello
+        a.on_peer_hello.append(lambda node, ref, info, conn: hellos.append(conn))
+        got_a, got_b = [], []
+        port_a, port_b = a.open_port(got_a.append), b.open_port(got_b.append)
+        b.send(port_a.node, (MSG_DELIVER, port_a.port_id, "first"))   # b dials a
+        deadline = time.monotonic() + 10
+        while (len(hellos) < 2 or not got_a or b.peers.get(a.node_id).dialing is not None) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(hellos) == 2 and got_a == ["first"], (len(hellos), got_a)
+        # a may send on either connection (the first it read b's hello on): both must work
+        refused = []
+
+        def send_on_each():
+            for i, conn in enumerate(hellos):
+                try:
+                    conn.send_msg(pickle.dumps((MSG_DELIVER, port_b.port_id, i)))
+                except Exception as e:  # noqa: BLE001 - what the test looks for
+                    refused.append(repr(e))
+        a.loop.call_soon_threadsafe(send_on_each)
+        deadline = time.monotonic() + 10
+        while len(got_b) + len(refused) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(got_b) == [0, 1] and not refused, (got_b, refused)
+    finally:
+        a.shutdown_thread()
+        b.shutdown_thread()
+
+
+def test_an_attempt_that_ends_after_its_cancellation_is_not_logged(caplog):
+    # connect_first cancels the attempts still under way when one wins; one whose
+    # cancellation is swallowed as it finishes (asyncio.wait_for in Python 3.11) ends
+    # later with the error it met: nobody waits for it, and asyncio logged "Task
+    # exception was never retrieved" with its traceback (seen in a spawn under load)
+    import asyncio
+    import gc
+    import logging
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    a = Node.start_in_thread(SECRET, role="test", name="a", listen=["tcp://127.0.0.1:0"])
+    b = Node.start_in_thread(SECRET, role="test", name="b", listen=["tcp://127.0.0.1:0"])
+    try:
+        real_connect = b.links.connect
+        ended = threading.Event()
+
+        async def connect(address, **kw):
+            if address != "tcp://192.0.2.1:9":         # TEST-NET: the second attempt
+                return await real_connect(address, **kw)
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                pass
+            asyncio.get_running_loop().call_soon(ended.set)
+            raise ConnectionError("the listener closed it before its hello")
+        b.links.connect = connect
+        b.run_sync(b.links.connect_first([a.addresses[0], "tcp://192.0.2.1:9"],
+                                         stagger=0.0), timeout=10)
+        assert ended.wait(10)
+        b.run_sync(asyncio.sleep(0), timeout=10)    # a turn of b's loop: its callbacks ran
+        gc.collect()
+        assert "exception was never retrieved" not in caplog.text
+    finally:
+        a.shutdown_thread()
+        b.shutdown_thread()

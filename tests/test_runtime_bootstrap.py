@@ -332,3 +332,58 @@ def test_actor_processes_get_the_actor_api_and_the_users_preloads_from_the_fork_
         procs.stop().get(timeout=30)
     finally:
         job.kill()
+
+
+def test_a_process_dead_before_its_agent_noted_it_fails_the_spawn():
+    # The fork server reports a fork, then at once the exit of a process that died right
+    # away (killed, a crash at start). An agent busy meanwhile reads both reports in one go,
+    # before spawn_procs has noted the new pid: the exit was dropped, nothing reported the
+    # process, and the spawn waited for it for ever.
+    import signal
+    import socket
+    import time
+
+    from hpcmesh.runtime.client import client_runtime
+    from hpcmesh.runtime.process.zygote import MessageReader
+
+    this_host()
+    rt = client_runtime()
+    agent = rt.local_host_agent
+    deadline = time.monotonic() + 30
+    while (agent._zygote is None or not agent._zygote.alive) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    zygote = agent._zygote
+    assert zygote is not None and zygote.alive
+    fd = zygote.sock.fileno()
+
+    def reports() -> list:
+        try:
+            return MessageReader().feed(zygote.sock.recv(65536, socket.MSG_PEEK))
+        except BlockingIOError:
+            return []
+
+    def busy_agent() -> None:
+        # the process is forked, and dies, while the agent's loop does something else
+        spawned = [m[2] for m in reports() if m[0] == "spawned"]
+        if spawned:
+            os.kill(spawned[0], signal.SIGKILL)
+            until = time.monotonic() + 10
+            while not any(m[0] == "exit" for m in reports()) and time.monotonic() < until:
+                time.sleep(0.01)
+            swap(False)
+        zygote._on_readable()
+
+    def swap(busy: bool) -> None:
+        rt.node.loop.remove_reader(fd)
+        rt.node.loop.add_reader(fd, busy_agent if busy else zygote._on_readable)
+    rt.node.call_soon(swap, True)
+    pm = None
+    try:
+        pm = this_host().spawn_procs(per_host={"gpus": 1}, name="diedatonce")
+        with pytest.raises(SupervisionError, match=r"exited before it connected back "
+                                                   r"\(killed by SIGKILL"):
+            pm.spawn("p", EnvProbe).env.call("X").get(timeout=30)
+    finally:
+        rt.node.call_soon(swap, False)
+        if pm is not None:
+            pm.stop().get(timeout=30)

@@ -23,7 +23,8 @@ from ..private_files import runtime_dir
 from ..settings import env_number
 from ..transport import backend, serialization, tls
 from ..transport.addresses import Address, parse_address, split_alias
-from ..transport.connection import Connection, ConnectionClosed
+from ..transport.connection import Connection, ConnectionClosed, HandshakeClosed
+from ..transport.handshake import HandshakeBusy
 from .errors import SupervisionError
 from .messages import NodeRef, hello_msg
 from .peers import Peer, PeerTable
@@ -51,6 +52,33 @@ def describe_conn(conn: Connection) -> str:
     the other end of its socket."""
     peer_id = conn.info.get("peer_id")
     return describe_peer(peer_id, conn.info.get("peer_info")) if peer_id else conn.peer
+
+
+#: What a dial meets when a listener was there and closed it before the hellos: its cap of
+#: connections in their handshake (the flood defence) closed it for room, or it found this
+#: dialer's secret wrong (which the dialer cannot tell apart).
+TURNED_AWAY = (HandshakeBusy, HandshakeClosed, ConnectionClosed, ConnectionResetError,
+               BrokenPipeError)
+
+
+class CannotConnect(ConnectionError):
+    """``connect_first`` kept no connection: ``causes`` maps each address to what its
+    attempt met (None: it did not finish in time, or was never started)."""
+
+    def __init__(self, message: str, causes: dict[str, BaseException | None]):
+        super().__init__(message)
+        self.causes = causes
+
+    @property
+    def turned_away(self) -> bool:
+        """A listener of the peer was there and closed an attempt (``TURNED_AWAY``)."""
+        return any(isinstance(e, TURNED_AWAY) for e in self.causes.values())
+
+
+def _retrieve(task: asyncio.Task) -> None:
+    """Take a finished task's outcome (asyncio logs an exception nobody took)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Links:
@@ -211,11 +239,18 @@ class Links:
         Attempts start in the advertised order, each ``stagger`` seconds after the one
         before (or at once when it fails), so a blackholed first address costs a
         quarter second, not a whole connect timeout. Returns (address, connection);
-        raises ConnectionError naming every address and why it failed."""
+        raises CannotConnect naming every address and why it failed.
+
+        Attempts still in their handshake when one wins are cancelled (their sockets
+        close before any hello). One that came up as well is kept, read, as a spare of
+        the peer (``on_hello``): each side sends on the connection whose hello it read
+        first, and the peer's may be this one, with messages already on their way
+        (issue 30: closing it lost a spawn's first call, or a relayed one, for good)."""
         addresses = list(addresses)
         if not addresses:
             raise ConnectionError("no address to connect to")
         errors: dict[str, str] = {}
+        causes: dict[str, BaseException | None] = dict.fromkeys(addresses)
         pending: dict[asyncio.Task, str] = {}
         winner: tuple[str, Connection] | None = None
         nxt = 0
@@ -234,11 +269,11 @@ class Links:
                 for t in done:
                     addr = pending.pop(t)
                     exc = t.exception()
-                    if exc is None and winner is None:
-                        winner = (addr, t.result())
-                    elif exc is None:
-                        t.result().close()
+                    if exc is None:
+                        if winner is None:
+                            winner = (addr, t.result())
                     else:
+                        causes[addr] = exc
                         errors[addr] = f"{type(exc).__name__}: {exc}" if str(exc) else \
                             type(exc).__name__
                         if on_error is not None:
@@ -248,10 +283,13 @@ class Links:
         finally:
             for t, addr in pending.items():
                 t.cancel()
+                # one whose cancellation came as it finished ends on its own: its outcome
+                # is not an error to log ("Task exception was never retrieved")
+                t.add_done_callback(_retrieve)
                 errors.setdefault(addr, f"no handshake within {timeout:.0f} s")
         if winner is None:
-            raise ConnectionError("cannot connect to any of " + "; ".join(
-                f"{a} ({errors.get(a, 'not tried')})" for a in addresses))
+            raise CannotConnect("cannot connect to any of " + "; ".join(
+                f"{a} ({errors.get(a, 'not tried')})" for a in addresses), causes)
         return winner
 
     # -- greeting ----------------------------------------------------------------------

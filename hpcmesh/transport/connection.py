@@ -23,7 +23,7 @@ import socket
 import struct
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..settings import env_number
 from .addresses import Address, parse_address, parse_bind_address
@@ -626,21 +626,29 @@ async def dial(loop, address: str | Address, secret: bytes, timeout: float = HAN
     if addr.scheme == "tcp" and addr.port == 0:
         raise ValueError(f"cannot dial {addr}: port 0 is only meaningful when listening")
     deadline = loop.time() + timeout
-    pause, tries = BUSY_RETRY_FIRST, 0
+    pauses, tries = retry_pauses(), 0
     while True:
         tries += 1
         try:
             return await _dial_once(loop, addr, secret, max(0.0, deadline - loop.time()),
                                     tls_ctx)
         except HandshakeBusy as e:
-            # half to all of the pause: dialers turned away together come back apart
-            wait = pause * (0.5 + random.random() / 2)
+            wait = next(pauses)
             if loop.time() + wait >= deadline:
                 raise HandshakeBusy(f"{e}; still busy after {tries} tries in "
                                     f"{timeout:g} s") from None
             log.debug("%s is busy (try %d); trying again in %.2f s", addr, tries, wait)
             await asyncio.sleep(wait)
-            pause = min(2 * pause, BUSY_RETRY_MAX)
+
+
+def retry_pauses() -> Iterator[float]:
+    """The pauses of a dialer a busy listener turned away, one per try: from about
+    BUSY_RETRY_FIRST, twice as long each time, up to BUSY_RETRY_MAX; each a random half to
+    all of that, so that dialers turned away together come back apart. Never ends."""
+    pause = BUSY_RETRY_FIRST
+    while True:
+        yield pause * (0.5 + random.random() / 2)
+        pause = min(2 * pause, BUSY_RETRY_MAX)
 
 
 async def _dial_once(loop, addr: Address, secret: bytes, timeout: float,

@@ -20,6 +20,7 @@ import sys
 from ...private_files.modules import current_folder_last
 from ...settings import env_number, log_level
 from ...transport.addresses import secret_from_env
+from ...transport.connection import retry_pauses
 from ..actor_services import ActorServices
 from .bootstrap import PROCESS_NAME_VAR, TERM_NOTICE_VAR
 from ..future import register_loop_thread
@@ -29,6 +30,7 @@ from ..observe import debugger, telemetry_recorder
 from .tuning import tune_malloc
 from .oom import offer_to_oom_killer
 from ..loop import new_event_loop
+from ..links import CannotConnect
 from ..node import Node, NodeRef, set_current_node
 
 log = logging.getLogger("hpcmesh.proc")
@@ -132,6 +134,37 @@ class ProcRuntime:
               f"stopped", file=sys.stderr, flush=True)
 
 
+async def reach_controller(node: Node, addresses: list[str], expect: str | None,
+                           timeout: float) -> None:
+    """Connect to the controller, which waits for this process: while its listeners turn
+    this process away (``CannotConnect.turned_away``: hundreds of processes dialing back at
+    once on a busy machine meet the flood defence's cap, which closes connections for
+    room, some after their side of the handshake is done), try again after a pause
+    (``retry_pauses``), until ``timeout``; then, or at any other failure, raise
+    ConnectionError naming why."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pauses, tries = retry_pauses(), 0
+    while True:
+        tries += 1
+        try:
+            await node.connect_first(addresses, expect=expect,
+                                     timeout=max(0.1, deadline - loop.time()))
+            return
+        except CannotConnect as e:
+            if not e.turned_away:       # refused (the controller is gone), unreachable, ...
+                raise
+            wait = next(pauses)
+            if loop.time() + wait >= deadline:
+                raise ConnectionError(
+                    f"{e}; turned away {tries} times in {timeout:g} s (the controller's "
+                    f"listeners at their cap of connections in their handshake, or this "
+                    f"process started with another secret than the controller's)") from None
+            log.debug("the controller turned this process away (try %d): %s; trying again "
+                      "in %.2f s", tries, e, wait)
+            await asyncio.sleep(wait)
+
+
 async def _amain() -> int:
     env = os.environ
     secret = secret_from_env(env)
@@ -160,8 +193,7 @@ async def _amain() -> int:
     # A SIGTERM while still connecting (a mesh stopped as it starts) ends the process now:
     # there are no actors to clean up yet.
     connecting = asyncio.ensure_future(
-        node.connect_first(controller_addrs, expect=controller.node_id or None,
-                           timeout=CONNECT_TIMEOUT))
+        reach_controller(node, controller_addrs, controller.node_id or None, CONNECT_TIMEOUT))
     stopped = asyncio.ensure_future(rt.done.wait())
     await asyncio.wait((connecting, stopped), return_when=asyncio.FIRST_COMPLETED)
     if not connecting.done():

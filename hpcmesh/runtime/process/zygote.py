@@ -172,7 +172,11 @@ class ZygoteClient:
                 if fut is not None and not fut.done():
                     fut.set_exception(OSError(msg[2]))
             elif msg[0] == "exit":
-                self.on_exit(msg[1], msg[2])
+                # a loop turn later: a process that died at once has its fork's report and
+                # its exit's read together, and its spawner, woken by the first, notes its
+                # pid in that turn (else the exit found no process, nothing reported it,
+                # and its spawn waited for it for ever: issue 30)
+                self.loop.call_soon(self.on_exit, msg[1], msg[2])
 
     def _died(self) -> None:
         self.alive = False

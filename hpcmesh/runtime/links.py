@@ -19,6 +19,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from ..errors import HpcmeshError
 from ..private_files import runtime_dir
 from ..settings import env_number
 from ..transport import backend, serialization, tls
@@ -61,7 +62,7 @@ TURNED_AWAY = (HandshakeBusy, HandshakeClosed, ConnectionClosed, ConnectionReset
                BrokenPipeError)
 
 
-class CannotConnect(ConnectionError):
+class CannotConnect(HpcmeshError, ConnectionError):
     """``connect_first`` kept no connection: ``causes`` maps each address to what its
     attempt met (None: it did not finish in time, or was never started)."""
 

@@ -275,7 +275,7 @@ class FanIn:
         self.finish = finish
         self.on_first = on_first
         self.done = bytearray(n)            # per slot: 0 waiting, 1 a result, 2 failed
-        self.excs: dict[int, BaseException] | None = None   # the failed slots' errors
+        self.excs: dict[int, BaseException] = {}            # the failed slots' errors
         self.callbacks: dict[int, list] | None = None       # a slot's watchers
         if n == 0:
             self._settle()
@@ -302,8 +302,6 @@ class FanIn:
         if self.done[i]:
             return
         self.done[i] = 2
-        if self.excs is None:
-            self.excs = {}
         self.excs[i] = exc
         if self.callbacks is not None:
             self._fire(i)
@@ -399,8 +397,7 @@ class FanInSlot:
         return self.fan.done[self.i] != 0
 
     def exception(self) -> BaseException | None:
-        excs = self.fan.excs
-        return excs.get(self.i) if excs is not None else None
+        return self.fan.excs.get(self.i)
 
     def add_done_callback(self, cb: Callable[["FanInSlot"], None]) -> None:
         """As ``Future.add_done_callback``."""

@@ -734,9 +734,9 @@ class CastRelay:
         STATS["casts"] += 1
         bufs = list(buffers) if type(payload) is not tuple else []
         origin = reply_to[0]
+        node.peers.peer(NodeRef(*reply_to))     # how to answer a sender never met
         if up is None:
             dest = origin
-            node.peers.peer(NodeRef(*reply_to))     # how to answer a sender never met
         else:
             dest = Dest(origin, up[0], up[2])
             node.peers.peer(NodeRef(up[0], tuple(up[1])))
@@ -784,8 +784,7 @@ class CastRelay:
         if dest is None:
             log.debug("answers passed up from %s for an unknown destination", origin[:8])
             return
-        self._paid(origin, dest, answers)
-        self._add(dest, entries, list(buffers), answers)
+        self._add(dest, entries, list(buffers), self._paid(origin, dest, answers))
 
     def _answers_in(self, share: tuple, subtrees: list) -> int:
         """How many members' answers a subtree of a tree cast owes (0: a broadcast)."""
@@ -817,25 +816,33 @@ class CastRelay:
         self._add(dest, [(port, MSG_FAIL, exc, 0, ALL)
                          for port in tree_ports(share, subtrees)], [], owed)
 
-    def _paid(self, nid: str, dest: Any, answers: int) -> None:
-        """Agent ``nid`` below this one settled ``answers`` of what it owed ``dest``."""
+    def _paid(self, nid: str, dest: Any, answers: int) -> int:
+        """Agent ``nid`` below this one settled ``answers`` of what it owed ``dest``: no
+        more than it still owes counts (what it owed was forgotten when its connection
+        closed; it may come back and still send those answers, which then pass on, late,
+        but count for nothing here)."""
         by_dest = self._owed.get(nid)
-        if by_dest is not None and dest in by_dest:
-            by_dest[dest] -= answers
-            if by_dest[dest] <= 0:
-                del by_dest[dest]
-        self._waiting[dest] = max(0, self._waiting.get(dest, 0) - answers)
-        self._below[dest] = max(0, self._below.get(dest, 0) - answers)
+        held = by_dest.get(dest, 0) if by_dest is not None else 0
+        n = min(answers, held)
+        if n <= 0:
+            return 0
+        by_dest[dest] = held - n
+        if by_dest[dest] <= 0:
+            del by_dest[dest]
+        self._waiting[dest] = max(0, self._waiting.get(dest, 0) - n)
+        self._below[dest] = max(0, self._below.get(dest, 0) - n)
+        return n
 
     def _on_peer_closed(self, node, peer_id: str, exc) -> None:
-        """An agent below this one is gone: the answers it owed are not waited for (the
-        sender fails those members: their route's agent was lost)."""
-        by_dest = self._owed.pop(peer_id, None)
-        for dest, owed in (by_dest or {}).items():
-            self._waiting[dest] = max(0, self._waiting.get(dest, 0) - owed)
-            self._below[dest] = max(0, self._below.get(dest, 0) - owed)
-            if dest in self._out:
-                self._add(dest, [], [], 0)      # what it holds leaves now if nothing is out
+        """An agent below this one lost its connection: the answers it owed are not waited
+        for (if its host is lost, the sender fails those members; if it comes back, it
+        still sends them, and they pass on late). What this agent holds leaves now if
+        nothing else is out, with the forgotten count, so that the agent above stops
+        waiting for it too."""
+        by_dest = self._owed.get(peer_id)
+        for dest, owed in list((by_dest or {}).items()):
+            self._paid(peer_id, dest, owed)
+            self._add(dest, [], [], owed)
 
     def _watch_dial(self, nid: str, dest: Any, share: tuple, subtrees: list) -> None:
         """A subtree queued for an agent this one is dialing: if the dial fails (what was
@@ -931,7 +938,7 @@ class CastRelay:
     def answered(self, a: "_Answer", value: Any, exc: BaseException | None) -> None:
         """Member ``a`` answered: its entry joins what ``a.origin`` (its destination) is
         owed."""
-        self._waiting[a.origin] -= 1
+        self._waiting[a.origin] = max(0, self._waiting.get(a.origin, 0) - 1)
         self.node.ports.raw.discard(a.pid)
         if exc is not None:
             self._add(a.origin, [(a.cport, MSG_FAIL, exc, 0, a.seq)], (), 1)
@@ -977,7 +984,15 @@ class CastRelay:
         if not entries and not (up and answers):
             return
         node = self.node
-        to = node.ref_of(dest.agent if up else dest)
+        if up:
+            parent = node.peers.by_id.get(dest.agent)
+            if parent is None or parent.conn is None or parent.conn.closed:
+                # the agent above is out of reach (its count of these answers is forgotten
+                # when its link to us closed): they go to the sender straight
+                up = False
+                if not entries:
+                    return
+        to = node.ref_of(dest.agent if up else dest.sender if type(dest) is Dest else dest)
 
         def msg(entries: list, answers: int) -> tuple:
             return ((MSG_CAST_UP, dest.sender, dest.token, entries, answers) if up
@@ -993,6 +1008,12 @@ class CastRelay:
                 serialization.SerializationError) as e:
             problem = e             # an exception among them that does not pickle
         except Exception as e:  # noqa: BLE001 - the sender is gone: its supervision says so
+            if up and entries:      # the agent above is: to the sender straight
+                try:
+                    node.send(node.ref_of(dest.sender), cast_reply_msg(entries), buffers=bufs)
+                    return
+                except Exception as e2:  # noqa: BLE001
+                    e = e2
             log.debug("cannot return relayed replies to %s: %s", to.node_id[:8], e)
             return
         # one by one, any that does not pickle replaced by what it said (the count of

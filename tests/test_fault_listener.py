@@ -476,9 +476,9 @@ def test_a_process_closed_for_room_after_its_handshake_dials_again():
             else:
                 accept(sock, name, leftover, tls)
         return on_accept
-    listeners = [(lst, lst._on_accept) for lst in node.links.listeners]
+    listeners = [(lst, lst.on_accept) for lst in node.links.listeners]
     for lst, accept in listeners:
-        lst._on_accept = closing_the_first(accept)
+        lst.on_accept = closing_the_first(accept)
     procs = None
     try:
         procs = this_host().spawn_procs(per_host={"gpus": 1}, name="closedforroom")
@@ -487,7 +487,7 @@ def test_a_process_closed_for_room_after_its_handshake_dials_again():
         assert len(closed) == rounds * len(node.addresses), closed
     finally:
         for lst, accept in listeners:
-            lst._on_accept = accept
+            lst.on_accept = accept
         if procs is not None:
             procs.stop().get(timeout=60)
 
@@ -505,7 +505,7 @@ def test_a_process_still_turned_away_at_its_timeout_says_so():
     member = Node.start_in_thread(secret, role="test", name="member")
     try:
         lst = controller.links.listeners[0]
-        lst._on_accept = lambda sock, name, leftover, tls=None: sock.close()
+        lst.on_accept = lambda sock, name, leftover, tls=None: sock.close()
         with pytest.raises(ConnectionError, match=r"turned away \d+ times in 1 s \(the "
                                                    r"controller's listeners at their cap"):
             member.run_sync(reach_controller(member, list(controller.addresses),

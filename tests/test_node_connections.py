@@ -220,6 +220,7 @@ def test_an_attempt_that_ends_after_its_cancellation_is_not_logged(caplog):
             if address != "tcp://192.0.2.1:9":         # TEST-NET: the second attempt
                 return await real_connect(address, **kw)
             try:
+                # sleep: the second attempt hangs in its handshake until it is cancelled
                 await asyncio.sleep(30)
             except asyncio.CancelledError:
                 pass

@@ -81,15 +81,22 @@ def _agent_below_a_head(connected=(SENDER, PARENT, CHILD, "m1", "m2", "m3", "m4"
     return node, relay, own
 
 
+def _link_drops(node, peer_id: str) -> None:
+    """The node's last connection to ``peer_id`` closed (its peer-closed hooks run)."""
+    for cb in node.on_peer_closed:
+        cb(node, peer_id, None)
+
+
 def _ups(node) -> list:
     return [m for to, m in node.sent if to == PARENT and m[0] == MSG_CAST_UP]
 
 
 def test_a_child_whose_link_dropped_and_came_back_loses_nobody_s_answers():
     node, relay, own = _agent_below_a_head()
-    token = relay._tokens[next(iter(relay._waiting))]
+    # the token X named its destination by, in the cast it forwarded to Y
+    token = next(m[8][2] for to, m in node.sent if to == CHILD and m[0] == MSG_CAST_TREE)
     node.sent.clear()
-    relay._on_peer_closed(node, CHILD, None)        # X's link to Y drops: not waited for
+    _link_drops(node, CHILD)                        # X's link to Y drops: not waited for
     # Y comes back and passes its answers up (late: they count for nothing here)
     relay.on_cast((MSG_CAST_UP, SENDER, token,
                    [(8, MSG_DELIVER, "y", 0, i) for i in range(3)], 3), CHILD, [])
@@ -104,7 +111,7 @@ def test_a_child_whose_link_dropped_and_came_back_loses_nobody_s_answers():
 def test_answers_go_to_the_sender_when_the_agent_above_is_out_of_reach():
     node, relay, own = _agent_below_a_head()
     node.peers.by_id[PARENT].conn = None            # P is gone (or being redialed)
-    relay._on_peer_closed(node, CHILD, None)
+    _link_drops(node, CHILD)
     node.sent.clear()
     for a in own:
         a.set_result("x")

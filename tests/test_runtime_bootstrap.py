@@ -350,9 +350,9 @@ def test_a_process_dead_before_its_agent_noted_it_fails_the_spawn():
     rt = client_runtime()
     agent = rt.local_host_agent
     deadline = time.monotonic() + 30
-    while (agent._zygote is None or not agent._zygote.alive) and time.monotonic() < deadline:
+    while (agent.zygote is None or not agent.zygote.alive) and time.monotonic() < deadline:
         time.sleep(0.05)
-    zygote = agent._zygote
+    zygote = agent.zygote
     assert zygote is not None and zygote.alive
     fd = zygote.sock.fileno()
 
@@ -371,11 +371,11 @@ def test_a_process_dead_before_its_agent_noted_it_fails_the_spawn():
             while not any(m[0] == "exit" for m in reports()) and time.monotonic() < until:
                 time.sleep(0.01)
             swap(False)
-        zygote._on_readable()
+        zygote.on_readable()
 
     def swap(busy: bool) -> None:
         rt.node.loop.remove_reader(fd)
-        rt.node.loop.add_reader(fd, busy_agent if busy else zygote._on_readable)
+        rt.node.loop.add_reader(fd, busy_agent if busy else zygote.on_readable)
     rt.node.call_soon(swap, True)
     pm = None
     try:

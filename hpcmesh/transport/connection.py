@@ -725,7 +725,8 @@ class Listener:
                  tls_ctx: Callable[[], ssl.SSLContext | None] = lambda: None):
         self.loop = loop
         self._secret = secret
-        self._on_accept = on_accept
+        #: what an authenticated connection is handed to (a test may wrap it: refuse some)
+        self.on_accept = on_accept
         self._tls_ctx = tls_ctx         # asked per connection: TLS can be turned on later
         addr = parse_bind_address(address)
         if addr.scheme == "unix":
@@ -948,7 +949,7 @@ class Listener:
             self._outside_cap.pop(me, None)
             self._started.discard(me)
             self._spoke.discard(me)
-        self._on_accept(sock, name, leftover, session)
+        self.on_accept(sock, name, leftover, session)
 
     def close(self) -> None:
         try:

@@ -188,7 +188,7 @@ class MemoryListener:
         self.loop = loop
         self.address = address
         self.secret = secret
-        self._on_accept = on_accept
+        self.on_accept = on_accept         # as the socket Listener's
         with _registry_lock:
             if address.path in _listeners:
                 raise OSError(errno.EADDRINUSE, f"{address} is already listened on in this "
@@ -196,7 +196,7 @@ class MemoryListener:
             _listeners[address.path] = self
 
     def accept(self, stream: MemoryStream, name: str) -> None:
-        _call_on(self.loop, self._on_accept, stream, name, b"", None)
+        _call_on(self.loop, self.on_accept, stream, name, b"", None)
 
     def close(self) -> None:
         with _registry_lock:

@@ -149,6 +149,12 @@ class HostAgent:
 
     # -- spawning -------------------------------------------------------------------
     # -- the fork server ----------------------------------------------------------
+    @property
+    def zygote(self) -> "ZygoteClient | None":
+        """The client of this host's fork server (None until it started, or where it
+        could not start)."""
+        return self._zygote
+
     def _start_zygote(self) -> None:
         try:
             self._zygote_env = dict(os.environ)

@@ -125,7 +125,7 @@ class ZygoteClient:
         self._pending: dict[int, object] = {}
         self._ids = itertools.count(1)
         self.alive = True
-        loop.add_reader(ours.fileno(), self._on_readable)
+        loop.add_reader(ours.fileno(), self.on_readable)
 
     async def spawn(self, env: dict) -> ZygoteProcess:
         out_r, out_w = os.pipe()
@@ -152,7 +152,7 @@ class ZygoteClient:
             raise
         return ZygoteProcess(pid, open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0))
 
-    def _on_readable(self) -> None:
+    def on_readable(self) -> None:
         try:
             data = self.sock.recv(65536)
         except BlockingIOError:

@@ -49,11 +49,10 @@ from typing import Any, Callable, NamedTuple
 
 from ..settings import env_flag, env_number
 from ..transport import serialization
-from ..transport.framing import check_frame_limits
 from .future import FanIn, Future
 from .host_share import ALL, HostShare
-from .messages import (CHECK_LIMITS_OVER, MSG_CAST_TREE, MSG_CAST_UP, MSG_DELIVER, MSG_FAIL,
-                       MSG_RESULT, PROTOCOL, Failure, NodeRef, call_msg, cast_msg, cast_reply_msg,
+from .messages import (MSG_CAST_TREE, MSG_CAST_UP, MSG_DELIVER, MSG_FAIL, MSG_RESULT,
+                       PROTOCOL, Failure, NodeRef, call_msg, cast_msg, cast_reply_msg,
                        describe_exception, unreadable_result)
 from .errors import HOST_LOST, LOST_STATUS, SupervisionError
 from .links import LOST_PEER_REPORT_WAIT
@@ -895,8 +894,8 @@ class CastRelay:
                 p.secret = self.member_secret(name, ref.node_id)
             if ports is None:       # a broadcast: nothing comes back (its failure is the
                 try:                # actor's fault, reported to the mesh's owner)
-                    self._send(p, ref, call_msg(actor_id, endpoint, payload, None, rank, ext),
-                               bufs)
+                    node.send(ref, call_msg(actor_id, endpoint, payload, None, rank, ext),
+                              buffers=bufs, cork=True)
                 except Exception as e:  # noqa: BLE001 - its exit reaches the owner
                     log.debug("cannot relay a broadcast to %s: %s", name, e)
                 continue
@@ -909,7 +908,9 @@ class CastRelay:
                 continue
             node.ports.raw.add(pid)
             try:
-                self._send(p, ref, call_msg(actor_id, endpoint, payload, pid, rank, ext), bufs)
+                # corked: each member's connection is flushed once, below
+                node.send(ref, call_msg(actor_id, endpoint, payload, pid, rank, ext),
+                          buffers=bufs, cork=True)
             except Exception as e:  # noqa: BLE001 - this member's call fails, named
                 node.close_port(pid)
                 answer.set_exception(e)
@@ -918,22 +919,6 @@ class CastRelay:
             conn = p.conn
             if conn is not None and not conn.closed:
                 conn.flush_now()
-
-    def _send(self, p: Peer, ref: NodeRef, msg: tuple, bufs: list) -> None:
-        """``node.send`` of a member's call, corked (``_hand_out`` flushes each member's
-        connection once): straight onto its connection when that is up with nothing
-        queued before it, the common case, else through the node."""
-        conn = p.conn
-        if conn is None or conn.closed or p.backlog or p.relay_sent != p.relay_acked:
-            self.node.send(ref, msg, buffers=bufs)
-            return
-        meta = serialization.dumps_envelope(msg)
-        if bufs or len(meta) > CHECK_LIMITS_OVER:
-            check_frame_limits(len(meta), bufs)
-        if bufs:
-            conn.send_frame(meta, bufs, cork=True)
-        else:
-            conn.send_msg(meta, True)
 
     def answered(self, a: "_Answer", value: Any, exc: BaseException | None) -> None:
         """Member ``a`` answered: its entry joins what ``a.origin`` (its destination) is

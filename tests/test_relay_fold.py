@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import pickle
 
-from hpcmesh.runtime.messages import (MSG_CAST_REPLY, MSG_CAST_TREE, MSG_CAST_UP,
-                                      MSG_DELIVER, PROTOCOL, NodeRef)
+import pytest
+
+from hpcmesh.runtime.future import FanIn
+from hpcmesh.runtime.host_share import HostShare
+from hpcmesh.runtime.messages import (MSG_CAST, MSG_CAST_REPLY, MSG_CAST_TREE, MSG_CAST_UP,
+                                      MSG_DELIVER, MSG_VALUES, PROTOCOL, Failure, NodeRef)
 from hpcmesh.runtime.peers import PeerTable
 from hpcmesh.runtime.ports import PortTable
+from hpcmesh.runtime import relay as relay_mod
 from hpcmesh.runtime.relay import CastRelay
 
 SENDER, PARENT, CHILD = "S" * 16, "P" * 16, "Y" * 16
@@ -30,16 +35,31 @@ class _Conn:
 
 
 class _Loop:
+    """Timers are kept (``timers``), not run: a test fires one with ``fire()``."""
+    def __init__(self):
+        self.timers: list[_Timer] = []
+
     def call_later(self, delay, fn, *args):
-        return _Timer()
+        self.timers.append(_Timer(delay, fn, args))
+        return self.timers[-1]
 
     def call_soon(self, fn, *args) -> None:
         pass
 
+    def armed(self) -> list:
+        return [t.delay for t in self.timers if not t.cancelled]
+
 
 class _Timer:
+    def __init__(self, delay, fn, args):
+        self.delay, self.fn, self.args, self.cancelled = delay, fn, args, False
+
     def cancel(self) -> None:
-        pass
+        self.cancelled = True
+
+    def fire(self) -> None:
+        self.cancelled = True
+        self.fn(*self.args)
 
 
 class _Node:
@@ -75,7 +95,7 @@ def _agent_below_a_head(connected=(SENDER, PARENT, CHILD, "m1", "m2", "m3", "m4"
     msg = (MSG_CAST_TREE, (SENDER, ("tcp://s",)), "actor", "ep", b"payload", (),
            (_members("m1", "m2"), 7, None), [(CHILD, ("tcp://y",), (_members("m3", "m4", "m5"),
                                                                    8, None), [])],
-           (PARENT, ("tcp://p",), 1))
+           (PARENT, ("tcp://p",), 1), False)
     relay.on_cast(msg, PARENT, [])
     own = [entry[0] for entry in node.ports.replies.values()]     # the members' answers
     return node, relay, own
@@ -85,6 +105,18 @@ def _link_drops(node, peer_id: str) -> None:
     """The node's last connection to ``peer_id`` closed (its peer-closed hooks run)."""
     for cb in node.on_peer_closed:
         cb(node, peer_id, None)
+
+
+def _values(entries: list) -> list:
+    """Each member's answer in ``entries`` (a share's answers come packed, MSG_VALUES: one
+    value per position, or one for all)."""
+    out = []
+    for port, kind, value, nbufs, seq in entries:
+        if kind == MSG_VALUES:
+            out += value * len(seq) if len(value) == 1 else value
+        else:
+            out.append(value)
+    return out
 
 
 def _ups(node) -> list:
@@ -103,7 +135,7 @@ def test_a_child_whose_link_dropped_and_came_back_loses_nobody_s_answers():
     for a in own:                                   # then X's own members answer
         a.set_result("x")
     entries = [e for m in _ups(node) for e in m[3]]
-    assert sorted(e[2] for e in entries) == ["x", "x", "y", "y", "y"], node.sent
+    assert sorted(_values(entries)) == ["x", "x", "y", "y", "y"], node.sent
     # the agent above counted 5 answers from X: it hears of 5, Y's late ones not twice
     assert sum(m[4] for m in _ups(node)) == 5, node.sent
 
@@ -116,5 +148,119 @@ def test_answers_go_to_the_sender_when_the_agent_above_is_out_of_reach():
     for a in own:
         a.set_result("x")
     replies = [m for to, m in node.sent if to == SENDER and m[0] == MSG_CAST_REPLY]
-    assert [e[2] for m in replies for e in m[1]] == ["x", "x"], node.sent
+    assert _values([e for m in replies for e in m[1]]) == ["x", "x"], node.sent
     assert not _ups(node)
+
+
+def _flat_share(n: int, hold: bool = False, port: int = 9, node=None, relay=None):
+    """Agent X handed a call()'s host share of ``n`` members (one reply ``port``); the
+    answers that wait on its members."""
+    node = node or _Node()
+    relay = relay or CastRelay(node)
+    names = [f"m{port}.{i}" for i in range(n)]
+    for nid in (SENDER, *names):
+        node.peers.peer(NodeRef(nid, (f"tcp://{nid}",))).conn = _Conn()
+    before = set(node.ports.replies)
+    relay.on_cast((MSG_CAST, "actor", "ep", b"payload", (), _members(*names), port, None,
+                   hold), SENDER, [])
+    return node, [e[0] for pid, e in node.ports.replies.items() if pid not in before]
+
+
+def _replies(node) -> list:
+    return [m for to, m in node.sent if to == SENDER and m[0] == MSG_CAST_REPLY]
+
+
+def test_a_share_s_answers_travel_as_one_entry_and_alike_ones_as_one_value():
+    node, answers = _flat_share(4)
+    for a in answers:
+        a.set_result(None)
+    (to, msg), = node.sent[-1:]
+    assert to == SENDER and msg[0] == MSG_CAST_REPLY
+    assert msg[1] == [(9, MSG_VALUES, [None], 0, [0, 1, 2, 3])]
+
+
+def test_answers_equal_only_across_types_are_not_folded_into_one():
+    # 0 == False == 0.0 == -0.0 in Python: each must reach the caller as it was sent
+    node, answers = _flat_share(4)
+    for a, v in zip(answers, [0, False, 0.0, -0.0]):
+        a.set_result(v)
+    (port, kind, values, _, positions), = node.sent[-1][1][1]
+    got = dict(zip(positions, values))
+    assert [(type(got[i]), got[i]) for i in range(4)] == [
+        (int, 0), (bool, False), (float, 0.0), (float, -0.0)]
+    assert str(got[3]) == "-0.0"
+
+
+def test_a_share_s_packed_answers_fill_their_slots_and_an_unreadable_one_fails_its_own():
+    ports = PortTable()
+    peers = PeerTable()
+    members = [peers.peer(NodeRef(f"m{i}", ())) for i in range(3)]
+    fan = FanIn(3)
+    share = HostShare(ports, fan, "actor", "ep")
+    share.fill([2, 0, 1], members, [1, 1, 1], None)
+    share.open = 3
+    share.pid = ports.expect_into(peers.peer(NodeRef("agent", ())), share)
+    share.take_results([0, 2], [pickle.dumps("a"), pickle.dumps("c")], pickle.loads,
+                       lambda p, e: Failure(RuntimeError(f"unreadable from {p.ref.node_id}")))
+    assert fan.done == bytearray([0, 1, 1]) and not fan.out.done()     # slots 2 and 1
+    assert [p.relay_acked for p in members] == [1, 0, 1]
+    share.take_results([1], [b"not a pickle"], pickle.loads,
+                       lambda p, e: Failure(RuntimeError(f"unreadable from {p.ref.node_id}")))
+    with pytest.raises(RuntimeError, match="unreadable from m1"):
+        fan.out.get(timeout=1)
+    assert share.pid not in ports.replies          # every member answered: closed
+
+
+def test_alike_pickled_answers_are_unpickled_once():
+    ports, peers = PortTable(), PeerTable()
+    members = [peers.peer(NodeRef(f"m{i}", ())) for i in range(4)]
+    fan = FanIn(4)
+    share = HostShare(ports, fan, "actor", "ep")
+    share.fill([0, 1, 2, 3], members, [5, 5, 5, 5], None)
+    share.open = 4
+    share.pid = ports.expect_into(peers.peer(NodeRef("agent", ())), share)
+    loads = []
+    share.take_results([3, 1, 0, 2], [pickle.dumps(7)],
+                       lambda b: loads.append(b) or pickle.loads(b), None)
+    assert fan.out.get(timeout=1) == [7, 7, 7, 7] and len(loads) == 1
+
+
+def test_a_lone_call_s_answers_are_held_until_the_last_is_in():
+    node, answers = _flat_share(4, hold=True)
+    for a in answers[:3]:
+        a.set_result(0)
+    assert not _replies(node) and node.loop.armed() == [relay_mod.HOLD]
+    answers[3].set_result(0)
+    assert [m[1] for m in _replies(node)] == [[(9, MSG_VALUES, [0], 0, [0, 1, 2, 3])]]
+    assert node.loop.armed() == []
+
+
+def test_a_lone_call_s_hold_ends_when_it_runs_out():
+    node, answers = _flat_share(4, hold=True)
+    answers[0].set_result(0)
+    node.loop.timers[-1].fire()                 # a straggler: what came leaves
+    assert [m[1] for m in _replies(node)] == [[(9, MSG_VALUES, [0], 0, [0])]]
+
+
+@pytest.mark.parametrize("second_says_hold", [False, True])
+def test_a_second_call_in_flight_ends_the_hold_of_the_first(second_says_hold):
+    # pipelined calls share the destination: the first's answers must not wait for the
+    # second's. The sender says hold only for a call alone in flight through the agent;
+    # a cast that finds answers owed never holds, even if it says so (another path's count)
+    node, answers = _flat_share(2, hold=True)
+    answers[0].set_result(0)
+    node, second = _flat_share(2, hold=second_says_hold, port=10, node=node,
+                               relay=node.cast_handler.__self__)
+    assert node.loop.armed() == [relay_mod.FOLD_WINDOW]
+    answers[1].set_result(0)
+    assert not _replies(node)                   # the second is still out: the window
+    node.loop.timers[-1].fire()
+    assert [m[1] for m in _replies(node)] == [[(9, MSG_VALUES, [0], 0, [0, 1])]]
+
+
+def test_a_failed_member_ends_the_hold():
+    node, answers = _flat_share(3, hold=True)
+    answers[0].set_result(0)
+    answers[1].set_exception(RuntimeError("boom"))
+    assert node.loop.armed() == [relay_mod.FOLD_WINDOW]
+

@@ -16,7 +16,7 @@ in-flight calls fail), named as a direct call to it would be.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .messages import Failure
 
@@ -24,6 +24,22 @@ if TYPE_CHECKING:
     from .future import FanIn
     from .peers import Peer
     from .ports import PortTable
+
+class _Unreadable:
+    """A member's value that could not be unpickled (a result may itself be an exception
+    object, so the error is told apart by this wrapper)."""
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _loaded(loads: Callable[[bytes], Any], data: bytes) -> Any:
+    try:
+        return loads(data)
+    except Exception as e:  # noqa: BLE001 - fails that member's slot, named
+        return _Unreadable(e)
+
 
 #: The position an entry names for "every member of the share" (the agent could not hand
 #: the share out at all: an agent below it in a tree cannot be reached).
@@ -76,6 +92,41 @@ class HostShare:
         else:
             self.fan.put(self.slots[i], value)
         self._answered()
+
+    def take_results(self, positions: list, values: list,
+                     loads: Callable[[bytes], Any] | None,
+                     unreadable: Callable[[Peer, BaseException], Failure]) -> None:
+        """The answers of the members at ``positions`` (a MSG_RESULTS or MSG_VALUES
+        entry): ``values`` one per position, or one for them all (alike: unpickled once).
+        ``loads`` unpickles a MSG_RESULTS value (None: plain values); one that cannot be
+        unpickled fails that member's slot alone (``unreadable(peer, error)``). ``take``'s
+        work per member in one loop: a share's members are most of a call()'s answers."""
+        alike = len(values) == 1
+        if alike:
+            value = values[0] if loads is None else _loaded(loads, values[0])
+        seqs, peers, slots, put = self.seqs, self.peers, self.slots, self.fan.put
+        taken = 0
+        for k, i in enumerate(positions):
+            seq = seqs[i]
+            if seq == 0:
+                continue            # answered already (its loss raced its reply)
+            seqs[i] = 0
+            p = peers[i]
+            if seq > p.relay_acked:
+                p.relay_acked = seq
+            if not alike:
+                value = values[k] if loads is None else _loaded(loads, values[k])
+            taken += 1
+            if type(value) is _Unreadable:
+                bad = unreadable(p, value.exc)
+                self._fail(i, self.ports.failed_call(bad.exc, self.actor_id, self.endpoint,
+                                                     p))
+            else:
+                put(slots[i], value)
+        if taken:
+            self.open -= taken
+            if self.open <= 0:
+                self._close()
 
     def fail_member(self, p: Peer, exc: BaseException) -> None:
         """Member ``p`` is lost: its slot fails (the others still come)."""

@@ -42,7 +42,8 @@ MSG_RESULT = 5     # (RESULT, port_id, pickled value) -- a reply whose value is 
 #                   its own, its out-of-band buffers in the frame: the receiver unpickles
 #                   it apart from the envelope, so a value it cannot unpickle fails that
 #                   one call; every endpoint result that is not plain goes this way
-MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, ports, seqs)
+MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, ports, seqs,
+#                   hold)
 #                   one call to several actors of one host, sent to its host agent, which
 #                   hands each member a MSG_CALL (``runtime/relay.py``): ``payload`` as in
 #                   MSG_CALL (its buffers in the frame, once for all), ``members`` a tuple
@@ -50,7 +51,9 @@ MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, 
 #                   ``ports`` the sender's reply port for each, or one port for them all
 #                   (an int: a call()'s host share, ``runtime/host_share.py``), or None (a
 #                   broadcast), ``seqs`` with a port per member, each member's count of
-#                   messages relayed to it by that sender, this one included (else None)
+#                   messages relayed to it by that sender, this one included (else None);
+#                   ``hold``: a call() the sender waits on alone through this agent, whose
+#                   answers the agent may hold until they are all in (``relay.HOLD``)
 MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host agent's
 #                   folded answers to casts; kind MSG_DELIVER (value), MSG_FAIL (an
 #                   exception) or MSG_RESULT (a pickled value the agent never unpickled, its
@@ -58,17 +61,24 @@ MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host
 #                   count (its ``seqs`` entry), or for a host share's port the member's
 #                   position in the cast's ``members`` (-1: all of them)
 MSG_CAST_TREE = 8  # (CAST_TREE, reply_to, actor_id, endpoint, payload, extent_items, share,
-#                   subtrees, up): a cast through a tree of host agents (``runtime/relay.py``):
+#                   subtrees, up, hold): a cast through a tree of host agents (``runtime/relay.py``):
 #                   the agent forwards each of ``subtrees`` [(agent node_id, addresses,
 #                   share, subtrees)] to its agent, then hands its own ``share`` (members,
 #                   ports, seqs as in MSG_CAST; members may come pickled, None: none here)
 #                   their calls; answers go to ``up`` where it is set (the agent that
 #                   forwarded this cast: (node_id, addresses, token)), as MSG_CAST_UP, else
-#                   straight to ``reply_to`` (the sender's (node_id, addresses))
+#                   straight to ``reply_to`` (the sender's (node_id, addresses)); ``hold``
+#                   as MSG_CAST's, for the whole tree
 MSG_CAST_UP = 9    # (CAST_UP, sender_id, token, entries, answers): an agent's folded answers
 #                   passed up the tree to the agent that forwarded it the cast, which folds
 #                   them with its own (``token``: where that agent sends them); ``entries``
 #                   as MSG_CAST_REPLY's, ``answers`` how many members' answers they settle
+MSG_RESULTS = 10   # an entry's kind only (MSG_CAST_REPLY, MSG_CAST_UP): (port_id, RESULTS,
+#                   values, 0, positions): members of one host share that answered with a
+#                   pickled value and no out-of-band buffers; ``values`` one bytes per
+#                   position, or a single one for all of them (alike)
+MSG_VALUES = 11    # the same for plain values (MSG_DELIVER's, pickled with the envelope);
+#                   a single value for all positions only where it is an immutable scalar
 
 #: Where a call's fields sit (for the few places that read one field, not all).
 CALL_ACTOR, CALL_ENDPOINT, CALL_PAYLOAD, CALL_REPLY, CALL_RANK, CALL_EXTENT = range(1, 7)
@@ -107,8 +117,8 @@ EVENT_AGENT_NOTICE = "agent_notice"
 #: Each kind's name and how many fields its messages have, the code included.
 _FIELDS = {MSG_HELLO: ("hello", 4), MSG_CALL: ("call", 7), MSG_DELIVER: ("deliver", 3),
            MSG_RPC: ("rpc", 4), MSG_FAIL: ("fail", 3), MSG_RESULT: ("result", 3),
-           MSG_CAST: ("cast", 8), MSG_CAST_REPLY: ("cast reply", 2),
-           MSG_CAST_TREE: ("cast tree", 9), MSG_CAST_UP: ("cast up", 5)}
+           MSG_CAST: ("cast", 9), MSG_CAST_REPLY: ("cast reply", 2),
+           MSG_CAST_TREE: ("cast tree", 10), MSG_CAST_UP: ("cast up", 5)}
 
 
 def layout_problem(msg: tuple) -> str | None:
@@ -126,10 +136,10 @@ def layout_problem(msg: tuple) -> str | None:
                 MSG_RESULT: (int, (bytes, bytearray)),
                 MSG_RPC: (str, tuple, (PortRef, type(None))),
                 MSG_CAST: (str, str, object, (tuple, type(None)), (tuple, bytes),
-                           (list, int, type(None)), (list, type(None))),
+                           (list, int, type(None)), (list, type(None)), bool),
                 MSG_CAST_REPLY: (list,),
                 MSG_CAST_TREE: (tuple, str, str, object, (tuple, type(None)), tuple, list,
-                                (tuple, type(None))),
+                                (tuple, type(None)), bool),
                 MSG_CAST_UP: (str, int, list, int),
                 }.get(kind, ())
     for i, (value, types) in enumerate(zip(msg[1:], expected), 1):
@@ -148,8 +158,8 @@ def call_msg(actor_id: str, endpoint: str, payload: Any, reply_port: int | None,
 
 
 def cast_msg(actor_id: str, endpoint: str, payload: Any, extent_items: tuple | None,
-             members: tuple, ports: list | None, seqs: list) -> tuple:
-    return (MSG_CAST, actor_id, endpoint, payload, extent_items, members, ports, seqs)
+             members: tuple, ports: list | None, seqs: list, hold: bool = False) -> tuple:
+    return (MSG_CAST, actor_id, endpoint, payload, extent_items, members, ports, seqs, hold)
 
 
 def cast_reply_msg(entries: list) -> tuple:

@@ -42,6 +42,7 @@ messages for, ``ClientRuntime._lost_with_relay``).
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import threading
 from dataclasses import dataclass, field
@@ -52,8 +53,8 @@ from ..transport import serialization
 from .future import FanIn, Future
 from .host_share import ALL, HostShare
 from .messages import (MSG_CAST_TREE, MSG_CAST_UP, MSG_DELIVER, MSG_FAIL, MSG_RESULT,
-                       PROTOCOL, Failure, NodeRef, call_msg, cast_msg, cast_reply_msg,
-                       describe_exception, unreadable_result)
+                       MSG_RESULTS, MSG_VALUES, PROTOCOL, Failure, NodeRef, call_msg,
+                       cast_msg, cast_reply_msg, describe_exception, unreadable_result)
 from .errors import HOST_LOST, LOST_STATUS, SupervisionError
 from .links import LOST_PEER_REPORT_WAIT
 from .peers import Peer, PeerTable
@@ -78,6 +79,13 @@ FOLD_WINDOW = env_number("HPCMESH_RELAY_FOLD_US", 200, unit="microseconds") * 1e
 #: answers (they are a hop behind its own members; a call() waits for the last answer
 #: anyway): the sender then reads one frame per head, not one per head and per late hop.
 FOLD_BELOW = 10 * FOLD_WINDOW
+#: How long an agent holds the answers of a call() its sender waits on alone through it
+#: (the cast says ``hold``) until the rest are in: the call() ends with its last answer
+#: anyway, so the sender reads one frame per head, not one per burst of answers (on a
+#: busy machine a call()'s answers spread over a tenth of a second). Short beside the
+#: straggler watch's thresholds (seconds), which read the answers that came.
+HOLD = max(FOLD_BELOW, 0.2) if FOLD_WINDOW > 0 else 0.0
+
 #: Counts, per process: casts sent and folded answers taken (a caller's), casts relayed
 #: and folded answers sent (an agent's). Tests and benchmarks count frames with them.
 STATS = {"casts_sent": 0, "replies_taken": 0, "casts": 0, "cast_replies": 0,
@@ -91,8 +99,8 @@ def relay_enabled() -> bool:
 
 def tree_width() -> int:
     """``HPCMESH_RELAY_FANOUT`` (32): a view over more hosts than this casts through a tree
-    of host agents this wide, so that the sender writes this many frames, not one per
-    host; 0 keeps every view's casts flat."""
+    of host agents no wider than this (``_heads``), so that the sender writes a frame per
+    head, not per host; 0 keeps every view's casts flat."""
     return int(env_number(FANOUT_VAR, 32, unit="hosts", integer=True,
                           note="0 or 1 keep casts flat (one per host agent)"))
 
@@ -162,7 +170,7 @@ def tree(node: Node, groups: list[HostGroup], width: int | None = None
 
     def build(chunk: list[int], via: NodeRef | None, path: tuple) -> list[HostGroup]:
         heads = []
-        k = min(width, len(chunk))
+        k = _heads(len(chunk), width)
         for i in range(k):
             part = chunk[i * len(chunk) // k:(i + 1) * len(chunk) // k]
             g = groups[part[0]]
@@ -177,6 +185,16 @@ def tree(node: Node, groups: list[HostGroup], width: int | None = None
             heads.append(g)
         return heads
     return build(list(range(len(groups))), None, ())
+
+
+def _heads(n: int, width: int) -> int:
+    """How many heads ``n`` host groups split into: each its own where there are no more
+    than ``width``; else about their square root (no more than ``width``), so that the
+    sender's frames and each head's are about alike (64 hosts: 8 heads of 8, not 32 of 2;
+    1,024: 32 of 32)."""
+    if n <= width:
+        return n
+    return min(width, max(2, math.isqrt(n - 1) + 1))
 
 
 def _walk(g: HostGroup):
@@ -267,10 +285,13 @@ def cast_tree(node: Node, heads: list[HostGroup], actor_id: str, endpoint: str,
                                           for c in head.children for g in _walk(c)):
                 flat.append(head)
                 continue
+            # nothing else of ours in flight through this head: its tree may hold the
+            # answers until they are all in (``HOLD``)
+            hold = fan is not None and not hp.inflight
             share, sub = _tree_share(node, head, hp, actor_id, endpoint, reply,
                                      out, fan, straight, detours)
             _send_tree(node, head.agent, (MSG_CAST_TREE, reply_to, actor_id, endpoint,
-                                          payload, ext, share, sub, None), bufs)
+                                          payload, ext, share, sub, None, hold), bufs)
         for d in detours:
             _detour(node, *d, actor_id, endpoint, payload, bufs, ext, reply, out, fan)
     for head in flat:
@@ -401,7 +422,7 @@ def _send_route(node: Node, p: Peer, members: tuple, ports: list | None, seqs: l
         sub = [(hop.node_id, hop.addresses, share, sub)]
         share = (None, None, None)
     _send_tree(node, p.relay_via, (MSG_CAST_TREE, _reply_to(node), actor_id, endpoint,
-                                   payload, ext, share, sub, None), bufs)
+                                   payload, ext, share, sub, None, False), bufs)
 
 
 def _reply_to(node: Node) -> tuple:
@@ -471,6 +492,7 @@ def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payl
     if chosen[0][1].relay_name == "":
         for (_, p, _), member in zip(chosen, members):
             p.relay_name = member[0]
+    hold = share is not None and not agent_p.inflight      # see cast_tree
     if share is not None:
         if len(chosen) == len(group.slots):
             share.fill(group.slots, group.peers, seqs, None)
@@ -484,7 +506,7 @@ def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payl
     else:
         members = tuple(members)
     _send_cast(node, group.agent, cast_msg(actor_id, endpoint, payload, ext, members, ports,
-                                           seqs), bufs)
+                                           seqs, hold), bufs)
 
 
 def _register(node: Node, share: HostShare, agent_p: Peer, head: Peer | None) -> int:
@@ -557,6 +579,15 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
     by_id = node.peers.by_id
     for port, kind, value, nbufs, seq in entries:
         rep = replies.get(port)
+        if kind == MSG_RESULTS or kind == MSG_VALUES:
+            # members of a host share (``seq``: their positions); a share closed already
+            # (failed whole: its agent was lost) drops them
+            if rep is not None and type(sink := rep[0]) is HostShare:
+                sink.take_results(seq, value, _loads_alone if kind == MSG_RESULTS else None,
+                                  lambda p, e: unreadable_result(
+                                      f"{node.links.peer_name(p.ref.node_id if p.ref else None)}"
+                                      f" through its host agent", e))
+            continue
         if rep is not None and type(sink := rep[0]) is HostShare:
             # one call()'s share: ``seq`` is the member's position in it
             if kind == MSG_RESULT:
@@ -601,6 +632,11 @@ _LAST_SMALL: tuple = (None, None)
 _SHAREABLE = (type(None), bool, int, float, str, bytes)
 
 
+def _loads_alone(data: bytes) -> Any:
+    """``_loads`` of a value with no out-of-band buffers."""
+    return _loads(data, ())
+
+
 def _loads(data: bytes, bufs: list) -> Any:
     """``serialization.loads``, skipping the unpickling of a small immutable result that
     is the same as the last one."""
@@ -617,6 +653,27 @@ def _loads(data: bytes, bufs: list) -> Any:
 
 
 # -- the agent's half -------------------------------------------------------------------
+#: Plain values that a share's alike answers may share as one (immutable, and equal only
+#: to their own kind's values: not float, where -0.0 == 0.0)
+_ALIKE_TYPES = (type(None), bool, int, str, bytes)
+
+
+def _fold_alike(values: list) -> None:
+    """A share's answers (pickled bytes, or plain values) that are all alike become one,
+    in place: the sender unpickles and sets it once (a no-op endpoint's ``None``)."""
+    if len(values) < 2:
+        return
+    first = values[0]
+    t = type(first)
+    if t not in _ALIKE_TYPES:
+        return
+    for v in values:
+        if type(v) is not t or v != first:
+            return
+    del values[1:]
+
+
+
 class Dest(NamedTuple):
     """Where an agent sends the answers of a cast that came down a tree: up to ``agent``
     (which forwarded it), naming ``sender``'s destination there by ``token``."""
@@ -628,14 +685,16 @@ class Dest(NamedTuple):
 class _Answer:
     """Where a member's reply to a relayed call goes on its agent: a reply port's sink
     (a Future's two setters, ``PortTable.expect_into``), no Future made per member."""
-    __slots__ = ("relay", "origin", "cport", "seq", "pid", "done", "member")
+    __slots__ = ("relay", "origin", "cport", "seq", "pid", "done", "member", "share")
 
-    def __init__(self, relay: "CastRelay", origin: str, cport: int, seq: int, member: Peer):
+    def __init__(self, relay: "CastRelay", origin: str, cport: int, seq: int, member: Peer,
+                 share: bool = False):
         self.relay = relay
         self.origin = origin
         self.cport = cport
-        self.seq = seq
+        self.seq = seq              # the member's relayed count, or its position in a share
         self.member = member
+        self.share = share          # ``cport`` is a call()'s host share (``host_share.py``)
         self.pid = 0
         self.done = False
 
@@ -672,8 +731,9 @@ class CastRelay:
     """On a host agent's node: hands each member of a cast its call and folds their
     answers into one frame per destination: it leaves once every answer that destination
     is owed is in, or ``FOLD_WINDOW`` after the first answer it holds (``FOLD_BELOW``
-    once only agents below it still owe answers; a result over ``FOLD_BYTES`` leaves at
-    once).
+    once only agents below it still owe answers; ``HOLD`` for a call() the sender waits on
+    alone through this agent, its cast says ``hold``; a result over ``FOLD_BYTES`` leaves
+    at once).
 
     A destination (``Dest``) is the sender itself, or, for a cast that came down a tree,
     the agent that forwarded it (the answers go up the tree, ``MSG_CAST_UP``, and that
@@ -690,11 +750,15 @@ class CastRelay:
                  member_secret: Callable[[str, str], bytes | None] | None = None):
         self.node = node
         self.member_secret = member_secret
-        # per destination: the entries, their buffers, [their bytes, the answers they settle]
-        self._out: dict[Any, tuple[list, list, list]] = {}
+        # per destination: the entries, their buffers, [their bytes, the answers they
+        # settle], and the host shares' results among them ({port: (values, positions)},
+        # one MSG_RESULTS entry each)
+        self._out: dict[Any, tuple[list, list, list, dict]] = {}
         self._waiting: dict[Any, int] = {}      # destination -> answers still out
-        # destination -> (its fold window's timer, whether only agents below are waited for)
+        # destination -> (its fold window's timer, how long: FOLD_WINDOW, FOLD_BELOW, HOLD)
         self._timers: dict[Any, tuple] = {}
+        # destination -> whether its answers are held for a lone call() (``HOLD``)
+        self._hold: dict[Any, bool] = {}
         self._known: dict[bytes, list] = {}     # pickled members -> _members' answer
         self._counts: dict[bytes, int] = {}     # pickled members (of a subtree) -> how many
         # the destinations agents below this one name by a token (MSG_CAST_UP), both ways
@@ -717,8 +781,9 @@ class CastRelay:
         if msg[0] == MSG_CAST_UP:
             self.on_cast_up(msg, origin, buffers)
             return
-        _, actor_id, endpoint, payload, ext, members, ports, seqs = msg
+        _, actor_id, endpoint, payload, ext, members, ports, seqs, hold = msg
         STATS["casts"] += 1
+        self._cast_in(origin, hold)
         self._hand_out(origin, actor_id, endpoint, payload, ext, members, ports, seqs,
                        list(buffers) if type(payload) is not tuple else [])
 
@@ -728,7 +793,7 @@ class CastRelay:
         go up to the agent that forwarded this cast, or, at a head, to the sender. A
         subtree whose agent cannot be reached from here fails its members' calls, naming
         it."""
-        _, reply_to, actor_id, endpoint, payload, ext, share, subtrees, up = msg
+        _, reply_to, actor_id, endpoint, payload, ext, share, subtrees, up, hold = msg
         node = self.node
         STATS["casts"] += 1
         bufs = list(buffers) if type(payload) is not tuple else []
@@ -739,6 +804,7 @@ class CastRelay:
         else:
             dest = Dest(origin, up[0], up[2])
             node.peers.peer(NodeRef(up[0], tuple(up[1])))
+        self._cast_in(dest, hold)
         sent = []
         if subtrees:
             token = self._tokens.get(dest)
@@ -756,7 +822,7 @@ class CastRelay:
                 by_dest[dest] = by_dest.get(dest, 0) + owed
             try:
                 node.send(ref, (MSG_CAST_TREE, reply_to, actor_id, endpoint, payload, ext,
-                                child_share, child_sub, mine), buffers=bufs)
+                                child_share, child_sub, mine, hold), buffers=bufs)
                 STATS["forwards"] += 1
                 sent.append(nid)
                 p = node.peers.by_id.get(nid)
@@ -901,7 +967,7 @@ class CastRelay:
                 continue
             # one port for a call()'s whole share (its answers say which member they are),
             # or one per member (each answer echoes its number)
-            answer = (_Answer(self, dest, ports, i, p) if share
+            answer = (_Answer(self, dest, ports, i, p, True) if share
                       else _Answer(self, dest, ports[i], seqs[i], p))
             answer.pid = pid = node.ports.expect_into(p, answer)
             if answer.done:         # known lost: failed already, nothing to send
@@ -928,8 +994,13 @@ class CastRelay:
         if exc is not None:
             self._add(a.origin, [(a.cport, MSG_FAIL, exc, 0, a.seq)], (), 1)
         elif type(value) is RawResult:
+            if a.share and not value.buffers:
+                self._add_result(a.origin, a.cport, MSG_RESULTS, value.data, a.seq)
+                return
             self._add(a.origin, [(a.cport, MSG_RESULT, value.data, len(value.buffers), a.seq)],
                       value.buffers, 1)
+        elif a.share:
+            self._add_result(a.origin, a.cport, MSG_VALUES, value, a.seq)
         else:
             self._add(a.origin, [(a.cport, MSG_DELIVER, value, 0, a.seq)], (), 1)
 
@@ -939,23 +1010,67 @@ class CastRelay:
         is out (or the fold window ends)."""
         out = self._out.get(dest)
         if out is None:
-            out = self._out[dest] = ([], [], [0, 0])
+            out = self._out[dest] = ([], [], [0, 0], {})
         out[0].extend(entries)
         out[1].extend(bufs)
         out[2][0] += sum(memoryview(b).nbytes for b in bufs) if bufs else 0
         out[2][1] += answers
+        if self._hold.get(dest) and any(e[1] != MSG_RESULTS and e[1] != MSG_VALUES
+                                        for e in entries):
+            self._hold[dest] = False    # a stream's answer, a failure: the short window
+        self._held(dest, out)
+
+    def _cast_in(self, dest: Any, hold: bool) -> None:
+        """A cast whose answers go to ``dest`` came: they may be held for the whole call()
+        (``HOLD``) only while it is the one thing ``dest`` is owed."""
+        lone = hold and not self._waiting.get(dest) and dest not in self._out
+        if self._hold.get(dest) and not lone:
+            self._hold[dest] = False
+            timer = self._timers.get(dest)
+            if timer is not None and timer[1] == HOLD:      # what waits leaves soon
+                timer[0].cancel()
+                self._timers[dest] = (self.node.loop.call_later(
+                    FOLD_WINDOW, self._flush_one, dest), FOLD_WINDOW)
+        elif lone:
+            self._hold[dest] = True
+
+    def _add_result(self, dest: Any, port: int, kind: int, value: Any, position: int) -> None:
+        """A host share's member answered ``value`` (``kind`` MSG_RESULTS: pickled, with no
+        out-of-band buffers; MSG_VALUES: a plain value): it joins that share's one entry
+        of that kind for ``dest`` (the sender reads a share's answers in one loop,
+        ``HostShare.take_results``)."""
+        out = self._out.get(dest)
+        if out is None:
+            out = self._out[dest] = ([], [], [0, 0], {})
+        group = out[3].get((port, kind))
+        if group is None:
+            group = out[3][(port, kind)] = ([], [])
+            out[0].append((port, kind, group[0], 0, group[1]))
+        group[0].append(value)
+        group[1].append(position)
+        if kind == MSG_RESULTS:
+            out[2][0] += len(value)
+        out[2][1] += 1
+        self._held(dest, out)
+
+    def _held(self, dest: Any, out: tuple) -> None:
+        """What ``dest`` is owed grew: send it now, or (re)arm its fold window."""
         waiting = self._waiting.get(dest)
         if out[2][0] >= FOLD_BYTES or not waiting:
             self._flush_one(dest)
             return
-        # only agents below still owe answers: they are a hop behind, held for longer
-        below = waiting <= self._below.get(dest, 0)
+        if self._hold.get(dest):
+            wait = HOLD
+        else:
+            # only agents below still owe answers: they are a hop behind, held for longer
+            wait = FOLD_BELOW if waiting <= self._below.get(dest, 0) else FOLD_WINDOW
         timer = self._timers.get(dest)
-        if timer is None or (below and not timer[1]):
+        if timer is None or (wait == FOLD_BELOW and timer[1] == FOLD_WINDOW) \
+                or (timer[1] == HOLD and wait != HOLD):
             if timer is not None:
                 timer[0].cancel()
-            self._timers[dest] = (self.node.loop.call_later(
-                FOLD_BELOW if below else FOLD_WINDOW, self._flush_one, dest), below)
+            self._timers[dest] = (self.node.loop.call_later(wait, self._flush_one, dest),
+                                  wait)
 
     def _flush_one(self, dest: Any) -> None:
         timer = self._timers.pop(dest, None)
@@ -964,7 +1079,11 @@ class CastRelay:
         if not self._waiting.get(dest):
             self._waiting.pop(dest, None)
             self._below.pop(dest, None)
-        entries, bufs, (_, answers) = self._out.pop(dest, ([], [], (0, 0)))
+            self._hold.pop(dest, None)
+        entries, bufs, (_, answers), groups = self._out.pop(dest, ([], [], (0, 0), None))
+        if groups:
+            for values in groups.values():
+                _fold_alike(values[0])
         up = type(dest) is Dest
         if not entries and not (up and answers):
             return

@@ -24,7 +24,7 @@ from ..errors import HpcmeshError
 #: pickles name ANSWERED_THROUGH_PORT and ReplyNotSent by module); 6 MSG_CAST and
 #: MSG_CAST_REPLY (calls fanned out and answers folded by host agents); 7 MSG_CAST_TREE
 #: (casts through a tree of host agents).
-MAGIC = b"HPCMESH8"
+MAGIC = b"HPCMESH9"
 #: What a listener at its cap of connections in their handshake sends before it closes a new
 #: one (instead of the MAGIC): the dialer may try again soon. Reveals nothing of the secret.
 BUSY = b"HPCMBUSY"

@@ -72,3 +72,34 @@ def test_a_dial_closed_mid_handshake_is_not_reported_as_a_bad_secret(caplog):
     assert caplog.text.count("closed during the handshake") == len(node.addresses)
     assert "dropped unauthenticated connection" not in caplog.text
     assert "check the job secret" not in caplog.text
+
+
+def test_a_dial_reset_mid_handshake_is_not_reported_as_a_dropped_connection(caplog):
+    # a losing dial closed with the listener's answer still unread reaches the listener as
+    # a reset, not an end of file: at 512 processes spawning, a screenful of warnings
+    import logging
+    import socket
+    import struct
+
+    from hpcmesh.transport.addresses import new_secret, parse_address
+    from hpcmesh.transport.handshake import Handshake
+
+    caplog.set_level(logging.DEBUG, logger="hpcmesh.transport")
+    node = client_runtime().node
+    tcp = [u for u in node.addresses if parse_address(u).scheme == "tcp"]
+    for url in tcp:
+        a = parse_address(url)
+        s = socket.create_connection((a.host, a.port))
+        s.sendall(Handshake(new_secret(), dialer=True).initial())
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:      # the challenge is in, unread
+            if s.recv(1, socket.MSG_PEEK):
+                break
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()                               # RST
+    deadline = time.monotonic() + 5
+    while caplog.text.count("closed during the handshake") < len(tcp) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)    # sleep: polling the listener's log on its own thread
+    assert tcp and caplog.text.count("closed during the handshake") == len(tcp), caplog.text
+    assert "dropped unauthenticated connection" not in caplog.text

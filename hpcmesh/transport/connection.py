@@ -929,10 +929,12 @@ class Listener:
             leftover, session = await _run_handshake(
                 self.loop, sock, Handshake(self._secret, dialer=False),
                 max(0.0, deadline - self.loop.time()), tls_ctx, server_side=True, first=first)
-        except HandshakeClosed:
+        except (HandshakeClosed, ConnectionResetError, BrokenPipeError,
+                ConnectionAbortedError):
             # A dial that lost a race to another address of this node (connect_first), a
             # port probe, or a dialer that found our answer signed with another secret: the
-            # dialing side reports which. Nothing for this side's log but a debug line.
+            # dialing side reports which. Nothing for this side's log but a debug line. (A
+            # dialer that closes with our answer unread resets the connection: the same.)
             log.debug("connection from %s on %s closed during the handshake", name,
                       self.address)
             sock.close()

@@ -42,7 +42,7 @@ from hpcmesh.shapes import Extent, Point
 async def _serve(attach: list[str], hosts: list[int], per_host: int, prefix: str) -> None:
     from hpcmesh.runtime.actor_services import ActorServices
     from hpcmesh.runtime.node import Node
-    from hpcmesh.runtime.relay import CastRelay
+    from hpcmesh.runtime.cast_relay import CastRelay
     from hpcmesh.transport.addresses import secret_from_env
 
     secret = secret_from_env()

@@ -19,7 +19,7 @@ from hpcmesh.actor.proc_mesh import ProcMesh
 from hpcmesh.runtime.actor_services import ActorServices
 from hpcmesh.runtime.client import ProcRecord, client_runtime
 from hpcmesh.runtime.node import Node
-from hpcmesh.runtime.relay import CastRelay
+from hpcmesh.runtime.cast_relay import CastRelay
 from hpcmesh.shapes import Extent, Point, point_label
 
 

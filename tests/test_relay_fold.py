@@ -1,4 +1,4 @@
-"""The bookkeeping of answers folding up a tree of host agents (``relay.CastRelay``), on a
+"""The bookkeeping of answers folding up a tree of host agents (``cast_relay.CastRelay``), on a
 node with no I/O: what one agent is owed by the agent below it, when that agent's link
 drops and it comes back, and where answers go when the agent above is out of reach.
 (The end-to-end behaviour is ``test_relay_tree.py``'s, on real processes and the memory
@@ -15,8 +15,8 @@ from hpcmesh.runtime.messages import (MSG_CAST, MSG_CAST_REPLY, MSG_CAST_TREE, M
                                       MSG_DELIVER, MSG_VALUES, PROTOCOL, Failure, NodeRef)
 from hpcmesh.runtime.peers import PeerTable
 from hpcmesh.runtime.ports import PortTable
-from hpcmesh.runtime import relay as relay_mod
-from hpcmesh.runtime.relay import CastRelay
+from hpcmesh.runtime import cast_relay as relay_mod
+from hpcmesh.runtime.cast_relay import CastRelay
 
 SENDER, PARENT, CHILD = "S" * 16, "P" * 16, "Y" * 16
 

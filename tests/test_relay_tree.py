@@ -21,7 +21,7 @@ from test_relay import BOUND_S, MARGIN_S, Recorder, _interleave
 
 from hpcmesh.actor import SupervisionError
 from hpcmesh.job import ProcessJob
-from hpcmesh.runtime import relay
+from hpcmesh.runtime import cast_relay, relay
 from hpcmesh.runtime.client import client_runtime
 from hpcmesh.runtime.errors import HOST_LOST
 from hpcmesh.transport.connection import Connection
@@ -260,8 +260,8 @@ def test_answers_fold_up_the_tree_the_sender_reads_a_frame_per_head(width2, monk
     them with its own: a call() over 4 or 8 hosts (2 heads; 8 hosts: three agents deep)
     costs the sender two frames to read, not one per host. (The fold window is made long
     here so that no head lets its answers leave before those from below are in.)"""
-    monkeypatch.setattr(relay, "FOLD_WINDOW", 5.0)
-    monkeypatch.setattr(relay, "FOLD_BELOW", 5.0)
+    for name in ("FOLD_WINDOW", "FOLD_BELOW", "HOLD"):
+        monkeypatch.setattr(cast_relay, name, 5.0)
     pm, mesh = _memory_mesh(hosts, 2, f"fold{hosts}")
     try:
         mesh.note.call("warm").get(timeout=30)

@@ -53,7 +53,7 @@ MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, 
 #                   broadcast), ``seqs`` with a port per member, each member's count of
 #                   messages relayed to it by that sender, this one included (else None);
 #                   ``hold``: a call() the sender waits on alone through this agent, whose
-#                   answers the agent may hold until they are all in (``relay.HOLD``)
+#                   answers the agent may hold until they are all in (``cast_relay.HOLD``)
 MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host agent's
 #                   folded answers to casts; kind MSG_DELIVER (value), MSG_FAIL (an
 #                   exception) or MSG_RESULT (a pickled value the agent never unpickled, its
@@ -61,7 +61,7 @@ MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host
 #                   count (its ``seqs`` entry), or for a host share's port the member's
 #                   position in the cast's ``members`` (-1: all of them)
 MSG_CAST_TREE = 8  # (CAST_TREE, reply_to, actor_id, endpoint, payload, extent_items, share,
-#                   subtrees, up, hold): a cast through a tree of host agents (``runtime/relay.py``):
+#                   subtrees, up, hold): a cast through a tree of host agents (``relay.py``):
 #                   the agent forwards each of ``subtrees`` [(agent node_id, addresses,
 #                   share, subtrees)] to its agent, then hands its own ``share`` (members,
 #                   ports, seqs as in MSG_CAST; members may come pickled, None: none here)

@@ -100,7 +100,7 @@ class Node:
         self._thread: threading.Thread | None = None
         self.use_tls(tls.settings())     # HPCMESH_TLS_CA: set for everything a job starts
         self.fanin = FaninPoller(loop)     # polls for the rest of a call()'s replies
-        #: what handles a MSG_CAST here (a host agent's ``relay.CastRelay``; None: refused)
+        #: what handles a MSG_CAST here (a host agent's ``cast_relay.CastRelay``; None: refused)
         self.cast_handler: Callable[[tuple, str | None, list], None] | None = None
 
     # -- construction ---------------------------------------------------------------

@@ -37,7 +37,7 @@ from ..observe.log_fold import TimedFolders
 from ..messages import (EVENT_AGENT_EXIT, EVENT_AGENT_NOTICE, EVENT_EXIT, EVENT_LOG,
                         EVENT_LOG_FOLDED, deliver_msg)
 from ..node import Node, NodeRef, PortRef
-from ..relay import CastRelay
+from ..cast_relay import CastRelay
 from .oom import AGE_S as OOM_AGE_S, OomWatch
 from .zygote import ZygoteClient, ZygoteProcess
 

@@ -81,6 +81,16 @@ class Recorder(Actor):
         return TwoArgError("x", "y") if which == "unreadable" else threading.Lock()
 
     @endpoint
+    async def answer_then_end(self, victim: int, others_after: float) -> str:
+        """Rank ``victim`` answers and its process ends right after; the others answer
+        ``others_after`` seconds later."""
+        if current_rank().rank == victim:
+            asyncio.get_running_loop().call_later(0.05, os._exit, 0)
+            return "bye"
+        await asyncio.sleep(others_after)   # sleep: the others answer well after it ended
+        return "late"
+
+    @endpoint
     async def sleep(self, seconds: float) -> str:
         await asyncio.sleep(seconds)    # sleep: the endpoint's work is to take this long
         return "woke"
@@ -338,6 +348,19 @@ def test_an_agent_killed_fails_its_hosts_slots_with_host_lost():
     finally:
         job.kill()
         wait_until(lambda: not any(alive(p) for p in pids), 15, "the lost host's processes end")
+
+
+def test_a_member_that_answered_then_ended_keeps_its_answer(job):
+    # its agent holds a lone call()'s answers until the rest are in (cast_relay.HOLD): what
+    # the member answered must leave before the agent reports it ended, which fails its slot
+    procs = job.state(cached_path=None).hosts.spawn_procs({"gpus": 4}, name="bye")
+    try:
+        mesh = procs.spawn("bye", Recorder)
+        mesh.pid.call().get(timeout=60)
+        got = mesh.answer_then_end.call(5, 1.5).get(timeout=BOUND_S + MARGIN_S).values()
+        assert got == ["late"] * 5 + ["bye"] + ["late"] * 2, got
+    finally:
+        procs.stop(grace=0.5).get(timeout=60)
 
 
 def test_a_member_killed_mid_call_fails_the_call_naming_it_and_not_its_host(job):

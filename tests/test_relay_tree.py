@@ -186,6 +186,22 @@ def test_a_lost_head_with_nothing_in_flight_leaves_its_subtree_working(width2):
         pm.stop().get(timeout=30)
 
 
+def test_real_processes_an_answer_from_below_a_head_outruns_its_member_s_end(width2):
+    """A member below a head (host 1, under host 0's agent) answers and ends: its answer
+    goes up the tree, where the head may hold it (a lone call()), while its exit report
+    goes to the controller straight; the controller waits for the answer before it fails
+    the slot."""
+    job = ProcessJob({"hosts": 4})
+    try:
+        procs = job.state(cached_path=None).hosts.spawn_procs({"gpus": 2}, name="treebye")
+        mesh = procs.spawn("bye", Recorder)
+        mesh.pid.call().get(timeout=60)
+        got = mesh.answer_then_end.call(2, 1.5).get(timeout=BOUND_S + MARGIN_S).values()
+        assert got == ["late"] * 2 + ["bye"] + ["late"] * 5, got
+    finally:
+        job.kill()
+
+
 def test_real_processes_a_killed_head_fails_its_subtree(width2, controller_sent):
     """ProcessJob: 4 hosts of 2; the sender writes to the two heads only; the agent of
     host 0 killed mid-call fails hosts 0 and 1's slots with HOST_LOST; hosts 2 and 3

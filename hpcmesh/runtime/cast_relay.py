@@ -296,6 +296,13 @@ class CastRelay:
         self._below[dest] = max(0, self._below.get(dest, 0) - n)
         return n
 
+    def flush_all(self) -> None:
+        """Every answer held here leaves now: a member is about to be reported ended, and
+        an answer it gave before must not arrive after that report (which fails its
+        slot). A lone call()'s hold goes on for the answers still to come."""
+        for dest in list(self._out):
+            self._flush_one(dest)
+
     def _on_peer_closed(self, node, peer_id: str, exc) -> None:
         """An agent below this one lost its connection: the answers it owed are not waited
         for (if its host is lost, the sender fails those members; if it comes back, it

@@ -167,7 +167,22 @@ class HostShare:
 def fail_member(node: Any, p: Peer, exc: BaseException) -> None:
     """Member ``p`` is lost: its slot in each call() whose share went through its route's
     first agent (``p.relay_via``) fails. Only a member with relayed calls unanswered can
-    be in one, and all of those went that way (relay.py's routing rule)."""
+    be in one, and all of those went that way (relay.py's routing rule).
+
+    Below the head of a tree (``p.relay_path``) an answer the member gave before it ended
+    may still be on its way up, held by an agent above for a lone call()
+    (``cast_relay.HOLD``; its own agent sends what it holds before it reports the exit):
+    the slot fails only once that is over, if the answer has not come."""
+    if p.relay_sent == p.relay_acked or p.relay_via is None:
+        return
+    if p.relay_path and getattr(node, "loop", None) is not None:
+        from .cast_relay import HOLD        # (the agent's half imports this module)
+        node.loop.call_later(2 * HOLD, _fail_member_now, node, p, exc)
+        return
+    _fail_member_now(node, p, exc)
+
+
+def _fail_member_now(node: Any, p: Peer, exc: BaseException) -> None:
     if p.relay_sent == p.relay_acked or p.relay_via is None:
         return
     via = node.peers.by_id.get(p.relay_via.node_id)

@@ -521,6 +521,7 @@ class HostAgent:
         if p.exited.is_set():
             return
         p.exited.set()
+        self.relay.flush_all()      # what it answered before it ended goes first
         cause = self._exit_cause(p)
         log.info("process %s (pid %d) ended: %s%s", p.name, p.popen.pid,
                  describe_exit(p.returncode), f"; {cause[1]}" if cause else "")

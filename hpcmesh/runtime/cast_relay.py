@@ -20,8 +20,8 @@ import logging
 import pickle
 from typing import Any, Callable, NamedTuple
 
-from ..settings import env_number
 from ..transport import serialization
+from ..transport.framing import FrameError
 from .errors import HOST_LOST, LOST_STATUS, SupervisionError
 from .host_share import ALL
 from .links import LOST_PEER_REPORT_WAIT
@@ -30,30 +30,33 @@ from .messages import (MSG_CAST_TREE, MSG_CAST_UP, MSG_DELIVER, MSG_FAIL, MSG_RE
                        describe_exception)
 from .peers import Peer
 from .relay import RELAYS, STATS, Node, RawResult, tree_ports
+from .relay_windows import FOLD_BELOW, FOLD_BYTES, FOLD_WINDOW, HOLD
 
 log = logging.getLogger("hpcmesh.runtime")
 
-#: A result bigger than this (its buffers) leaves the agent at once in a frame of its own
-#: rather than folded with others: folding saves frames of small replies, not copies.
-FOLD_BYTES = 1 << 20
-#: How long an agent holds the answers it has while others of the same sender's casts are
-#: still out (once all are in, they leave at once): a slow member costs the others this.
-FOLD_WINDOW = env_number("HPCMESH_RELAY_FOLD_US", 200, unit="microseconds") * 1e-6
-#: How long an agent in a tree holds what it has once only agents below it still owe
-#: answers (they are a hop behind its own members; a call() waits for the last answer
-#: anyway): the sender then reads one frame per head, not one per head and per late hop.
-FOLD_BELOW = 10 * FOLD_WINDOW
-#: How long an agent holds the answers of a call() its sender waits on alone through it
-#: (the cast says ``hold``) until the rest are in: the call() ends with its last answer
-#: anyway, so the sender reads one frame per head, not one per burst of answers (on a
-#: busy machine a call()'s answers spread over a tenth of a second). Short beside the
-#: straggler watch's thresholds (seconds), which read the answers that came.
-HOLD = max(FOLD_BELOW, 0.2) if FOLD_WINDOW > 0 else 0.0
 
 
 #: Plain values that a share's alike answers may share as one (immutable, and equal only
 #: to their own kind's values: not float, where -0.0 == 0.0)
 _ALIKE_TYPES = (type(None), bool, int, str, bytes)
+
+
+def _size(value: Any) -> int:
+    """About how many bytes an answer adds to its frame (a pickle, a plain str or bytes;
+    other plain values are small enough to leave out)."""
+    return len(value) if type(value) in (bytes, str, bytearray) else 0
+
+
+def _inband_bytes(entries: list) -> int:
+    """About the in-band bytes of answers passed up (their out-of-band buffers counted
+    apart)."""
+    n = 0
+    for _, kind, value, _, _ in entries:
+        if kind == MSG_RESULTS or kind == MSG_VALUES:
+            n += sum(_size(v) for v in value)
+        elif kind == MSG_RESULT or kind == MSG_DELIVER:
+            n += _size(value)
+    return n
 
 
 def _fold_alike(values: list) -> None:
@@ -418,7 +421,8 @@ class CastRelay:
             out = self._out[dest] = ([], [], [0, 0], {})
         out[0].extend(entries)
         out[1].extend(bufs)
-        out[2][0] += sum(memoryview(b).nbytes for b in bufs) if bufs else 0
+        out[2][0] += (sum(memoryview(b).nbytes for b in bufs) if bufs else 0) \
+            + _inband_bytes(entries)
         out[2][1] += answers
         if self._hold.get(dest) and any(e[1] != MSG_RESULTS and e[1] != MSG_VALUES
                                         for e in entries):
@@ -453,8 +457,7 @@ class CastRelay:
             out[0].append((port, kind, group[0], 0, group[1]))
         group[0].append(value)
         group[1].append(position)
-        if kind == MSG_RESULTS:
-            out[2][0] += len(value)
+        out[2][0] += _size(value)
         out[2][1] += 1
         self._held(dest, out)
 
@@ -485,6 +488,10 @@ class CastRelay:
             self._waiting.pop(dest, None)
             self._below.pop(dest, None)
             self._hold.pop(dest, None)
+        elif self._hold.get(dest):
+            # answers still out after a HOLD (a straggler), too many bytes, a member's exit:
+            # the rest go in the short window (an agent above holds them once at most)
+            self._hold[dest] = False
         entries, bufs, (_, answers), groups = self._out.pop(dest, ([], [], (0, 0), None))
         if groups:
             for values in groups.values():
@@ -514,8 +521,9 @@ class CastRelay:
                 p.conn.flush_now()      # now, not a loop turn later
             return
         except (pickle.PicklingError, TypeError, AttributeError, ValueError,
-                serialization.SerializationError) as e:
-            problem = e             # an exception among them that does not pickle
+                serialization.SerializationError, FrameError) as e:
+            problem = e             # an exception among them that does not pickle, or
+            #                         answers that fit a frame each but not all together
         except Exception as e:  # noqa: BLE001 - the sender is gone: its supervision says so
             if up and entries:      # the agent above is: to the sender straight
                 try:
@@ -525,20 +533,36 @@ class CastRelay:
                     e = e2
             log.debug("cannot return relayed replies to %s: %s", to.node_id[:8], e)
             return
-        # one by one, any that does not pickle replaced by what it said (the count of
-        # answers they settle goes with the last)
-        log.debug("folded replies did not pickle (%s): sent one by one", problem)
+        # one by one (a share's packed answers each on its own), any that does not pickle
+        # or fit a frame replaced by what it said (the count of answers they settle goes
+        # with the last)
+        log.debug("folded replies could not be sent together (%s): sent one by one", problem)
         at = 0
-        for i, (port, kind, value, nbufs, seq) in enumerate(entries):
+        alone = []
+        for port, kind, value, nbufs, seq in entries:
             mine = bufs[at:at + nbufs]
             at += nbufs
+            if kind == MSG_RESULTS or kind == MSG_VALUES:
+                one = MSG_RESULT if kind == MSG_RESULTS else MSG_DELIVER
+                alone += [((port, one, value[0] if len(value) == 1 else value[k], 0, pos), [])
+                          for k, pos in enumerate(seq)]
+            else:
+                alone.append(((port, kind, value, nbufs, seq), mine))
+        for i, (entry, mine) in enumerate(alone):
+            port, kind, value, nbufs, seq = entry
             if kind == MSG_FAIL:
                 try:
                     pickle.dumps(value)
                 except Exception:  # noqa: BLE001
-                    value = RuntimeError(describe_exception(value))
+                    entry = (port, kind, RuntimeError(describe_exception(value)), 0, seq)
+            settles = answers if i == len(alone) - 1 else 0
             try:
-                node.send(to, msg([(port, kind, value, nbufs, seq)],
-                                  answers if i == len(entries) - 1 else 0), buffers=mine)
-            except Exception as e:  # noqa: BLE001
+                node.send(to, msg([entry], settles), buffers=mine)
+            except Exception as e:  # noqa: BLE001 - that member's call fails, saying why
                 log.debug("cannot return a relayed reply to %s: %s", to.node_id[:8], e)
+                try:
+                    node.send(to, msg([(port, MSG_FAIL, serialization.SerializationError(
+                        f"a member's answer could not be passed on by its host agent: "
+                        f"{describe_exception(e)}"), 0, seq)], settles))
+                except Exception as e2:  # noqa: BLE001 - the sender is gone
+                    log.debug("cannot return a relayed reply to %s: %s", to.node_id[:8], e2)

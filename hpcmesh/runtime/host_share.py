@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from .messages import Failure
+from .relay_windows import HOLD
 
 if TYPE_CHECKING:
     from .future import FanIn
@@ -32,6 +33,11 @@ class _Unreadable:
 
     def __init__(self, exc: BaseException):
         self.exc = exc
+
+
+#: Values one object of which may stand for several members' alike answers (a list would
+#: be one list in every slot: the caller editing one would edit them all).
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
 
 
 def _loaded(loads: Callable[[bytes], Any], data: bytes) -> Any:
@@ -104,6 +110,9 @@ class HostShare:
         alike = len(values) == 1
         if alike:
             value = values[0] if loads is None else _loaded(loads, values[0])
+            if loads is not None and len(positions) > 1 and type(value) not in _IMMUTABLE:
+                alike = False       # equal pickles, but each member gets its own object
+                values = values * len(positions)
         seqs, peers, slots, put = self.seqs, self.peers, self.slots, self.fan.put
         taken = 0
         for k, i in enumerate(positions):
@@ -171,13 +180,14 @@ def fail_member(node: Any, p: Peer, exc: BaseException) -> None:
 
     Below the head of a tree (``p.relay_path``) an answer the member gave before it ended
     may still be on its way up, held by an agent above for a lone call()
-    (``cast_relay.HOLD``; its own agent sends what it holds before it reports the exit):
-    the slot fails only once that is over, if the answer has not come."""
+    (``relay_windows.HOLD``, once per agent above its own, which sends what it holds before
+    it reports the exit): the slot fails only once that is over, if the answer has not
+    come. (HOLD is read from this process's setting; the agents are started with it.)"""
     if p.relay_sent == p.relay_acked or p.relay_via is None:
         return
     if p.relay_path and getattr(node, "loop", None) is not None:
-        from .cast_relay import HOLD        # (the agent's half imports this module)
-        node.loop.call_later(2 * HOLD, _fail_member_now, node, p, exc)
+        # each agent above its own may hold it once (a HOLD that runs out ends the hold)
+        node.loop.call_later((len(p.relay_path) + 1) * HOLD, _fail_member_now, node, p, exc)
         return
     _fail_member_now(node, p, exc)
 

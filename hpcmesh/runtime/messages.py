@@ -53,7 +53,7 @@ MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, 
 #                   broadcast), ``seqs`` with a port per member, each member's count of
 #                   messages relayed to it by that sender, this one included (else None);
 #                   ``hold``: a call() the sender waits on alone through this agent, whose
-#                   answers the agent may hold until they are all in (``cast_relay.HOLD``)
+#                   answers the agent may hold until they are all in (``relay_windows.HOLD``)
 MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host agent's
 #                   folded answers to casts; kind MSG_DELIVER (value), MSG_FAIL (an
 #                   exception) or MSG_RESULT (a pickled value the agent never unpickled, its

@@ -204,6 +204,7 @@ def test_spmd_actor_runs_scripts_and_modules_and_reports_their_failure(procs, tm
         "out = {'argv': sys.argv[1:], 'rank': dist.get_rank(), 'name': __name__}\n"
         "open(os.path.join(os.path.dirname(__file__), f'r{dist.get_rank()}.json'), 'w')"
         ".write(json.dumps(out))\n"
+        "dist.barrier()\n"   # no rank closes its sockets while another still connects
         "dist.destroy_process_group()\n"
         "if '--fail' in sys.argv: sys.exit(3)\n")
     spmd.setup_torch_elastic_env(procs)

@@ -37,7 +37,7 @@ class _Unreadable:
 
 #: Values one object of which may stand for several members' alike answers (a list would
 #: be one list in every slot: the caller editing one would edit them all).
-_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
+IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)
 
 
 def _loaded(loads: Callable[[bytes], Any], data: bytes) -> Any:
@@ -85,32 +85,21 @@ class HostShare:
         if i == ALL:
             self.set_exception(value.exc)
             return
-        seqs = self.seqs
-        seq = seqs[i]
-        if seq == 0:
-            return
-        seqs[i] = 0
-        p = self.peers[i]
-        if seq > p.relay_acked:
-            p.relay_acked = seq
-        if type(value) is Failure:
-            self._fail(i, self.ports.failed_call(value.exc, self.actor_id, self.endpoint, p))
-        else:
-            self.fan.put(self.slots[i], value)
-        self._answered()
+        self.take_results([i], [value], None, None)
 
     def take_results(self, positions: list, values: list,
                      loads: Callable[[bytes], Any] | None,
                      unreadable: Callable[[Peer, BaseException], Failure]) -> None:
         """The answers of the members at ``positions`` (a MSG_RESULTS or MSG_VALUES
         entry): ``values`` one per position, or one for them all (alike: unpickled once).
-        ``loads`` unpickles a MSG_RESULTS value (None: plain values); one that cannot be
-        unpickled fails that member's slot alone (``unreadable(peer, error)``). ``take``'s
-        work per member in one loop: a share's members are most of a call()'s answers."""
+        ``loads`` unpickles a MSG_RESULTS value (None: plain values, or a ``Failure``); one
+        that cannot be unpickled fails that member's slot alone (``unreadable(peer,
+        error)``). A member's answer that came already (its loss raced its reply) is
+        dropped. One loop for a share's members: they are most of a call()'s answers."""
         alike = len(values) == 1
         if alike:
             value = values[0] if loads is None else _loaded(loads, values[0])
-            if loads is not None and len(positions) > 1 and type(value) not in _IMMUTABLE:
+            if loads is not None and len(positions) > 1 and type(value) not in IMMUTABLE:
                 alike = False       # equal pickles, but each member gets its own object
                 values = values * len(positions)
         seqs, peers, slots, put = self.seqs, self.peers, self.slots, self.fan.put
@@ -127,8 +116,9 @@ class HostShare:
                 value = values[k] if loads is None else _loaded(loads, values[k])
             taken += 1
             if type(value) is _Unreadable:
-                bad = unreadable(p, value.exc)
-                self._fail(i, self.ports.failed_call(bad.exc, self.actor_id, self.endpoint,
+                value = unreadable(p, value.exc)
+            if type(value) is Failure:
+                self._fail(i, self.ports.failed_call(value.exc, self.actor_id, self.endpoint,
                                                      p))
             else:
                 put(slots[i], value)

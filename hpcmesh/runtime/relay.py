@@ -55,7 +55,7 @@ from typing import Any, Callable
 from ..settings import env_flag, env_number
 from ..transport import serialization
 from .future import FanIn, Future
-from .host_share import HostShare
+from .host_share import IMMUTABLE, HostShare
 from .messages import (MSG_CAST_TREE, MSG_FAIL, MSG_RESULT, MSG_RESULTS, MSG_VALUES, PROTOCOL,
                        Failure, NodeRef, cast_msg, unreadable_result)
 from .peers import Peer, PeerTable
@@ -613,7 +613,6 @@ def on_cast_reply(node: Node, origin: str | None, entries: list, buffers: list) 
 #: the last one's pickle and value, reused while the next is the same bytes (an immutable
 #: value, so sharing it is unseen). One tuple, swapped whole: safe from any thread.
 _LAST_SMALL: tuple = (None, None)
-_SHAREABLE = (type(None), bool, int, float, str, bytes)
 
 
 def _loads_alone(data: bytes) -> Any:
@@ -631,6 +630,6 @@ def _loads(data: bytes, bufs: list) -> Any:
     if last[0] == data:
         return last[1]
     value = serialization.loads(data, bufs)
-    if len(data) <= 64 and type(value) in _SHAREABLE:
+    if len(data) <= 64 and type(value) in IMMUTABLE:
         _LAST_SMALL = (data, value)
     return value

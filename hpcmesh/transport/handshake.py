@@ -23,7 +23,9 @@ from ..errors import HpcmeshError
 #: pickled apart from their envelope); 5 the message helpers' new home (runtime.messages:
 #: pickles name ANSWERED_THROUGH_PORT and ReplyNotSent by module); 6 MSG_CAST and
 #: MSG_CAST_REPLY (calls fanned out and answers folded by host agents); 7 MSG_CAST_TREE
-#: (casts through a tree of host agents).
+#: (casts through a tree of host agents); 8 one reply port per host share and MSG_CAST_UP
+#: (answers folded up the tree); 9 packed answers (MSG_RESULTS, MSG_VALUES) and the casts'
+#: ``hold``.
 MAGIC = b"HPCMESH9"
 #: What a listener at its cap of connections in their handshake sends before it closes a new
 #: one (instead of the MAGIC): the dialer may try again soon. Reveals nothing of the secret.

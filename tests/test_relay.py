@@ -282,6 +282,58 @@ def test_order_on_the_memory_twin():
         pm.stop().get(timeout=30)
 
 
+def test_a_settled_host_group_is_only_numbered_until_a_member_changes():
+    """A cast that found every member of a host on its agent's route settles the host:
+    the next casts only number its members. A direct call_one in flight makes the next
+    cast check each member again (that member's share goes straight, behind the call_one),
+    and the order holds all along."""
+    from hpcmesh.runtime import relay
+    from hpcmesh.runtime.peers import PeerTable, changes
+    from hpcmesh.runtime.ports import PortTable
+    from hpcmesh.runtime.messages import NodeRef
+    from memory_procs import memory_proc_mesh
+    pm = memory_proc_mesh({"hosts": 2, "gpus": 4})
+    try:
+        mesh = pm.spawn("settled", Recorder)
+        mesh.initialized.get(timeout=30)
+        mesh.note.call("a").get(timeout=30)     # checks each member: both hosts settle
+        settled = relay.STATS["settled"]
+        mesh.note.call("b").get(timeout=30)
+        assert relay.STATS["settled"] - settled == 2        # a share per host, unchecked
+        one = mesh.slice(hosts=1, gpus=2)
+        first = one.note.call_one("c")                      # straight: nothing relayed
+        settled = relay.STATS["settled"]
+        after = mesh.note.call("d")
+        assert relay.STATS["settled"] == settled            # every member checked again
+        first.get(timeout=30)
+        after.get(timeout=30)
+        mesh.note.call("e").get(timeout=30)                 # checks: settles again
+        settled = relay.STATS["settled"]
+        mesh.note.call("f").get(timeout=30)
+        assert relay.STATS["settled"] - settled == 2
+        seen = mesh.log.call().get(timeout=30).values()
+        assert seen[6] == ["a", "b", "c", "d", "e", "f"]
+        assert all(got == ["a", "b", "d", "e", "f"] for i, got in enumerate(seen) if i != 6)
+    finally:
+        pm.stop().get(timeout=30)
+
+    # what else unsettles a member: its loss, a direct call registered on a port table
+    peers, ports = PeerTable(), PortTable()
+    p = peers.peer(NodeRef("member", ()))
+    before = changes()
+    peers.set_lost(p, RuntimeError("gone"))
+    ports.expect_reply(p)
+    assert changes() == before                  # not in a settled group: nothing to tell
+    p.settled, p.lost = True, None
+    ports.expect_reply(p)
+    assert changes() == before + 1              # a direct call to a settled member
+    p.relay_sent = 3
+    ports.expect_reply(p)                       # a relayed call's port: its route holds
+    assert changes() == before + 1
+    peers.set_lost(p, RuntimeError("gone"))
+    assert changes() == before + 2
+
+
 def test_a_member_killed_mid_call_fails_only_its_slot(job):
     procs = job.state(cached_path=None).hosts.spawn_procs({"gpus": 4}, name="killme")
     try:

@@ -200,7 +200,7 @@ def test_a_share_s_packed_answers_fill_their_slots_and_an_unreadable_one_fails_i
     members = [peers.peer(NodeRef(f"m{i}", ())) for i in range(3)]
     fan = FanIn(3)
     share = HostShare(ports, fan, "actor", "ep")
-    share.fill([2, 0, 1], members, [1, 1, 1], None)
+    share.fill([2, 0, 1], members, 1)
     share.open = 3
     share.pid = ports.expect_into(peers.peer(NodeRef("agent", ())), share)
     share.take_results([0, 2], [pickle.dumps("a"), pickle.dumps("c")], pickle.loads,
@@ -219,13 +219,78 @@ def test_alike_pickled_answers_are_unpickled_once():
     members = [peers.peer(NodeRef(f"m{i}", ())) for i in range(4)]
     fan = FanIn(4)
     share = HostShare(ports, fan, "actor", "ep")
-    share.fill([0, 1, 2, 3], members, [5, 5, 5, 5], None)
+    share.fill([0, 1, 2, 3], members, 5, None, 0)
     share.open = 4
     share.pid = ports.expect_into(peers.peer(NodeRef("agent", ())), share)
     loads = []
     share.take_results([3, 1, 0, 2], [pickle.dumps(7)],
                        lambda b: loads.append(b) or pickle.loads(b), None)
     assert fan.out.get(timeout=1) == [7, 7, 7, 7] and len(loads) == 1
+
+
+def _share(n: int, slots: list | None = None, first: int = 0, seq: int = 5):
+    """A call()'s host share of ``n`` members (in slots ``first`` .. on), relayed as
+    number ``seq``: (share, fan-in, member peers, port table)."""
+    ports, peers = PortTable(), PeerTable()
+    members = [peers.peer(NodeRef(f"m{i}", ())) for i in range(n)]
+    fan = FanIn(n if slots is None else max(slots) + 1)
+    share = HostShare(ports, fan, "actor", "ep")
+    share.fill(list(range(first, first + n)) if slots is None else slots, members, seq, None,
+               first if slots is None else -1)
+    share.open = n
+    for p in members:
+        p.relay_sent = seq
+    share.pid = ports.expect_into(peers.peer(NodeRef("agent", ())), share)
+    return share, fan, members, ports
+
+
+def test_a_whole_share_answering_in_order_fills_its_slots_as_one_run():
+    share, fan, members, ports = _share(4)
+    share.take_results([0, 1, 2, 3], ["a", "b", "c", "d"], None, None)
+    assert fan.out.get(timeout=1) == ["a", "b", "c", "d"]
+    assert [p.relay_acked for p in members] == [5] * 4         # each read number 5
+    assert share.pid not in ports.replies and not any(share.pending)
+
+
+@pytest.mark.parametrize("positions", [[2, 0, 3, 1], [0, 1, 3, 2]])
+def test_a_whole_share_answering_out_of_order_gets_each_value_in_its_own_slot(positions):
+    share, fan, members, _ = _share(4)
+    share.take_results(positions, [f"v{i}" for i in positions], None, None)
+    assert fan.out.get(timeout=1) == ["v0", "v1", "v2", "v3"]
+    assert [p.relay_acked for p in members] == [5] * 4
+
+
+def test_a_failure_in_a_whole_share_s_answers_fails_its_own_slot_and_the_rest_land():
+    share, fan, members, _ = _share(3)
+    share.take_results([0, 1, 2], ["a", Failure(ValueError("m1 broke")), "c"], None, None)
+    with pytest.raises(ValueError, match="m1 broke"):
+        fan.out.get(timeout=1)
+    assert fan.done == bytearray([1, 2, 1]) and fan.results[0] == "a"   # then: failed
+    assert [p.relay_acked for p in members] == [5] * 3
+
+
+def test_a_share_whose_slots_do_not_follow_on_is_filled_one_by_one():
+    share, fan, _, _ = _share(3, slots=[4, 0, 2])
+    share.take_results([0, 1, 2], [None], None, None)
+    assert fan.done == bytearray([1, 0, 1, 0, 1])
+    assert not fan.out.done()           # slots 1 and 3 belong to other members
+
+
+def test_a_run_with_a_slot_answered_already_is_filled_one_by_one():
+    fan = FanIn(4)
+    fan.put(2, "first")
+    fan.put_range(0, 4, "x")
+    assert fan.out.get(timeout=1) == ["x", "x", "first", "x"]    # a second answer: dropped
+
+
+def test_a_run_completing_a_fan_in_settles_it_and_tells_the_first_result_once():
+    firsts = []
+    fan = FanIn(6, on_first=firsts.append)
+    fan.put(5, "last")
+    fan.put_range(0, 2, values=["a", "b"])
+    assert not fan.out.done() and len(firsts) == 1
+    fan.put_range(2, 3, "c")
+    assert fan.out.get(timeout=1) == ["a", "b", "c", "c", "c", "last"] and len(firsts) == 1
 
 
 def test_a_lone_call_s_answers_are_held_until_the_last_is_in():
@@ -317,8 +382,7 @@ def test_alike_pickled_answers_that_are_mutable_are_each_their_own_object():
     ports, peers = PortTable(), PeerTable()
     fan = FanIn(3)
     share = HostShare(ports, fan, "actor", "ep")
-    share.fill([0, 1, 2], [peers.peer(NodeRef(f"m{i}", ())) for i in range(3)], [1] * 3,
-               None)
+    share.fill([0, 1, 2], [peers.peer(NodeRef(f"m{i}", ())) for i in range(3)], 1, None, 0)
     share.open = 3
     share.pid = ports.expect_into(peers.peer(NodeRef("agent", ())), share)
     share.take_results(positions, values, pickle.loads, None)

@@ -297,6 +297,33 @@ class FanIn:
         if k == self.n:
             self._settle()
 
+    def put_range(self, first: int, k: int, value: Any = None, values: list | None = None
+                  ) -> None:
+        """Slots ``first`` .. ``first + k - 1`` get ``values`` (one each) or all ``value``:
+        a host share's answers (``host_share.HostShare``) in a few C-level steps instead of
+        a ``put`` per slot. Where any of them has a result already or a watcher, one by
+        one."""
+        done = self.done
+        end = first + k
+        if self.callbacks is not None or done[first:end] != bytes(k):
+            for j in range(k):
+                self.put(first + j, value if values is None else values[j])
+            return
+        done[first:end] = b"\x01" * k
+        out = self.out
+        if out._state:
+            return
+        self.results[first:end] = [value] * k if values is None else values
+        # each count taken is atomic; ours are not contiguous where another thread puts
+        # too, but the last one (the n-th) is the largest of those that took it
+        arrived = self.arrived
+        one = next(arrived)
+        last = max(itertools.islice(arrived, k - 1)) if k > 1 else one
+        if one == 1 and self.on_first is not None and self.n > 1:
+            self.on_first(out)
+        if last == self.n:
+            self._settle()
+
     def fail_slot(self, i: int, exc: BaseException) -> None:
         """Slot ``i`` failed with ``exc``: so does ``out`` (unless settled already)."""
         if self.done[i]:

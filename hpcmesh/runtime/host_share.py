@@ -6,7 +6,8 @@ setters, on the way out and again on the way back. A ``HostShare`` is the sender
 record of that share: the agent's folded answers name it once, and each entry says which
 member it is by its position in the share. What stays per member is only what the
 answer itself is: its value (unpickled on its own) and the order bookkeeping of its peer
-(``Peer.relay_acked``, see ``relay.py``).
+(``Peer.relay_acked``, see ``relay.py``). A share whose members all answer at once, and
+alike or in order, goes into the call's results as one run (``FanIn.put_range``).
 
 Failures keep their grain. The share's port is registered with the agent's peer (and, in
 a tree, is in its head's in-flight set too): that agent lost fails every member not yet
@@ -54,29 +55,36 @@ ALL = -1
 
 class HostShare:
     """The members of one call() that one host agent relays (a reply port's sink)."""
-    __slots__ = ("ports", "fan", "slots", "peers", "seqs", "actor_id", "endpoint",
-                 "pid", "open", "also")
+    __slots__ = ("ports", "fan", "slots", "peers", "seq", "pending", "first", "actor_id",
+                 "endpoint", "pid", "open", "also")
 
     def __init__(self, ports: PortTable, fan: FanIn, actor_id: str, endpoint: str):
         self.ports = ports
         self.fan = fan
         self.slots: list[int] = []      # each member's position in the call's results
         self.peers: list[Peer] = []
-        self.seqs: list[int] = []       # the number of the call relayed to each member
+        self.seq = 0                    # the number the call was relayed to them under
+        self.pending = bytearray()      # per member: 1 until it answered (or failed)
+        self.first = -1                 # slots[0] where the slots follow on, else -1
         self.actor_id = actor_id
         self.endpoint = endpoint
         self.pid = 0
         self.open = 0                   # members not answered yet
         self.also: Peer | None = None   # a tree's head, which holds the port too
 
-    def fill(self, slots: list, peers: list, seqs: list, skipped: set | None) -> None:
-        """The members: ``seqs`` (each one's number, this call's own list) for those of
-        ``slots``/``peers`` (a view's lists, read only here) not in ``skipped``."""
+    def fill(self, slots: list, peers: list, seq: int, skipped: set | None = None,
+             first: int = -1) -> None:
+        """The members: those of ``slots``/``peers`` (a view's lists, read only here) not in
+        ``skipped``, relayed the call as number ``seq``; ``first``: ``slots[0]`` where
+        the slots follow on one from another (their answers then fill a run of the
+        results at once), else -1."""
         if skipped:
             keep = [i for i in range(len(slots)) if i not in skipped]
             slots = [slots[i] for i in keep]
             peers = [peers[i] for i in keep]
-        self.slots, self.peers, self.seqs = slots, peers, seqs
+            first = -1
+        self.slots, self.peers, self.seq, self.first = slots, peers, seq, first
+        self.pending = bytearray(b"\x01") * len(peers)
 
     def take(self, i: int, value: Any) -> None:
         """The answer of member ``i`` (a ``Failure`` for an error; ``ALL``: every member
@@ -95,25 +103,31 @@ class HostShare:
         ``loads`` unpickles a MSG_RESULTS value (None: plain values, or a ``Failure``); one
         that cannot be unpickled fails that member's slot alone (``unreadable(peer,
         error)``). A member's answer that came already (its loss raced its reply) is
-        dropped. One loop for a share's members: they are most of a call()'s answers."""
+        dropped. The whole share answering at once, each as it should (most call()s), is
+        a few steps whatever its size (``_take_all``); else one loop over its members."""
         alike = len(values) == 1
         if alike:
             value = values[0] if loads is None else _loaded(loads, values[0])
             if loads is not None and len(positions) > 1 and type(value) not in IMMUTABLE:
                 alike = False       # equal pickles, but each member gets its own object
                 values = values * len(positions)
-        seqs, peers, slots, put = self.seqs, self.peers, self.slots, self.fan.put
+        k = len(positions)
+        if (self.first >= 0 and k == self.open == len(self.pending)
+                and self._take_all(positions, value if alike else None,
+                                   None if alike else values, loads)):
+            return
+        pending, peers, slots, put = self.pending, self.peers, self.slots, self.fan.put
+        seq = self.seq
         taken = 0
-        for k, i in enumerate(positions):
-            seq = seqs[i]
-            if seq == 0:
+        for j, i in enumerate(positions):
+            if not pending[i]:
                 continue            # answered already (its loss raced its reply)
-            seqs[i] = 0
+            pending[i] = 0
             p = peers[i]
             if seq > p.relay_acked:
                 p.relay_acked = seq
             if not alike:
-                value = values[k] if loads is None else _loaded(loads, values[k])
+                value = values[j] if loads is None else _loaded(loads, values[j])
             taken += 1
             if type(value) is _Unreadable:
                 value = unreadable(p, value.exc)
@@ -127,20 +141,47 @@ class HostShare:
             if self.open <= 0:
                 self._close()
 
+    def _take_all(self, positions: list, value: Any, values: list | None,
+                  loads: Callable[[bytes], Any] | None) -> bool:
+        """Every member's answer, none in yet: into the call's results as one run, and
+        each member's peer told it read what was relayed to it before. False (nothing
+        done): a value is an error, or can't be unpickled, or the positions are out of
+        order for ``values``."""
+        k = len(positions)
+        if values is None:
+            if type(value) is _Unreadable or type(value) is Failure:
+                return False
+        else:
+            if positions != list(range(k)):
+                return False
+            if loads is not None:
+                values = [_loaded(loads, v) for v in values]
+            if any(type(v) is _Unreadable or type(v) is Failure for v in values):
+                return False
+        self.pending = bytearray(k)
+        self.open = 0
+        seq = self.seq
+        for p in self.peers:
+            if seq > p.relay_acked:
+                p.relay_acked = seq
+        self.fan.put_range(self.first, k, value, values)
+        self._close()
+        return True
+
     def fail_member(self, p: Peer, exc: BaseException) -> None:
         """Member ``p`` is lost: its slot fails (the others still come)."""
         for i, q in enumerate(self.peers):
-            if q is p and self.seqs[i]:
-                self.seqs[i] = 0
+            if q is p and self.pending[i]:
+                self.pending[i] = 0
                 self._fail(i, self.ports.failed_call(exc, self.actor_id, self.endpoint, p))
                 self._answered()
 
     # a reply port's sink: the agent lost (``PortTable.deliver`` hands over ``exc`` as it
     # is: the port is registered with no actor id, so each member's slot names it here)
     def set_exception(self, exc: BaseException) -> None:
-        for i, seq in enumerate(self.seqs):
-            if seq:
-                self.seqs[i] = 0
+        for i, left in enumerate(self.pending):
+            if left:
+                self.pending[i] = 0
                 self._fail(i, self.ports.failed_call(exc, self.actor_id, self.endpoint,
                                                      self.peers[i]))
         self.open = 0

@@ -380,13 +380,13 @@ class Links:
         if p.inflight and not self.closed:
             self.loop.call_later(LOST_PEER_REPORT_WAIT, self._mark_lost, p, reason, False)
         elif p.lost is None:
-            p.lost = reason
+            self.peers.set_lost(p, reason)
 
     def _mark_lost(self, p: Peer, exc: BaseException, immediate: bool) -> None:
         if p.conn is not None and not p.conn.closed:
             return   # reconnected meanwhile
         if p.lost is None or immediate:
-            p.lost = exc
+            self.peers.set_lost(p, exc)
         self._fail_inflight(p, p.lost)
 
     def _fail_inflight(self, p: Peer, exc: BaseException) -> None:
@@ -401,7 +401,7 @@ class Links:
         p = self.peers.by_id.get(peer_id)
         if p is None:
             p = self.peers.by_id.setdefault(peer_id, Peer(None))
-        p.lost = exc
+        self.peers.set_lost(p, exc)
         extras, p.extras = p.extras, []
         for conn in [p.conn, *extras]:
             if conn is not None:

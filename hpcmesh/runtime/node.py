@@ -33,7 +33,7 @@ from .future import Future
 from .inbound import FrameReader
 from .links import Links
 from .loop import running_loop, start_loop_thread
-from .peers import Peer, PeerTable
+from .peers import Peer, PeerTable, unsettle
 from .ports import PortTable
 from .services import Services
 # the message codes are part of this module's face too (tests and tools send MSG_DELIVER)
@@ -278,6 +278,8 @@ class Node:
             self._replies[pid] = (fut, p, actor_id, endpoint)
             inflight = p.inflight
             inflight.add(pid)
+            if p.settled:
+                unsettle()      # a cast to its host group must now go behind this call
             # twin of call_msg(): written out, as every pipelined call passes here and two
             # Python calls are ~2 % of its CPU (tests/test_twins.py holds them equal)
             msg = (MSG_CALL, actor_id, endpoint, payload, pid, rank, extent_items)

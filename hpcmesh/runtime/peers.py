@@ -22,6 +22,24 @@ if TYPE_CHECKING:
 #: The load of a lost node: more than any number of calls in flight to a live one.
 LOST_LOAD = 1 << 40
 
+#: How many times a settled member (``Peer.settled``) changed in a way that a cast must
+#: check for: a host group found clean at one value of it is still clean while it holds
+#: (``relay.py``). One for the process, as the tests run several nodes in one: a change
+#: on any of them costs each group no more than the checks of its next cast.
+_changes = 0
+
+
+def changes() -> int:
+    """The count of changes to settled members so far (``unsettle``)."""
+    return _changes
+
+
+def unsettle() -> None:
+    """A settled member was lost, got a direct call in flight, or its relayed messages
+    took another route: every host group has to check its members again."""
+    global _changes
+    _changes += 1
+
 
 @dataclass(slots=True)
 class Peer:
@@ -48,6 +66,10 @@ class Peer:
     #: the secret to dial it with, where not this node's own (a host agent relaying to a
     #: process started under another secret than its own)
     secret: bytes | None = None
+    #: a member of a host group that casts may reach unchecked while nothing changed
+    #: (``relay.py``'s settled groups): its loss, a direct call to it, or another route for
+    #: its relayed messages calls ``unsettle()``
+    settled: bool = False
 
     @property
     def connected(self) -> bool:
@@ -57,6 +79,16 @@ class Peer:
 class PeerTable:
     def __init__(self) -> None:
         self.by_id: dict[str, Peer] = {}
+        #: the number of the last message relayed through a host agent (``relay.py``:
+        #: each cast takes the next, under its lock, for every member it reaches)
+        self.relay_clock = 0
+
+    @staticmethod
+    def set_lost(p: Peer, exc: BaseException) -> None:
+        """``p`` is lost with ``exc`` (a settled member: casts must check it again)."""
+        p.lost = exc
+        if p.settled:
+            unsettle()
 
     def peer(self, ref: NodeRef) -> Peer:
         """The entry for ``ref``'s node, made on first meeting; learns its addresses."""

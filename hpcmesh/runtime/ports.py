@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .future import Future
 from .messages import Failure
+from .peers import unsettle
 
 if TYPE_CHECKING:
     from .peers import Peer
@@ -65,6 +66,8 @@ class PortTable:
         self.replies[pid] = (fut, peer, actor_id, endpoint)
         if peer is not None:
             peer.inflight.add(pid)
+            if peer.settled and peer.relay_sent == peer.relay_acked:
+                unsettle()      # a direct call: a cast to its group must go behind it
             # Checked after registering: either the loop's fail_inflight sees this port, or
             # this check sees the loss it recorded first. Nothing can slip between the two.
             if peer.lost is not None and peer.conn is None:
@@ -80,6 +83,8 @@ class PortTable:
         pid = next(self.ids)
         self.replies[pid] = (sink, peer, actor_id, endpoint)
         peer.inflight.add(pid)
+        if peer.settled and peer.relay_sent == peer.relay_acked:
+            unsettle()          # as in expect_reply
         if peer.lost is not None and peer.conn is None:     # as in expect_reply
             peer.inflight.discard(pid)
             if self.replies.pop(pid, None) is not None:

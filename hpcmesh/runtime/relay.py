@@ -10,17 +10,22 @@ replies into one ``MSG_CAST_REPLY``; the sender unpickles each member's value on
 pickled, ``RawResult``).
 
 Order (messages from one sender to one actor are delivered in send order, whichever path
-each took) is kept by routing, never by waiting. Each member's peer counts the messages
-relayed to it (``Peer.relay_sent``, each cast carries the member's count, ``seq``) and the
-highest count it is known to have read (``relay_acked``: its answer to a relayed call came
-back; a member handles its agent's messages in order, so that answer says it read every
-relayed message before it). While the two differ, the member is *relayed*: every later
-call to it, a ``call_one`` too (``Node.call_actor``, ``Node.send``), goes through the same
-agent. A member with direct calls awaiting replies (``Peer.inflight``) gets its share of a
+each took) is kept by routing, never by waiting. Each relayed message takes a number that
+only grows (``_number``); each member's peer keeps the number of the last one relayed to
+it (``Peer.relay_sent``) and the highest it is known to have read (``relay_acked``: its
+answer to a relayed call came back; a member handles its agent's messages in order, so
+that answer says it read every relayed message before it). While the two differ, the
+member is *relayed*: every later call to it, a ``call_one`` too (``Node.call_actor``,
+``Node.send``), goes through the same agent. A member with direct calls awaiting replies (``Peer.inflight``) gets its share of a
 call() or broadcast straight instead, behind them. A broadcast through an agent needs no
 acknowledgement of its own (the member stays relayed until a later relayed call answers);
 a broadcast sent straight to a member that is relayable is followed by a ``ping`` whose
 reply port keeps the member counted as direct until it read the broadcast.
+
+A host group whose members a cast found all on its route, with nothing in the way, is
+*settled* (``_settled``): until one of them is lost, gets a direct call in flight, or has
+its relayed messages take another route (each calls ``peers.unsettle``), the next cast
+only numbers them, with no check per member.
 
 Failures need nothing new: each relayed reply port is registered with the member's peer
 (its exit or its host's loss fails it, as a direct call's) and with the agent's (an agent
@@ -58,7 +63,7 @@ from .future import FanIn, Future
 from .host_share import IMMUTABLE, HostShare
 from .messages import (MSG_CAST_TREE, MSG_FAIL, MSG_RESULT, MSG_RESULTS, MSG_VALUES, PROTOCOL,
                        Failure, NodeRef, cast_msg, unreadable_result)
-from .peers import Peer, PeerTable
+from .peers import Peer, PeerTable, changes, unsettle
 
 #: the ``runtime.node.Node`` sending or relaying (not imported: node.py imports this module)
 Node = Any
@@ -70,9 +75,10 @@ RELAY_VAR = "HPCMESH_RELAY"
 FANOUT_VAR = "HPCMESH_RELAY_FANOUT"
 #: The key of a node's hello info that says it relays casts (a host agent's does).
 RELAYS = "relays"
-#: Counts, per process: casts sent and folded answers taken (a caller's), casts relayed
-#: and folded answers sent (an agent's). Tests and benchmarks count frames with them.
-STATS = {"casts_sent": 0, "replies_taken": 0, "casts": 0, "cast_replies": 0,
+#: Counts, per process: casts sent, folded answers taken and host shares sent settled
+#: (``_settled``: no check per member) by a caller; casts relayed and folded answers sent
+#: by an agent. Tests and benchmarks count frames with them.
+STATS = {"casts_sent": 0, "replies_taken": 0, "settled": 0, "casts": 0, "cast_replies": 0,
          "forwards": 0, "ups": 0}
 
 
@@ -113,6 +119,12 @@ class HostGroup:
     children: list = field(default_factory=list)
     blob: bytes = b""
     peers: list = field(default_factory=list)
+    # ``first``: slots[0] where the slots follow on one from another, else -1 (a share's
+    # answers then fill a run of the results at once). ``settled_at``: ``peers.changes()``
+    # when a cast last found every member on this group's route with nothing in the way
+    # (see ``_settled``); -1: never.
+    first: int = -1
+    settled_at: int = -1
 
 
 def plan(node: Node, members: list[tuple[int, str, NodeRef, NodeRef]]
@@ -162,10 +174,7 @@ def tree(node: Node, groups: list[HostGroup], width: int | None = None
             g.path = path + (refs[part[0]],) if via is not None else ()
             g.children = build(part[1:], g.via, g.path)
             g.blob = pickle.dumps(g.members, PROTOCOL)
-            g.peers = [node.peers.peer(ref) for ref in g.refs]
-            for p, member in zip(g.peers, g.members):
-                if not p.relay_name:
-                    p.relay_name = member[0]
+            _meet(node, g)
             heads.append(g)
         return heads
     return build(list(range(len(groups))), None, ())
@@ -179,6 +188,44 @@ def _heads(n: int, width: int) -> int:
     if n <= width:
         return n
     return min(width, max(2, math.isqrt(n - 1) + 1))
+
+
+def _meet(node: Node, g: HostGroup) -> None:
+    """``g``'s members' peers, named and marked settled (made once: a node's Peer entries
+    live as long as it)."""
+    g.peers = [node.peers.peer(ref) for ref in g.refs]
+    for p, member in zip(g.peers, g.members):
+        if not p.relay_name:
+            p.relay_name = member[0]
+        p.settled = True
+    if g.slots == list(range(g.slots[0], g.slots[0] + len(g.slots))):
+        g.first = g.slots[0]
+
+
+def _settled(g: HostGroup) -> bool:
+    """Whether a cast may reach every member of ``g`` on ``g``'s route without checking
+    each: an earlier cast found them all on it (relayed that way, or not relayed and with
+    no direct call in flight, and not lost), and no member of any group changed since
+    (``peers.unsettle``). What each member then needs is only its number."""
+    return g.settled_at == changes()
+
+
+def _number(node: Node) -> int:
+    """The next number of a relayed message (under ``_SENDING``): one for every member a
+    cast reaches. A member's numbers only grow, so its answer to number n says it read
+    every message relayed to it up to n (``Peer.relay_acked``)."""
+    peers = node.peers
+    peers.relay_clock += 1
+    return peers.relay_clock
+
+
+def _route(p: Peer, via: NodeRef, path: tuple) -> None:
+    """``p``'s relayed messages go through ``via`` and down ``path`` from now on."""
+    if p.relay_via is not via or p.relay_path is not path:
+        if p.settled and p.relay_via is not None:   # a group settled on its old route
+            unsettle()
+        p.relay_via = via
+        p.relay_path = path
 
 
 def _walk(g: HostGroup):
@@ -214,9 +261,17 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
     agent_p = by_id.get(group.agent.node_id)
     agent_up = (agent_p is not None and agent_p.conn is not None and not agent_p.conn.closed
                 and agent_p.conn.info.get("peer_info", {}).get(RELAYS) is True)
+    if not group.peers:
+        _meet(node, group)
+    if agent_up and (fan is not None or not reply) and _settled(group) \
+            and len(group.peers) >= min_members:
+        STATS["settled"] += 1
+        with _SENDING:
+            _cast_share(node, group, actor_id, endpoint, payload, bufs, ext, reply, out,
+                        fan, agent_p, None, None)
+        return
+    seen = changes()
     members, chosen, straight, detours = [], [], [], []
-    if not group.peers:         # a node's Peer entries live as long as it (made once)
-        group.peers = [peers.peer(ref) for ref in group.refs]
     for slot, ref, member, p in zip(group.slots, group.refs, group.members, group.peers):
         if p.lost is not None and p.conn is None:
             straight.append((slot, ref))        # gone: the direct path says why
@@ -241,6 +296,8 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
             if members:
                 _cast_share(node, group, actor_id, endpoint, payload, bufs, ext, reply, out,
                             fan, agent_p, chosen, members)
+                if len(chosen) == len(group.peers):
+                    group.settled_at = seen     # all of them: the next cast need not check
             for d in detours:
                 _detour(node, *d, actor_id, endpoint, payload, bufs, ext, reply, out, fan)
     for slot, ref in straight:
@@ -262,7 +319,9 @@ def cast_tree(node: Node, heads: list[HostGroup], actor_id: str, endpoint: str,
     detours: list = []
     flat: list = []
     reply_to = _reply_to(node)
+    seen = changes()
     with _SENDING:
+        n = _number(node)
         for head in heads:
             hp = by_id.get(head.agent.node_id)
             if not _relays(hp) or not all(_up(by_id.get(g.agent.node_id))
@@ -273,7 +332,7 @@ def cast_tree(node: Node, heads: list[HostGroup], actor_id: str, endpoint: str,
             # answers until they are all in (``HOLD``)
             hold = fan is not None and not hp.inflight
             share, sub = _tree_share(node, head, hp, actor_id, endpoint, reply,
-                                     out, fan, straight, detours)
+                                     out, fan, straight, detours, n, seen)
             _send_tree(node, head.agent, (MSG_CAST_TREE, reply_to, actor_id, endpoint,
                                           payload, ext, share, sub, None, hold), bufs)
         for d in detours:
@@ -295,19 +354,60 @@ def _relays(p: Peer | None) -> bool:
 
 
 def _tree_share(node: Node, g: HostGroup, head: Peer, actor_id: str, endpoint: str,
-                reply: bool, out: list, fan: FanIn | None, straight: list, detours: list
-                ) -> tuple[tuple, list]:
-    """Group ``g``'s share of a tree cast, numbered, and its children's: (share,
-    subtrees) as MSG_CAST_TREE carries them. Under ``_SENDING``."""
-    via, path = g.via, g.path
-    skipped = None              # positions in g of members not in this share
-    hs = None                   # with a FanIn: the share's one reply port
+                reply: bool, out: list, fan: FanIn | None, straight: list, detours: list,
+                n: int, seen: int) -> tuple[tuple, list]:
+    """Group ``g``'s share of a tree cast, numbered ``n`` (the cast's one number), and its
+    children's: (share, subtrees) as MSG_CAST_TREE carries them. ``seen``:
+    ``peers.changes()`` before the cast began (a group whose members all go this cast's
+    way is settled at it). Under ``_SENDING``."""
+    ports = seqs = hs = None
     if reply:
-        ports, seqs = [], []
         if fan is not None:
             hs = HostShare(node.ports, fan, actor_id, endpoint)
         else:
+            ports, seqs = [], []
             expect = node.ports.expect_reply
+    if hs is not None or not reply:
+        if _settled(g):
+            STATS["settled"] += 1
+            for p in g.peers:
+                p.relay_sent = n
+            skipped = None
+        else:
+            skipped = _tree_members(node, g, n, straight, detours)
+            if skipped is None:
+                g.settled_at = seen
+    else:
+        skipped = _tree_members(node, g, n, straight, detours)
+        for i, p in enumerate(g.peers):
+            if skipped is None or i not in skipped:
+                out[g.slots[i]], pid = expect(p, actor_id, endpoint)
+                head.inflight.add(pid)
+                ports.append(pid)
+                seqs.append(n)
+    if hs is not None and (skipped is None or len(skipped) < len(g.peers)):
+        hs.fill(g.slots, g.peers, n, skipped, g.first)
+        ports = _register(node, hs, node.peers.peer(g.agent), head)
+    if skipped is None:
+        share = (g.blob, ports, seqs)
+    elif len(skipped) == len(g.peers):
+        share = (None, None, None)
+    else:
+        chosen = tuple(m for i, m in enumerate(g.members) if i not in skipped)
+        share = (pickle.dumps(chosen, PROTOCOL), ports, seqs)
+    return share, [(c.path[-1].node_id, c.path[-1].addresses,
+                    *_tree_share(node, c, head, actor_id, endpoint, reply, out, fan,
+                                 straight, detours, n, seen))
+                   for c in g.children]
+
+
+def _tree_members(node: Node, g: HostGroup, n: int, straight: list, detours: list
+                  ) -> set | None:
+    """Each member of ``g`` checked (``cast``'s choice): numbered ``n`` on ``g``'s route,
+    or sent straight, or on its own route; the positions of those not in the share (None:
+    none)."""
+    via, path = g.via, g.path
+    skipped = None
     for i, p in enumerate(g.peers):
         if p.lost is not None and p.conn is None:
             straight.append((g.slots[i], g.refs[i]))    # gone: the direct path says why
@@ -323,31 +423,9 @@ def _tree_share(node: Node, g: HostGroup, head: Peer, actor_id: str, endpoint: s
             straight.append((g.slots[i], g.refs[i]))    # behind its direct calls in flight
             skipped = (skipped or set()) | {i}
             continue
-        p.relay_sent += 1
-        p.relay_via = via
-        p.relay_path = path
-        if reply:
-            seqs.append(p.relay_sent)
-            if hs is None:
-                slot = g.slots[i]
-                out[slot], pid = expect(p, actor_id, endpoint)
-                head.inflight.add(pid)
-                ports.append(pid)
-    if hs is not None and seqs:
-        hs.fill(g.slots, g.peers, seqs, skipped)
-        ports, seqs = _register(node, hs, node.peers.peer(g.agent), head), None
-    if skipped is None:
-        share = (g.blob, ports, seqs) if reply else (g.blob, None, None)
-    elif len(skipped) == len(g.peers):
-        share = (None, None, None)
-    else:
-        chosen = tuple(m for i, m in enumerate(g.members) if i not in skipped)
-        share = (pickle.dumps(chosen, PROTOCOL), ports if reply else None,
-                 seqs if reply else None)
-    return share, [(c.path[-1].node_id, c.path[-1].addresses,
-                    *_tree_share(node, c, head, actor_id, endpoint, reply, out, fan,
-                                 straight, detours))
-                   for c in g.children]
+        p.relay_sent = n
+        _route(p, via, path)
+    return skipped
 
 
 def _on_route(node: Node, p: Peer, via: NodeRef, path: tuple) -> bool:
@@ -374,6 +452,8 @@ def _mend(node: Node, p: Peer) -> None:
             p.relay_via, p.relay_path = p.relay_path[0], p.relay_path[1:]
         else:
             p.relay_acked = p.relay_sent
+        if p.settled:
+            unsettle()
 
 
 def _detour(node: Node, slot: int, p: Peer, ref: NodeRef, member: tuple, actor_id: str,
@@ -388,7 +468,7 @@ def _detour(node: Node, slot: int, p: Peer, ref: NodeRef, member: tuple, actor_i
         else:
             out[slot], port = node.ports.expect_reply(p, actor_id, endpoint)
         node.peers.peer(p.relay_via).inflight.add(port)
-    p.relay_sent += 1
+    p.relay_sent = _number(node)
     _send_route(node, p, (member,), None if port is None else [port], [p.relay_sent],
                 actor_id, endpoint, payload, ext, bufs)
 
@@ -446,44 +526,44 @@ def fail_relayed(node: Node, agent_id: str, exc: BaseException) -> None:
 
 def _cast_share(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: Any,
                 bufs: list, ext: tuple, reply: bool, out: list, fan: FanIn | None,
-                agent_p: Peer | None, chosen: list, members: list) -> None:
-    """The relayed part of ``cast``: numbered and sent under ``_SENDING``. A call() into a
-    ``FanIn`` gets one reply port for the whole share (``HostShare``); other calls one
-    per member."""
+                agent_p: Peer | None, chosen: list | None, members: list | None) -> None:
+    """The relayed part of ``cast``: numbered and sent under ``_SENDING``, to ``chosen``
+    [(slot, peer, ref)] (``members`` theirs), or None: the whole group, settled
+    (``_settled``; a call() into a ``FanIn`` or a broadcast). A call() into a ``FanIn``
+    gets one reply port for the whole share (``HostShare``); other calls one per member."""
     peers = node.peers
-    seqs = [] if reply else None     # each member's number, echoed with its answer
-    ports = [] if reply else None
-    share = None
+    n = _number(node)
+    ports = seqs = share = None
     if reply:
         agent_p = agent_p or peers.peer(group.agent)
         if fan is not None:
             share = HostShare(node.ports, fan, actor_id, endpoint)
-        else:
+    if chosen is None:
+        for p in group.peers:
+            p.relay_sent = n
+        chosen_peers = group.peers
+    else:
+        via = group.agent
+        for _, p, _ in chosen:
+            p.relay_sent = n
+            _route(p, via, ())
+        chosen_peers = None
+        if reply and share is None:     # a port per member, each echoing the number
             agent_inflight = agent_p.inflight
             expect = node.ports.expect_reply
-    for slot, p, _ in chosen:
-        p.relay_sent += 1
-        p.relay_via = group.agent
-        p.relay_path = ()
-        if share is not None:
-            seqs.append(p.relay_sent)
-        elif reply:
-            seqs.append(p.relay_sent)
-            fut, pid = expect(p, actor_id, endpoint)
-            out[slot] = fut
-            agent_inflight.add(pid)
-            ports.append(pid)
-    if chosen[0][1].relay_name == "":
-        for (_, p, _), member in zip(chosen, members):
-            p.relay_name = member[0]
+            ports, seqs = [], [n] * len(chosen)
+            for slot, p, _ in chosen:
+                out[slot], pid = expect(p, actor_id, endpoint)
+                agent_inflight.add(pid)
+                ports.append(pid)
     hold = share is not None and not agent_p.inflight      # see cast_tree
     if share is not None:
-        if len(chosen) == len(group.slots):
-            share.fill(group.slots, group.peers, seqs, None)
+        if chosen_peers is not None or len(chosen) == len(group.slots):
+            share.fill(group.slots, group.peers, n, None, group.first)
         else:
-            share.fill([c[0] for c in chosen], [c[1] for c in chosen], seqs, None)
-        ports, seqs = _register(node, share, agent_p, None), None
-    if len(members) == len(group.members):
+            share.fill([c[0] for c in chosen], [c[1] for c in chosen], n)
+        ports = _register(node, share, agent_p, None)
+    if members is None or len(members) == len(group.members):
         if not group.blob:
             group.blob = pickle.dumps(group.members, PROTOCOL)
         members = group.blob
@@ -544,7 +624,7 @@ def relay_one(node: Node, p: Peer, target: NodeRef, msg: tuple, bufs: list) -> b
             return False        # its route is gone with what it held: straight
         if port is not None:
             node.peers.peer(p.relay_via).inflight.add(port)
-        p.relay_sent += 1
+        p.relay_sent = _number(node)
         _send_route(node, p, member, None if port is None else [port], [p.relay_sent],
                     actor_id, endpoint, payload, ext, bufs)
     return True

@@ -244,10 +244,18 @@ def _share(n: int, slots: list | None = None, first: int = 0, seq: int = 5):
     return share, fan, members, ports
 
 
-def test_a_whole_share_answering_in_order_fills_its_slots_as_one_run():
+class _RunsOnly(FanIn):
+    """A fan-in that fails a test putting results one slot at a time."""
+    def put(self, i, value):
+        raise AssertionError(f"slot {i} put on its own, not in a run")
+
+
+@pytest.mark.parametrize("values", [["a", "b", "c", "d"], ["alike"]])
+def test_a_whole_share_answering_in_order_fills_its_slots_as_one_run(values):
     share, fan, members, ports = _share(4)
-    share.take_results([0, 1, 2, 3], ["a", "b", "c", "d"], None, None)
-    assert fan.out.get(timeout=1) == ["a", "b", "c", "d"]
+    share.fan = fan = _RunsOnly(4)
+    share.take_results([0, 1, 2, 3], values, None, None)
+    assert fan.out.get(timeout=1) == (values if len(values) == 4 else values * 4)
     assert [p.relay_acked for p in members] == [5] * 4         # each read number 5
     assert share.pid not in ports.replies and not any(share.pending)
 
@@ -283,14 +291,25 @@ def test_a_run_with_a_slot_answered_already_is_filled_one_by_one():
     assert fan.out.get(timeout=1) == ["x", "x", "first", "x"]    # a second answer: dropped
 
 
-def test_a_run_completing_a_fan_in_settles_it_and_tells_the_first_result_once():
+@pytest.mark.parametrize("first", ["a run", "one slot"])
+def test_a_run_completing_a_fan_in_settles_it_and_tells_the_first_result_once(first):
     firsts = []
     fan = FanIn(6, on_first=firsts.append)
-    fan.put(5, "last")
-    fan.put_range(0, 2, values=["a", "b"])
-    assert not fan.out.done() and len(firsts) == 1
-    fan.put_range(2, 3, "c")
-    assert fan.out.get(timeout=1) == ["a", "b", "c", "c", "c", "last"] and len(firsts) == 1
+    if first == "a run":
+        fan.put_range(3, 3, values=["c", "d", "e"])
+    else:
+        fan.put(5, "e")
+    assert len(firsts) == 1 and not fan.out.done()
+    if first == "a run":
+        fan.put_range(0, 3, values=["x", "y", "z"])
+        assert fan.out.get(timeout=1) == ["x", "y", "z", "c", "d", "e"]
+    else:
+        fan.put_range(0, 2, values=["x", "y"])
+        assert not fan.out.done()
+        fan.put_range(2, 3, "c")
+        assert fan.out.get(timeout=1) == ["x", "y", "c", "c", "c", "e"]
+    assert len(firsts) == 1
+    fan.put_range(0, 0)                 # nothing: no count taken
 
 
 def test_a_lone_call_s_answers_are_held_until_the_last_is_in():

@@ -303,6 +303,8 @@ class FanIn:
         a host share's answers (``host_share.HostShare``) in a few C-level steps instead of
         a ``put`` per slot. Where any of them has a result already or a watcher, one by
         one."""
+        if k <= 0:
+            return
         done = self.done
         end = first + k
         if self.callbacks is not None or done[first:end] != bytes(k):

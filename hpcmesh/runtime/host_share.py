@@ -111,10 +111,12 @@ class HostShare:
             if loads is not None and len(positions) > 1 and type(value) not in IMMUTABLE:
                 alike = False       # equal pickles, but each member gets its own object
                 values = values * len(positions)
+        if not alike and loads is not None:
+            values = [_loaded(loads, v) for v in values]
         k = len(positions)
         if (self.first >= 0 and k == self.open == len(self.pending)
                 and self._take_all(positions, value if alike else None,
-                                   None if alike else values, loads)):
+                                   None if alike else values)):
             return
         pending, peers, slots, put = self.pending, self.peers, self.slots, self.fan.put
         seq = self.seq
@@ -127,7 +129,7 @@ class HostShare:
             if seq > p.relay_acked:
                 p.relay_acked = seq
             if not alike:
-                value = values[j] if loads is None else _loaded(loads, values[j])
+                value = values[j]
             taken += 1
             if type(value) is _Unreadable:
                 value = unreadable(p, value.exc)
@@ -141,12 +143,11 @@ class HostShare:
             if self.open <= 0:
                 self._close()
 
-    def _take_all(self, positions: list, value: Any, values: list | None,
-                  loads: Callable[[bytes], Any] | None) -> bool:
-        """Every member's answer, none in yet: into the call's results as one run, and
-        each member's peer told it read what was relayed to it before. False (nothing
-        done): a value is an error, or can't be unpickled, or the positions are out of
-        order for ``values``."""
+    def _take_all(self, positions: list, value: Any, values: list | None) -> bool:
+        """Every member's answer, none in yet (``value`` for all, or ``values`` one each,
+        unpickled): into the call's results as one run, and each member's peer told it
+        read what was relayed to it before. False (nothing done): a value is an error, or
+        could not be unpickled, or the positions are out of order for ``values``."""
         k = len(positions)
         if values is None:
             if type(value) is _Unreadable or type(value) is Failure:
@@ -154,8 +155,6 @@ class HostShare:
         else:
             if positions != list(range(k)):
                 return False
-            if loads is not None:
-                values = [_loaded(loads, v) for v in values]
             if any(type(v) is _Unreadable or type(v) is Failure for v in values):
                 return False
         self.pending = bytearray(k)

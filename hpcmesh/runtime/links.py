@@ -28,7 +28,7 @@ from ..transport.connection import Connection, ConnectionClosed, HandshakeClosed
 from ..transport.handshake import HandshakeBusy
 from .errors import SupervisionError
 from .messages import NodeRef, hello_msg
-from .peers import Peer, PeerTable
+from .peers import Peer, PeerTable, unsettle
 
 log = logging.getLogger("hpcmesh.runtime")
 
@@ -408,6 +408,8 @@ class Links:
                 conn.info["superseded"] = True
                 conn.close()
         p.conn = None
+        if p.settled:
+            unsettle()      # a cast that checked it between set_lost and here found it live
         self._fail_inflight(p, exc)
 
     def close(self) -> None:

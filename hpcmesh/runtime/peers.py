@@ -53,9 +53,9 @@ class Peer:
     # appends here too, so a message sent once the connection is up cannot overtake one
     # that was queued while it was being dialed.
     backlog: deque = field(default_factory=deque)
-    # Messages to this node sent through its host agent (``runtime/relay.py``): how many,
-    # and how many of them it is known to have read (its answer to the last of them came
-    # back). While they differ, later calls to it go that way too (order: SPEC §11),
+    # Messages to this node sent through its host agent (``runtime/relay.py``): the number
+    # of the last one, and the highest it is known to have read (its answer to that one
+    # came back). While they differ, later calls to it go that way too (order: SPEC §11),
     # through ``relay_via`` (that agent, or the head of a tree of agents, and then down
     # ``relay_path``, the agents below it to the member's own), naming it ``relay_name``.
     relay_sent: int = 0

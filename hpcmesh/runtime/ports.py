@@ -66,8 +66,9 @@ class PortTable:
         self.replies[pid] = (fut, peer, actor_id, endpoint)
         if peer is not None:
             peer.inflight.add(pid)
-            if peer.settled and peer.relay_sent == peer.relay_acked:
-                unsettle()      # a direct call: a cast to its group must go behind it
+            if peer.settled:
+                unsettle()      # a call to it (sent straight, or relayed now but straight if
+                                # its relayed calls are answered first): casts check it
             # Checked after registering: either the loop's fail_inflight sees this port, or
             # this check sees the loss it recorded first. Nothing can slip between the two.
             if peer.lost is not None and peer.conn is None:
@@ -83,7 +84,7 @@ class PortTable:
         pid = next(self.ids)
         self.replies[pid] = (sink, peer, actor_id, endpoint)
         peer.inflight.add(pid)
-        if peer.settled and peer.relay_sent == peer.relay_acked:
+        if peer.settled:
             unsettle()          # as in expect_reply
         if peer.lost is not None and peer.conn is None:     # as in expect_reply
             peer.inflight.discard(pid)

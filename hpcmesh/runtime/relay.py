@@ -121,10 +121,14 @@ class HostGroup:
     peers: list = field(default_factory=list)
     # ``first``: slots[0] where the slots follow on one from another, else -1 (a share's
     # answers then fill a run of the results at once). ``settled_at``: ``peers.changes()``
-    # when a cast last found every member on this group's route with nothing in the way
-    # (see ``_settled``); -1: never.
+    # when a cast last found every member on the route ``settled_via`` (and down
+    # ``settled_path``) with nothing in the way (see ``_settled``); -1: never. A group in
+    # a tree is cast along the tree, or flat through its own agent where its head's
+    # subtree has an agent down: two routes.
     first: int = -1
     settled_at: int = -1
+    settled_via: NodeRef | None = None
+    settled_path: tuple = ()
 
 
 def plan(node: Node, members: list[tuple[int, str, NodeRef, NodeRef]]
@@ -202,12 +206,18 @@ def _meet(node: Node, g: HostGroup) -> None:
         g.first = g.slots[0]
 
 
-def _settled(g: HostGroup) -> bool:
-    """Whether a cast may reach every member of ``g`` on ``g``'s route without checking
-    each: an earlier cast found them all on it (relayed that way, or not relayed and with
-    no direct call in flight, and not lost), and no member of any group changed since
-    (``peers.unsettle``). What each member then needs is only its number."""
-    return g.settled_at == changes()
+def _settled(g: HostGroup, via: NodeRef, path: tuple) -> bool:
+    """Whether a cast may reach every member of ``g`` through ``via`` and down ``path``
+    without checking each: an earlier cast found them all on that route (relayed that
+    way, or not relayed and with no direct call in flight, and not lost), and no member of
+    any group changed since (``peers.unsettle``). What each member then needs is only its
+    number."""
+    return g.settled_at == changes() and g.settled_via is via and g.settled_path is path
+
+
+def _settle(g: HostGroup, seen: int, via: NodeRef, path: tuple) -> None:
+    """A cast found every member of ``g`` on this route when ``changes()`` was ``seen``."""
+    g.settled_at, g.settled_via, g.settled_path = seen, via, path
 
 
 def _number(node: Node) -> int:
@@ -221,8 +231,11 @@ def _number(node: Node) -> int:
 
 def _route(p: Peer, via: NodeRef, path: tuple) -> None:
     """``p``'s relayed messages go through ``via`` and down ``path`` from now on."""
-    if p.relay_via is not via or p.relay_path is not path:
-        if p.settled and p.relay_via is not None:   # a group settled on its old route
+    old = p.relay_via
+    if old is not via or p.relay_path is not path:
+        if p.settled and old is not None and not (      # a group settled on its old route
+                old.node_id == via.node_id and len(path) == len(p.relay_path)
+                and all(a.node_id == b.node_id for a, b in zip(path, p.relay_path))):
             unsettle()
         p.relay_via = via
         p.relay_path = path
@@ -263,7 +276,7 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
                 and agent_p.conn.info.get("peer_info", {}).get(RELAYS) is True)
     if not group.peers:
         _meet(node, group)
-    if agent_up and (fan is not None or not reply) and _settled(group) \
+    if agent_up and (fan is not None or not reply) and _settled(group, group.agent, ()) \
             and len(group.peers) >= min_members:
         STATS["settled"] += 1
         with _SENDING:
@@ -296,8 +309,8 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
             if members:
                 _cast_share(node, group, actor_id, endpoint, payload, bufs, ext, reply, out,
                             fan, agent_p, chosen, members)
-                if len(chosen) == len(group.peers):
-                    group.settled_at = seen     # all of them: the next cast need not check
+                if len(chosen) == len(group.peers):     # the next cast need not check
+                    _settle(group, seen, group.agent, ())
             for d in detours:
                 _detour(node, *d, actor_id, endpoint, payload, bufs, ext, reply, out, fan)
     for slot, ref in straight:
@@ -368,7 +381,7 @@ def _tree_share(node: Node, g: HostGroup, head: Peer, actor_id: str, endpoint: s
             ports, seqs = [], []
             expect = node.ports.expect_reply
     if hs is not None or not reply:
-        if _settled(g):
+        if _settled(g, g.via, g.path):
             STATS["settled"] += 1
             for p in g.peers:
                 p.relay_sent = n
@@ -376,7 +389,7 @@ def _tree_share(node: Node, g: HostGroup, head: Peer, actor_id: str, endpoint: s
         else:
             skipped = _tree_members(node, g, n, straight, detours)
             if skipped is None:
-                g.settled_at = seen
+                _settle(g, seen, g.via, g.path)
     else:
         skipped = _tree_members(node, g, n, straight, detours)
         for i, p in enumerate(g.peers):

@@ -365,6 +365,67 @@ def test_dialers_turned_away_at_the_cap_come_back_until_all_are_in(monkeypatch, 
     assert not dropped, dropped
 
 
+def test_a_crowd_overflowing_the_cap_by_a_few_is_no_warning_and_a_flood_is_one(
+        monkeypatch, caplog, tmp_path):
+    # 512 processes dialing back at once overflowed the controller's cap of 128 by one or
+    # two, which came back (BUSY), and the user starting them read "listener ... refusing
+    # connections" as a WARNING. A flood closes as many as the cap and more: one warning.
+    import asyncio
+    import logging
+
+    from hpcmesh.transport import connection as C
+
+    monkeypatch.setattr(C, "MAX_UNAUTHENTICATED", 4)
+    caplog.set_level(logging.DEBUG, logger="hpcmesh.transport")
+    path = f"{tmp_path}/l.sock"
+
+    def warnings_() -> list:
+        return [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and "refusing connections" in r.getMessage()]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        listener = C.Listener(loop, f"unix://{path}", os.urandom(32), lambda *a: None)
+        socks: list = []
+        closed: set = set()
+
+        async def open_silent(n: int) -> None:
+            for _ in range(n):
+                s = socket.socket(socket.AF_UNIX)
+                s.setblocking(False)
+                await loop.sock_connect(s, path)
+                socks.append(s)
+
+        async def until_closed(n: int) -> None:
+            deadline = loop.time() + 10
+            while len(closed) < n:
+                assert loop.time() < deadline, f"{len(closed)} of {n} closed for room"
+                for s in socks:
+                    try:
+                        while s not in closed:
+                            if not s.recv(4096):        # BUSY, then the end
+                                closed.add(s)
+                    except BlockingIOError:
+                        pass
+                await asyncio.sleep(0.01)   # sleep: a poll's pause, bounded by the deadline
+
+        try:
+            await open_silent(6)            # 2 over the cap: 2 closed for room
+            await until_closed(2)
+            crowd = warnings_()
+            await open_silent(8)            # 10 closed in all: a flood
+            await until_closed(10)
+            return crowd, warnings_(), [r.getMessage() for r in caplog.records
+                                        if "turned a connection away" in r.getMessage()]
+        finally:
+            listener.close()
+            for s in socks:
+                s.close()
+    crowd, flood, noted = asyncio.run(main())
+    assert crowd == [] and noted, (crowd, noted)
+    assert len(flood) == 1 and "(4 refused in the last" in flood[0], flood
+
+
 def test_a_dialer_still_turned_away_when_its_timeout_ends_says_busy(tmp_path):
     # a listener that answers every dial BUSY: the dialer tries again until its timeout,
     # then fails with the busy error, not sooner and not much later

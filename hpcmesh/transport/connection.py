@@ -756,8 +756,9 @@ class Listener:
         self._spoke: set[asyncio.Task] = set()      # and of these, the ones that sent a byte
         #: Spoken connections evicted at the cap but let finish, oldest first (_evict_one).
         self._outside_cap: dict[asyncio.Task, socket.socket] = {}
-        self._refused = 0                   # turned away since the last log line
-        self._last_log = -1e9
+        self._refused = 0                   # turned away in the current logging interval
+        self._refused_since = -1e9          # when that interval began
+        self._warned = False                # whether it said so already
         self._drop_window = -1e9            # when the current logging interval began
         self._drops_logged = 0              # failed handshakes logged in it
         self._drops_unlogged = 0            # and not logged, since the last line
@@ -824,17 +825,26 @@ class Listener:
             sock.close()        # its task never runs once cancelled: nothing else closes it
         victim.cancel()
         self._note_refused(f"{MAX_UNAUTHENTICATED} connections are in their handshake; "
-                           f"closing the oldest")
+                           f"closing the oldest", MAX_UNAUTHENTICATED)
 
-    def _note_refused(self, why: str) -> None:
-        """Count a turned-away connection; log at most once per LOG_INTERVAL."""
-        self._refused += 1
+    def _note_refused(self, why: str, warn_at: int = 1) -> None:
+        """Count a turned-away connection; warn once per ACCEPT_LOG_INTERVAL, from the
+        ``warn_at``-th in it. Connections closed for room at the cap warn only once as many
+        as the cap were closed: a flood fills it again and again, while hundreds of
+        processes dialing back at once overflow it by a few, which come back (BUSY), and
+        a user starting them should not read "refusing connections" (a debug line says
+        it). Out of fds, the first one warns."""
         now = self.loop.time()
-        if now - self._last_log >= ACCEPT_LOG_INTERVAL:
-            log.warning("listener %s refusing connections: %s (%d refused in the last %.0f s)",
-                        self.address, why, self._refused,
-                        min(now - self._last_log, ACCEPT_LOG_INTERVAL))
-            self._last_log, self._refused = now, 0
+        if now - self._refused_since >= ACCEPT_LOG_INTERVAL:
+            self._refused_since, self._refused, self._warned = now, 0, False
+        self._refused += 1
+        if not self._warned and self._refused >= warn_at:
+            self._warned = True
+            log.warning("listener %s refusing connections: %s (%d refused in the last %.1f s)",
+                        self.address, why, self._refused, now - self._refused_since)
+        elif self._refused == 1:
+            log.debug("listener %s turned a connection away: %s (dialers told BUSY come "
+                      "back)", self.address, why)
 
     def _note_dropped(self, name: str, reason: str) -> None:
         """Log a connection that failed its handshake (a wrong secret, another version: a

@@ -416,9 +416,7 @@ class CastRelay:
         """``entries`` [(port, kind, value, nbufs, seq)] and their buffers, settling
         ``answers`` of what ``dest`` is owed; they leave with the rest once nothing more
         is out (or the fold window ends)."""
-        out = self._out.get(dest)
-        if out is None:
-            out = self._out[dest] = ([], [], [0, 0], {})
+        out = self._unsent(dest)
         out[0].extend(entries)
         out[1].extend(bufs)
         out[2][0] += (sum(memoryview(b).nbytes for b in bufs) if bufs else 0) \
@@ -428,6 +426,14 @@ class CastRelay:
                                         for e in entries):
             self._hold[dest] = False    # a stream's answer, a failure: the short window
         self._held(dest, out)
+
+    def _unsent(self, dest: Any) -> tuple:
+        """What ``dest`` is owed and not sent yet: (entries, their buffers, [bytes,
+        answers they settle], a host share's packed entry by (port, kind))."""
+        out = self._out.get(dest)
+        if out is None:
+            out = self._out[dest] = ([], [], [0, 0], {})
+        return out
 
     def _cast_in(self, dest: Any, hold: bool) -> None:
         """A cast whose answers go to ``dest`` came: they may be held for the whole call()
@@ -448,9 +454,7 @@ class CastRelay:
         out-of-band buffers; MSG_VALUES: a plain value): it joins that share's one entry
         of that kind for ``dest`` (the sender reads a share's answers in one loop,
         ``HostShare.take_results``)."""
-        out = self._out.get(dest)
-        if out is None:
-            out = self._out[dest] = ([], [], [0, 0], {})
+        out = self._unsent(dest)
         group = out[3].get((port, kind))
         if group is None:
             group = out[3][(port, kind)] = ([], [])

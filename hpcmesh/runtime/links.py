@@ -401,15 +401,15 @@ class Links:
         p = self.peers.by_id.get(peer_id)
         if p is None:
             p = self.peers.by_id.setdefault(peer_id, Peer(None))
-        self.peers.set_lost(p, exc)
+        p.lost = exc
         extras, p.extras = p.extras, []
         for conn in [p.conn, *extras]:
             if conn is not None:
                 conn.info["superseded"] = True
                 conn.close()
         p.conn = None
-        if p.settled:
-            unsettle()      # a cast that checked it between set_lost and here found it live
+        if p.settled:       # now, not with ``lost`` above: a cast that checked it in between
+            unsettle()      # found it still connected (live)
         self._fail_inflight(p, exc)
 
     def close(self) -> None:

@@ -50,15 +50,15 @@ MSG_CAST = 6       # (CAST, actor_id, endpoint, payload, extent_items, members, 
 #                   of (proc_name, node_id, addresses, rank) (or that tuple pickled),
 #                   ``ports`` the sender's reply port for each, or one port for them all
 #                   (an int: a call()'s host share, ``runtime/host_share.py``), or None (a
-#                   broadcast), ``seqs`` with a port per member, each member's count of
-#                   messages relayed to it by that sender, this one included (else None);
+#                   broadcast), ``seqs`` with a port per member, the number this cast was
+#                   relayed under, for each (numbers from one sender only grow; else None);
 #                   ``hold``: a call() the sender waits on alone through this agent, whose
 #                   answers the agent may hold until they are all in (``relay_windows.HOLD``)
 MSG_CAST_REPLY = 7  # (CAST_REPLY, [(port_id, kind, value, nbufs, seq)]): a host agent's
 #                   folded answers to casts; kind MSG_DELIVER (value), MSG_FAIL (an
 #                   exception) or MSG_RESULT (a pickled value the agent never unpickled, its
 #                   ``nbufs`` out-of-band buffers next in the frame's); ``seq`` the call's
-#                   count (its ``seqs`` entry), or for a host share's port the member's
+#                   number (its ``seqs`` entry), or for a host share's port the member's
 #                   position in the cast's ``members`` (-1: all of them)
 MSG_CAST_TREE = 8  # (CAST_TREE, reply_to, actor_id, endpoint, payload, extent_items, share,
 #                   subtrees, up, hold): a cast through a tree of host agents (``relay.py``):

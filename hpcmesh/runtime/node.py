@@ -223,8 +223,6 @@ class Node:
             if p is not None and p.relay_sent != p.relay_acked and \
                     relay.relay_one(self, p, target, msg, buffers or []):    # behind relayed ones
                 return
-            if p is not None and p.settled:
-                unsettle()      # straight: a cast to its host group must go behind it
         if buffers is None:
             meta, bufs = serialization.dumps(msg, what)
         else:

@@ -229,14 +229,19 @@ def _number(node: Node) -> int:
     return peers.relay_clock
 
 
+def _same_route(p: Peer, via: NodeRef, path: tuple) -> bool:
+    """Whether ``p``'s route (``relay_via``, ``relay_path``) names the agents ``via`` and
+    ``path`` do (other NodeRef objects, maybe: each view makes its own)."""
+    return (p.relay_via is not None and p.relay_via.node_id == via.node_id
+            and len(p.relay_path) == len(path)
+            and all(a.node_id == b.node_id for a, b in zip(p.relay_path, path)))
+
+
 def _route(p: Peer, via: NodeRef, path: tuple) -> None:
     """``p``'s relayed messages go through ``via`` and down ``path`` from now on."""
-    old = p.relay_via
-    if old is not via or p.relay_path is not path:
-        if p.settled and old is not None and not (      # a group settled on its old route
-                old.node_id == via.node_id and len(path) == len(p.relay_path)
-                and all(a.node_id == b.node_id for a, b in zip(path, p.relay_path))):
-            unsettle()
+    if p.relay_via is not via or p.relay_path is not path:
+        if p.settled and p.relay_via is not None and not _same_route(p, via, path):
+            unsettle()      # a group settled on its old route
         p.relay_via = via
         p.relay_path = path
 
@@ -272,8 +277,7 @@ def cast(node: Node, group: HostGroup, actor_id: str, endpoint: str, payload: An
     peers = node.peers
     by_id = peers.by_id
     agent_p = by_id.get(group.agent.node_id)
-    agent_up = (agent_p is not None and agent_p.conn is not None and not agent_p.conn.closed
-                and agent_p.conn.info.get("peer_info", {}).get(RELAYS) is True)
+    agent_up = _relays(agent_p)
     if not group.peers:
         _meet(node, group)
     if agent_up and (fan is not None or not reply) and _settled(group, group.agent, ()) \
@@ -446,10 +450,7 @@ def _on_route(node: Node, p: Peer, via: NodeRef, path: tuple) -> bool:
     ``path``: the route its relayed messages took (after ``_mend``), or any once none
     is left unread."""
     _mend(node, p)
-    if p.relay_sent == p.relay_acked:
-        return True
-    return (p.relay_via is not None and p.relay_via.node_id == via.node_id
-            and [r.node_id for r in p.relay_path] == [r.node_id for r in path])
+    return p.relay_sent == p.relay_acked or _same_route(p, via, path)
 
 
 def _mend(node: Node, p: Peer) -> None:

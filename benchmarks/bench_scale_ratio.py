@@ -45,6 +45,10 @@ def run(scenario: str, small: int, pairs: int, calls: int) -> dict:
         actors = procs.spawn("noop", Noop)
         actors.ping.call().get(timeout=600)
         dims = list(actors.extent)
+        per_host = actors.extent[dims[-1]]
+        if not 1 <= small < per_host:
+            raise SystemExit(f"--small {small}: the view takes 1 to {per_host - 1} of the "
+                             f"{per_host} members a host of {scenario}")
         few = actors.slice(**{dims[-1]: slice(0, small)})
         n_all, n_few = len(actors.ping.call().get(timeout=120)), len(
             few.ping.call().get(timeout=120))
@@ -83,6 +87,8 @@ def main() -> None:
     ap.add_argument("--label", default=os.environ.get("PYTHONPATH", "this tree"),
                     help="what tree this is, for the table")
     args = ap.parse_args()
+    if args.pairs < 1 or args.calls < 1:
+        raise SystemExit(f"--pairs {args.pairs}, --calls {args.calls}: each at least 1")
     rows = [run(s, args.small, args.pairs, args.calls) for s in args.scenario]
     print("| tree | scenario | members | view | controller CPU ms/call, all | "
           "the view | ratio, median of pairs (range) |")

@@ -155,11 +155,12 @@ def staggered():
 def test_a_slow_member_costs_the_controller_at_most_the_window(staggered, monkeypatch):
     """Rank 0 answers after 50 ms (the caller waits by then), the others 0.3 s later: the
     runtime thread polls for at most its window (250 µs), then sleeps, so its CPU time over
-    the call stays small."""
+    the call stays small. (First, the others 10 ms after rank 0: that it polls at all. At
+    1 ms apart, a loaded machine once handed the loop all three answers in one turn.)"""
     from hpcmesh.runtime.client import client_runtime
     turns = _counting_yields(monkeypatch)
     node = client_runtime().node
-    assert staggered.answer.call(0.05, 0.051).get(timeout=30).values() == [0, 1, 2]
+    assert staggered.answer.call(0.05, 0.06).get(timeout=30).values() == [0, 1, 2]
     assert turns, "a fan-in over 3 actors was not polled for"
 
     def runtime_cpu() -> float:
